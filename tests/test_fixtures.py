@@ -1,0 +1,105 @@
+"""Every rule fixture: findings exactly as marked, rewrite equal to the golden file,
+the golden file clean (but for findings that have no fix) and a fixed point."""
+
+import re
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from ampfix.engine import Settings, check_text, fix_text
+from ampfix.registry import all_rules, select_rules
+
+from conftest import FIXTURES
+
+RULE_DIR = FIXTURES / "rules"
+EXPECT_RE = re.compile(r"#.*?expect:\s*((?:AMP[0-9]{3}[ ,]*)+)")
+
+
+def expected(text):
+    out = Counter()
+    for lineno, line in enumerate(text.splitlines(), 1):
+        mt = EXPECT_RE.search(line)
+        if mt:
+            for code in re.findall(r"AMP[0-9]{3}", mt.group(1)):
+                out[(lineno, code)] += 1
+    return out
+
+
+def inputs():
+    return sorted(p for p in RULE_DIR.rglob("*.py") if not p.name.endswith((".fixed.py", ".unsafe.py")))
+
+
+def _id(p):
+    return str(p.relative_to(RULE_DIR))
+
+
+def settings(unsafe=False, text=""):
+    mt = re.search(r"# ampfix-test: min-torch-version=([0-9.]+)", text)
+    version = tuple(int(x) for x in mt.group(1).split(".")) if mt else (2, 4)
+    return Settings(min_torch_version=version, unsafe_fixes=unsafe)
+
+
+ALL = list(all_rules().values())
+
+
+def test_every_rule_has_fixtures():
+    for code in all_rules():
+        folder = RULE_DIR / code
+        assert folder.is_dir(), f"{code} has no fixture folder"
+        assert list(folder.glob("bad_*.py")), f"{code} has no bad fixture"
+        assert list(folder.glob("good_*.py")), f"{code} has no correct-code fixture"
+
+
+@pytest.mark.parametrize("path", inputs(), ids=_id)
+def test_findings_match_markers(path: Path):
+    text = path.read_text(encoding="utf-8")
+    diags, _ = check_text(text, str(path), ALL, settings(text=text))
+    got = Counter((d.line, d.code) for d in diags)
+    want = expected(text)
+    if path.name.startswith("good_"):
+        assert not want, "good fixtures carry no markers"
+    assert got == want, "\n".join(f"{d.line}:{d.column} {d.code} {d.message}" for d in diags)
+
+
+def _golden_cases():
+    for p in inputs():
+        for suffix, unsafe in ((".fixed.py", False), (".unsafe.py", True)):
+            g = p.with_name(p.name[:-3] + suffix)
+            if g.exists():
+                yield pytest.param(p, g, unsafe, id=_id(g))
+
+
+@pytest.mark.parametrize("path,golden,unsafe", list(_golden_cases()))
+def test_rewrite_matches_golden(path: Path, golden: Path, unsafe: bool):
+    code = path.parent.name
+    rules = select_rules([code], [])
+    text = path.read_text(encoding="utf-8")
+    s = settings(unsafe, text)
+    new, fixed, remaining = fix_text(text, str(path), rules, s)
+    want = golden.read_text(encoding="utf-8")
+    assert new == want
+    assert fixed, "the golden file exists, so something must have been fixed"
+    # the golden file is clean but for the findings that have no fix ...
+    diags, _ = check_text(want, str(golden), rules, s)
+    before, _ = check_text(text, str(path), rules, s)
+    unfixable = [d for d in before if d.fix is None or (d.fix == "unsafe" and not unsafe)]
+    assert len(diags) == len(unfixable), [f"{d.line} {d.code} {d.message}" for d in diags]
+    assert all(d.fix is None or (d.fix == "unsafe" and not unsafe) for d in diags)
+    # ... and a fixed point: a second rewrite changes nothing
+    again, fixed2, _ = fix_text(want, str(golden), rules, s)
+    assert again == want and not fixed2
+
+
+@pytest.mark.parametrize("path", inputs(), ids=_id)
+def test_bad_files_without_golden_have_no_fix(path: Path):
+    if not path.name.startswith("bad_"):
+        pytest.skip("only bad fixtures")
+    text = path.read_text(encoding="utf-8")
+    diags, _ = check_text(text, str(path), ALL, settings(text=text))
+    has_safe = any(d.fix == "safe" for d in diags)
+    has_unsafe = any(d.fix == "unsafe" for d in diags)
+    if has_safe:
+        assert path.with_name(path.name[:-3] + ".fixed.py").exists(), "safe fixes need a .fixed.py golden file"
+    if has_unsafe:
+        assert path.with_name(path.name[:-3] + ".unsafe.py").exists(), "unsafe fixes need a .unsafe.py golden file"
