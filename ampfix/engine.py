@@ -293,15 +293,22 @@ def fix_text(text: str, path: str, rules: Sequence[Type[Rule]], settings: Settin
             return current, fixed, [f.diagnostic for f in found if not f.noqa]
         chosen: List[_Found] = []
         taken: List[Tuple[Tuple[int, int], Tuple[int, int]]] = []
+        chosen_fixes: Dict[int, Fix] = {}
         for f in applicable:
-            ranges = _fix_ranges(f.violation.fix, model)  # type: ignore[arg-type]
+            fix = f.violation.fix
+            assert fix is not None
+            if id(fix) in chosen_fixes:  # several findings share one fix (e.g. one unscale_ for two clips)
+                chosen.append(f)
+                continue
+            ranges = _fix_ranges(fix, model)
             if any(_overlaps(r, t) for r in ranges for t in taken):
                 continue
             chosen.append(f)
+            chosen_fixes[id(fix)] = fix
             taken.extend(ranges)
         replacements: Dict[int, object] = {}
-        for f in chosen:
-            for node, new in f.violation.fix.replacements.items():  # type: ignore[union-attr]
+        for fix in chosen_fixes.values():
+            for node, new in fix.replacements.items():
                 replacements[id(node)] = new
         new_module = module.visit(_ApplyFixes(replacements))
         new_text = new_module.code

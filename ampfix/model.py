@@ -17,6 +17,13 @@ from typing import Dict, Iterator, List, Optional, Sequence, Set, Tuple
 
 import libcst as cst
 import libcst.matchers as m
+
+try:
+    from libcst._metadata_dependent import LazyValue
+except ImportError:  # pragma: no cover - older LibCST resolves eagerly
+
+    class LazyValue:  # type: ignore[no-redef]
+        pass
 from libcst.metadata import (
     CodeRange,
     MetadataWrapper,
@@ -294,10 +301,12 @@ class AmpModel:
 
     # ---------------------------------------------------------------- names
     def qualified_names(self, node: cst.CSTNode) -> Set[QualifiedName]:
-        try:
-            return self._qnames.get(node, set())  # type: ignore[return-value]
-        except Exception:  # pragma: no cover - defensive
+        value = self._qnames.get(node)
+        if value is None:
             return set()
+        if isinstance(value, LazyValue):  # newer LibCST computes qualified names lazily
+            value = value()
+        return value  # type: ignore[return-value]
 
     def api_of(self, node: cst.CSTNode) -> Optional[Api]:
         """The torch API an expression (Name/Attribute, or the callee of a Call) names."""

@@ -1,0 +1,316 @@
+"""`ampfix verify`: run a training script before and after ampfix's fixes, and check that the
+fixed script trains like fp32, really uses AMP, and (on CUDA) is faster.
+
+Register with ``main.add_command(verify)``.  Importing this module does not import torch:
+torch is only imported by the `ampfix._trace` subprocesses.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import sys
+from typing import Dict, List, Optional
+
+import click
+
+from ampfix.verify import checks as C
+from ampfix.verify import report
+from ampfix.verify.runner import RunOptions, RunResult, RunSpec, make_tmpdir, run_one
+
+EXIT_OK, EXIT_FAIL, EXIT_ERROR = 0, 1, 2
+
+
+def _err(msg: str) -> None:
+    click.echo("ampfix verify: error: " + msg, err=True)
+
+
+def _default_threads(nproc: int) -> int:
+    n = os.cpu_count() or 1
+    return max(1, n // max(1, nproc))
+
+
+def _shown_error(run: RunResult, limit_lines: int = 40) -> str:
+    err = run.error or ""
+    tail = "\n".join(run.stderr.rstrip().splitlines()[-limit_lines:])
+    text = "the %s run (%s) could not be used: " % (report.LABEL_TEXT.get(run.spec.label, run.spec.label),
+                                                    run.spec.script)
+    first = err.splitlines()[-1] if err else "unknown error"
+    text += first
+    if tail and (run.timed_out or run.result is None or (run.result or {}).get("error")):
+        text += "\n--- the script's error output (last lines) ---\n" + tail
+    elif err and len(err.splitlines()) > 1:
+        text += "\n" + err
+    return text
+
+
+@click.command("verify", context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("script", type=click.Path(exists=True, dir_okay=False))
+@click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
+@click.option("--fixed", "fixed", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="A fixed copy of SCRIPT to verify (default: rewrite SCRIPT with ampfix's safe "
+                   "fixes into a temporary copy; SCRIPT itself is never modified).")
+@click.option("--steps", type=click.IntRange(min=2), default=200, show_default=True,
+              help="Training iterations to run (the script must run at least this many).")
+@click.option("--warmup", type=click.IntRange(min=0), default=10, show_default=True,
+              help="Iterations excluded from timing and from the skipped-step count.")
+@click.option("--reps", type=click.IntRange(min=1), default=3, show_default=True,
+              help="Interleaved repetitions of the timed runs.")
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto",
+              show_default=True, help="cpu hides CUDA from the script; cuda requires it.")
+@click.option("--threads", type=click.IntRange(min=1), default=None,
+              help="Intra-op threads per process (default: CPU count / processes).")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed set before the script runs.")
+@click.option("--timeout", type=click.FloatRange(min=1), default=600.0, show_default=True,
+              help="Time limit per run in seconds; a run over it is killed with its process group.")
+@click.option("--require-speedup", type=click.FloatRange(min=0), default=None,
+              help="Required median steps/s ratio AMP/fp32 (default: 1.1 on CUDA; on the CPU "
+                   "the speed is only reported unless this is given).")
+@click.option("--max-gap", type=click.FloatRange(min=0), default=0.05, show_default=True,
+              help="Max relative gap between the smoothed AMP and fp32 loss curves.")
+@click.option("--final-gap", type=click.FloatRange(min=0), default=0.03, show_default=True,
+              help="Max relative gap of the final-window mean losses.")
+@click.option("--min-reduction", type=click.FloatRange(min=0), default=0.90, show_default=True,
+              help="AMP's loss reduction must be at least this fraction of fp32's.")
+@click.option("--max-skipped", type=click.FloatRange(min=0, max=1), default=0.05, show_default=True,
+              help="Max fraction of post-warm-up steps GradScaler may skip.")
+@click.option("--max-spread", type=click.FloatRange(min=0), default=0.25, show_default=True,
+              help="Speed runs whose steps/s spread (max-min)/median exceeds this are inconclusive.")
+@click.option("--calibrate", is_flag=True,
+              help="Run fp32 again with shifted seeds and widen the parity thresholds to that "
+                   "run-to-run noise.")
+@click.option("--nproc-per-node", type=click.IntRange(min=0), default=0,
+              help="Launch every run through torchrun with this many processes (gloo on the "
+                   "CPU); rank 0 is compared.")
+@click.option("--unsafe", is_flag=True, help="Also apply ampfix's unsafe fixes when rewriting.")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON document instead of the table.")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False, writable=True), default=None,
+              help="Write the loss curves (fp32, original, fixed) to this PNG (needs matplotlib).")
+@click.option("--keep", is_flag=True, help="Keep the temporary directory (runs' logs, results).")
+def verify(script, script_args, fixed, steps, warmup, reps, device, threads, seed, timeout,
+           require_speedup, max_gap, final_gap, min_reduction, max_skipped, max_spread, calibrate,
+           nproc_per_node, unsafe, as_json, plot_path, keep):
+    """Run SCRIPT and its fixed version (AMP on, AMP forced off) and check the fix.
+
+    Exit status: 0 every check passes, 1 a check fails or is inconclusive, 2 the script could
+    not be run.  Arguments after `--` are passed to the script.
+    """
+    sys.exit(_verify(**locals()))
+
+
+def _verify(script, script_args, fixed, steps, warmup, reps, device, threads, seed, timeout,
+            require_speedup, max_gap, final_gap, min_reduction, max_skipped, max_spread,
+            calibrate, nproc_per_node, unsafe, as_json, plot_path, keep) -> int:
+    if warmup >= steps:
+        _err("--warmup (%d) must be smaller than --steps (%d)" % (warmup, steps))
+        return EXIT_ERROR
+    if plot_path:
+        missing = report.plot_available()
+        if missing:
+            _err(missing)
+            return EXIT_ERROR
+    if importlib.util.find_spec("torch") is None:
+        _err("verify runs the script and needs PyTorch, which is not installed in this Python "
+             "(%s). Install torch, then `pip install ampfix[verify]`." % sys.executable)
+        return EXIT_ERROR
+    script = os.path.abspath(script)
+    script_dir = os.path.dirname(script)
+    try:
+        with open(script, encoding="utf-8") as f:
+            source = f.read()
+    except (OSError, UnicodeDecodeError) as e:
+        _err("cannot read %s: %s" % (script, e))
+        return EXIT_ERROR
+
+    tmpdir = make_tmpdir()
+    try:
+        return _verify_in(**locals())
+    finally:
+        if keep:
+            click.echo("ampfix verify: kept %s" % tmpdir, err=True)
+        else:
+            shutil.rmtree(tmpdir, ignore_errors=True)
+
+
+def _verify_in(tmpdir, script, script_args, fixed, steps, warmup, reps, device, threads, seed,
+               timeout, require_speedup, max_gap, final_gap, min_reduction, max_skipped,
+               max_spread, calibrate, nproc_per_node, unsafe, as_json, plot_path, keep,
+               script_dir, source, **_ignored) -> int:
+    notes: List[str] = []
+    rewritten = False
+    if fixed:
+        fixed_path = os.path.abspath(fixed)
+        with open(fixed_path, encoding="utf-8") as f:
+            same_source = f.read() == source
+    else:
+        try:
+            from ampfix.api import AmpfixError, fix_source
+        except ImportError as e:
+            _err("the ampfix rewriter is not available (%s); pass a fixed copy with --fixed" % e)
+            return EXIT_ERROR
+        try:
+            new = fix_source(source, path=script, unsafe=unsafe)
+        except AmpfixError as e:
+            _err("ampfix cannot rewrite %s: %s" % (script, e))
+            return EXIT_ERROR
+        fixed_path = os.path.join(tmpdir, "fixed", os.path.basename(script))
+        os.makedirs(os.path.dirname(fixed_path))
+        with open(fixed_path, "w", encoding="utf-8") as f:
+            f.write(new)
+        same_source = new == source
+        rewritten = not same_source
+        notes.append("ampfix rewrote the script (safe fixes) into a temporary copy"
+                     if rewritten else "ampfix made no changes: the script is verified as written")
+
+    th = C.Thresholds(max_gap=max_gap, final_gap=final_gap, min_reduction=min_reduction,
+                      max_skipped=max_skipped, require_speedup=require_speedup,
+                      max_spread=max_spread)
+    opts = RunOptions(steps=steps, warmup=warmup, threads=threads or _default_threads(nproc_per_node),
+                      seed=seed, device=device, timeout=timeout, nproc_per_node=nproc_per_node,
+                      script_args=list(script_args))
+
+    plan: List[RunSpec] = []
+    for rep in range(reps):
+        plan.append(RunSpec("fixed-amp", fixed_path, "asis", rep, sys_path_dir=script_dir))
+        plan.append(RunSpec("fp32", fixed_path, "fp32", rep, sys_path_dir=script_dir))
+        if not same_source:
+            plan.append(RunSpec("original", script, "asis", rep, sys_path_dir=script_dir))
+        if rep == 0:
+            if not same_source:
+                plan.append(RunSpec("original-fp32", script, "fp32", 0, sys_path_dir=script_dir))
+            if calibrate:
+                plan.append(RunSpec("fp32-seed2", fixed_path, "fp32", 0, seed_offset=1,
+                                    sys_path_dir=script_dir))
+
+    progress = report.Progress(len(plan))
+    results: Dict[str, List[Dict[str, object]]] = {}
+    for spec in plan:
+        what = "%s (rep %d/%d)" % (report.LABEL_TEXT.get(spec.label, spec.label), spec.rep + 1, reps) \
+            if spec.label in ("fixed-amp", "fp32", "original") else report.LABEL_TEXT[spec.label]
+        progress.start(what)
+        try:
+            run = run_one(spec, opts, tmpdir)
+        except OSError as e:
+            progress.close()
+            _err("cannot start %s: %s" % (opts.python if hasattr(opts, "python") else "python", e))
+            return EXIT_ERROR
+        progress.finish(what, run.elapsed, run.error is None)
+        if run.error is not None:
+            progress.close()
+            msg = _shown_error(run)
+            _err(msg)
+            if as_json:
+                click.echo(json.dumps({"status": "ERROR", "exit_code": EXIT_ERROR, "error": msg,
+                                       "run": spec.label, "script": script}, indent=2))
+            return EXIT_ERROR
+        results.setdefault(spec.label, []).append(run.result)
+    progress.close()
+
+    first = {label: runs[0] for label, runs in results.items()}
+    for label, r in first.items():
+        if r.get("iterations", 0) < steps:
+            notes.append("%s ran only %d of the %d steps asked (the script ended first)"
+                         % (report.LABEL_TEXT.get(label, label), r.get("iterations", 0), steps))
+    amp_run = first["fixed-amp"]
+    if amp_run.get("n_backward_unscaled_with_scaler"):
+        notes.append("the fixed script ran %d backward(s) on an unscaled loss while a GradScaler "
+                     "was enabled" % amp_run["n_backward_unscaled_with_scaler"])
+
+    calibration = None
+    if calibrate:
+        noise = C.parity_metrics(first["fp32-seed2"]["losses"], first["fp32"]["losses"])
+        calibration = {"fp32_seed_noise": noise}
+        if noise.get("max_gap") is not None:
+            th.max_gap = max(th.max_gap, noise["max_gap"])
+            th.final_gap = max(th.final_gap, noise["final_gap"])
+            rr = noise.get("reduction_ratio")
+            if rr:
+                th.min_reduction = min(th.min_reduction, th.min_reduction * min(rr, 1 / rr))
+        calibration["thresholds"] = {"max_gap": th.max_gap, "final_gap": th.final_gap,
+                                     "min_reduction": th.min_reduction}
+        notes.append("calibrated with a second fp32 seed: max gap %.1f%%, final gap %.1f%%, "
+                     "min reduction %.0f%%" % (100 * th.max_gap, 100 * th.final_gap,
+                                               100 * th.min_reduction))
+
+    base = first["fp32"]["losses"]
+    checks: List[C.Check] = []
+    checks.append(C.judge_parity(C.parity_metrics(amp_run["losses"], base, warmup,
+                                                  amp_run.get("skipped")), th))
+    checks.append(C.check_amp_active(amp_run))
+    if same_source:
+        checks.append(C.check_equivalence([], [], th, True))
+    else:
+        checks.append(C.check_equivalence(first["original-fp32"]["losses"], base, th, False))
+    on_cuda = any("cuda" in (r.get("param_devices") or []) for r in first.values()) or device == "cuda"
+    enforce = on_cuda or require_speedup is not None
+    required = require_speedup if require_speedup is not None else 1.1
+    amp_rates = [r.get("steps_per_s") for r in results["fixed-amp"]]
+    fp32_rates = [r.get("steps_per_s") for r in results["fp32"]]
+    checks.append(C.check_speed(amp_rates, fp32_rates, th, enforce, required))
+    original_check = None
+    if not same_source:
+        orig = first["original"]
+        original_check = C.judge_parity(C.parity_metrics(orig["losses"], base, warmup,
+                                                         orig.get("skipped")), th,
+                                        name="original-vs-fp32")
+
+    statuses = [c.status for c in checks]
+    if C.FAIL in statuses or C.INCONCLUSIVE in statuses:
+        code = EXIT_FAIL
+    else:
+        code = EXIT_OK
+
+    rows = report.summarize_runs(results, warmup)
+    if plot_path:
+        curves = {k: first[k]["losses"] for k in ("fp32", "original", "fixed-amp") if k in first}
+        try:
+            report.write_plot(plot_path, curves, "ampfix verify: %s" % os.path.basename(script))
+            notes.append("loss curves written to %s" % plot_path)
+        except Exception as e:  # noqa: BLE001 - a plot problem must not hide the verdict
+            notes.append("could not write the plot %s: %s" % (plot_path, e))
+
+    if as_json:
+        doc = {
+            "script": script,
+            "fixed": None if not fixed else os.path.abspath(fixed),
+            "rewritten": rewritten,
+            "same_source": same_source,
+            "steps": steps, "warmup": warmup, "reps": reps, "threads": opts.threads,
+            "device": "cuda" if on_cuda else "cpu",
+            "nproc_per_node": nproc_per_node,
+            "status": "PASS" if code == EXIT_OK else "FAIL",
+            "exit_code": code,
+            "checks": [c.to_json() for c in checks],
+            "original_vs_fp32": original_check.to_json() if original_check else None,
+            "calibration": calibration,
+            "runs": rows,
+            "losses": {k: v["losses"] for k, v in first.items()},
+            "notes": notes,
+        }
+        click.echo(json.dumps(doc, indent=2, default=str))
+    else:
+        click.echo("ampfix verify %s%s" % (os.path.relpath(script),
+                                           (" (fixed: %s)" % os.path.relpath(fixed)) if fixed else ""))
+        for n in notes:
+            click.echo("note: " + n)
+        click.echo("%d steps (%d warm-up), %d rep%s, %d thread%s%s" % (
+            steps, warmup, reps, "" if reps == 1 else "s", opts.threads,
+            "" if opts.threads == 1 else "s",
+            ", torchrun x%d (rank 0)" % nproc_per_node if nproc_per_node else ""))
+        click.echo("")
+        click.echo(report.format_table(rows))
+        click.echo("")
+        click.echo(report.format_checks(checks, original_check))
+        click.echo("")
+        click.echo("result: %s" % ("PASS" if code == EXIT_OK else "FAIL"))
+    return code
+
+
+def main(argv: Optional[List[str]] = None) -> None:  # pragma: no cover - thin shim
+    verify.main(args=argv, prog_name="ampfix verify")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()
