@@ -266,9 +266,9 @@ def rewrite(paths, select, ignore, config_file, min_torch_version, stdin_filenam
             continue
         fixed_total.update(r.fixed)
         if f == "-":
+            changed += r.new_source is not None
             if diff:
                 if r.new_source is not None:
-                    changed += 1
                     _print_diff(r)
             else:
                 sys.stdout.buffer.write(r.new_source if r.new_source is not None else (r.old_source or b""))
@@ -315,8 +315,9 @@ def rewrite(paths, select, ignore, config_file, min_torch_version, stdin_filenam
 def _print_diff(r: FileResult) -> None:
     old = _decode_for_diff(r.old_source or b"")
     new = _decode_for_diff(r.new_source or b"")
+    rel = not os.path.isabs(r.path)
     lines = difflib.unified_diff(old.splitlines(keepends=True), new.splitlines(keepends=True),
-                                 fromfile=f"a/{r.path}", tofile=f"b/{r.path}")
+                                 fromfile=f"a/{r.path}" if rel else r.path, tofile=f"b/{r.path}" if rel else r.path)
     for line in lines:
         click.echo(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n", nl=False)
 

@@ -3,6 +3,7 @@ diagnostics, honour `# noqa`, and apply fixes without ever breaking the file."""
 
 from __future__ import annotations
 
+import ast
 import codecs
 import io
 import re
@@ -114,6 +115,13 @@ def parse(text: str, path: str) -> cst.Module:
     try:
         return cst.parse_module(text)
     except cst.ParserSyntaxError as exc:
+        # CPython's own parser names the place and the problem better, when it disagrees too
+        try:
+            compile(text, path, "exec", flags=ast.PyCF_ONLY_AST, dont_inherit=True)
+        except SyntaxError as py_exc:
+            raise InputError(FileError(path, py_exc.lineno, py_exc.offset, f"syntax error: {py_exc.msg}")) from None
+        except (ValueError, RecursionError, MemoryError):
+            pass
         msg = exc.message.strip().splitlines()[0] if exc.message else "invalid syntax"
         raise InputError(FileError(path, exc.raw_line, exc.raw_column + 1, f"syntax error: {msg}")) from None
     except Exception as exc:  # libcst raises a few other errors on odd input

@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from typing import Dict, Iterator, List, Optional, Sequence, Set, Tuple
 
 import libcst as cst
-import libcst.matchers as m
 
 try:
     from libcst._metadata_dependent import LazyValue
@@ -728,6 +727,5 @@ __all__ = [
     "is_expression_statement_of",
     "literal_bool",
     "literal_string",
-    "m",
     "parse_statement",
 ]
