@@ -87,29 +87,6 @@ def _api_table() -> Dict[str, Api]:
 
 API_TABLE = _api_table()
 
-# Calls on the torch.cuda module that initialise CUDA (cuInit) in current torch.
-CUDA_INIT_FUNCS = {
-    "is_available",
-    "set_device",
-    "current_device",
-    "get_device_name",
-    "get_device_properties",
-    "get_device_capability",
-    "synchronize",
-    "init",
-    "mem_get_info",
-    "memory_allocated",
-    "max_memory_allocated",
-    "memory_reserved",
-    "empty_cache",
-    "current_stream",
-    "Stream",
-    "Event",
-    "is_bf16_supported",
-    "get_arch_list",
-    "ipc_collect",
-}
-
 BLOCK_TYPES = (cst.IndentedBlock, cst.Module)
 SCOPE_TYPES = (cst.FunctionDef, cst.Lambda, cst.ClassDef, cst.Module)
 
@@ -719,7 +696,6 @@ __all__ = [
     "BackwardCall",
     "Region",
     "API_TABLE",
-    "CUDA_INIT_FUNCS",
     "build_model",
     "call_name",
     "dotted",

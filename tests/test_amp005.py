@@ -1,0 +1,149 @@
+"""AMP005 unit cases that do not fit a fixture file."""
+
+import textwrap
+
+import pytest
+
+from ampfix.engine import Settings, check_text, fix_text
+from ampfix.registry import select_rules
+
+from ampfix.rules.amp005_cuda_visible_devices import _osa_distance, is_misspelling
+
+RULES = select_rules(["AMP005"], [])
+
+
+def findings(src):
+    diags, _ = check_text(textwrap.dedent(src), "t.py", RULES, Settings())
+    return [(d.line, d.message) for d in diags]
+
+
+@pytest.mark.parametrize(
+    "key,bad",
+    [
+        ("CUDA_VISIBLE_DEVICES", False),
+        ("CUDA_VISIBLE_DEVICE", True),
+        ("cuda_visible_devices", True),
+        ("CUDA_VISBILE_DEVICES", True),
+        ("CUDAVISIBLEDEVICES", True),
+        ("CUDA_VISIBLE_DEVICES ", True),
+        ("MUSA_VISIBLE_DEVICES", False),
+        ("HIP_VISIBLE_DEVICES", False),
+        ("NVIDIA_VISIBLE_DEVICES", False),
+        ("CUDA_VISIBLE_DEVICES_0", False),
+        ("ORIG_CUDA_VISIBLE_DEVICES", False),
+        ("CUDA_LAUNCH_BLOCKING", False),
+        ("CUDA_DEVICE_ORDER", False),
+    ],
+)
+def test_misspelling(key, bad):
+    assert is_misspelling(key) is bad
+
+
+def test_osa_transposition():
+    assert _osa_distance("AB", "BA") == 1
+    assert _osa_distance("CUDA_VISBILE_DEVICES", "CUDA_VISIBLE_DEVICES") == 1
+
+
+def test_set_after_set_device_is_late_not_rank_index():
+    got = findings(
+        """
+        import os
+        import torch
+
+        def setup(rank):
+            torch.cuda.set_device(rank)
+            os.environ["CUDA_VISIBLE_DEVICES"] = str(rank)
+            x = torch.zeros(1, device=f"cuda:{rank}")
+        """
+    )
+    assert [line for line, _ in got] == [7]
+    assert "after CUDA was initialised" in got[0][1]
+
+
+def test_device_parameter_is_unknown():
+    assert not findings(
+        """
+        import os
+        import torch
+        device = "cuda"
+
+        def build(model, device, gpu):
+            model.to(device)
+            os.environ["CUDA_VISIBLE_DEVICES"] = gpu
+        """
+    )
+
+
+def test_conditional_device_is_unknown():
+    assert not findings(
+        """
+        import os
+        import torch
+
+        def build(model, args):
+            device = "cuda" if args.cuda else "cpu"
+            model.to(device)
+            os.environ["CUDA_VISIBLE_DEVICES"] = args.gpu
+        """
+    )
+
+
+def test_no_move_fix_when_os_imported_after_torch():
+    src = "import torch\nimport os\ntorch.cuda.init()\nos.environ['CUDA_VISIBLE_DEVICES'] = '0'\n"
+    new, fixed, remaining = fix_text(src, "t.py", RULES, Settings(unsafe_fixes=True))
+    assert new == src and not fixed and len(remaining) == 1
+
+
+def test_move_fix_keeps_future_import_first():
+    src = (
+        "from __future__ import annotations\nimport os\nimport torch\n\n"
+        "torch.cuda.synchronize()\nos.environ['CUDA_VISIBLE_DEVICES'] = '0'\n"
+    )
+    new, fixed, remaining = fix_text(src, "t.py", RULES, Settings(unsafe_fixes=True))
+    assert new == (
+        "from __future__ import annotations\nimport os\nos.environ['CUDA_VISIBLE_DEVICES'] = '0'\nimport torch\n\n"
+        "torch.cuda.synchronize()\n"
+    )
+    assert not remaining
+
+
+def test_comma_list_then_rank_index_is_fine():
+    assert not findings(
+        """
+        import os
+        import torch
+
+        def worker(rank, gpus):
+            os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
+            torch.cuda.set_device(rank)
+        """
+    )
+
+
+def test_log_line_mentioning_rank_is_not_an_index():
+    assert not findings(
+        """
+        import os
+        import torch
+
+        def worker(rank):
+            os.environ["CUDA_VISIBLE_DEVICES"] = str(rank)
+            print(f"worker {rank} runs on cuda:{rank}")
+            print("cuda:%d" % 0)
+            model = torch.nn.Linear(2, 2).to("cuda:0")
+        """
+    )
+
+
+def test_format_index_is_found():
+    got = findings(
+        """
+        import os
+        import torch
+
+        def worker(rank):
+            os.environ["CUDA_VISIBLE_DEVICES"] = "{}".format(rank)
+            return torch.device("cuda:{}".format(rank))
+        """
+    )
+    assert [line for line, _ in got] == [7]
