@@ -12,26 +12,12 @@ It answers the questions rules share:
 
 from __future__ import annotations
 
+import builtins
 from dataclasses import dataclass
 from typing import Dict, Iterator, List, Optional, Sequence, Set, Tuple
 
 import libcst as cst
-
-try:
-    from libcst._metadata_dependent import LazyValue
-except ImportError:  # pragma: no cover - older LibCST resolves eagerly
-
-    class LazyValue:  # type: ignore[no-redef]
-        pass
-from libcst.metadata import (
-    CodeRange,
-    MetadataWrapper,
-    ParentNodeProvider,
-    PositionProvider,
-    QualifiedName,
-    QualifiedNameProvider,
-    QualifiedNameSource,
-)
+from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider, QualifiedName, QualifiedNameSource
 
 # --------------------------------------------------------------------------------------
 # Canonical torch API names
@@ -165,21 +151,129 @@ def literal_bool(node: Optional[cst.CSTNode]) -> Optional[bool]:
     return None
 
 
+class _Index(cst.CSTVisitor):
+    """One pass over the tree: parents, text order, scopes, calls, imports, assignments,
+    functions and classes. It replaces LibCST's parent, position, scope and qualified-name
+    providers (four passes, several times slower) for everything but reported positions."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.parents: Dict[cst.CSTNode, cst.CSTNode] = {}
+        self.order: Dict[cst.CSTNode, int] = {}
+        self.scope: Dict[cst.CSTNode, cst.CSTNode] = {}
+        self.calls: List[cst.Call] = []
+        self.functions: Dict[str, List[cst.FunctionDef]] = {}
+        self.classes: Dict[str, cst.ClassDef] = {}
+        # scope node -> bound name -> qualified names it may import
+        self.imports: Dict[cst.CSTNode, Dict[str, Set[str]]] = {}
+        # scope node -> names bound locally by anything but an import (parameters, assignments)
+        self.local_names: Dict[cst.CSTNode, Set[str]] = {}
+        self.assign_nodes: List[cst.CSTNode] = []
+        self._stack: List[cst.CSTNode] = []
+        self._scopes: List[cst.CSTNode] = []
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        if self._stack:
+            self.parents[node] = self._stack[-1]
+        self.order[node] = len(self.order)
+        if self._scopes:
+            self.scope[node] = self._scopes[-1]
+        self._stack.append(node)
+        if isinstance(node, SCOPE_TYPES):
+            self._scopes.append(node)
+        if isinstance(node, cst.Call):
+            self.calls.append(node)
+        elif isinstance(node, cst.FunctionDef):
+            self.functions.setdefault(node.name.value, []).append(node)
+            self._bind_local(self.scope.get(node), node.name.value)
+            params = node.params
+            for p in (*params.posonly_params, *params.params, *params.kwonly_params):
+                self._bind_local(node, p.name.value)
+            for p in (params.star_arg, params.star_kwarg):
+                if isinstance(p, cst.Param):
+                    self._bind_local(node, p.name.value)
+        elif isinstance(node, cst.ClassDef):
+            self.classes.setdefault(node.name.value, node)
+        elif isinstance(node, (cst.Assign, cst.AnnAssign, cst.NamedExpr, cst.AugAssign)):
+            self.assign_nodes.append(node)
+        elif isinstance(node, cst.Import):
+            for alias in node.names:
+                full = dotted(alias.name)
+                if full is None:
+                    continue
+                if alias.asname is not None and isinstance(alias.asname.name, cst.Name):
+                    self._bind_import(alias.asname.name.value, full)
+                else:
+                    root = full.split(".")[0]
+                    self._bind_import(root, root)
+        elif isinstance(node, cst.ImportFrom) and not isinstance(node.names, cst.ImportStar):
+            base = dotted(node.module) if node.module is not None else ""
+            dots = "." * len(node.relative)
+            for alias in node.names:
+                name = dotted(alias.name)
+                if name is None:
+                    continue
+                bound = name
+                if alias.asname is not None and isinstance(alias.asname.name, cst.Name):
+                    bound = alias.asname.name.value
+                self._bind_import(bound, f"{dots}{base}.{name}" if base else f"{dots}{name}")
+        elif isinstance(node, (cst.For, cst.CompFor)):
+            self._bind_targets(node.target)
+        elif isinstance(node, cst.AsName) and isinstance(self.parents.get(node), (cst.WithItem, cst.ExceptHandler)):
+            self._bind_targets(node.name)
+        return True
+
+    def on_leave(self, original_node: cst.CSTNode) -> None:
+        self._stack.pop()
+        if isinstance(original_node, SCOPE_TYPES):
+            self._scopes.pop()
+
+    def _bind_import(self, name: str, qualified: str) -> None:
+        scope = self._scopes[-1]
+        self.imports.setdefault(scope, {}).setdefault(name, set()).add(qualified)
+
+    def _bind_local(self, scope: Optional[cst.CSTNode], name: str) -> None:
+        if scope is not None:
+            self.local_names.setdefault(scope, set()).add(name)
+
+    def _bind_targets(self, target: cst.CSTNode) -> None:
+        if isinstance(target, cst.Name):
+            self._bind_local(self._scopes[-1], target.value)
+        elif isinstance(target, (cst.Tuple, cst.List)):
+            for el in target.elements:
+                self._bind_targets(el.value)
+        elif isinstance(target, cst.StarredElement):
+            self._bind_targets(target.value)
+
+
 class AmpModel:
     """Facts about one parsed file, computed lazily and cached."""
 
     def __init__(self, wrapper: MetadataWrapper):
         self.wrapper = wrapper
         self.module: cst.Module = wrapper.module
-        self._parents = wrapper.resolve(ParentNodeProvider)
-        self._positions = wrapper.resolve(PositionProvider)
-        self._qnames = wrapper.resolve(QualifiedNameProvider)
-        self._calls: Optional[List[cst.Call]] = None
+        index = _Index()
+        self.module.visit(index)
+        self._index = index
+        self._parents = index.parents
+        self._positions = None
+        self._qname_cache: Dict[cst.CSTNode, Set[QualifiedName]] = {}
+        self._calls: List[cst.Call] = index.calls  # pre-order is text order
+        self._calls_by_scope: Optional[Dict[cst.CSTNode, List[cst.Call]]] = None
         self._scalers: Optional[Set[str]] = None
-        self._region_cache: Dict[int, Optional[Region]] = {}
         self._assignments: Optional[Dict[str, List[Tuple[cst.CSTNode, cst.BaseExpression]]]] = None
-        self._functions: Optional[Dict[str, List[cst.FunctionDef]]] = None
-        self._classes: Optional[Dict[str, cst.ClassDef]] = None
+        self._functions: Dict[str, List[cst.FunctionDef]] = index.functions
+        self._classes: Dict[str, cst.ClassDef] = index.classes
+        for assign in index.assign_nodes:  # names assigned in a scope shadow its imports
+            scope = index.scope.get(assign, self.module)
+            targets = []
+            if isinstance(assign, cst.Assign):
+                targets = [t.target for t in assign.targets]
+            elif isinstance(assign, (cst.AnnAssign, cst.AugAssign, cst.NamedExpr)):
+                targets = [assign.target]
+            for t in targets:
+                for name in _target_names(t):
+                    index.local_names.setdefault(scope, set()).add(name)
 
     # ---------------------------------------------------------------- tree navigation
     def parent(self, node: cst.CSTNode) -> Optional[cst.CSTNode]:
@@ -192,15 +286,18 @@ class AmpModel:
             cur = self._parents.get(cur)
 
     def position(self, node: cst.CSTNode) -> CodeRange:
+        """Line/column range of `node` (computed on first use: only reported nodes need it)."""
+        if self._positions is None:
+            self._positions = self.wrapper.resolve(PositionProvider)
         return self._positions[node]
 
     def start(self, node: cst.CSTNode) -> Tuple[int, int]:
-        pos = self._positions[node].start
+        pos = self.position(node).start
         return (pos.line, pos.column)
 
     def before(self, a: cst.CSTNode, b: cst.CSTNode) -> bool:
-        """True when `a` starts before `b` in the text."""
-        return self.start(a) < self.start(b)
+        """True when `a` comes before `b` in the text (an ancestor comes before its children)."""
+        return self._index.order[a] < self._index.order[b]
 
     def is_ancestor(self, anc: cst.CSTNode, node: cst.CSTNode) -> bool:
         return any(p is anc for p in self.ancestors(node))
@@ -221,10 +318,7 @@ class AmpModel:
 
     def scope_of(self, node: cst.CSTNode) -> cst.CSTNode:
         """The innermost function, lambda, class body or module that runs `node`."""
-        for anc in self.ancestors(node):
-            if isinstance(anc, SCOPE_TYPES):
-                return anc
-        return self.module
+        return self._index.scope.get(node, self.module)
 
     def loop_of(self, node: cst.CSTNode, stop: Optional[cst.CSTNode] = None) -> Optional[cst.CSTNode]:
         """The innermost for/while loop around `node` (within its scope) whose body holds it."""
@@ -277,12 +371,35 @@ class AmpModel:
 
     # ---------------------------------------------------------------- names
     def qualified_names(self, node: cst.CSTNode) -> Set[QualifiedName]:
-        value = self._qnames.get(node)
-        if value is None:
-            return set()
-        if isinstance(value, LazyValue):  # newer LibCST computes qualified names lazily
-            value = value()
-        return value  # type: ignore[return-value]
+        """What a Name/Attribute may refer to through the imports in scope, as
+        `QualifiedName(name, QualifiedNameSource.IMPORT)` (e.g. `T.cuda.amp.autocast` after
+        `import torch as T` -> "torch.cuda.amp.autocast"). Locally bound names shadow imports;
+        class bodies are not visible from the functions inside them (Python's rules)."""
+        cached = self._qname_cache.get(node)
+        if cached is not None:
+            return cached
+        result: Set[QualifiedName] = set()
+        text = dotted(node)
+        if text is not None:
+            first, _, rest = text.partition(".")
+            scope: Optional[cst.CSTNode] = self.scope_of(node)
+            innermost = scope
+            while scope is not None:
+                if isinstance(scope, cst.ClassDef) and scope is not innermost:
+                    scope = self._index.scope.get(scope)
+                    continue
+                imported = self._index.imports.get(scope, {}).get(first)
+                if imported:
+                    result = {QualifiedName(f"{q}.{rest}" if rest else q, QualifiedNameSource.IMPORT)
+                              for q in imported}
+                    break
+                if first in self._index.local_names.get(scope, ()):
+                    break
+                scope = None if scope is self.module else self._index.scope.get(scope, self.module)
+            if not result and first in _BUILTINS and text == first:
+                result = {QualifiedName(f"builtins.{first}", QualifiedNameSource.BUILTIN)}
+        self._qname_cache[node] = result
+        return result
 
     def api_of(self, node: cst.CSTNode) -> Optional[Api]:
         """The torch API an expression (Name/Attribute, or the callee of a Call) names."""
@@ -317,22 +434,23 @@ class AmpModel:
     @property
     def calls(self) -> List[cst.Call]:
         """Every call in the file, in text order."""
-        if self._calls is None:
-            calls: List[cst.Call] = []
-            positions = self._positions
-
-            class V(cst.CSTVisitor):
-                def visit_Call(self, node: cst.Call) -> None:
-                    calls.append(node)
-
-            self.module.visit(V())
-            calls.sort(key=lambda c: (positions[c].start.line, positions[c].start.column))
-            self._calls = calls
         return self._calls
 
     def calls_in_scope(self, scope: cst.CSTNode) -> List[cst.Call]:
         """Calls that run as part of `scope` itself (not inside nested defs, lambdas, classes)."""
-        return [c for c in self.calls if self.scope_of(c) is scope]
+        if self._calls_by_scope is None:
+            by_scope: Dict[cst.CSTNode, List[cst.Call]] = {}
+            for c in self._calls:
+                by_scope.setdefault(self.scope_of(c), []).append(c)
+            self._calls_by_scope = by_scope
+        return self._calls_by_scope.get(scope, [])
+
+    @property
+    def scopes(self) -> List[cst.CSTNode]:
+        """Every scope that contains a call."""
+        self.calls_in_scope(self.module)
+        assert self._calls_by_scope is not None
+        return list(self._calls_by_scope)
 
     @property
     def assignments(self) -> Dict[str, List[Tuple[cst.CSTNode, cst.BaseExpression]]]:
@@ -374,25 +492,10 @@ class AmpModel:
 
     @property
     def functions(self) -> Dict[str, List[cst.FunctionDef]]:
-        if self._functions is None:
-            funcs: Dict[str, List[cst.FunctionDef]] = {}
-            classes: Dict[str, cst.ClassDef] = {}
-
-            class V(cst.CSTVisitor):
-                def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
-                    funcs.setdefault(node.name.value, []).append(node)
-
-                def visit_ClassDef(self, node: cst.ClassDef) -> None:
-                    classes.setdefault(node.name.value, node)
-
-            self.module.visit(V())
-            self._functions, self._classes = funcs, classes
         return self._functions
 
     @property
     def classes(self) -> Dict[str, cst.ClassDef]:
-        self.functions  # noqa: B018 - fills both caches
-        assert self._classes is not None
         return self._classes
 
     def method(self, cls: cst.ClassDef, name: str) -> Optional[cst.FunctionDef]:
@@ -665,6 +768,19 @@ class AmpModel:
     def _decorator_api(self, dec: cst.BaseExpression) -> Optional[str]:
         api = self.api_of(dec.func if isinstance(dec, cst.Call) else dec)
         return api.kind if api else None
+
+
+_BUILTINS = set(dir(builtins))
+
+
+def _target_names(target: cst.CSTNode) -> List[str]:
+    if isinstance(target, cst.Name):
+        return [target.value]
+    if isinstance(target, (cst.Tuple, cst.List)):
+        return [n for el in target.elements for n in _target_names(el.value)]
+    if isinstance(target, cst.StarredElement):
+        return _target_names(target.value)
+    return []
 
 
 def build_model(wrapper: MetadataWrapper) -> AmpModel:

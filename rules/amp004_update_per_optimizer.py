@@ -44,7 +44,7 @@ scaler.update()
 
     def check(self, ctx: FileContext) -> Iterator[Violation]:
         model = ctx.model
-        for scope in {id(model.scope_of(c)): model.scope_of(c) for c in model.calls}.values():
+        for scope in model.scopes:
             calls = model.calls_in_scope(scope)
             updates = [c for c in calls if model.scaler_method(c, "update") is not None]
             if not updates:
