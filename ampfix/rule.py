@@ -57,6 +57,8 @@ class Rule:
     triggers: ClassVar[Tuple[str, ...]] = ()
     #: Lowercase triggers, matched against the lowercased text (for misspellings).
     triggers_lower: ClassVar[Tuple[str, ...]] = ()
+    #: Further groups of substrings: the file must also contain one of each group.
+    requires: ClassVar[Tuple[Tuple[str, ...], ...]] = ()
     #: "safe", "unsafe", "sometimes" or "none": what `ampfix rules` shows.
     fixable: ClassVar[str] = "none"
     #: Markdown with a "Bad" and a "Good" example, printed by `ampfix explain CODE`.
@@ -67,4 +69,6 @@ class Rule:
 
     @classmethod
     def triggered_by(cls, text: str, lowered: str) -> bool:
-        return any(t in text for t in cls.triggers) or any(t in lowered for t in cls.triggers_lower)
+        if not (any(t in text for t in cls.triggers) or any(t in lowered for t in cls.triggers_lower)):
+            return False
+        return all(any(t in text for t in group) for group in cls.requires)

@@ -21,6 +21,7 @@ class BackwardInAutocast(Rule):
         "(custom autograd Functions without custom_bwd and compiled autograd see other dtypes)"
     )
     triggers = ("autocast",)
+    requires = (("backward",),)
     fixable = "sometimes"
     docs = """
 Backward ops already run in the dtype autocast chose for the matching forward ops, so the

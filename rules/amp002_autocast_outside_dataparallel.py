@@ -22,6 +22,7 @@ class AutocastOutsideDataParallel(Rule):
     message = ("`nn.DataParallel` runs its replicas in worker threads that do not inherit this autocast "
                "region's dtype: they run float16; enable autocast inside the module's `forward`")
     triggers = ("DataParallel",)
+    requires = (("autocast",),)
     fixable = "sometimes"
     docs = """
 autocast state is thread-local. `nn.DataParallel` runs each replica's forward in a worker

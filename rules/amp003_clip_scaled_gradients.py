@@ -22,6 +22,7 @@ class ClipScaledGradients(Rule):
     message = ("gradients are clipped while still scaled by the GradScaler; "
                "call `scaler.unscale_(optimizer)` first")
     triggers = (".scale(",)
+    requires = (("clip_grad", ".grad"), ("backward",))
     fixable = "sometimes"
     docs = """
 After `scaler.scale(loss).backward()` every `.grad` is multiplied by the current scale

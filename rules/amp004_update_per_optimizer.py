@@ -15,7 +15,8 @@ class UpdatePerOptimizer(Rule):
     name = "update-per-optimizer"
     message = ("`scaler.update()` runs between the optimizer steps of one iteration; "
                "step every optimizer first, then call `update()` once")
-    triggers = (".update(",)
+    triggers = ("GradScaler", ".scale(")
+    requires = ((".update(",), (".step(",))
     fixable = "sometimes"
     docs = """
 With several optimizers, call `scaler.step(opt)` for each of them and then ONE

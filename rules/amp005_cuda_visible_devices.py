@@ -9,6 +9,7 @@ Three mistakes with the `CUDA_VISIBLE_DEVICES` environment variable:
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Iterator, List, Optional, Set
 
@@ -120,6 +121,10 @@ def is_misspelling(key: str) -> bool:
         if "_" in rest or len(rest) > 1:
             return False
     return _osa_distance(up, TARGET) <= 2
+
+
+_QUOTED = re.compile(r"(?=[\"']([^\"'\n]{14,28})[\"'])")  # overlapping: a closing quote may open the next
+_KEYWORD = re.compile(r"\b([A-Za-z_]{16,24})\s*=")
 
 
 # --------------------------------------------------------------------------- env access
@@ -438,6 +443,16 @@ class CudaVisibleDevices(Rule):
     )
     triggers = ("environ", "getenv", "putenv")
     fixable = "sometimes"
+
+    @classmethod
+    def triggered_by(cls, text: str, lowered: str) -> bool:
+        # parse only files with an environment access and a string (or keyword) that is the
+        # variable's name or a slip of it
+        if not super().triggered_by(text, lowered) or not any(w in lowered for w in ("cuda", "visib", "devic")):
+            return False
+        candidates = set(_QUOTED.findall(text)) | set(_KEYWORD.findall(text))
+        return any(c == TARGET or is_misspelling(c) for c in candidates)
+
     docs = """
 `CUDA_VISIBLE_DEVICES` is read once, when CUDA initialises (cuInit). Three mistakes:
 
