@@ -18,11 +18,11 @@ import click
 from ampfix import __version__
 from ampfix.config import Config, ConfigError, parse_version, resolve_config
 from ampfix.discovery import discover, matches_any
-from ampfix.engine import Diagnostic, FileError, FileResult, Settings, process_bytes
+from ampfix.engine import Diagnostic, FileError, FileResult, InputError, Settings, decode_source, process_bytes, triggered
 from ampfix.registry import SelectionError, all_rules, find_rule, select_rules, validate_selectors
 
 EXIT_CLEAN, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2
-PARALLEL_MIN_FILES = 8
+PARALLEL_MIN_BYTES = 64 * 1024  # below this a process pool costs more than it saves
 
 
 class UsageError(click.UsageError):
@@ -39,19 +39,27 @@ def _split(values: Sequence[str]) -> List[str]:
 # ----------------------------------------------------------------------------- running
 
 
-def _work(job: Tuple[str, Tuple[str, ...], Settings, bool]) -> FileResult:
-    path, codes, settings, fix = job
+def _work(job: Tuple[str, Tuple[str, ...], Settings, bool, bytes]) -> FileResult:
+    path, codes, settings, fix, data = job
     rules = all_rules()
-    active = [rules[c] for c in codes]
     try:
-        data = Path(path).read_bytes()
-    except OSError as exc:
-        return FileResult(path=path, error=FileError(path, None, None, f"cannot read: {exc.strerror or exc}"))
-    try:
-        return process_bytes(data, path, active, settings, fix=fix)
+        return process_bytes(data, path, [rules[c] for c in codes], settings, fix=fix)
     except Exception as exc:  # an internal error must not cost the other files their check
         return FileResult(path=path, error=FileError(path, None, None, f"internal error: {type(exc).__name__}: {exc} "
                                                                        "(please report this file)"))
+
+
+def _needs_analysis(path: str, data: bytes, codes: Sequence[str]) -> Optional[FileResult]:
+    """A result right away for a file no selected rule can fire on (or that cannot be
+    decoded); None when it must be parsed and analysed."""
+    try:
+        src = decode_source(data, path)
+    except InputError as exc:
+        return FileResult(path=path, error=exc.error)
+    rules = all_rules()
+    if triggered([rules[c] for c in codes], src.text):
+        return None
+    return FileResult(path=path)
 
 
 def _codes_for(path: str, config: Config, base_codes: Sequence[str]) -> Tuple[str, ...]:
@@ -64,6 +72,8 @@ def _codes_for(path: str, config: Config, base_codes: Sequence[str]) -> Tuple[st
 
 def _run(files: Sequence[str], config: Config, codes: Sequence[str], settings: Settings, fix: bool,
          stdin_filename: Optional[str]) -> List[FileResult]:
+    """Read and pre-filter every file here (cheap), then parse and analyse only the files
+    that contain a selected rule's trigger, in parallel when that is worth a process pool."""
     jobs = []
     results: Dict[int, FileResult] = {}
     for i, f in enumerate(files):
@@ -71,16 +81,29 @@ def _run(files: Sequence[str], config: Config, codes: Sequence[str], settings: S
             name = stdin_filename or "-"
             data = sys.stdin.buffer.read()
             file_codes = _codes_for(name, config, codes) if stdin_filename else tuple(codes)
-            rules = all_rules()
-            results[i] = process_bytes(data, name, [rules[c] for c in file_codes], settings, fix=fix)
+            results[i] = _work((name, file_codes, settings, fix, data))
             results[i].old_source = data
+            continue
+        try:
+            data = Path(f).read_bytes()
+        except OSError as exc:
+            results[i] = FileResult(path=f, error=FileError(f, None, None, f"cannot read: {exc.strerror or exc}"))
+            continue
+        file_codes = _codes_for(f, config, codes)
+        early = _needs_analysis(f, data, file_codes)
+        if early is not None:
+            results[i] = early
         else:
-            jobs.append((i, (f, _codes_for(f, config, codes), settings, fix)))
-    workers = min(os.cpu_count() or 1, len(jobs))
-    if workers > 1 and len(jobs) >= PARALLEL_MIN_FILES:
+            jobs.append((i, (f, file_codes, settings, fix, data)))
+    try:
+        wanted = int(os.environ.get("AMPFIX_WORKERS", "0"))
+    except ValueError:
+        wanted = 0
+    workers = min(wanted if wanted > 0 else (os.cpu_count() or 1), len(jobs))
+    if workers > 1 and sum(len(job[4]) for _, job in jobs) >= PARALLEL_MIN_BYTES:
+        jobs.sort(key=lambda j: -len(j[1][4]))  # largest first: the pool stays balanced
         with ProcessPoolExecutor(max_workers=workers) as pool:
-            chunk = max(1, len(jobs) // (workers * 4))
-            for (i, _), res in zip(jobs, pool.map(_work, [j for _, j in jobs], chunksize=chunk)):
+            for (i, _), res in zip(jobs, pool.map(_work, [j for _, j in jobs], chunksize=1)):
                 results[i] = res
     else:
         for i, job in jobs:
@@ -237,8 +260,6 @@ def write_atomically(path: str, data: bytes) -> None:
 
 
 def _decode_for_diff(data: bytes) -> str:
-    from ampfix.engine import decode_source
-
     return decode_source(data, "<diff>").text
 
 

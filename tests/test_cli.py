@@ -147,7 +147,7 @@ def test_noqa(tmp_path):
 
 def test_syntax_error_among_good_files(tmp_path):
     write(tmp_path, "a_bad.py", BAD_CLIP)
-    write(tmp_path, "b_broken.py", "import torch\nwith torch.autocast('cuda'):\n    x = (1,\n")
+    write(tmp_path, "b_broken.py", "import torch\nwith torch.autocast('cuda'):\n    x = (1,\n    x.backward()\n")
     write(tmp_path, "c_ok.py", GOOD)
     res = run_ampfix("check", tmp_path)
     stdout, stderr = out(res)
@@ -315,13 +315,21 @@ def test_rewrite_changes_only_fixed_statements(tmp_path):
 
 
 def test_rewrite_syntax_error_leaves_file_and_continues(tmp_path):
-    broken = write(tmp_path, "broken.py", "import torch\ndef f(:\n    torch.autocast('cuda')\n")
+    broken = write(tmp_path, "broken.py", "import torch\ndef f(:\n    torch.autocast('cuda').backward()\n")
     p = write(tmp_path, "train.py", BAD_CLIP)
     res = run_ampfix("rewrite", tmp_path)
     assert res.returncode == 2
     assert "broken.py:2" in out(res)[1]
     assert p.read_text() == FIXED_CLIP
     assert broken.read_text().startswith("import torch\ndef f(:")
+
+
+def test_files_without_triggers_are_not_parsed(tmp_path):
+    """By design a file that cannot contain any finding is not parsed (speed): its syntax
+    errors are left to the Python tooling that owns them."""
+    write(tmp_path, "plain.py", "def f(:\n    pass\n")
+    res = run_ampfix("check", tmp_path / "plain.py")
+    assert res.returncode == 0, out(res)
 
 
 # --------------------------------------------------------------------------- rules / explain
