@@ -169,6 +169,7 @@ class _Index(cst.CSTVisitor):
         # scope node -> names bound locally by anything but an import (parameters, assignments)
         self.local_names: Dict[cst.CSTNode, Set[str]] = {}
         self.assign_nodes: List[cst.CSTNode] = []
+        self.by_type: Dict[type, List[cst.CSTNode]] = {}
         self._stack: List[cst.CSTNode] = []
         self._scopes: List[cst.CSTNode] = []
 
@@ -176,6 +177,7 @@ class _Index(cst.CSTVisitor):
         if self._stack:
             self.parents[node] = self._stack[-1]
         self.order[node] = len(self.order)
+        self.by_type.setdefault(type(node), []).append(node)
         if self._scopes:
             self.scope[node] = self._scopes[-1]
         self._stack.append(node)
@@ -299,6 +301,16 @@ class AmpModel:
         """True when `a` comes before `b` in the text (an ancestor comes before its children)."""
         return self._index.order[a] < self._index.order[b]
 
+    def nodes_of(self, *types: type) -> List[cst.CSTNode]:
+        """Every node of these exact types, in text order (from the one indexing pass)."""
+        found = [n for t in types for n in self._index.by_type.get(t, [])]
+        if len(types) > 1:
+            found.sort(key=self._index.order.__getitem__)
+        return found
+
+    def in_import(self, node: cst.CSTNode) -> bool:
+        return any(isinstance(a, (cst.Import, cst.ImportFrom)) for a in self.ancestors(node))
+
     def is_ancestor(self, anc: cst.CSTNode, node: cst.CSTNode) -> bool:
         return any(p is anc for p in self.ancestors(node))
 
@@ -344,9 +356,9 @@ class AmpModel:
                 if child_a is None or anc is b:
                     return False
                 if isinstance(anc, cst.If):
-                    return self._if_branch(anc, child_a) != self._if_branch(anc, child_b)
+                    return self._branch(anc, child_a) != self._branch(anc, child_b)
                 if isinstance(anc, cst.IfExp):
-                    return {self._ifexp_branch(anc, child_a), self._ifexp_branch(anc, child_b)} == {"body", "orelse"}
+                    return {self._branch(anc, child_a), self._branch(anc, child_b)} == {"body", "orelse"}
                 if isinstance(anc, cst.Match):
                     return child_a is not child_b
                 return False
@@ -354,15 +366,8 @@ class AmpModel:
         return False
 
     @staticmethod
-    def _if_branch(node: cst.If, child: cst.CSTNode) -> str:
-        if child is node.body:
-            return "body"
-        if child is node.orelse:
-            return "orelse"
-        return "test"
-
-    @staticmethod
-    def _ifexp_branch(node: cst.IfExp, child: cst.CSTNode) -> str:
+    def _branch(node, child: cst.CSTNode) -> str:
+        """Which part of an `if` statement or expression `child` is."""
         if child is node.body:
             return "body"
         if child is node.orelse:

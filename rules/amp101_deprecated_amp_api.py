@@ -346,22 +346,7 @@ with autocast("cuda", dtype=torch.float16):
     # ------------------------------------------------------------------ uses
     @staticmethod
     def _deprecated_refs(model: AmpModel) -> List[cst.CSTNode]:
-        out: List[cst.CSTNode] = []
-
-        class V(cst.CSTVisitor):
-            def visit_Import(self, node: cst.Import) -> bool:
-                return False
-
-            def visit_ImportFrom(self, node: cst.ImportFrom) -> bool:
-                return False
-
-            def visit_Attribute(self, node: cst.Attribute) -> None:
-                api = model.api_of(node)
-                if api is not None and api.deprecated:
-                    out.append(node)
-
-        model.module.visit(V())
-        return out
+        return [n for n in _attributes_outside_imports(model) if (api := model.api_of(n)) is not None and api.deprecated]
 
     def _context(self, model: AmpModel, expr: cst.CSTNode) -> Tuple[str, Optional[cst.CSTNode]]:
         """How an API reference is used: ("call", call), ("bare-decorator", decorator),
@@ -572,21 +557,8 @@ with autocast("cuda", dtype=torch.float16):
                     break
 
     @staticmethod
-    def _all_attrs(model: AmpModel) -> List[cst.Attribute]:
-        out: List[cst.Attribute] = []
-
-        class V(cst.CSTVisitor):
-            def visit_Import(self, node: cst.Import) -> bool:
-                return False
-
-            def visit_ImportFrom(self, node: cst.ImportFrom) -> bool:
-                return False
-
-            def visit_Attribute(self, node: cst.Attribute) -> None:
-                out.append(node)
-
-        model.module.visit(V())
-        return out
+    def _all_attrs(model: AmpModel) -> List[cst.CSTNode]:
+        return _attributes_outside_imports(model)
 
     @staticmethod
     def _imports(model: AmpModel) -> List[cst.Import]:
@@ -623,3 +595,7 @@ def _clean_aliases(aliases: List[cst.ImportAlias]) -> List[cst.ImportAlias]:
         else:
             out.append(a.with_changes(comma=cst.MaybeSentinel.DEFAULT))
     return out
+
+
+def _attributes_outside_imports(model: AmpModel) -> List[cst.CSTNode]:
+    return [n for n in model.nodes_of(cst.Attribute) if not model.in_import(n)]
