@@ -90,7 +90,8 @@ def parity_metrics(test: Sequence, base: Sequence, warmup: int = 0,
     m["final_gap"] = abs(fa - fb) / max(abs(fb), floor)
     ia, ib = statistics.fmean(a[:fw]), statistics.fmean(b[:fw])
     m["reduction_test"], m["reduction_base"] = ia - fa, ib - fb
-    if ib - fb > 0:
+    # a baseline that barely moves (< 2% of its starting loss) gives no usable ratio
+    if ib - fb > 0.02 * abs(ib):
         m["reduction_ratio"] = (ia - fa) / (ib - fb)
     else:
         m["reduction_ratio"] = None
@@ -118,7 +119,8 @@ def judge_parity(m: Dict[str, object], th: Thresholds, name: str = "loss-parity"
     rr = m.get("reduction_ratio")
     inconclusive = None
     if rr is None:
-        inconclusive = "the fp32 baseline does not reduce the loss over %d steps" % n
+        inconclusive = ("the fp32 baseline does not reduce the loss (by >= 2%%) over %d steps; "
+                        "run more --steps" % n)
     elif rr < th.min_reduction:
         problems.append("loss reduction %.0f%% of fp32's < %.0f%%" % (100 * rr, 100 * th.min_reduction))
     else:

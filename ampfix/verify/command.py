@@ -194,7 +194,7 @@ def _verify_in(tmpdir, script, script_args, fixed, steps, warmup, reps, device, 
             run = run_one(spec, opts, tmpdir)
         except OSError as e:
             progress.close()
-            _err("cannot start %s: %s" % (opts.python if hasattr(opts, "python") else "python", e))
+            _err("cannot start %s: %s" % (opts.python, e))
             return EXIT_ERROR
         progress.finish(what, run.elapsed, run.error is None)
         if run.error is not None:
@@ -257,10 +257,12 @@ def _verify_in(tmpdir, script, script_args, fixed, steps, warmup, reps, device, 
                                         name="original-vs-fp32")
 
     statuses = [c.status for c in checks]
-    if C.FAIL in statuses or C.INCONCLUSIVE in statuses:
-        code = EXIT_FAIL
-    else:
-        code = EXIT_OK
+    overall = C.FAIL if C.FAIL in statuses else C.INCONCLUSIVE if C.INCONCLUSIVE in statuses else C.PASS
+    code = EXIT_OK if overall == C.PASS else EXIT_FAIL
+    for label, runs in results.items():
+        if len(runs) > 1 and any(r["losses"] != runs[0]["losses"] for r in runs[1:]):
+            notes.append("the %s losses differ between repetitions (the script is not "
+                         "deterministic); checks use the first" % report.LABEL_TEXT.get(label, label))
 
     rows = report.summarize_runs(results, warmup)
     if plot_path:
@@ -280,7 +282,7 @@ def _verify_in(tmpdir, script, script_args, fixed, steps, warmup, reps, device, 
             "steps": steps, "warmup": warmup, "reps": reps, "threads": opts.threads,
             "device": "cuda" if on_cuda else "cpu",
             "nproc_per_node": nproc_per_node,
-            "status": "PASS" if code == EXIT_OK else "FAIL",
+            "status": overall,
             "exit_code": code,
             "checks": [c.to_json() for c in checks],
             "original_vs_fp32": original_check.to_json() if original_check else None,
@@ -304,7 +306,7 @@ def _verify_in(tmpdir, script, script_args, fixed, steps, warmup, reps, device, 
         click.echo("")
         click.echo(report.format_checks(checks, original_check))
         click.echo("")
-        click.echo("result: %s" % ("PASS" if code == EXIT_OK else "FAIL"))
+        click.echo("result: %s" % overall)
     return code
 
 

@@ -166,7 +166,9 @@ def write_plot(path: str, curves: Dict[str, Sequence], title: str) -> None:
             continue
         ys = [as_float(v) for v in curves[label]]
         name, color, ls = styles[label]
-        ax.plot(range(1, len(ys) + 1), ys, ls, color=color, label=name, linewidth=1.2)
+        # the fp32 baseline wide and pale underneath, so a matching AMP curve stays visible
+        width, alpha = (3.0, 0.35) if label == "fp32" else (1.2, 1.0)
+        ax.plot(range(1, len(ys) + 1), ys, ls, color=color, label=name, linewidth=width, alpha=alpha)
     ax.set_xlabel("step")
     ax.set_ylabel("loss")
     ax.set_title(title)
