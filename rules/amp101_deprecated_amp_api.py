@@ -15,6 +15,7 @@ How the migration stays correct whatever the import style:
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Dict, Iterator, List, Optional, Set, Tuple
 
@@ -142,6 +143,53 @@ def in_fallback(model: AmpModel, node: cst.CSTNode) -> bool:
     return False
 
 
+_VERSION_TEST = re.compile(r"version|TORCH_\d|TORCH_(?:GREATER|LESS|GE|LT|AT_LEAST)|_TORCH_\w*\d", re.IGNORECASE)
+_MODERN_KINDS = {"autocast", "GradScaler", "custom_fwd", "custom_bwd"}
+
+
+def in_version_branch(model: AmpModel, node: cst.CSTNode) -> bool:
+    """In a branch of an `if` (statement or expression) that picks between torch versions:
+    its test names a version (`if TORCH_2_4:`, `if is_torch_version(">=", "2.3"):`) or its other
+    branch uses the torch.amp spelling. The deprecated spelling there is the old-torch path,
+    written on purpose; rewriting it would break exactly the torch it is for."""
+    child = node
+    for anc in model.ancestors(node):
+        if isinstance(anc, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+            return False
+        if isinstance(anc, (cst.If, cst.IfExp)) and child is not anc.test:
+            if _VERSION_TEST.search(model.module.code_for_node(anc.test)):
+                return True
+            other = anc.orelse if child is anc.body else anc.body
+            if other is not None and _uses_modern_api(model, other):
+                return True
+        if isinstance(anc, (cst.IndentedBlock, cst.Module)) and _after_early_return(model, anc, child):
+            return True
+        child = anc
+    return False
+
+
+def _after_early_return(model: AmpModel, block: cst.CSTNode, stmt: cst.CSTNode) -> bool:
+    """`if <version test>: return <torch.amp ...>` earlier in the same block."""
+    for prev in block.body:
+        if prev is stmt:
+            return False
+        if isinstance(prev, cst.If) and isinstance(prev.body, cst.IndentedBlock) and prev.body.body:
+            last = prev.body.body[-1]
+            returns = isinstance(last, cst.SimpleStatementLine) and isinstance(last.body[-1], (cst.Return, cst.Raise))
+            if returns and (_VERSION_TEST.search(model.module.code_for_node(prev.test))
+                            or _uses_modern_api(model, prev.body)):
+                return True
+    return False
+
+
+def _uses_modern_api(model: AmpModel, subtree: cst.CSTNode) -> bool:
+    for n in model.nodes_of(cst.Attribute, cst.Name):
+        api = model.api_of(n)
+        if api is not None and api.kind in _MODERN_KINDS and not api.deprecated and model.is_ancestor(subtree, n):
+            return True
+    return False
+
+
 # ----------------------------------------------------------------------------- bindings
 
 
@@ -265,7 +313,8 @@ Positional arguments of `autocast` become keywords: the old order is
 `(enabled, dtype, cache_enabled)`, the new one `(device_type, dtype, enabled, cache_enabled)`.
 Uses inside `except ImportError/AttributeError/TypeError:` are fallbacks for an old torch
 (`try: torch.amp.GradScaler("cuda") except AttributeError: torch.cuda.amp.GradScaler()`) and are
-left alone. A name whose uses cannot all be migrated (passed around as a value, `*args`, a `# noqa` on one
+left alone, and so are uses in a branch that picks between torch versions (`x = torch.amp.GradScaler("cuda")
+if TORCH_2_4 else torch.cuda.amp.GradScaler()`, or an `if` whose test names a version). A name whose uses cannot all be migrated (passed around as a value, `*args`, a `# noqa` on one
 use, or a replacement newer than `--min-torch-version`: torch.amp.GradScaler needs 2.3,
 `device_type=` on custom_fwd/custom_bwd 2.4) is reported without a fix.
 
@@ -309,7 +358,7 @@ with autocast("cuda", dtype=torch.float16):
                 root = root.value
             if isinstance(root, cst.Name) and id(root) in by_ref:
                 continue  # through a binding: handled above
-            if in_fallback(model, node):
+            if in_fallback(model, node) or in_version_branch(model, node):
                 continue
             api = model.api_of(node)
             assert api is not None and api.device is not None
