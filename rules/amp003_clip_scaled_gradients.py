@@ -9,9 +9,10 @@ import libcst as cst
 from ampfix.model import AmpModel, call_name, dotted
 from ampfix.rule import FileContext, Fix, Rule, Violation
 
-# Methods whose result depends on the magnitude of `.grad` (reading scaled values).
+# Methods whose result depends on the magnitude of `.grad` (reading scaled values). Scaling by a
+# constant (`mul_`, `div_`, as in averaging accumulated gradients) does not care and is left out.
 VALUE_METHODS = {"norm", "abs", "max", "min", "mean", "sum", "std", "var", "pow", "square", "item", "tolist",
-                 "amax", "amin", "clamp", "clamp_", "mul_", "div_"}
+                 "amax", "amin", "clamp", "clamp_"}
 NORM_FUNCS = {"torch.norm", "torch.linalg.norm", "torch.linalg.vector_norm", "torch.abs", "torch.max", "torch.sum",
               "torch.mean", "torch.nn.utils.get_total_norm", "torch._foreach_norm"}
 
