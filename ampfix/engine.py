@@ -63,7 +63,6 @@ class FileResult:
     new_source: Optional[bytes] = None  # set by fixing when the file changed
     old_source: Optional[bytes] = None
     fixed: Dict[str, int] = field(default_factory=dict)  # "CODE" or "CODE: what" -> findings fixed
-    parsed: bool = False
 
 
 class InputError(Exception):
@@ -180,7 +179,6 @@ class _Found:
     rule: Type[Rule]
     violation: Violation
     diagnostic: Diagnostic
-    span: Tuple[Tuple[int, int], Tuple[int, int]]
     noqa: bool
 
 
@@ -221,10 +219,7 @@ def _analyze(
             if stmt is not None and isinstance(stmt, cst.SimpleStatementLine):
                 spos = model.position(stmt)
                 lines.update({spos.start.line, spos.end.line})
-            found.append(
-                _Found(rule_cls, v, diag, ((pos.start.line, pos.start.column), (pos.end.line, pos.end.column)),
-                       suppressed(noqa, rule_cls.code, lines))
-            )
+            found.append(_Found(rule_cls, v, diag, suppressed(noqa, rule_cls.code, lines)))
     # one finding per code and place: a rule may reach the same node twice
     seen: Set[Tuple[str, int, int]] = set()
     unique = []
@@ -360,7 +355,7 @@ def process_bytes(
                 result.old_source = data
                 result.new_source = src.encode(new_text)
         else:
-            result.diagnostics, result.parsed = check_text(src.text, path, rules, settings)
+            result.diagnostics, _ = check_text(src.text, path, rules, settings)
     except InputError as exc:
         result.error = exc.error
     except RecursionError:

@@ -423,12 +423,6 @@ class AmpModel:
         api = self.api_of(node)
         return api is not None and api.kind == kind
 
-    def imported_from_torch(self, node: cst.CSTNode, prefix: str) -> bool:
-        """True when the expression's qualified name starts with `prefix` (e.g. "torch.cuda.")."""
-        if isinstance(node, cst.Call):
-            node = node.func
-        return any(qn.name.startswith(prefix) for qn in self.qualified_names(node))
-
     def qualname(self, node: cst.CSTNode) -> Optional[str]:
         if isinstance(node, cst.Call):
             node = node.func
@@ -788,10 +782,6 @@ def _target_names(target: cst.CSTNode) -> List[str]:
     return []
 
 
-def build_model(wrapper: MetadataWrapper) -> AmpModel:
-    return AmpModel(wrapper)
-
-
 # Helpers used by several rules to build fixes -----------------------------------------
 
 
@@ -807,22 +797,16 @@ def is_expression_statement_of(stmt: cst.CSTNode, call: cst.Call) -> bool:
     return False
 
 
-def parse_statement(code: str, module: cst.Module) -> cst.BaseStatement:
-    return cst.parse_statement(code, config=module.config_for_parsing)
-
-
 __all__ = [
     "Api",
     "AmpModel",
     "BackwardCall",
     "Region",
     "API_TABLE",
-    "build_model",
     "call_name",
     "dotted",
     "get_arg",
     "is_expression_statement_of",
     "literal_bool",
     "literal_string",
-    "parse_statement",
 ]

@@ -215,7 +215,6 @@ class _Plan:
         return cst.parse_statement(code, config=self.model.module.config_for_parsing)
 
     def build(self) -> None:
-        model = self.model
         inits = [u for u in self.uses if u.kind == "initialize"]
         if len(inits) != 1:
             if not inits:

@@ -6,9 +6,7 @@ import os
 import shutil
 import subprocess
 import sys
-import textwrap
 import zipfile
-from pathlib import Path
 
 import pytest
 
