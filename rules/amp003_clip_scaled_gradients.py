@@ -31,8 +31,12 @@ After `scaler.scale(loss).backward()` every `.grad` is multiplied by the current
 too small, so nearly every step is clipped hard and training stalls; inspecting `.grad` sees
 scaled values. Unscale first: `scaler.step()` knows the gradients were unscaled already.
 
+With several optimizers, an `unscale_` for one of them is taken as enough unless the clipped
+parameters are those an optimizer of the same function was built over (`clip(model1.parameters())`
+with `opt1 = torch.optim.Adam(model1.parameters())`) and `opt1` is not among those unscaled.
+
 The fix inserts `scaler.unscale_(optimizer)` before the clip when the optimizer that the
-scaler steps next is unambiguous.
+scaler steps next (or that owns the clipped parameters) is unambiguous.
 
 Bad:
 ```python
@@ -72,10 +76,21 @@ scaler.update()
                      and not model.exclusive(node, c)]
             if not steps:
                 continue
-            # any unscale_ between the backward and the read (in any branch) means it may be fine
             unscales = [c for c in calls if model.scaler_method(c, "unscale_") is not None
                         and model.before(bw.call, c) and model.before(c, node)]
             if unscales:
+                # fine, unless the clipped parameters are known to belong to an optimizer that
+                # none of those unscale_ calls (each naming its optimizer) covers
+                owner = self._owner(model, node) if what == "clip" else None
+                unscaled = {dotted(c.args[0].value) if c.args else None for c in unscales}
+                if owner is None or owner in unscaled or None in unscaled:
+                    continue
+                later = any(model.scaler_method(c, "unscale_") == scaler and model.before(node, c)
+                            and c.args and dotted(c.args[0].value) == owner for c in calls)
+                message = (f"gradients of `{owner}`'s parameters are clipped while still scaled: "
+                           f"`unscale_` was called for other optimizers only; call `unscale_({owner})` first")
+                yield Violation(node, message=message,
+                                fix=None if later else self._insert_unscale(model, node, scaler, owner))
                 continue
             later_unscale = any(model.scaler_method(c, "unscale_") == scaler and model.before(node, c)
                                 for c in calls)
@@ -106,8 +121,26 @@ scaler.update()
         if scaler is None or len(opts) != 1 or None in opts:
             return None
         (opt,) = opts
+        return self._insert_unscale(model, node, scaler, opt)
+
+    @staticmethod
+    def _owner(model: AmpModel, clip: cst.CSTNode) -> Optional[str]:
+        """The optimizer built, in the clip's own function, over exactly the parameters clipped
+        (`clip(model0.parameters())` with `opt0 = torch.optim.SGD(model0.parameters(), ...)`)."""
+        if not isinstance(clip, cst.Call) or not clip.args or clip.args[0].keyword is not None:
+            return None
+        clipped = model.module.code_for_node(clip.args[0].value)
+        scope = model.scope_of(clip)
+        owners = {key for key, entries in model.assignments.items() for stmt, v in entries
+                  if model.scope_of(stmt) is scope  # the same names, not a namesake elsewhere
+                  and isinstance(v, cst.Call) and model.is_api(v, "optimizer") and v.args
+                  and v.args[0].keyword is None and model.module.code_for_node(v.args[0].value) == clipped}
+        return owners.pop() if len(owners) == 1 else None
+
+    @staticmethod
+    def _insert_unscale(model: AmpModel, node: cst.CSTNode, scaler: Optional[str], opt: str) -> Optional[Fix]:
         stmt = model.statement_of(node)
-        if not isinstance(stmt, cst.SimpleStatementLine) or model.block_of(stmt) is None:
+        if scaler is None or not isinstance(stmt, cst.SimpleStatementLine) or model.block_of(stmt) is None:
             return None
         new = cst.parse_statement(f"{scaler}.unscale_({opt})\n", config=model.module.config_for_parsing)
         assert isinstance(new, cst.SimpleStatementLine)
