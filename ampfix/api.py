@@ -1,9 +1,14 @@
-"""Programmatic entry points (used by the verifier and by tests)."""
+"""Programmatic entry points (used by the verifier, editors and tests).
+
+`check_source` / `fix_source` work on a string; `check_paths` runs what `ampfix check` runs
+(configuration, discovery, rules) and returns the results instead of printing them.
+"""
 
 from __future__ import annotations
 
 from typing import List, Optional, Sequence
 
+from ampfix import runner
 from ampfix.config import DEFAULT_MIN_TORCH
 from ampfix.engine import Diagnostic, InputError, Settings, check_text, fix_text
 from ampfix.registry import select_rules
@@ -46,3 +51,9 @@ def fix_source(
     except InputError as exc:
         raise AmpfixError(str(exc.error)) from None
     return text
+
+
+def check_paths(paths: Sequence[str], **options) -> runner.Run:
+    """Check files and folders as `ampfix check PATHS` does (options: those of
+    `runner.Options`); raises `runner.OptionsError` for bad options or configuration."""
+    return runner.run(runner.make_plan(runner.Options(paths=paths, **options)))

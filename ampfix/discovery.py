@@ -15,7 +15,7 @@ SKIP_DIRS = {
     "build", "site-packages", "node_modules", ".mypy_cache", ".pytest_cache", ".ruff_cache",
     "__pypackages__", ".ipynb_checkpoints",
 }
-PY_SUFFIXES = (".py", ".pyi")
+PY_SUFFIXES = (".py", ".pyi", ".ipynb")
 
 
 @dataclass

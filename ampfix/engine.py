@@ -5,17 +5,17 @@ from __future__ import annotations
 
 import ast
 import codecs
+import difflib
 import io
-import re
 import tokenize
-from dataclasses import asdict, dataclass, field
-from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple, Type
+from dataclasses import dataclass, field, fields
+from typing import Dict, List, Optional, Sequence, Set, Tuple, Type
 
 import libcst as cst
-from libcst.metadata import MetadataWrapper
 
+from ampfix.config import DEFAULT_MIN_TORCH
 from ampfix.model import AmpModel
-from ampfix.rule import FileContext, Fix, Rule, Violation
+from ampfix.rule import Applicability, FileContext, Fix, Rule, Violation
 
 MAX_FIX_PASSES = 10
 
@@ -33,10 +33,41 @@ class Diagnostic:
     code: str
     name: str
     message: str
-    fix: Optional[str] = None  # "safe", "unsafe" or None
+    fix: Optional[str] = None  # "safe", "unsafe", "display" or None
+    cell: Optional[int] = None  # notebooks: the 1-based cell; line and columns are within the cell
+    # not part of the JSON report: the lines where a `# noqa` silences the finding, and (when
+    # asked for with Settings.details) the fix as edits and the source lines reported
+    noqa_lines: Tuple[int, ...] = field(default=(), repr=False, compare=False)
+    fix_edit: Optional["FixEdit"] = field(default=None, repr=False, compare=False)
+    source_lines: Tuple[str, ...] = field(default=(), repr=False, compare=False)
 
     def to_json(self) -> dict:
-        return asdict(self)
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in _NOT_JSON}
+
+
+_NOT_JSON = ("noqa_lines", "fix_edit", "source_lines")
+
+
+@dataclass
+class TextEdit:
+    """Replace the text from (start_line, start_column) up to (end_line, end_column) (1-based,
+    end exclusive, columns in code points) with `text`."""
+
+    start_line: int
+    start_column: int
+    end_line: int
+    end_column: int
+    text: str
+
+
+@dataclass
+class FixEdit:
+    """One finding's fix, on its own: what `ampfix rewrite` would change for it."""
+
+    description: str
+    applicability: str  # "safe", "unsafe" or "display"
+    edits: Optional[List[TextEdit]]  # None when they cannot be given in the finding's coordinates
+    diff: str  # unified diff of the change
 
 
 @dataclass
@@ -129,40 +160,8 @@ def parse(text: str, path: str) -> cst.Module:
 
 # ----------------------------------------------------------------------------- noqa
 
-NOQA_RE = re.compile(r"#\s*noqa(?::\s*(?P<codes>[A-Za-z]+[0-9]+(?:[\s,]+[A-Za-z]+[0-9]+)*))?", re.IGNORECASE)
-
-
-def noqa_lines(text: str) -> Dict[int, Optional[Set[str]]]:
-    """line -> None (bare noqa: everything) or the set of codes named."""
-    result: Dict[int, Optional[Set[str]]] = {}
-    try:
-        tokens = list(tokenize.generate_tokens(io.StringIO(text).readline))
-    except (tokenize.TokenError, SyntaxError, IndentationError):  # pragma: no cover - parsed already
-        return result
-    for tok in tokens:
-        if tok.type != tokenize.COMMENT:
-            continue
-        mt = NOQA_RE.search(tok.string)
-        if not mt:
-            continue
-        line = tok.start[0]
-        codes = mt.group("codes")
-        if codes is None:
-            result[line] = None
-        else:
-            named = {c.upper() for c in re.split(r"[\s,]+", codes) if c}
-            prev = result.get(line, set())
-            result[line] = None if prev is None and line in result else (prev or set()) | named
-    return result
-
-
-def suppressed(noqa: Dict[int, Optional[Set[str]]], code: str, lines: Iterable[int]) -> bool:
-    for line in lines:
-        if line in noqa:
-            codes = noqa[line]
-            if codes is None or any(code == c or code.startswith(c) for c in codes):
-                return True
-    return False
+# parsing `# noqa` lives in ampfix/noqa.py; these names stay importable from here
+from ampfix.noqa import NOQA_RE, FileExemption, file_exemption, noqa_lines, suppressed, suppressing  # noqa: E402,F401
 
 
 # ----------------------------------------------------------------------------- analysis
@@ -170,8 +169,10 @@ def suppressed(noqa: Dict[int, Optional[Set[str]]], code: str, lines: Iterable[i
 
 @dataclass
 class Settings:
-    min_torch_version: Tuple[int, ...] = (2, 4)
+    min_torch_version: Tuple[int, ...] = DEFAULT_MIN_TORCH
     unsafe_fixes: bool = False
+    details: bool = False  # checking: attach each finding's fix as edits and a diff (FixEdit)
+    add_noqa: bool = False  # "fixing" adds `# noqa: CODE` for each finding instead
 
 
 @dataclass
@@ -187,20 +188,63 @@ def triggered(rules: Sequence[Type[Rule]], text: str) -> List[Type[Rule]]:
     return [r for r in rules if r.triggered_by(text, lowered)]
 
 
+class _Suppression:
+    """`# noqa` for one file: which findings it silences (read once, on first use), and which
+    directives silenced something (for AMP901)."""
+
+    def __init__(self, text: str, model: AmpModel):
+        self.text = text
+        self.model = model
+        self.possible = "noqa" in text.lower()
+        self._noqa: Optional[Dict[int, Optional[Set[str]]]] = None
+        self.exemption = file_exemption(text) if self.possible else FileExemption()
+        self.used: Set[Tuple[int, Optional[str]]] = set()  # (line, code named or None)
+
+    def lines(self, node: cst.CSTNode) -> Set[int]:
+        """The reported line, and the first and last line of its simple statement."""
+        lines = {self.model.position(node).start.line}
+        stmt = self.model.statement_of(node)
+        if isinstance(stmt, cst.SimpleStatementLine):
+            spos = self.model.position(stmt)
+            lines.update({spos.start.line, spos.end.line})
+        return lines
+
+    def __call__(self, node: cst.CSTNode, code: str, record: bool = False) -> bool:
+        if not self.possible:
+            return False
+        if self.exemption.covers(code):
+            return True
+        if self._noqa is None:
+            self._noqa = noqa_lines(self.text)
+        hits = suppressing(self._noqa, code, self.lines(node))
+        if record:
+            self.used.update(hits)
+        return bool(hits)
+
+
+def _fix_kind(fix: Optional[Fix]) -> Optional[str]:
+    return None if fix is None else fix.applicability.value
+
+
 def _analyze(
-    module: cst.Module, text: str, path: str, rules: Sequence[Type[Rule]], settings: Settings
+    module: cst.Module, text: str, path: str, rules: Sequence[Type[Rule]], settings: Settings,
+    selected: Sequence[str] = (),
 ) -> Tuple[List[_Found], AmpModel]:
-    wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
-    model = AmpModel(wrapper)
+    model = AmpModel(module)
+    suppression = _Suppression(text, model)
     ctx = FileContext(path=path, source=text, model=model, min_torch_version=settings.min_torch_version,
-                      unsafe_fixes=settings.unsafe_fixes)
+                      unsafe_fixes=settings.unsafe_fixes, suppression=suppression)
     found: List[_Found] = []
-    noqa: Optional[Dict[int, Optional[Set[str]]]] = None
-    for rule_cls in rules:
+    # a rule that judges the `# noqa` directives themselves (AMP901) runs after the others,
+    # told which directives silenced something and which codes were selected for this file
+    late = [r for r in rules if getattr(r, "after_noqa", False)]
+    for rule_cls in [r for r in rules if r not in late] + late:
+        if rule_cls in late:
+            ctx.extra["noqa_used"] = set(suppression.used)
+            ctx.extra["selected_codes"] = tuple(selected) or tuple(r.code for r in rules)
         rule = rule_cls()
         for v in rule.check(ctx):
             pos = model.position(v.node)
-            fix_kind = None if v.fix is None else ("safe" if v.fix.safe else "unsafe")
             diag = Diagnostic(
                 path=path,
                 line=pos.start.line,
@@ -210,16 +254,11 @@ def _analyze(
                 code=rule_cls.code,
                 name=rule_cls.name,
                 message=v.message or rule_cls.message,
-                fix=fix_kind,
+                fix=_fix_kind(v.fix),
+                noqa_lines=tuple(sorted(suppression.lines(v.node))),
             )
-            if noqa is None:
-                noqa = noqa_lines(text)
-            stmt = model.statement_of(v.node)
-            lines = {pos.start.line}
-            if stmt is not None and isinstance(stmt, cst.SimpleStatementLine):
-                spos = model.position(stmt)
-                lines.update({spos.start.line, spos.end.line})
-            found.append(_Found(rule_cls, v, diag, suppressed(noqa, rule_cls.code, lines)))
+            found.append(_Found(rule_cls, v, diag, suppression(v.node, rule_cls.code, record=True)))
+    _block_suppressed_groups(found)
     # one finding per code and place: a rule may reach the same node twice
     seen: Set[Tuple[str, int, int]] = set()
     unique = []
@@ -232,14 +271,126 @@ def _analyze(
     return unique, model
 
 
+def _group_key(f: _Found) -> Optional[Tuple[str, str]]:
+    fix = f.violation.fix
+    return None if fix is None or fix.group is None else (f.rule.code, fix.group)
+
+
+def _block_suppressed_groups(found: List[_Found]) -> None:
+    """A fix group is all or nothing: when one of its findings is silenced by `# noqa`, no fix
+    of the group is applied, and the others say why."""
+    blocked: Dict[Tuple[str, str], int] = {}
+    for f in found:
+        key = _group_key(f)
+        if key is not None and f.noqa and key not in blocked:
+            blocked[key] = f.diagnostic.line
+    if not blocked:
+        return
+    for f in found:
+        key = _group_key(f)
+        if key is not None and key in blocked:
+            f.violation.fix = None
+            f.diagnostic.fix = None
+            f.diagnostic.message += (f" (not fixed: this fix goes together with the one on line {blocked[key]}, "
+                                     "which is marked `# noqa`)")
+
+
+def _exempt(text: str) -> bool:
+    """`# ampfix: noqa` on a line of its own: the file is not checked at all."""
+    return "ampfix" in text.lower() and file_exemption(text).everything
+
+
 def check_text(text: str, path: str, rules: Sequence[Type[Rule]], settings: Settings) -> Tuple[List[Diagnostic], bool]:
-    """Diagnostics for `text` (noqa applied) and whether the file was parsed at all."""
+    """Diagnostics for `text` (noqa applied) and whether the file was parsed at all. With
+    `settings.details`, each diagnostic with a fix carries it as a `FixEdit`."""
     active = triggered(rules, text)
-    if not active:
+    if not active or _exempt(text):
         return [], False
     module = parse(text, path)
-    found, _ = _analyze(module, text, path, active, settings)
+    found, _ = _analyze(module, text, path, active, settings, [r.code for r in rules])
+    if settings.details:
+        _attach_fix_edits(found, module, text, path)
     return [f.diagnostic for f in found if not f.noqa], True
+
+
+def fix_suggestions(text: str, path: str, rules: Sequence[Type[Rule]], settings: Settings) -> List[Diagnostic]:
+    """The diagnostics of `text`, each with its fix on its own (`Diagnostic.fix_edit`: the text
+    edits and a diff of what `ampfix rewrite` would change for that finding), writing nothing.
+    For SARIF fixes, the `full` text format and the language server's code actions."""
+    settings = Settings(**{**settings.__dict__, "details": True})
+    diags, _ = check_text(text, path, rules, settings)
+    return diags
+
+
+def text_edits(old: str, new: str) -> List[TextEdit]:
+    """The line-granular edits that turn `old` into `new`."""
+    a, b = old.splitlines(keepends=True), new.splitlines(keepends=True)
+
+    def pos(i: int) -> Tuple[int, int]:  # the start of old line i (0-based), or the end of the text
+        if i < len(a):
+            return i + 1, 1
+        if not a:
+            return 1, 1
+        last = a[-1]
+        if last.endswith(("\n", "\r")):
+            return len(a) + 1, 1
+        return len(a), len(last) + 1
+
+    out = []
+    for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes():
+        if tag != "equal":
+            (sl, sc), (el, ec) = pos(i1), pos(i2)
+            out.append(TextEdit(sl, sc, el, ec, "".join(b[j1:j2])))
+    return out
+
+
+def unified_diff(old: str, new: str, fromfile: str, tofile: str, context: int = 3) -> str:
+    lines = difflib.unified_diff(old.splitlines(keepends=True), new.splitlines(keepends=True),
+                                 fromfile=fromfile, tofile=tofile, n=context)
+    return "".join(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n" for line in lines)
+
+
+def diff_names(path: str) -> Tuple[str, str]:
+    rel = not path.startswith("/") and path not in ("-",)
+    return (f"a/{path}", f"b/{path}") if rel else (path, path)
+
+
+def _attach_fix_edits(found: List[_Found], module: cst.Module, text: str, path: str) -> None:
+    members: Dict[Tuple[str, str], List[_Found]] = {}
+    for f in found:
+        key = _group_key(f)
+        if key is not None:
+            members.setdefault(key, []).append(f)
+    compiles: Optional[bool] = None
+    fromfile, tofile = diff_names(path)
+    for f in found:
+        fix = f.violation.fix
+        if f.noqa or fix is None:
+            continue
+        key = _group_key(f)
+        group = members[key] if key is not None else [f]
+        replacements: Dict[int, object] = {}
+        for m in group:
+            if m.violation.fix is not None:
+                for node, new in m.violation.fix.replacements.items():
+                    replacements[id(node)] = new
+        try:
+            new_text = module.visit(_ApplyFixes(replacements)).code
+            cst.parse_module(new_text)
+        except Exception:
+            continue
+        if new_text == text:
+            continue
+        if compiles is None:
+            compiles = _compiles(text, path)
+        if compiles and not _compiles(new_text, path):
+            continue
+        f.diagnostic.fix_edit = FixEdit(fix.description, fix.applicability.value, text_edits(text, new_text),
+                                        unified_diff(text, new_text, fromfile, tofile))
+    lines = text.splitlines()
+    for f in found:
+        d = f.diagnostic
+        d.source_lines = tuple(lines[d.line - 1: min(d.end_line, d.line + 4)])
 
 
 class _ApplyFixes(cst.CSTTransformer):
@@ -252,7 +403,10 @@ class _ApplyFixes(cst.CSTTransformer):
         return updated_node if r is None else r
 
 
-def _fix_ranges(fix: Fix, model: AmpModel) -> List[Tuple[Tuple[int, int], Tuple[int, int]]]:
+Range = Tuple[Tuple[int, int], Tuple[int, int]]
+
+
+def _fix_ranges(fix: Fix, model: AmpModel) -> List[Range]:
     out = []
     for node in fix.replacements:
         pos = model.position(node)
@@ -272,69 +426,122 @@ def _compiles(text: str, path: str) -> bool:
         return False
 
 
+def _applicable(f: _Found, settings: Settings) -> bool:
+    fix = f.violation.fix
+    if fix is None or f.noqa:
+        return False
+    return fix.applicability is Applicability.SAFE or (fix.applicability is Applicability.UNSAFE
+                                                       and settings.unsafe_fixes)
+
+
+def _choose(found: List[_Found], model: AmpModel, settings: Settings) -> Tuple[List[_Found], List[Fix]]:
+    """The findings to fix in this pass and their fixes: no two fixes overlap, and a fix group
+    goes in whole (every fix applicable and clear of the others) or not at all."""
+    groups: Dict[Tuple[str, str], List[_Found]] = {}
+    for f in found:
+        key = _group_key(f)
+        if key is not None:
+            groups.setdefault(key, []).append(f)
+    chosen: List[_Found] = []
+    fixes: Dict[int, Fix] = {}
+    taken: List[Range] = []
+    done_groups: Set[Tuple[str, str]] = set()
+    for f in found:
+        if not _applicable(f, settings):
+            continue
+        key = _group_key(f)
+        members = groups[key] if key is not None else [f]
+        if key is not None:
+            if key in done_groups:
+                continue
+            done_groups.add(key)
+            if not all(_applicable(m, settings) for m in members):
+                continue
+        new_fixes = {id(m.violation.fix): m.violation.fix for m in members if id(m.violation.fix) not in fixes}
+        ranges = [r for fix in new_fixes.values() for r in _fix_ranges(fix, model)]  # type: ignore[arg-type]
+        if any(_overlaps(r, t) for r in ranges for t in taken) or any(
+                _overlaps(a, b) for i, a in enumerate(ranges) for b in ranges[i + 1:]):
+            continue
+        chosen.extend(members)
+        fixes.update(new_fixes)  # type: ignore[arg-type]
+        taken.extend(ranges)
+    return chosen, list(fixes.values())
+
+
 def fix_text(text: str, path: str, rules: Sequence[Type[Rule]], settings: Settings) -> Tuple[str, Dict[str, int], List[Diagnostic]]:
     """Apply fixes until nothing applicable is left.
 
-    Returns (new text, {code: fixed count}, remaining diagnostics). Every pass is checked:
-    its output must parse (LibCST, and CPython when the input compiled), or the pass is
+    Returns (new text, {"CODE: description": fixed count}, remaining diagnostics). Every pass is
+    checked: its output must parse (LibCST, and CPython when the input compiled), or the pass is
     dropped and the file keeps the last good text.
     """
     active = triggered(rules, text)
     fixed: Dict[str, int] = {}
-    if not active:
+    if not active or _exempt(text):
         return text, fixed, []
+    selected = [r.code for r in rules]
     original_compiles = None
     current = text
     module = parse(current, path)
     for _ in range(MAX_FIX_PASSES):
-        found, model = _analyze(module, current, path, active, settings)
-        applicable = [
-            f for f in found
-            if f.violation.fix is not None and not f.noqa and (f.violation.fix.safe or settings.unsafe_fixes)
-        ]
-        if not applicable:
-            return current, fixed, [f.diagnostic for f in found if not f.noqa]
-        chosen: List[_Found] = []
-        taken: List[Tuple[Tuple[int, int], Tuple[int, int]]] = []
-        chosen_fixes: Dict[int, Fix] = {}
-        for f in applicable:
-            fix = f.violation.fix
-            assert fix is not None
-            if id(fix) in chosen_fixes:  # several findings share one fix (e.g. one unscale_ for two clips)
-                chosen.append(f)
-                continue
-            ranges = _fix_ranges(fix, model)
-            if any(_overlaps(r, t) for r in ranges for t in taken):
-                continue
-            chosen.append(f)
-            chosen_fixes[id(fix)] = fix
-            taken.extend(ranges)
+        found, model = _analyze(module, current, path, active, settings, selected)
+        remaining = [f.diagnostic for f in found if not f.noqa]
+        chosen, fixes = _choose(found, model, settings)
+        if not chosen:
+            return current, fixed, remaining
         replacements: Dict[int, object] = {}
-        for fix in chosen_fixes.values():
+        for fix in fixes:
             for node, new in fix.replacements.items():
                 replacements[id(node)] = new
-        new_module = module.visit(_ApplyFixes(replacements))
-        new_text = new_module.code
+        new_text = module.visit(_ApplyFixes(replacements)).code
         if new_text == current:
-            return current, fixed, [f.diagnostic for f in found if not f.noqa]
+            return current, fixed, remaining
         try:
             reparsed = cst.parse_module(new_text)
         except Exception:
-            return current, fixed, [f.diagnostic for f in found if not f.noqa]
+            return current, fixed, remaining
         if original_compiles is None:
             original_compiles = _compiles(text, path)
         if original_compiles and not _compiles(new_text, path):
-            return current, fixed, [f.diagnostic for f in found if not f.noqa]
+            return current, fixed, remaining
         for f in chosen:
-            desc = f.violation.fix.description  # type: ignore[union-attr]
-            key = f"{f.diagnostic.code}: {desc}" if desc else f.diagnostic.code
+            key = f"{f.diagnostic.code}: {f.violation.fix.description}"  # type: ignore[union-attr]
             fixed[key] = fixed.get(key, 0) + 1
         current, module = new_text, reparsed
-    found, _ = _analyze(module, current, path, active, settings)
+    found, _ = _analyze(module, current, path, active, settings, selected)
     return current, fixed, [f.diagnostic for f in found if not f.noqa]
 
 
 # ----------------------------------------------------------------------------- files
+
+
+def transform_text(text: str, path: str, rules: Sequence[Type[Rule]], settings: Settings,
+                   fix: bool = False) -> Tuple[str, Dict[str, int], List[Diagnostic]]:
+    """One decoded text as `process_bytes` treats it: (new text, {what: count}, diagnostics).
+    Checking returns the text unchanged; fixing applies the fixes; with `settings.add_noqa` a
+    `# noqa: CODE` is added for each finding instead (the diagnostics left are those that could
+    not be silenced)."""
+    if settings.add_noqa:
+        from ampfix.noqa import add_noqa
+
+        diags, _ = check_text(text, path, rules, settings)
+        wanted = [(d.code, [d.line] + sorted(set(d.noqa_lines) - {d.line}, reverse=True)) for d in diags]
+        new_text, _, _ = add_noqa(text, wanted)
+        if new_text == text:
+            return text, {}, diags
+        try:
+            left, _ = check_text(new_text, path, rules, settings)
+        except InputError:  # pragma: no cover - comments never break a file; keep it as it was
+            return text, {}, diags
+        added: Dict[str, int] = {}
+        for d in diags:
+            if not any((d.code, d.line, d.column) == (e.code, e.line, e.column) for e in left):
+                added[d.code] = added.get(d.code, 0) + 1
+        return new_text, added, left
+    if fix:
+        return fix_text(text, path, rules, settings)
+    diags, _ = check_text(text, path, rules, settings)
+    return text, {}, diags
 
 
 def process_bytes(
@@ -347,15 +554,11 @@ def process_bytes(
     result = FileResult(path=path)
     try:
         src = decode_source(data, path)
-        if fix:
-            new_text, fixed, remaining = fix_text(src.text, path, rules, settings)
-            result.diagnostics = remaining
-            result.fixed = fixed
-            if new_text != src.text:
-                result.old_source = data
-                result.new_source = src.encode(new_text)
-        else:
-            result.diagnostics, _ = check_text(src.text, path, rules, settings)
+        new_text, fixed, result.diagnostics = transform_text(src.text, path, rules, settings, fix)
+        result.fixed = fixed
+        if new_text != src.text:
+            result.old_source = data
+            result.new_source = src.encode(new_text)
     except InputError as exc:
         result.error = exc.error
     except RecursionError:

@@ -1,8 +1,9 @@
-"""Finds the rules and selects them by code or prefix."""
+"""Finds the rules, checks their definitions, and selects them by code or prefix."""
 
 from __future__ import annotations
 
 import importlib
+import inspect
 import pkgutil
 import re
 from functools import lru_cache
@@ -11,6 +12,47 @@ from typing import Dict, Iterable, List, Optional, Sequence, Type
 from ampfix.rule import Rule
 
 CODE_RE = re.compile(r"^AMP[0-9]{3}$")
+NAME_RE = re.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)*$")
+FIXABLE = ("safe", "unsafe", "sometimes", "none")
+EXAMPLE_RE = re.compile(r"^(Bad|Good):\s*\n```python\n(.*?)\n```", re.MULTILINE | re.DOTALL)
+
+
+class RuleDefinitionError(RuntimeError):
+    """A rule class that could not work as written (raised when the rules are loaded)."""
+
+
+def validate_rule(rule: Type[Rule]) -> None:
+    """Reject a rule whose definition would make it silently useless or undocumented."""
+    where = f"{rule.__module__}.{rule.__name__}"
+
+    def fail(what: str) -> None:
+        raise RuleDefinitionError(f"rule {where}: {what}")
+
+    if not CODE_RE.match(rule.code or ""):
+        fail(f"code {rule.code!r} is not of the form AMP123")
+    if not NAME_RE.match(rule.name or ""):
+        fail(f"name {rule.name!r} must be lowercase words joined by '-'")
+    if not (rule.message or "").strip():
+        fail("message is empty")
+    if rule.fixable not in FIXABLE:
+        fail(f"fixable must be one of {', '.join(FIXABLE)}, not {rule.fixable!r}")
+    overrides_trigger = inspect.getattr_static(rule, "triggered_by") is not inspect.getattr_static(Rule, "triggered_by")
+    if not (rule.triggers or rule.triggers_lower) and not overrides_trigger:
+        fail("triggers is empty: the rule would never run (name the substrings a file must contain)")
+    if any(not isinstance(t, str) or not t for t in (*rule.triggers, *rule.triggers_lower)):
+        fail("triggers must be non-empty strings")
+    if any(not group for group in rule.requires):
+        fail("an empty group in requires would reject every file")
+    kinds = [m.group(1) for m in EXAMPLE_RE.finditer(rule.docs or "")]
+    if "Bad" not in kinds or "Good" not in kinds:
+        fail('docs need a "Bad:" and a "Good:" example, each a ```python block')
+    if rule.check is Rule.check:
+        fail("check() is not implemented")
+
+
+def doc_examples(rule: Type[Rule]) -> List[tuple]:
+    """[("Bad" | "Good", code), ...] from the rule's docs, in order."""
+    return [(m.group(1), m.group(2) + "\n") for m in EXAMPLE_RE.finditer(rule.docs or "")]
 
 
 @lru_cache(maxsize=1)
@@ -22,10 +64,9 @@ def all_rules() -> Dict[str, Type[Rule]]:
         module = importlib.import_module(f"{pkg.__name__}.{info.name}")
         for obj in vars(module).values():
             if isinstance(obj, type) and issubclass(obj, Rule) and obj is not Rule and obj.__module__ == module.__name__:
-                if not CODE_RE.match(obj.code):
-                    raise RuntimeError(f"rule {obj.__name__} has an invalid code {obj.code!r}")
+                validate_rule(obj)
                 if obj.code in found:
-                    raise RuntimeError(f"rule code {obj.code} is defined twice")
+                    raise RuleDefinitionError(f"rule code {obj.code} is defined twice")
                 found[obj.code] = obj
     return dict(sorted(found.items()))
 
@@ -53,9 +94,20 @@ def validate_selectors(selectors: Iterable[str], option: str) -> List[str]:
 
 
 def select_rules(select: Optional[Sequence[str]], ignore: Sequence[str]) -> List[Type[Rule]]:
+    """Rules chosen by `select` (None: the default set) minus `ignore`. A rule that is off by
+    default is chosen only when selected by its own code."""
     rules = all_rules()
-    chosen = [r for c, r in rules.items() if select is None or any(_matches(c, s) for s in select)]
-    return [r for r in chosen if not any(_matches(r.code, s) for s in ignore)]
+    chosen = []
+    for code, r in rules.items():
+        if select is None:
+            wanted = r.default_enabled
+        elif r.default_enabled:
+            wanted = any(_matches(code, s) for s in select)
+        else:
+            wanted = code in select
+        if wanted and not any(_matches(code, s) for s in ignore):
+            chosen.append(r)
+    return chosen
 
 
 def find_rule(code: str) -> Optional[Type[Rule]]:

@@ -1,15 +1,21 @@
 """The rule API: a rule is a small class with a code, a name, docs and a `check` method.
 
-A rule never parses or resolves names itself; it queries the shared `AmpModel`
-(`ctx.model`) and yields `Violation`s, optionally carrying a `Fix`.
+A rule never parses, resolves names or walks the tree for facts about flow: it queries the
+shared model (`ctx.model`, see `ampfix/model/`) and yields `Violation`s, optionally carrying a
+`Fix` built with the edits layer (`ampfix/edits.py`). The registry checks every rule class
+when it is loaded (`ampfix/registry.py`), so a rule that could never run, or has no docs, fails
+loudly instead of silently.
 """
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, ClassVar, Dict, Iterator, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Callable, ClassVar, Dict, Iterator, Optional, Tuple, Union
 
 import libcst as cst
+
+from ampfix.config import DEFAULT_MIN_TORCH
 
 if TYPE_CHECKING:  # pragma: no cover
     from ampfix.model import AmpModel
@@ -17,16 +23,40 @@ if TYPE_CHECKING:  # pragma: no cover
 Replacement = Union[cst.CSTNode, cst.RemovalSentinel, cst.FlattenSentinel]
 
 
+class Applicability(enum.Enum):
+    """How a fix may be used. There is no default: every fix says which it is."""
+
+    SAFE = "safe"  #: applied by `ampfix rewrite`
+    UNSAFE = "unsafe"  #: may change behaviour: applied only with `--unsafe-fixes`
+    DISPLAY_ONLY = "display"  #: shown as a suggestion, never applied
+
+
+SAFE, UNSAFE, DISPLAY_ONLY = Applicability.SAFE, Applicability.UNSAFE, Applicability.DISPLAY_ONLY
+
+
 @dataclass
 class Fix:
     """Replace nodes of the file's tree (by identity) with new nodes.
 
-    `safe` fixes are applied by `ampfix rewrite`; unsafe ones only with `--unsafe-fixes`.
+    `group`: fixes that share a group (within one rule and file) are applied all together or
+    not at all: when one of them cannot be applied (its finding is suppressed with `# noqa`, or
+    it collides with another fix), none is, and each finding of the group says why.
     """
 
     replacements: Dict[cst.CSTNode, Replacement]
-    safe: bool = True
-    description: str = ""
+    applicability: Applicability
+    description: str
+    group: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.applicability, Applicability):
+            raise TypeError(f"Fix.applicability must be an Applicability, not {self.applicability!r}")
+        if not self.replacements:
+            raise ValueError("a Fix must replace at least one node")
+
+    @property
+    def safe(self) -> bool:
+        return self.applicability is Applicability.SAFE
 
 
 @dataclass
@@ -41,9 +71,15 @@ class FileContext:
     path: str
     source: str
     model: "AmpModel"
-    min_torch_version: Tuple[int, ...] = (2, 4)
+    min_torch_version: Tuple[int, ...] = DEFAULT_MIN_TORCH
     unsafe_fixes: bool = False
+    #: set by the engine: (node, code) -> suppressed by `# noqa` on its line
+    suppression: Optional[Callable[[cst.CSTNode, str], bool]] = None
     extra: dict = field(default_factory=dict)
+
+    def is_suppressed(self, node: cst.CSTNode, code: str) -> bool:
+        """True when a finding of `code` reported at `node` would be silenced by `# noqa`."""
+        return self.suppression is not None and self.suppression(node, code)
 
 
 class Rule:
@@ -61,8 +97,13 @@ class Rule:
     requires: ClassVar[Tuple[Tuple[str, ...], ...]] = ()
     #: "safe", "unsafe", "sometimes" or "none": what `ampfix rules` shows.
     fixable: ClassVar[str] = "none"
-    #: Markdown with a "Bad" and a "Good" example, printed by `ampfix explain CODE`.
+    #: One line on what the fix does and when (the README's rule table); default: `fixable`.
+    fix_note: ClassVar[str] = ""
+    #: Markdown with a "Bad:" and a "Good:" example, printed by `ampfix explain CODE`; the
+    #: examples are tests: the Bad one must produce this rule's finding, the Good one none.
     docs: ClassVar[str] = ""
+    #: Off unless selected explicitly (by its code, not by a prefix or ALL).
+    default_enabled: ClassVar[bool] = True
 
     def check(self, ctx: FileContext) -> Iterator[Violation]:  # pragma: no cover - abstract
         raise NotImplementedError

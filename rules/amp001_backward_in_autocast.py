@@ -7,7 +7,8 @@ from typing import Iterator, Optional
 import libcst as cst
 
 from ampfix.model import AmpModel, call_name
-from ampfix.rule import FileContext, Fix, Rule, Violation
+from ampfix.model.events import BACKWARD
+from ampfix.rule import SAFE, UNSAFE, FileContext, Fix, Rule, Violation
 
 # Statements that may leave the autocast block with no change in meaning.
 TRAINING_METHODS = {"backward", "step", "zero_grad", "update", "unscale_"}
@@ -23,6 +24,7 @@ class BackwardInAutocast(Rule):
     triggers = ("autocast",)
     requires = (("backward",),)
     fixable = "sometimes"
+    fix_note = "safe when only backward/step/zero_grad/scaler calls move, else unsafe"
     docs = """
 Backward ops already run in the dtype autocast chose for the matching forward ops, so the
 PyTorch docs advise against running `backward()` under autocast. In eager mode built-in ops give
@@ -30,57 +32,73 @@ the same gradients either way, but custom `torch.autograd.Function`s whose `back
 `@torch.amp.custom_bwd`, and compiled autograd under `torch.compile`, run their backward in a
 different precision than their forward.
 
+The region may be opened anywhere the file shows: `with torch.autocast(...)`, a context bound to
+a name or module global (`ctx = nullcontext() if cpu else torch.autocast(...)`), a trainer's
+`self.amp_autocast = partial(torch.autocast, ...)`; and the backward may run in a helper or
+closure called inside the region (reported at that call).
+
 The fix moves the backward call, and the statements after it, out of the `with` block. It is
 safe when only backward/optimizer/scaler/scheduler/zero_grad calls move, unsafe otherwise (or
 when the file defines a custom autograd Function without `custom_bwd`). No fix is offered when
-the backward is nested deeper in the block, or the `with` has other context managers.
+the backward is nested deeper in the block or runs in a helper, or the `with` has other context
+managers.
 
 Bad:
 ```python
+import torch
+
+scaler = torch.amp.GradScaler("cuda")
 with torch.autocast("cuda", dtype=torch.float16):
     loss = loss_fn(model(x), y)
     scaler.scale(loss).backward()
 scaler.step(optimizer)
+scaler.update()
 ```
 
 Good:
 ```python
+import torch
+
+scaler = torch.amp.GradScaler("cuda")
 with torch.autocast("cuda", dtype=torch.float16):
     loss = loss_fn(model(x), y)
 scaler.scale(loss).backward()
 scaler.step(optimizer)
+scaler.update()
 ```
 """
 
     def check(self, ctx: FileContext) -> Iterator[Violation]:
         model = ctx.model
-        for bw in model.backward_calls:
-            region = model.region_of(bw.call)
-            if region is None:
-                continue
-            yield Violation(bw.call, fix=self._fix(model, bw.call, region.node))
+        for trace in model.traces():
+            for bw in trace.of(BACKWARD):
+                if bw.region is None:
+                    continue
+                shown = model.shown_in_region(bw)
+                if shown is bw.node:
+                    yield Violation(bw.node, fix=self._fix(model, bw.node, bw.region.node))
+                else:
+                    yield Violation(shown, message=(
+                        f"`{model.code(shown.func) if isinstance(shown, cst.Call) else model.code(shown)}()` runs "
+                        f"`backward()` (line {model.line(bw.node)}) inside this autocast region; call it after the "
+                        "`with` block, or leave the region inside it before `backward()`"))
 
     def _fix(self, model: AmpModel, call: cst.Call, region_node: cst.CSTNode) -> Optional[Fix]:
-        if not isinstance(region_node, cst.With) or len(region_node.items) != 1:
-            return None
-        if region_node.asynchronous is not None:
+        if not isinstance(region_node, cst.With) or len(region_node.items) != 1 or region_node.asynchronous:
             return None
         stmt = model.statement_of(call)
         body = region_node.body
-        if not isinstance(body, cst.IndentedBlock) or stmt is None:
+        if not isinstance(body, cst.IndentedBlock) or stmt is None or model.block_of(region_node) is None:
             return None
         index = next((i for i, s in enumerate(body.body) if s is stmt), None)
         if index is None or index == 0:
             return None  # nested deeper, or nothing would stay in the block
-        if model.block_of(region_node) is None:
-            return None
-        moved = list(body.body[index:])
-        kept = list(body.body[:index])
+        moved, kept = list(body.body[index:]), list(body.body[:index])
         safe = all(_is_training_call(s) for s in moved) and not model.custom_functions_without_custom_bwd()
         # LibCST renders nested blocks relative to their parent, so the moved statements
         # take the `with` statement's indentation by themselves.
         new_with = region_node.with_changes(body=body.with_changes(body=kept))
-        return Fix({region_node: cst.FlattenSentinel([new_with, *moved])}, safe=safe,
+        return Fix({region_node: cst.FlattenSentinel([new_with, *moved])}, applicability=SAFE if safe else UNSAFE,
                    description="backward moved out of the autocast region")
 
 
@@ -88,9 +106,5 @@ def _is_training_call(stmt: cst.BaseStatement) -> bool:
     """`loss.backward()`, `optimizer.step()`, `scaler.update()`, `opt.zero_grad()`, ... alone."""
     if not isinstance(stmt, cst.SimpleStatementLine):
         return False
-    for small in stmt.body:
-        if not isinstance(small, cst.Expr) or not isinstance(small.value, cst.Call):
-            return False
-        if call_name(small.value) not in TRAINING_METHODS:
-            return False
-    return True
+    return all(isinstance(small, cst.Expr) and isinstance(small.value, cst.Call)
+               and call_name(small.value) in TRAINING_METHODS for small in stmt.body)

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Iterator, List, Optional
+from typing import Iterator, Optional
 
 import libcst as cst
 
-from ampfix.model import AmpModel, dotted, is_expression_statement_of
-from ampfix.rule import FileContext, Fix, Rule, Violation
+from ampfix.edits import in_block, move_after, remove_statement
+from ampfix.model import AmpModel, Trace, TraceEvent, is_expression_statement_of
+from ampfix.model.tree import target_names
+from ampfix.model.events import BACKWARD, SCALER_STEP, UPDATE
+from ampfix.rule import SAFE, UNSAFE, FileContext, Fix, Rule, Violation
 
 
 class UpdatePerOptimizer(Rule):
@@ -18,17 +21,28 @@ class UpdatePerOptimizer(Rule):
     triggers = ("GradScaler", ".scale(")
     requires = ((".update(",), (".step(",))
     fixable = "sometimes"
+    fix_note = "safe (one `update()` after the last step); wrong scaler: unsafe rename"
     docs = """
 With several optimizers, call `scaler.step(opt)` for each of them and then ONE
 `scaler.update()`. Updating after each step changes the scale between the steps of one
 iteration: the next step's inf/NaN check and unscaling use a different scale than the one its
 gradients were produced with, and the scale grows or backs off several times per iteration.
+The same goes when each step goes through a helper (`apply_step(scaler, opt)` called per
+optimizer, a loss-scaler object called once per loss, `for opt in optimizers: opt_step(opt)`).
+With several scalers, each must be updated once after its own steps: `scaler_g.update()` after
+`scaler_d.step(...)` leaves one scaler never updated and the other updated twice.
 
-The fix removes the extra `update()` calls (or moves the one in a `for opt in optimizers:`
-loop after the loop), leaving one update after the last step.
+A path that leaves the iteration early (`continue` after its own `update()`) is a separate
+iteration, not a second update. The fix removes the extra `update()` calls (or moves the one
+in a `for opt in optimizers:` loop after the loop), leaving one update after the last step;
+for the wrong scaler it renames the receiver (unsafe). No fix when the update is in a helper.
 
 Bad:
 ```python
+import torch
+
+scaler = torch.amp.GradScaler("cuda")
+scaler.scale(loss0 + loss1).backward()
 scaler.step(optimizer0)
 scaler.update()
 scaler.step(optimizer1)
@@ -37,6 +51,10 @@ scaler.update()
 
 Good:
 ```python
+import torch
+
+scaler = torch.amp.GradScaler("cuda")
+scaler.scale(loss0 + loss1).backward()
 scaler.step(optimizer0)
 scaler.step(optimizer1)
 scaler.update()
@@ -45,66 +63,98 @@ scaler.update()
 
     def check(self, ctx: FileContext) -> Iterator[Violation]:
         model = ctx.model
-        for scope in model.scopes:
-            calls = model.calls_in_scope(scope)
-            updates = [c for c in calls if model.scaler_method(c, "update") is not None]
-            if not updates:
-                continue
-            steps = [c for c in calls if model.scaler_method(c, "step") is not None]
-            for upd in updates:
-                key = model.scaler_method(upd, "update")
-                same = [s for s in steps if model.scaler_method(s, "step") == key]
-                v = self._in_optimizer_loop(model, upd, same) or self._between_steps(model, upd, same, updates)
+        for trace in model.traces():
+            for upd in trace.of(UPDATE):
+                v = self._in_optimizer_loop(model, trace, upd) or self._between_steps(model, trace, upd) \
+                    or self._wrong_scaler(model, trace, upd)
                 if v is not None:
                     yield v
 
-    def _in_optimizer_loop(self, model: AmpModel, upd: cst.Call, steps: List[cst.Call]) -> Optional[Violation]:
-        """`for opt in optimizers: scaler.step(opt); scaler.update()`."""
-        loop = model.loop_of(upd)
-        if not isinstance(loop, cst.For):
-            return None
-        target = dotted(loop.target)
-        if target is None:
-            return None
-        inner = [s for s in steps if model.is_ancestor(loop, s) and s.args and dotted(s.args[0].value) == target]
-        if not inner:
-            return None
-        message = ("`scaler.update()` runs once per optimizer inside the loop over optimizers; "
-                   "move it after the loop")
-        stmt = model.statement_of(upd)
-        fix = None
-        body = loop.body
-        if (is_expression_statement_of(stmt, upd) and isinstance(body, cst.IndentedBlock)
-                and any(s is stmt for s in body.body) and len(body.body) > 1 and loop.orelse is None
-                and model.block_of(loop) is not None and all(model.before(s, upd) for s in inner)):
-            new_loop = loop.with_changes(body=body.with_changes(body=[s for s in body.body if s is not stmt]))
-            moved = stmt.with_changes(leading_lines=())
-            fix = Fix({loop: cst.FlattenSentinel([new_loop, moved])}, safe=True,
-                      description="scaler.update() moved after the loop over optimizers")
-        return Violation(upd, message=message, fix=fix)
+    @staticmethod
+    def _same(kind: str, scaler: Optional[str]):
+        return lambda e: e.kind == kind and e.scaler == scaler
 
-    def _between_steps(self, model: AmpModel, upd: cst.Call, steps: List[cst.Call],
-                       updates: List[cst.Call]) -> Optional[Violation]:
+    def _in_optimizer_loop(self, model: AmpModel, trace: Trace, upd: TraceEvent) -> Optional[Violation]:
+        """An update inside a loop over optimizers (its variable is what the steps step, and it
+        runs no backward), so it updates once per optimizer."""
+        backwards = trace.of(BACKWARD)
+        for group in upd.loops():
+            frame, (_, loop) = group  # the loop's frame, and the loop
+            if not isinstance(loop, cst.For):
+                continue
+            names = set(target_names(loop.target))
+            steps = [e for e in trace.of(SCALER_STEP) if e.scaler == upd.scaler and group in e.ctx
+                     and names & model.reads_of(e.path[len(frame)])]
+            if not steps or any(group in b.ctx for b in backwards):
+                continue
+            shown = upd.path[len(frame)]
+            message = ("`scaler.update()` runs once per optimizer inside the loop over optimizers; move it after "
+                       "the loop" + model.where(upd, shown))
+            stmt = model.statement_of(upd.node)
+            body = loop.body
+            fix = None
+            if shown is upd.node and is_expression_statement_of(stmt, upd.node) and isinstance(body, cst.IndentedBlock) \
+                    and any(s is stmt for s in body.body) and len(body.body) > 1 and loop.orelse is None \
+                    and in_block(model, loop) and all(model.before(s.node, upd.node) for s in steps):
+                new_loop = loop.with_changes(body=body.with_changes(body=[s for s in body.body if s is not stmt]))
+                fix = Fix({loop: cst.FlattenSentinel([new_loop, stmt.with_changes(leading_lines=())])},
+                          applicability=SAFE, description="scaler.update() moved after the loop over optimizers")
+            return Violation(shown, message=message, fix=fix)
+        return None
+
+    def _between_steps(self, model: AmpModel, trace: Trace, upd: TraceEvent) -> Optional[Violation]:
         """`scaler.step(o1); scaler.update(); scaler.step(o2)` in one iteration."""
-        loop = model.loop_of(upd)
-        same_iter = [s for s in steps if model.loop_of(s) is loop and not model.exclusive(s, upd)]
-        earlier = [s for s in same_iter if model.before(s, upd)]
-        later = [s for s in same_iter if model.before(upd, s)]
-        if not earlier or not later:
+        loops = set(upd.loops())
+        same_step = self._same(SCALER_STEP, upd.scaler)
+        earlier = model.last_before(trace, upd, lambda e: same_step(e) and loops <= set(e.loops()),
+                                    stop=self._same(UPDATE, upd.scaler))
+        later = model.first_after(trace, upd, lambda e: same_step(e) and loops <= set(e.loops()))
+        if earlier is None or later is None:
             return None
-        stmt = model.statement_of(upd)
+        shown = model.anchor(earlier, upd, later)[1]
+        if shown is not upd.node:
+            return Violation(shown, message=self.message + model.where(upd, shown))
+        last = later
+        while True:  # the last step of this scaler in the iteration
+            nxt = model.first_after(trace, last, lambda e: same_step(e) and loops <= set(e.loops()))
+            if nxt is None:
+                break
+            last = nxt
+        final = model.first_after(trace, last, self._same(UPDATE, upd.scaler))
+        return Violation(upd.node, fix=self._fix_between(model, upd, last, final))
+
+    @staticmethod
+    def _fix_between(model: AmpModel, upd: TraceEvent, last: TraceEvent, final: Optional[TraceEvent]) -> Optional[Fix]:
+        stmt = model.statement_of(upd.node)
+        if not is_expression_statement_of(stmt, upd.node) or not in_block(model, stmt):
+            return None
+        if final is not None:
+            return Fix(remove_statement(model, stmt), applicability=SAFE, description="extra scaler.update() removed")
+        last_stmt = model.statement_of(last.node)
+        if last.via or last_stmt is None or model.block_of(last_stmt) is not model.block_of(stmt):
+            return None
+        return Fix(move_after(model.module, stmt, last_stmt), applicability=SAFE,
+                   description="scaler.update() moved after the last step")
+
+    def _wrong_scaler(self, model: AmpModel, trace: Trace, upd: TraceEvent) -> Optional[Violation]:
+        """An update of a scaler that has not stepped since its last update, right after the
+        step of another scaler that is never updated afterwards."""
+        if model.last_before(trace, upd, self._same(SCALER_STEP, upd.scaler), stop=self._same(UPDATE, upd.scaler)):
+            return None
+        prev = model.last_before(trace, upd, lambda e: e.kind == SCALER_STEP and e.scaler != upd.scaler)
+        if prev is None or model.first_after(trace, prev, self._same(UPDATE, prev.scaler)) is not None:
+            return None
+        same_update = self._same(UPDATE, upd.scaler)
+        if model.last_before(trace, upd, same_update) is None and model.first_after(trace, upd, same_update) is None:
+            return None  # this scaler is updated once: only the other one is missing its update
+        shown = model.anchor(prev, upd)[1]
+        other = prev.event.scaler
+        message = (f"`{upd.event.scaler}.update()` follows `{other}.step(...)`: `{upd.event.scaler}` is updated twice "
+                   f"this iteration and `{other}` never; call `{other}.update()` here" + model.where(upd, shown))
         fix = None
-        last_step = later[-1]
-        final_update = any(model.before(last_step, u) and model.loop_of(u) is loop and not model.exclusive(u, last_step)
-                           for u in updates)
-        if is_expression_statement_of(stmt, upd) and model.block_of(stmt) is not None:
-            if final_update:
-                fix = Fix({stmt: cst.RemoveFromParent()}, safe=True,
-                          description="extra scaler.update() removed")
-            else:
-                last_stmt = model.statement_of(last_step)
-                if last_stmt is not None and model.block_of(last_stmt) is model.block_of(stmt):
-                    moved = stmt.with_changes(leading_lines=())
-                    fix = Fix({stmt: cst.RemoveFromParent(), last_stmt: cst.FlattenSentinel([last_stmt, moved])},
-                              safe=True, description="scaler.update() moved after the last step")
-        return Violation(upd, fix=fix)
+        func = upd.node.func
+        if shown is upd.node and not prev.via and isinstance(func, cst.Attribute) and other:
+            fix = Fix({func.value: cst.parse_expression(other)}, applicability=UNSAFE,
+                      description="update() called on the scaler that stepped")
+        return Violation(shown, message=message, fix=fix)
+

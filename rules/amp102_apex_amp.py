@@ -15,8 +15,8 @@ from typing import Dict, Iterator, List, Optional, Set, Tuple
 
 import libcst as cst
 
-from ampfix.model import AmpModel, dotted, get_arg, literal_string
-from ampfix.rule import FileContext, Fix, Rule, Violation
+from ampfix.model import AmpModel, dotted, get_arg, literal_string, reads_writes
+from ampfix.rule import UNSAFE, FileContext, Fix, Rule, Violation
 
 APEX_CALLS = ("initialize", "scale_loss", "master_params", "state_dict", "load_state_dict")
 # amp.initialize keywords that native AMP makes moot (O1/O2 casting is autocast's job)
@@ -54,57 +54,13 @@ def _semicolonless(node: cst.BaseStatement) -> bool:
     return isinstance(node, cst.SimpleStatementLine) and len(node.body) == 1
 
 
-class _Names(cst.CSTVisitor):
-    def __init__(self) -> None:
-        self.reads: Set[str] = set()
-        self.writes: Set[str] = set()
-
-    def visit_Name(self, node: cst.Name) -> None:
-        self.reads.add(node.value)
-
-    def _target(self, t: cst.CSTNode) -> None:
-        while isinstance(t, (cst.Attribute, cst.Subscript)):
-            t = t.value
-        if isinstance(t, cst.Name):
-            self.writes.add(t.value)
-        elif isinstance(t, (cst.Tuple, cst.List)):
-            for e in t.elements:
-                self._target(e.value)
-        elif isinstance(t, cst.StarredElement):
-            self._target(t.value)
-
-    def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
-        self._target(node.target)
-
-    def visit_AugAssign(self, node: cst.AugAssign) -> None:
-        self._target(node.target)
-
-    def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
-        if node.value is not None:
-            self._target(node.target)
-
-    def visit_For(self, node: cst.For) -> None:
-        self._target(node.target)
-
-    def visit_AsName(self, node: cst.AsName) -> None:
-        self._target(node.name)
-
-    def visit_NamedExpr(self, node: cst.NamedExpr) -> None:
-        self._target(node.target)
-
-
-def names_of(stmt: cst.CSTNode) -> Tuple[Set[str], Set[str]]:
-    v = _Names()
-    stmt.visit(v)
-    return v.reads, v.writes
-
-
 class ApexAmp(Rule):
     code = "AMP102"
     name = "apex-amp"
     message = "NVIDIA apex.amp is superseded by native AMP (torch.amp.GradScaler + torch.autocast)"
     triggers = ("apex",)
     fixable = "unsafe"
+    fix_note = "unsafe (NVIDIA apex amp to native AMP)"
     docs = """
 NVIDIA apex's `amp` (`amp.initialize`, `amp.scale_loss`, `amp.master_params`) is deprecated in
 favour of native AMP, which ships with torch and needs no extension build.
@@ -169,7 +125,7 @@ for x, y in loader:
                 yield Violation(use.call, message=f"{msg}; migrate by hand: {reason}")
             else:
                 yield Violation(use.call, message=msg,
-                                fix=Fix(dict(use.replacements), safe=False,  # type: ignore[arg-type]
+                                fix=Fix(dict(use.replacements), applicability=UNSAFE,  # type: ignore[arg-type]
                                         description=DESCRIPTIONS[use.kind]))
 
     @staticmethod
@@ -193,7 +149,7 @@ class _Plan:
         self.uses = uses
         self.group_reason: Optional[str] = None
         self.group_reason_line: Optional[int] = None
-        self.q = "'" if ctx.source.count("'") > ctx.source.count('"') else '"'
+        self.q = model.quote()
         self.torch = "torch"
         self.need_torch_import = False
         self.scaler = "scaler"
@@ -255,30 +211,12 @@ class _Plan:
 
     # ------------------------------------------------------------------ names and imports
     def _names(self) -> None:
-        used: Set[str] = set()
-
-        class V(cst.CSTVisitor):
-            def visit_Name(self, node: cst.Name) -> None:
-                used.add(node.value)
-
-        self.model.module.visit(V())
-        for cand in ("scaler", "grad_scaler", "amp_scaler", "native_scaler"):
-            if cand not in used:
-                self.scaler = cand
-                break
-        else:
+        scaler = self.model.free_name(("scaler", "grad_scaler", "amp_scaler", "native_scaler"))
+        if scaler is None:
             self.block("no free name for the scaler")
-        torch_name = None
-        for stmt in self.model.module.body:
-            if isinstance(stmt, cst.SimpleStatementLine):
-                for small in stmt.body:
-                    if isinstance(small, cst.Import):
-                        for a in small.names:
-                            if dotted(a.name) == "torch" or (a.asname is None and (dotted(a.name) or "").startswith("torch.")):
-                                if a.asname is None:
-                                    torch_name = torch_name or "torch"
-                                elif isinstance(a.asname.name, cst.Name):
-                                    torch_name = torch_name or a.asname.name.value
+        else:
+            self.scaler = scaler
+        torch_name = self.model.torch_alias()
         if torch_name is None:
             self.need_torch_import = True
         else:
@@ -444,7 +382,7 @@ class _Plan:
         scaled = self.stmt(f"{self.scaler}.scale({loss_code}).backward{bw_args}\n")
         use.replacements[with_node] = scaled.with_changes(leading_lines=with_node.leading_lines)
         # the forward pass
-        reads, _ = names_of(loss)
+        reads, _ = reads_writes(loss)
         if not self._forward(use, with_node, reads):
             return
         # the optimizer step(s) that follow
@@ -461,7 +399,7 @@ class _Plan:
         deps: List[int] = []
         needed = set(needed)
         for i in range(idx - 1, -1, -1):
-            reads, writes = names_of(stmts[i])
+            reads, writes = reads_writes(stmts[i])
             if isinstance(stmts[i], (cst.FunctionDef, cst.ClassDef)):
                 continue
             if writes & needed:
@@ -476,7 +414,7 @@ class _Plan:
         dep_set = set(deps)
         before: List[cst.BaseStatement] = []
         after: List[cst.BaseStatement] = []
-        names = {i: names_of(stmts[i]) for i in range(first, last + 1)}
+        names = {i: reads_writes(stmts[i]) for i in range(first, last + 1)}
         for i in range(first, last + 1):
             if i in dep_set:
                 continue
@@ -597,18 +535,10 @@ class _Plan:
     # ------------------------------------------------------------------ noqa
     def _noqa(self) -> None:
         """A suppressed apex use would stay while its import goes: then nothing is migrated."""
-        if "noqa" not in self.ctx.source or self.group_reason is not None:
+        if self.group_reason is not None:
             return
-        from ampfix.engine import noqa_lines, suppressed
-
-        noqa = noqa_lines(self.ctx.source)
         for use in self.uses:
-            stmt = self.model.statement_of(use.call)
-            lines = {self.line(use.call)}
-            if isinstance(stmt, cst.SimpleStatementLine):
-                pos = self.model.position(stmt)
-                lines.update({pos.start.line, pos.end.line})
-            if suppressed(noqa, ApexAmp.code, lines):
+            if self.ctx.is_suppressed(use.call, ApexAmp.code):
                 self.block("an apex use is marked `# noqa`, so the file cannot be migrated as a whole", use.call)
                 return
 

@@ -1,6 +1,6 @@
 """Bootstrap that runs an unmodified training script and observes it.
 
-    python -m ampfix._trace --out RESULT.json --steps N [--warmup K] [--mode asis|fp32]
+    python -m ampfix.verify.trace --out RESULT.json --steps N [--warmup K] [--mode asis|fp32]
                             [--threads T] [--seed S] [--seed-offset O] [--device auto|cpu|cuda]
                             [--sys-path-dir DIR] -- SCRIPT [SCRIPT_ARGS...]
 
@@ -25,6 +25,20 @@ observed, and how:
 * ``--mode fp32`` forces AMP off process-wide: every autocast spelling derives from
   ``torch.amp.autocast_mode.autocast`` and every GradScaler runs
   ``torch.amp.GradScaler.__init__``; both are patched to ``enabled=False``.
+* frameworks that own the AMP setup (Lightning Fabric, Hugging Face Accelerate): their
+  autocast and GradScaler are torch's, observed and forced like the script's own.  But Fabric's
+  mixed-precision plugin also casts the module's floating inputs to bf16/fp16, which with
+  autocast forced off meets fp32 weights; so the baseline switches the framework itself to
+  fp32 at its public constructor, as a user would: ``Fabric(precision="32-true")``,
+  ``Accelerator(mixed_precision="no")`` (and the environment variables their launchers set,
+  ``LT_PRECISION`` and ``ACCELERATE_MIXED_PRECISION``).  The constructors are patched when
+  their module is first imported (a post-import hook), so a plain torch script pays nothing;
+  what each run asked for and what was forced is recorded under ``frameworks``.
+* ranks a script launches by re-running itself (Fabric's and Lightning's default launcher
+  for several devices: ``subprocess.Popen([sys.executable, SCRIPT, ...])``) are started under
+  this bootstrap too, with the same mode and step count, so a forced-fp32 baseline has no
+  rank left in AMP; rank 0 (this process) is the one compared.  Ranks started through
+  ``multiprocessing`` spawn (``ddp_spawn``, ``mp.spawn``) are not: use ``--nproc-per-node``.
 * after ``--steps`` iterations the bootstrap leaves the script (a BaseException raised from
   the step hook, outside any ``except Exception``), writes the JSON result and exits 0.
 
@@ -34,6 +48,7 @@ Exit status: 0 with a result; 3 when the script raised (the result holds the tra
 from __future__ import annotations
 
 import argparse
+import importlib.abc
 import json
 import math
 import os
@@ -59,7 +74,7 @@ class _StopTraining(BaseException):
 
 
 def _parse(argv):
-    p = argparse.ArgumentParser(prog="python -m ampfix._trace")
+    p = argparse.ArgumentParser(prog="python -m ampfix.verify.trace")
     p.add_argument("--out", required=True)
     p.add_argument("--steps", type=int, required=True)
     p.add_argument("--warmup", type=int, default=0)
@@ -110,6 +125,7 @@ class _Recorder:
         self.step_times = []
         self.cuda_sync = False
         self.stopped_by_us = False
+        self.frameworks = []  # one entry per Fabric/Accelerator constructed
 
     # -- timing -------------------------------------------------------------------------
     def _now(self, sync):
@@ -299,6 +315,7 @@ class _Recorder:
             "autocast_entries": self.autocast_entries,
             "graph_dtypes": self.graph_dtypes,
             "graph_opaque_nodes": self.graph_opaque_nodes,
+            "frameworks": self.frameworks,
             "scalers_created": self.scalers_created,
             "scaler_enabled": bool(self.scalers_enabled),
             "steps_per_s": steps_per_s,
@@ -419,6 +436,159 @@ def _install(torch, rec, args):
 
     gs.step = step
 
+    _install_framework_hooks(rec, args)
+    _install_child_launch_hook(args)
+
+
+def _install_child_launch_hook(args):
+    import subprocess
+
+    script = os.path.realpath(args.script)
+    python = os.path.realpath(sys.executable)
+    orig_init = subprocess.Popen.__init__
+    launched = [0]
+
+    def retarget(cmd):
+        if not isinstance(cmd, (list, tuple)) or len(cmd) < 2:
+            return cmd
+        if os.path.realpath(str(cmd[0])) != python or os.path.realpath(str(cmd[1])) != script:
+            return cmd
+        launched[0] += 1
+        child = [
+            "--out", "%s.child%d" % (args.out, launched[0]),
+            "--steps", str(args.steps), "--warmup", str(args.warmup), "--mode", args.mode,
+            "--threads", str(args.threads), "--seed", str(args.seed),
+            "--seed-offset", str(args.seed_offset), "--device", args.device,
+        ]
+        if args.sys_path_dir:
+            child += ["--sys-path-dir", args.sys_path_dir]
+        return [cmd[0], "-m", "ampfix.verify.trace"] + child + [str(cmd[1])] + [str(c) for c in cmd[2:]]
+
+    def popen_init(self, cmd, *a, **kw):
+        try:
+            cmd = retarget(cmd)
+        except Exception:  # never let the observer break the script
+            pass
+        return orig_init(self, cmd, *a, **kw)
+
+    subprocess.Popen.__init__ = popen_init
+
+
+# Frameworks that own the AMP setup ----------------------------------------------------------
+# module -> (framework, class, constructor argument, its fp32 value, launcher env variable)
+FRAMEWORKS = {
+    "lightning.fabric.fabric": ("fabric", "Fabric", "precision", "32-true", "LT_PRECISION"),
+    "lightning_fabric.fabric": ("fabric", "Fabric", "precision", "32-true", "LT_PRECISION"),
+    "accelerate.accelerator": ("accelerate", "Accelerator", "mixed_precision", "no",
+                               "ACCELERATE_MIXED_PRECISION"),
+}
+
+
+def _has_precision_plugin(plugins):
+    """Fabric refuses a precision argument next to a Precision plugin instance."""
+    if plugins is None:
+        return False
+    items = plugins if isinstance(plugins, (list, tuple)) else [plugins]
+    for p in items:
+        if any(c.__name__ == "Precision" for c in type(p).__mro__):
+            return True
+    return False
+
+
+def _patch_framework(module, rec, args):
+    import functools
+    import inspect
+
+    framework, clsname, param, fp32_value, env_var = FRAMEWORKS[module.__name__]
+    cls = getattr(module, clsname, None)
+    if cls is None or getattr(cls.__init__, "_ampfix_patched", False):
+        return
+    orig_init = cls.__init__
+    try:
+        sig = inspect.signature(orig_init)
+    except (TypeError, ValueError):
+        return
+    if param not in sig.parameters:
+        return
+
+    @functools.wraps(orig_init)
+    def init(self, *a, **kw):
+        try:
+            bound = sig.bind(self, *a, **kw)
+        except TypeError:  # let the framework report the bad call
+            return orig_init(self, *a, **kw)
+        requested = bound.arguments.get(param)
+        entry = {"framework": framework, "class": clsname, "argument": param,
+                 "requested": None if requested is None else str(requested),
+                 "env": {env_var: os.environ[env_var]} if env_var in os.environ else {},
+                 "forced": None}
+        if args.mode == "fp32":
+            if framework == "fabric" and _has_precision_plugin(bound.arguments.get("plugins")):
+                entry["forced"] = None
+                entry["not_forced_why"] = "a Precision plugin instance was passed"
+            else:
+                bound.arguments[param] = fp32_value
+                if env_var in os.environ:
+                    os.environ[env_var] = fp32_value
+                entry["forced"] = fp32_value
+        rec.frameworks.append(entry)
+        return orig_init(*bound.args, **bound.kwargs)
+
+    init._ampfix_patched = True
+    cls.__init__ = init
+
+
+class _HookedLoader(importlib.abc.Loader):
+    """Executes a module with its own loader, then runs a hook on it."""
+
+    def __init__(self, loader, hook):
+        self._loader = loader
+        self._hook = hook
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module):
+        self._loader.exec_module(module)
+        try:
+            self._hook(module)
+        except Exception:  # never let the observer break the script
+            pass
+
+    def __getattr__(self, name):  # get_source, get_resource_reader, ...
+        return getattr(self._loader, name)
+
+
+class _PostImportHooks(importlib.abc.MetaPathFinder):
+    """A finder that lets the other finders find a module and wraps its loader."""
+
+    def __init__(self, hooks):
+        self.hooks = hooks  # module name -> callable(module)
+
+    def find_spec(self, fullname, path, target=None):
+        hook = self.hooks.get(fullname)
+        if hook is None:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                    spec.loader = _HookedLoader(spec.loader, hook)
+                return spec
+        return None
+
+
+def _install_framework_hooks(rec, args):
+    def hook(module):
+        _patch_framework(module, rec, args)
+
+    for name in FRAMEWORKS:
+        if name in sys.modules:  # imported before the bootstrap ran (sitecustomize, ...)
+            hook(sys.modules[name])
+    sys.meta_path.insert(0, _PostImportHooks({name: hook for name in FRAMEWORKS}))
+
 
 def _seed_everything(torch, seed, offset):
     random.seed(seed + offset)
@@ -503,10 +673,10 @@ def main(argv=None):
         if e.code not in (None, 0):
             error = "the script exited with status %r" % (e.code,)
             code = 3
-    except BaseException:  # noqa: BLE001 - report whatever the script raised
-        error = traceback.format_exc()
+    except BaseException as exc:  # noqa: BLE001 - report whatever the script raised
+        error = _script_traceback(exc, script)
         code = 3
-        traceback.print_exc()
+        print(error, file=sys.stderr, end="")
     try:
         res = rec.result(error=error)
     except Exception:
@@ -528,6 +698,15 @@ def main(argv=None):
             pass
         os._exit(0)
     return code
+
+
+def _script_traceback(exc: BaseException, script: str) -> str:
+    """The traceback from the script's first frame on: runpy's and this bootstrap's frames
+    are ours, not the user's."""
+    tb = exc.__traceback__
+    while tb is not None and os.path.abspath(tb.tb_frame.f_code.co_filename) != script:
+        tb = tb.tb_next
+    return "".join(traceback.format_exception(type(exc), exc, tb or exc.__traceback__))
 
 
 if __name__ == "__main__":

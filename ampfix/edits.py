@@ -1,0 +1,229 @@
+"""The edits layer: the ways a fix changes a file, each keeping what it does not name.
+
+Every helper returns the replacements of a `Fix` (node -> new node); the engine applies them.
+Statements inserted take the file's own indentation and newline style (LibCST renders a block
+relative to its parent) and the comments and blank lines of the statement they go before;
+a replaced or removed statement keeps its comment lines and its trailing comment.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Sequence, Union
+
+import libcst as cst
+
+from ampfix.rule import Replacement
+
+Replacements = Dict[cst.CSTNode, Replacement]
+StatementLike = Union[str, cst.BaseStatement]
+
+
+# ----------------------------------------------------------------------------- statements
+
+
+def statement(module: cst.Module, code: StatementLike) -> cst.BaseStatement:
+    """A statement from source text, parsed with the file's settings (indent, newline)."""
+    if isinstance(code, cst.BaseStatement):
+        return code
+    return cst.parse_statement(code if code.endswith("\n") else code + "\n", config=module.config_for_parsing)
+
+
+def in_block(model, stmt: Optional[cst.CSTNode]) -> bool:
+    """`stmt` is a statement directly in a block, where statements can go before/after it."""
+    return stmt is not None and model.block_of(stmt) is not None
+
+
+def _trailing_comment(stmt: cst.BaseStatement) -> Optional[cst.Comment]:
+    if isinstance(stmt, cst.SimpleStatementLine):
+        return stmt.trailing_whitespace.comment
+    return None
+
+
+def insert_before(module: cst.Module, stmt: cst.BaseStatement, new: Sequence[StatementLike]) -> Replacements:
+    """New statements before `stmt`; they take over its blank lines and comment lines."""
+    first, *rest = [statement(module, s) for s in new]
+    first = first.with_changes(leading_lines=stmt.leading_lines)
+    return {stmt: cst.FlattenSentinel([first, *rest, stmt.with_changes(leading_lines=())])}
+
+
+def insert_after(module: cst.Module, stmt: cst.BaseStatement, new: Sequence[StatementLike]) -> Replacements:
+    """New statements right after `stmt`."""
+    stmts = [statement(module, s) for s in new]
+    stmts = [s.with_changes(leading_lines=()) for s in stmts]
+    return {stmt: cst.FlattenSentinel([stmt, *stmts])}
+
+
+def replace_statement(module: cst.Module, stmt: cst.BaseStatement, new: Sequence[StatementLike]) -> Replacements:
+    """`stmt` replaced by (at least one) new statements: its comment lines go before the first, its trailing
+    comment after the last one when that is a simple line without one of its own."""
+    stmts = [statement(module, s) for s in new]
+    stmts[0] = stmts[0].with_changes(leading_lines=stmt.leading_lines)
+    comment = _trailing_comment(stmt)
+    last = stmts[-1]
+    if comment is not None and isinstance(last, cst.SimpleStatementLine) and last.trailing_whitespace.comment is None:
+        stmts[-1] = last.with_changes(trailing_whitespace=stmt.trailing_whitespace)
+    return {stmt: stmts[0] if len(stmts) == 1 else cst.FlattenSentinel(stmts)}
+
+
+def replace_small_statement(module: cst.Module, stmt: cst.SimpleStatementLine, code: str,
+                            then: Sequence[StatementLike] = ()) -> Replacements:
+    """The one-statement line `stmt` with its statement replaced by `code` (its comment lines
+    and trailing comment stay where they are), then the statements `then` after it."""
+    new = statement(module, code)
+    assert isinstance(new, cst.SimpleStatementLine) and len(stmt.body) == 1
+    first = stmt.with_changes(body=[new.body[0]])
+    rest = [statement(module, s).with_changes(leading_lines=()) for s in then]
+    return {stmt: cst.FlattenSentinel([first, *rest]) if rest else first}
+
+
+def remove_statement(model, stmt: cst.BaseStatement) -> Replacements:
+    """Remove `stmt`. Its comments (lines before it, and a trailing one) move to the next
+    statement of its block, so nothing the user wrote in prose disappears; when it is the last
+    statement they stay behind a `pass`."""
+    trailing = _trailing_comment(stmt)
+    extra = [cst.EmptyLine(indent=True, whitespace=cst.SimpleWhitespace(""), comment=trailing)] if trailing else []
+    if not extra and all(ln.comment is None for ln in stmt.leading_lines):
+        return {stmt: cst.RemoveFromParent()}
+    block = model.block_of(stmt)
+    body = list(block.body) if block is not None else []
+    index = next((i for i, s in enumerate(body) if s is stmt), None)
+    if index is not None and index + 1 < len(body):
+        nxt = body[index + 1]
+        return {stmt: cst.RemoveFromParent(),
+                nxt: nxt.with_changes(leading_lines=[*stmt.leading_lines, *extra, *nxt.leading_lines])}
+    return {stmt: cst.SimpleStatementLine(body=[cst.Pass()], leading_lines=[*stmt.leading_lines, *extra])}
+
+
+def move_after(module: cst.Module, stmt: cst.BaseStatement, anchor: cst.BaseStatement) -> Replacements:
+    """Move `stmt` to right after `anchor` (a later statement of the same block, not
+    containing it), with its comment lines."""
+    moved = stmt.with_changes(leading_lines=[ln for ln in stmt.leading_lines if ln.comment is not None])
+    return {stmt: cst.RemoveFromParent(), anchor: cst.FlattenSentinel([anchor, moved])}
+
+
+def hoist_before(stmt: cst.BaseStatement, anchor: cst.BaseStatement) -> Replacements:
+    """Move `stmt`, a statement somewhere inside the compound statement `anchor` (a loop),
+    to right before `anchor`: it takes `anchor`'s blank and comment lines and keeps its own
+    comment lines. The block `stmt` leaves must keep another statement."""
+    moved = stmt.with_changes(leading_lines=[*anchor.leading_lines,
+                                             *[ln for ln in stmt.leading_lines if ln.comment is not None]])
+    rest = anchor.deep_remove(stmt)
+    if not isinstance(rest, cst.BaseStatement):  # pragma: no cover - anchor contains stmt
+        raise ValueError("hoist_before: the anchor disappeared")
+    return {anchor: cst.FlattenSentinel([moved, rest.with_changes(leading_lines=())])}
+
+
+def move_into_block(first: Sequence[cst.BaseStatement], target: cst.BaseCompoundStatement,
+                    last: Sequence[cst.BaseStatement] = ()) -> Replacements:
+    """Move sibling statements of `target` (in the block that holds it) into its body: `first`
+    at the start of the body, `last` at its end, in their order, with their comment lines."""
+    def keep(stmts):
+        return [s.with_changes(leading_lines=[ln for ln in s.leading_lines if ln.comment is not None]) for s in stmts]
+
+    body = target.body
+    out: Replacements = {s: cst.RemoveFromParent() for s in (*first, *last)}
+    out[target] = target.with_changes(body=body.with_changes(body=[*keep(first), *body.body, *keep(last)]))
+    return out
+
+
+# ----------------------------------------------------------------------------- arguments
+
+
+def comma() -> cst.Comma:
+    return cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+
+
+def keyword_arg(name: str, value: cst.BaseExpression) -> cst.Arg:
+    return cst.Arg(value=value, keyword=cst.Name(name),
+                   equal=cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""),
+                                         whitespace_after=cst.SimpleWhitespace("")))
+
+
+def string(value: str, quote: str = '"') -> cst.SimpleString:
+    return cst.SimpleString(f"{quote}{value}{quote}")
+
+
+def with_args(call: cst.Call, args: List[cst.Arg]) -> cst.Call:
+    """`call` with these args; commas normalised (the old last arg's trailing comma is kept)."""
+    trailing = call.args[-1].comma if call.args else cst.MaybeSentinel.DEFAULT
+    out = []
+    for i, a in enumerate(args):
+        if i < len(args) - 1:
+            if not isinstance(a.comma, cst.Comma):
+                a = a.with_changes(comma=comma())
+        else:
+            a = a.with_changes(comma=trailing)
+        out.append(a)
+    return call.with_changes(args=out)
+
+
+def first_arg(call: cst.Call, value: cst.BaseExpression) -> cst.Arg:
+    """An argument to put first in `call`'s list, laid out like it: on its own line when the
+    call has one argument a line."""
+    arg = cst.Arg(value=value)
+    ws = call.whitespace_before_args
+    if call.args and isinstance(ws, cst.ParenthesizedWhitespace):  # keep the line break and indent
+        arg = arg.with_changes(comma=cst.Comma(whitespace_after=ws.with_changes(
+            first_line=cst.TrailingWhitespace(), empty_lines=())))
+    return arg
+
+
+def set_keyword(call: cst.Call, name: str, value: cst.BaseExpression) -> cst.Call:
+    """`call` with `name=value`: replaced when present, else appended."""
+    args = list(call.args)
+    for i, a in enumerate(args):
+        if a.keyword is not None and a.keyword.value == name:
+            args[i] = a.with_changes(value=value)
+            return call.with_changes(args=args)
+    return with_args(call, [*args, keyword_arg(name, value)])
+
+
+def clean_commas(items: List[cst.CSTNode]) -> List[cst.CSTNode]:
+    """Import aliases / elements with commas between them and none after the last."""
+    out = []
+    for i, a in enumerate(items):
+        if i < len(items) - 1:
+            out.append(a if isinstance(getattr(a, "comma", None), cst.Comma) else a.with_changes(comma=comma()))
+        else:
+            out.append(a.with_changes(comma=cst.MaybeSentinel.DEFAULT))
+    return out
+
+
+# ----------------------------------------------------------------------------- imports
+
+
+def _semicolon() -> cst.Semicolon:
+    return cst.Semicolon(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace(" "))
+
+
+def import_from_elsewhere(model, stmt: cst.CSTNode, aliases: Sequence[cst.ImportAlias], module: str) -> Replacements:
+    """Import `aliases` (names of the `from ... import` or `import ...` statement `stmt`) from
+    `module` instead, keeping their `as` names; the statement's other names stay where they
+    were (the statement is split in two when it has some)."""
+    moved_ids = {id(a) for a in aliases}
+    if isinstance(stmt, cst.Import):
+        names = [a.with_changes(name=cst.parse_expression(module)) if id(a) in moved_ids else a for a in stmt.names]
+        return {stmt: stmt.with_changes(names=names)}
+    assert isinstance(stmt, cst.ImportFrom) and not isinstance(stmt.names, cst.ImportStar)
+    moved = [a for a in stmt.names if id(a) in moved_ids]
+    kept = [a for a in stmt.names if id(a) not in moved_ids]
+    if not kept:
+        return {stmt: stmt.with_changes(module=cst.parse_expression(module), relative=())}
+    fresh = cst.ImportFrom(module=cst.parse_expression(module), names=clean_commas(moved))
+    old = stmt.with_changes(names=clean_commas(kept))
+    line = model.parent(stmt)
+    if isinstance(line, cst.SimpleStatementLine) and len(line.body) == 1:
+        return {line: cst.FlattenSentinel([line.with_changes(body=[old]), cst.SimpleStatementLine(body=[fresh])])}
+    return {stmt: cst.FlattenSentinel([old.with_changes(semicolon=_semicolon()),
+                                       fresh.with_changes(semicolon=getattr(stmt, "semicolon", cst.MaybeSentinel.DEFAULT))])}
+
+
+def remove_import_alias(model, stmt: cst.CSTNode, alias: cst.ImportAlias) -> Replacements:
+    """Drop one name from an import statement (the whole line when it is the only one)."""
+    names = [a for a in stmt.names if a is not alias]  # type: ignore[attr-defined]
+    if names:
+        return {stmt: stmt.with_changes(names=clean_commas(names))}
+    line = model.parent(stmt)
+    if isinstance(line, cst.SimpleStatementLine) and len(line.body) == 1:
+        return remove_statement(model, line)
+    return {stmt: cst.RemoveFromParent()}

@@ -1,0 +1,76 @@
+"""The shared model of a training file that every rule queries.
+
+Built once per parsed file, from one indexing pass; every other fact is computed on first use
+and cached. Its parts, one module each:
+
+* `tree`: the indexing pass; parents, text order, statements, blocks, scopes, loops;
+* `names`: what a name refers to through imports (canonical torch APIs whatever the import
+  style), import bindings and their references, the file's spellings (torch alias, quotes);
+* `values`: what a name, `self.` attribute or module global may hold, file-wide, through
+  assignments, parameters (the arguments at call sites), `functools.partial` and conditional
+  expressions;
+* `callgraph`: which functions and methods of this file a call runs (closures, `self.m()`,
+  `obj.m()`, `obj(...)`, `super()`), with arguments bound to parameters;
+* `regions`: autocast regions (with, decorators, partial, module-global contexts);
+* `objects`: GradScalers, optimizers, backward calls, custom autograd Functions, CUDA
+  initialisation;
+* `flow`: conditional contexts and exits, for path questions;
+* `events`: per-function AMP event summaries, and traces that inline them through calls;
+* `iterations`: the training iteration an event runs in, its ends (for "before the next
+  iteration" questions), gradient-accumulation boundaries;
+* `guards`: old-torch fallback code that must not be modernised;
+* `checkpoints`: what `torch.save` stores (model, optimizer, scaler state) and what a resume
+  restores;
+* `environ`: reads and writes of the process environment (`os.environ`, `getenv`, copies);
+* `readwrite`: names read and bound by a statement;
+* `dataflow`: where a value goes within its function (and through `return`), and whether it
+  is ever multiplied or divided by some factor (`scaler.get_scale()`);
+* `syntax`: small helpers over nodes (`dotted`, `get_arg`, literals).
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from ampfix.model.callgraph import CallGraph
+from ampfix.model.checkpoints import Checkpoints
+from ampfix.model.dataflow import Dataflow
+from ampfix.model.environ import Environ
+from ampfix.model.events import Event, Events, Trace, TraceEvent, anchor
+from ampfix.model.flow import Flow
+from ampfix.model.guards import Guards
+from ampfix.model.iterations import Iterations, Misplaced
+from ampfix.model.names import API_TABLE, Api, ImportBinding, Names
+from ampfix.model.objects import BackwardCall, Objects
+from ampfix.model.readwrite import names_bound, reads_writes, uses_only
+from ampfix.model.regions import Region, Regions
+from ampfix.model.syntax import call_name, get_arg, is_expression_statement_of, literal_bool, literal_string, \
+    method_call, receiver
+from ampfix.model.tree import Tree, dotted
+from ampfix.model.values import Values
+
+
+class AmpModel(Tree, Names, Values, CallGraph, Regions, Objects, Flow, Events, Guards, Environ, Checkpoints,
+               Iterations, Dataflow):
+    """Facts about one parsed file (see the package docstring for its parts)."""
+
+    def __init__(self, module: cst.Module):
+        self._init_tree(module)
+        self._init_names()
+        self._init_values()
+        self._init_callgraph()
+        self._init_objects()
+        self._init_flow()
+        self._init_events()
+        self._init_dataflow()
+
+    def reads_of(self, node: cst.CSTNode) -> set:
+        """The names `node` (a statement or expression) reads."""
+        return reads_writes(node)[0]
+
+
+__all__ = [
+    "API_TABLE", "AmpModel", "Api", "BackwardCall", "Event", "ImportBinding", "Misplaced", "Region", "Trace", "TraceEvent",
+    "anchor", "call_name", "dotted", "get_arg", "is_expression_statement_of", "literal_bool", "literal_string",
+    "method_call", "names_bound", "reads_writes", "receiver", "uses_only",
+]

@@ -1,0 +1,167 @@
+"""The file's call graph: which functions and methods of this file a call runs.
+
+Resolved: plain functions (module level and closures), `self.method()` (the class and its
+bases in this file), `obj.method()` and `obj(...)` (`__call__`) where `obj` holds an instance
+of a class of this file, `super().method()`, names bound to a function or to
+`functools.partial(function, ...)`. Arguments are bound to parameters (`bind_arguments`), so
+a fact about a parameter can be read at each call site.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, List, Optional
+
+import libcst as cst
+
+from ampfix.model.tree import dotted
+
+MAX_DEPTH = 6
+
+
+class CallGraph:
+    """Call resolution (a part of `AmpModel`)."""
+
+    def _init_callgraph(self) -> None:
+        self._callees: Dict[cst.Call, List[cst.FunctionDef]] = {}
+        self._callers: Optional[Dict[cst.FunctionDef, List[cst.Call]]] = None
+
+    # ---------------------------------------------------------------- resolution
+    def callees(self, call: cst.Call) -> List[cst.FunctionDef]:
+        """The functions of this file that `call` may run (empty: unknown or external)."""
+        cached = self._callees.get(call)
+        if cached is None:
+            self._callees[call] = []  # recursion guard
+            cached = self._resolve_callable(call.func, call, 0)
+            self._callees[call] = cached
+        return cached
+
+    def _resolve_callable(self, func: cst.BaseExpression, at: cst.CSTNode, depth: int) -> List[cst.FunctionDef]:
+        if depth > MAX_DEPTH:
+            return []
+        if isinstance(func, cst.Attribute):
+            owner = func.value
+            name = func.attr.value
+            if isinstance(owner, cst.Call) and isinstance(owner.func, cst.Name) and owner.func.value == "super":
+                cls = self.self_class(at)
+                if cls is None:
+                    return []
+                for base in self._bases(cls):
+                    m = self.lookup_method(base, name)
+                    if m is not None:
+                        return [m]
+                return []
+            found: List[cst.FunctionDef] = []
+            named = self.class_named(owner)
+            if named is not None:
+                m = self.lookup_method(named, name)  # Class.method(obj, ...)
+                return [m] if m is not None else []
+            for cls in self.classes_of(owner, depth + 1):
+                m = self.lookup_method(cls, name)
+                if m is not None and m not in found:
+                    found.append(m)
+            if found:
+                return found
+        if isinstance(func, cst.Name):
+            bscope = self.binding_scope(func.value, self.scope_of(at))
+            if bscope is not None:
+                defs = [f for f in self.functions.get(func.value, []) if self.scope_of(f) is bscope]
+                if defs:
+                    return [defs[-1]]
+        if isinstance(func, (cst.Name, cst.Attribute)):
+            out: List[cst.FunctionDef] = []
+            for value in self.values_of(func):
+                parts = self.partial_parts(value)
+                target = parts[0] if parts is not None else value
+                if isinstance(target, (cst.Name, cst.Attribute)):
+                    for f in self._resolve_callable(target, target, depth + 1):
+                        if f not in out:
+                            out.append(f)
+            for cls in self.classes_of(func, depth + 1):  # an instance: obj(...) runs __call__
+                m = self.lookup_method(cls, "__call__")
+                if m is not None and m not in out:
+                    out.append(m)
+            return out
+        return []
+
+    def functions_named_by(self, expr: cst.CSTNode) -> List[cst.FunctionDef]:
+        """The functions of this file that the expression `expr` (not a call) refers to."""
+        if not isinstance(expr, (cst.Name, cst.Attribute)):
+            return []
+        return self._resolve_callable(expr, expr, 0)
+
+    def _bases(self, cls: cst.ClassDef) -> List[cst.ClassDef]:
+        out = []
+        for b in cls.bases:
+            name = (dotted(b.value) or "").rpartition(".")[2]
+            base = self.classes.get(name)
+            if base is not None and base is not cls:
+                out.append(base)
+        return out
+
+    def lookup_method(self, cls: cst.ClassDef, name: str, depth: int = 0) -> Optional[cst.FunctionDef]:
+        """`name` in `cls` or, failing that, in its bases of this file (depth first)."""
+        if depth > MAX_DEPTH:
+            return None
+        m = self.method(cls, name)
+        if m is not None:
+            return m
+        for base in self._bases(cls):
+            m = self.lookup_method(base, name, depth + 1)
+            if m is not None:
+                return m
+        return None
+
+    def is_method(self, func: cst.FunctionDef) -> bool:
+        if self.class_of(func) is None:
+            return False
+        params = [*func.params.posonly_params, *func.params.params]
+        if any(isinstance(d.decorator, cst.Name) and d.decorator.value == "staticmethod" for d in func.decorators):
+            return False
+        return bool(params)
+
+    # ---------------------------------------------------------------- callers and arguments
+    def callers(self, func: cst.FunctionDef) -> List[cst.Call]:
+        """The calls in this file that may run `func`."""
+        if self._callers is None:
+            callers: Dict[cst.FunctionDef, List[cst.Call]] = {}
+            for call in self.calls:
+                for f in self.callees(call):
+                    callers.setdefault(f, []).append(call)
+            self._callers = callers
+        return self._callers.get(func, [])
+
+    def bind_arguments(self, call: cst.Call, func: cst.FunctionDef) -> Dict[str, cst.BaseExpression]:
+        """Parameter name -> the argument expression `call` passes to it (when certain)."""
+        params = [*func.params.posonly_params, *func.params.params]
+        bound_self = self.is_method(func) and (isinstance(call.func, cst.Attribute) or func.name.value == "__call__")
+        if bound_self and isinstance(call.func, cst.Attribute) and self.class_named(call.func.value) is not None:
+            bound_self = False  # Class.method(obj, ...): obj is passed explicitly
+        if bound_self:
+            params = params[1:]
+        out: Dict[str, cst.BaseExpression] = {}
+        pos = 0
+        kw_names = {p.name.value for p in (*params, *func.params.kwonly_params)}
+        for arg in call.args:
+            if arg.star:
+                if arg.star == "*":
+                    break
+                continue
+            if arg.keyword is not None:
+                if arg.keyword.value in kw_names:
+                    out[arg.keyword.value] = arg.value
+                continue
+            if pos < len(params):
+                out[params[pos].name.value] = arg.value
+            pos += 1
+        return out
+
+    def argument_values(self, func: cst.CSTNode, param: str, depth: int = 0) -> List[cst.BaseExpression]:
+        """The expressions passed to parameter `param` of `func` by the calls in this file."""
+        if not isinstance(func, cst.FunctionDef) or depth > MAX_DEPTH:
+            return []
+        out = []
+        for call in self.callers(func):
+            arg = self.bind_arguments(call, func).get(param)
+            if arg is not None:
+                out.append(arg)
+        return out

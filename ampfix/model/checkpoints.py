@@ -1,0 +1,135 @@
+"""Checkpoints: what a `torch.save` stores and what a resume restores.
+
+`saved_states` finds the dicts a `torch.save` writes (written at the call, bound to a name, or
+built by the caller of a `save_checkpoint(state, ...)` helper) and classifies their entries by
+the object whose `state_dict()` they hold: model, optimizer, GradScaler, or other.
+`restores` finds the `X.load_state_dict(...)` calls of a function that restore from a
+`torch.load` result. `scalers_at` names the GradScalers code at a place can reach.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import List, Optional
+
+import libcst as cst
+
+from ampfix.model.syntax import literal_string, method_call
+from ampfix.model.tree import dotted
+
+SCALER_KEYS = ("scaler", "amp", "grad_scaler", "loss_scaler")
+
+
+@dataclass
+class SavedState:
+    save: cst.Call  # the torch.save call
+    dict_node: cst.CSTNode  # the dict literal or dict(...) call it saves
+    keys: List[str] = field(default_factory=list)  # literal keys
+    optimizers: List[cst.CSTNode] = field(default_factory=list)  # receivers of optimizer state_dict()
+    scaler_state: bool = False  # a GradScaler's state (or a key named for one) is in it
+    opaque: bool = False  # **spread or non-literal keys: it may hold anything
+
+
+class Checkpoints:
+    """Checkpoint contents (a part of `AmpModel`)."""
+
+    def saved_states(self) -> List[SavedState]:
+        out = []
+        for call in self.calls:
+            if not self.is_api(call, "save") or not call.args or call.args[0].keyword is not None:
+                continue
+            for v in self.possible_values(call.args[0].value):
+                state = self._state_of(call, v)
+                if state is not None:
+                    out.append(state)
+        return out
+
+    def _state_of(self, save: cst.Call, node: cst.CSTNode) -> Optional[SavedState]:
+        entries = []
+        if isinstance(node, cst.Dict):
+            for el in node.elements:
+                if isinstance(el, cst.DictElement):
+                    entries.append((literal_string(el.key), el.value))
+                else:
+                    entries.append((None, None))
+        elif isinstance(node, cst.Call) and self.is_builtin(node.func, "dict"):
+            entries = [(a.keyword.value if a.keyword else None, a.value if a.keyword else None) for a in node.args]
+        else:
+            return None
+        entries += self._added_entries(node)
+        state = SavedState(save, node)
+        for key, value in entries:
+            if key is None:
+                state.opaque = True
+                continue
+            state.keys.append(key)
+            receiver = method_call(value, "state_dict") if value is not None else None
+            if receiver is not None and self.scaler_key(receiver) is not None or key.lower() in SCALER_KEYS \
+                    or "scaler" in key.lower():
+                state.scaler_state = True
+            elif receiver is not None and self.is_optimizer(receiver):
+                state.optimizers.append(receiver)
+        return state
+
+    def _added_entries(self, node: cst.CSTNode) -> list:
+        """Entries added to the dict after it is built: `ckpt["scaler"] = ...` on the name it is
+        bound to (in the same scope); `ckpt.update(...)` or `ckpt[k] = ...` make it opaque."""
+        parent = self.parent(node)
+        if not isinstance(parent, cst.Assign) or len(parent.targets) != 1:
+            return []
+        name = dotted(parent.targets[0].target)
+        scope = self.scope_of(parent)
+        out = []
+        for assign, target, value in self._index.assignments:
+            if isinstance(target, cst.Subscript) and dotted(target.value) == name and self.scope_of(assign) is scope:
+                index = target.slice[0].slice if len(target.slice) == 1 else None
+                key = literal_string(index.value) if isinstance(index, cst.Index) else None
+                out.append((key, value))
+        for call in self.calls_in_scope(scope):
+            if method_call(call, "update", "setdefault") is not None and dotted(call.func.value) == name:  # type: ignore[attr-defined]
+                out.append((None, None))
+        return out
+
+    def restores(self, scope: cst.CSTNode) -> List[cst.Call]:
+        """`X.load_state_dict(...)` calls in `scope` whose argument comes from a `torch.load`."""
+        out = []
+        for call in self.calls_in_scope(scope):
+            if method_call(call, "load_state_dict") is None or not call.args:
+                continue
+            arg = call.args[0].value
+            while isinstance(arg, cst.Subscript):
+                arg = arg.value
+            if isinstance(arg, cst.Call) and method_call(arg, "get") is not None:
+                arg = arg.func.value  # type: ignore[attr-defined]
+            if any(isinstance(v, cst.Call) and self.is_api(v, "load") for v in self.possible_values(arg)):
+                out.append(call)
+        return out
+
+    def scalers_at(self, node: cst.CSTNode) -> List[str]:
+        """The scaler keys code at `node` can reach: its function's names and the module's,
+        and `self.` attributes of its class, when they hold an enabled (or possibly enabled)
+        GradScaler."""
+        scope = self.scope_of(node)
+        cls = self.self_class(node)
+        out = []
+        for key in sorted(self.scalers):
+            root, _, rest = key.partition(".")
+            if root == "self":
+                if cls is None or "." in rest or not self._enabled_scaler(self.attribute_values(cls, rest)):
+                    continue
+            elif rest or self.binding_scope(root, scope) is None:
+                continue
+            elif not self._enabled_scaler([v for n, v, s in self._by_key.get(key, [])
+                                           if s is self.binding_scope(root, scope)]):
+                continue
+            out.append(key)
+        return out
+
+    def _enabled_scaler(self, values: List[cst.BaseExpression]) -> bool:
+        for v in values:
+            for leaf in self.possible_values(v):
+                if isinstance(leaf, cst.Call) and self.is_api(leaf, "GradScaler"):
+                    enabled = [a for a in leaf.args if a.keyword is not None and a.keyword.value == "enabled"]
+                    if not enabled or dotted(enabled[0].value) != "False":
+                        return True
+        return False

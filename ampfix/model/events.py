@@ -1,0 +1,614 @@
+"""AMP events and traces: the training step in the order it runs, through helpers.
+
+Each function (and the module body) has a summary: its own AMP events in evaluation order
+(`local_events`): backward calls, scaler scale/unscale_/step/update, gradient clipping and
+`.grad` reads, direct optimizer steps, zero_grad, GradScaler construction, CUDA
+initialisation, `autograd.grad`, exits (continue/break/return/raise), and calls to functions of
+this file.
+
+A *trace* is one function's events with every call to a function of this file replaced by the
+callee's events, recursively (`trace(root)`). Each trace event knows its call path from the
+root, its conditional contexts along that path (so `flow` queries work across helpers), the
+autocast region it runs in (a call made inside a region runs the callee in it), and its keys
+(scaler, optimizer) translated into the root's names: in `apply_step(self.scaler, opt_g)` the
+helper's `scaler.step(opt)` is `self.scaler.step(opt_g)`.
+
+The *roots* are the module and the functions no call of this file reaches (entry points,
+methods called from other files, callbacks); everything else is seen inside them, once per
+call site, so a helper called twice in one iteration shows its events twice.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Callable, Dict, Hashable, List, Optional, Tuple
+
+import libcst as cst
+
+from ampfix.model.regions import Region
+from ampfix.model.syntax import call_name, get_arg
+from ampfix.model.tree import dotted
+
+# event kinds
+BACKWARD = "backward"  # detail: "tensor" | "scaled" | "autograd"; scaler; target: loss text
+SCALE = "scale"  # scaler.scale(x) whose result is not `.backward()`-ed on the spot
+UNSCALE = "unscale"  # scaler; target: optimizer
+GRAD_READ = "grad_read"  # detail: "clip" | "read"
+SCALER_STEP = "scaler_step"  # scaler; target: optimizer
+OPT_STEP = "opt_step"  # target: optimizer (a direct optimizer.step())
+UPDATE = "update"  # scaler
+ZERO_GRAD = "zero_grad"  # target
+SCALER_NEW = "scaler_new"  # GradScaler(...) constructed
+OPT_NEW = "opt_new"  # an optimizer constructed (torch.optim.X(...), or `opt = build_optimizer(...)`)
+CUDA_INIT = "cuda_init"  # detail: reason
+AUTOGRAD_GRAD = "autograd_grad"
+EXIT = "exit"  # detail: "continue" | "break" | "return" | "raise" | "exit"
+DP_FORWARD = "dp_forward"  # a module run by nn.DataParallel / parallel_apply / data_parallel (worker threads)
+THREAD_RUN = "thread_run"  # a function handed to a thread (Thread(target=f), pool.submit/map(f, ...))
+CALL = "call"  # a call to functions of this file (expanded in traces)
+
+MAX_INLINE_DEPTH = 6
+MAX_TRACE_EVENTS = 20000
+NORM_FUNCS = {"torch.norm", "torch.linalg.norm", "torch.linalg.vector_norm", "torch.abs", "torch.max", "torch.sum",
+              "torch.mean", "torch.nn.utils.get_total_norm", "torch._foreach_norm", "torch.isfinite", "torch.isnan",
+              "torch.isinf"}
+# methods whose result depends on the magnitude of `.grad`; scaling by a constant (mul_, div_) does not
+VALUE_METHODS = {"norm", "abs", "max", "min", "mean", "sum", "std", "var", "pow", "square", "item", "tolist",
+                 "amax", "amin", "clamp", "clamp_", "isfinite", "isnan", "isinf"}
+
+
+@dataclass(frozen=True)
+class Event:
+    """An AMP event in a function's own body."""
+
+    kind: str
+    node: cst.CSTNode  # the call, or the exiting statement
+    scaler: Optional[str] = None  # scaler key, in the function's own names
+    target: Optional[str] = None  # optimizer key (step/unscale_/zero_grad), loss text (backward)
+    detail: Optional[str] = None
+    callees: Tuple[cst.FunctionDef, ...] = ()
+    loop: Optional[cst.CSTNode] = None  # for continue/break: the loop they leave
+
+
+@dataclass
+class TraceEvent:
+    """An event as it runs in one root's trace."""
+
+    event: Event
+    path: Tuple[cst.CSTNode, ...]  # call sites from the root, then the event's node
+    order: int
+    ctx: Dict[Hashable, Hashable]
+    region: Optional[Region]
+    scaler: Optional[str] = None  # keys in the root's names
+    target: Optional[str] = None
+    frame: Tuple[int, ...] = ()  # identity of the function instance that runs it
+    subst: Dict[str, str] = field(default_factory=dict, repr=False)  # its function's names -> the root's
+
+    @property
+    def kind(self) -> str:
+        return self.event.kind
+
+    @property
+    def node(self) -> cst.CSTNode:
+        return self.event.node
+
+    @property
+    def via(self) -> Tuple[cst.CSTNode, ...]:
+        """The call sites that lead to it (empty: in the root's own body)."""
+        return self.path[:-1]
+
+    def loops(self) -> List[Hashable]:
+        """The loop bodies it runs in (qualified groups `(frame, ("loop", node))`)."""
+        return [g for g in self.ctx if _loop_group(g) and g[1][0] == "loop"]
+
+
+@dataclass
+class Trace:
+    root: cst.CSTNode
+    events: List[TraceEvent] = field(default_factory=list)
+    truncated: List[cst.FunctionDef] = field(default_factory=list)  # callees left out (too deep / too big)
+    _exits: Optional[List[int]] = field(default=None, repr=False)
+
+    def of(self, *kinds: str) -> List[TraceEvent]:
+        return [e for e in self.events if e.kind in kinds]
+
+    def span(self, a: Optional[TraceEvent], b: Optional[TraceEvent]) -> List[TraceEvent]:
+        """The events strictly between `a` and `b` (None: the start / the end)."""
+        lo = 0 if a is None else math.floor(a.order) + 1
+        hi = len(self.events) if b is None else math.ceil(b.order)
+        return self.events[lo:hi]
+
+    def between(self, a: TraceEvent, b: TraceEvent, *kinds: str) -> List[TraceEvent]:
+        return [e for e in self.span(a, b) if e.kind in kinds]
+
+    def exits_between(self, a: TraceEvent, b: TraceEvent) -> List[TraceEvent]:
+        if self._exits is None:
+            self._exits = [e.order for e in self.events if e.kind == EXIT]
+        lo = bisect.bisect_right(self._exits, a.order)
+        hi = bisect.bisect_left(self._exits, b.order)
+        return [self.events[i] for i in self._exits[lo:hi]]
+
+    def after(self, a: TraceEvent, *kinds: str) -> List[TraceEvent]:
+        return [e for e in self.span(a, None) if e.kind in kinds]
+
+    def before(self, a: TraceEvent, *kinds: str) -> List[TraceEvent]:
+        return [e for e in self.span(None, a) if e.kind in kinds]
+
+
+def anchor(*events: TraceEvent) -> List[cst.CSTNode]:
+    """For events of one trace: where each of them shows in the deepest function that runs all
+    of them (the event's own node, or the call that leads to it)."""
+    paths = [e.path for e in events]
+    common = 0
+    while all(len(p) > common + 1 for p in paths) and len({id(p[common]) for p in paths}) == 1:
+        common += 1
+    return [p[common] for p in paths]
+
+
+def _loop_group(group: Hashable) -> bool:
+    """A qualified loop-body or comprehension group `(frame, ("loop" | "comp", node))`."""
+    return isinstance(group, tuple) and len(group) == 2 and isinstance(group[1], tuple) and bool(group[1]) \
+        and group[1][0] in ("loop", "comp")
+
+
+def _grad_expr(expr: cst.CSTNode) -> bool:
+    """`p.grad`, `p.grad.data`, `p.grad.detach()`."""
+    while True:
+        if isinstance(expr, cst.Attribute) and expr.attr.value == "grad":
+            return True
+        if isinstance(expr, cst.Attribute) and expr.attr.value == "data":
+            expr = expr.value
+            continue
+        if isinstance(expr, cst.Call) and call_name(expr) == "detach" and isinstance(expr.func, cst.Attribute):
+            expr = expr.func.value
+            continue
+        return False
+
+
+class Events:
+    """Per-function AMP event summaries and traces (a part of `AmpModel`)."""
+
+    def _init_events(self) -> None:
+        self._local_events: Dict[cst.CSTNode, List[Event]] = {}
+        self._traces: Dict[cst.CSTNode, Trace] = {}
+        self._roots: Optional[List[cst.CSTNode]] = None
+        self._alias: Dict[Tuple[int, str], str] = {}
+
+    # ---------------------------------------------------------------- classification
+    def key(self, expr: Optional[cst.CSTNode]) -> Optional[str]:
+        """The identity key of an expression in its function: its dotted text, through a local
+        alias assigned once (`scaler = self.scaler` -> "self.scaler"); other text as written."""
+        if expr is None:
+            return None
+        text = dotted(expr)
+        if text is None:
+            return self.code(expr)
+        scope = self.scope_of(expr)
+        cache = (id(scope), text)
+        if cache in self._alias:
+            return self._alias[cache]
+        result = text
+        if "." not in text:
+            entries = [(n, v) for n, v, s in self._by_key.get(text, []) if s is scope]
+            if len(entries) == 1 and isinstance(entries[0][1], (cst.Name, cst.Attribute)) \
+                    and dotted(entries[0][1]) not in (None, text):
+                result = self.key(entries[0][1]) or text
+        self._alias[cache] = result
+        return result
+
+    def classify(self, call: cst.Call) -> Optional[Event]:
+        """The AMP event a call is, if any (see the module docstring)."""
+        bw = self.backward_call(call)
+        if bw is not None:
+            loss = call.func.value if isinstance(call.func, cst.Attribute) else None
+            if bw.kind == "scaled" and isinstance(loss, cst.Call) and loss.args:
+                loss = loss.args[0].value
+            return Event(BACKWARD, call, scaler=bw.scaler, detail=bw.kind,
+                         target=self.code(loss) if loss is not None else None)
+        dp = self._parallel_forward(call)
+        if dp is not None:
+            return Event(DP_FORWARD, call, detail=dp)
+        worker = self.thread_target(call)
+        if worker is not None:
+            return Event(THREAD_RUN, call, target=self.code(worker))
+        callees = self.callees(call)
+        if callees:
+            return Event(CALL, call, callees=tuple(callees))
+        func = call.func
+        if isinstance(func, cst.Attribute):
+            method = func.attr.value
+            scaler = self.scaler_key(func.value)
+            if scaler is not None:
+                arg = self.key(call.args[0].value) if call.args and not call.args[0].star else None
+                if method == "scale":
+                    parent = self.parent(call)
+                    if not (isinstance(parent, cst.Attribute) and parent.attr.value == "backward"):
+                        return Event(SCALE, call, scaler=self.key(func.value))
+                    return None
+                kinds = {"unscale_": UNSCALE, "step": SCALER_STEP, "update": UPDATE}
+                if method in kinds:
+                    return Event(kinds[method], call, scaler=self.key(func.value), target=arg)
+                return None
+            if method == "step" and not any(a.keyword is None for a in call.args[1:]) \
+                    and self.is_optimizer(func.value):
+                return Event(OPT_STEP, call, target=self.key(func.value))
+            if method == "zero_grad":
+                return Event(ZERO_GRAD, call, target=self.key(func.value))
+        api = self.api_of(call)
+        if api is not None:
+            if api.kind == "clip_grad":
+                return Event(GRAD_READ, call, detail="clip",
+                             target=self.code(call.args[0].value) if call.args else None)
+            if api.kind == "GradScaler":
+                return Event(SCALER_NEW, call)
+            if api.kind == "autograd.grad":
+                return Event(AUTOGRAD_GRAD, call)
+        if self.reads_grad(call):
+            return Event(GRAD_READ, call, detail="read")
+        reason = self.cuda_init_reason(call)
+        if reason is not None:
+            return Event(CUDA_INIT, call, detail=reason)
+        if self.builds_optimizer(call):  # type: ignore[attr-defined]
+            return Event(OPT_NEW, call)
+        return None
+
+    def _parallel_forward(self, call: cst.Call) -> Optional[str]:
+        """"DataParallel" for `dp_model(x)` / `dp_model.forward(x)`, "parallel_apply" and
+        "data_parallel" for the functional forms."""
+        api = self.api_of(call)
+        if api is not None and api.kind in ("parallel_apply", "data_parallel"):
+            return api.kind
+        func = call.func
+        if isinstance(func, cst.Attribute) and func.attr.value == "forward":
+            func = func.value
+        if isinstance(func, (cst.Name, cst.Attribute)) and self.dataparallel_module(func) is not None:
+            return "DataParallel"
+        return None
+
+    def thread_target(self, call: cst.Call) -> Optional[cst.BaseExpression]:
+        """The function a call hands to another thread: `Thread(target=f)`,
+        `pool.submit(f, ...)`, `pool.map(f, ...)` on a thread pool."""
+        api = self.api_of(call)
+        if api is not None and api.kind == "thread":
+            arg = get_arg(call, 1, "target")
+            return arg.value if arg is not None else None
+        if isinstance(call.func, cst.Attribute) and call.func.attr.value in ("submit", "map", "apply_async", "imap"):
+            owner = call.func.value
+            if any(isinstance(v, cst.Call) and self.is_api(v, "thread_pool") for v in self.possible_values(owner)):
+                arg = get_arg(call, 0, None)
+                return arg.value if arg is not None else None
+        return None
+
+    def reads_grad(self, call: cst.Call) -> bool:
+        """The call's result depends on the magnitude of some `.grad` (`p.grad.norm()`,
+        `torch.norm(p.grad)`)."""
+        if isinstance(call.func, cst.Attribute) and call.func.attr.value in VALUE_METHODS \
+                and _grad_expr(call.func.value):
+            return True
+        return any(_grad_expr(a.value) for a in call.args) and bool(self.qualnames(call) & NORM_FUNCS)
+
+    def local_events(self, scope: cst.CSTNode) -> List[Event]:
+        """The events of `scope`'s own body (not of nested functions), in evaluation order."""
+        cached = self._local_events.get(scope)
+        if cached is not None:
+            return cached
+        post = self._index.post
+        found: List[Tuple[int, Event]] = []
+        for call in self.calls_in_scope(scope):
+            ev = self.classify(call)
+            if ev is not None:
+                found.append((post[call], ev))
+        for stmt in self.nodes_of(cst.SimpleStatementLine):
+            if self.scope_of(stmt) is not scope:
+                continue
+            kind = self.exit_kind(stmt)
+            if kind is not None:
+                loop = self.loop_of(stmt) if kind in ("continue", "break") else None
+                found.append((post[stmt], Event(EXIT, stmt, detail=kind, loop=loop)))
+        found.sort(key=lambda p: p[0])
+        events = [ev for _, ev in found]
+        self._local_events[scope] = events
+        return events
+
+    def calls_in_scope(self, scope: cst.CSTNode) -> List[cst.Call]:
+        """Calls that run as part of `scope` itself (not inside nested defs, lambdas, classes)."""
+        by_scope = getattr(self, "_calls_by_scope", None)
+        if by_scope is None:
+            by_scope = {}
+            for c in self.calls:
+                by_scope.setdefault(self.scope_of(c), []).append(c)
+            self._calls_by_scope = by_scope
+        return by_scope.get(scope, [])
+
+    @property
+    def scopes(self) -> List[cst.CSTNode]:
+        """Every scope that contains a call."""
+        self.calls_in_scope(self.module)
+        return list(self._calls_by_scope)
+
+    # ---------------------------------------------------------------- traces
+    @property
+    def roots(self) -> List[cst.CSTNode]:
+        """The module and every function that no call of this file reaches."""
+        if self._roots is None:
+            roots: List[cst.CSTNode] = [self.module]
+            for f in self.nodes_of(cst.FunctionDef):
+                if not self.callers(f):  # type: ignore[arg-type]
+                    roots.append(f)
+            self._roots = roots
+        return self._roots
+
+    def roots_reaching(self, node: cst.CSTNode) -> List[cst.CSTNode]:
+        """The roots whose traces run `node` (its function, through the callers of this file)."""
+        start: cst.CSTNode = self.function_of(node) or self.module
+        seen, todo, out = {start}, [start], []
+        while todo:
+            func = todo.pop()
+            if func in self.roots:
+                out.append(func)
+            if isinstance(func, cst.FunctionDef):
+                for call in self.callers(func):
+                    caller = self.function_of(call) or self.module
+                    if caller not in seen:
+                        seen.add(caller)
+                        todo.append(caller)
+        return out
+
+    def runs_with_scaler(self, node: cst.CSTNode) -> bool:
+        """Some run of the file that reaches `node` also steps a GradScaler."""
+        return any(self.trace(root).of(SCALER_STEP) for root in self.roots_reaching(node))
+
+    def traces(self) -> List[Trace]:
+        """One trace per root (plus the functions a trace had to leave out)."""
+        out: List[Trace] = []
+        pending = list(self.roots)
+        seen = set()
+        while pending:
+            root = pending.pop(0)
+            if root in seen:
+                continue
+            seen.add(root)
+            t = self.trace(root)
+            out.append(t)
+            pending.extend(f for f in t.truncated if f not in seen)
+        return out
+
+    def trace(self, root: cst.CSTNode) -> Trace:
+        cached = self._traces.get(root)
+        if cached is not None:
+            return cached
+        trace = Trace(root)
+        self._traces[root] = trace
+        self._expand(trace, root, (), {}, {}, None, 0, (root,))
+        return trace
+
+    def point(self, trace: Trace, node: cst.CSTNode) -> TraceEvent:
+        """A statement or expression of the root's own body as a place in its trace (for
+        questions such as "does CUDA initialise before this assignment?")."""
+        post = self._index.post
+        keys = [post[e.path[0]] for e in trace.events]
+        i = bisect.bisect_left(keys, post[node])
+        ctx = {self._qualify(g, ()): br for g, br in self.contexts(node)}
+        order = i - 0.5 + 0.4 * post[node] / (len(post) + 1)  # two points between the same events keep their order
+        return TraceEvent(Event("point", node), (node,), order, ctx, self.region_of(node))
+
+    @staticmethod
+    def anchor(*events: TraceEvent) -> List[cst.CSTNode]:
+        """Where each event shows in the deepest function that runs all of them."""
+        return anchor(*events)
+
+    def shown_in_region(self, ev: TraceEvent) -> cst.CSTNode:
+        """Where an event that runs in an autocast region shows in the function that opens the
+        region: the event itself, or the call inside the region that leads to it."""
+        region_node = ev.region.node if ev.region is not None else None
+        for node in ev.path:
+            if node is region_node or (region_node is not None and self.is_ancestor(region_node, node)):
+                return node
+        return ev.path[0]
+
+    def where(self, ev: TraceEvent, shown: cst.CSTNode) -> str:
+        """How an event reported at `shown` (a call that leads to it) is reached: "" when it is
+        the event itself, else " (through this call: `model.forward(...)` on line 12)"."""
+        if shown is ev.node:
+            return ""
+        node = ev.node
+        what = f"{self.code(node.func)}({'...' if node.args else ''})" if isinstance(node, cst.Call) else self.code(node)
+        return f" (through this call: `{what}` on line {self.line(node)})"
+
+    def _expand(self, trace: Trace, func: cst.CSTNode, prefix: Tuple[cst.CSTNode, ...],
+                ctx: Dict[Hashable, Hashable], subst: Dict[str, str], region: Optional[Region], depth: int,
+                stack: Tuple[cst.CSTNode, ...]) -> None:
+        frame = tuple(id(p) for p in prefix)
+        for ev in self.local_events(func):
+            ev_ctx = dict(ctx)
+            for group, branch in self.contexts(ev.node):
+                ev_ctx[self._qualify(group, frame, subst)] = branch
+            ev_region = self.region_of(ev.node)
+            if ev_region is None and not self.masked_by_disabled_region(ev.node):
+                ev_region = region
+            path = prefix + (ev.node,)
+            if ev.kind == CALL:
+                callee = ev.callees[0] if len(ev.callees) == 1 else None
+                if callee is None or callee in stack:
+                    continue
+                if depth >= MAX_INLINE_DEPTH or len(trace.events) >= MAX_TRACE_EVENTS:
+                    trace.truncated.append(callee)
+                    continue
+                self._expand(trace, callee, path, ev_ctx, self._callee_subst(ev.node, callee, subst, frame),
+                             ev_region, depth + 1, stack + (callee,))
+                continue
+            trace.events.append(TraceEvent(ev, path, len(trace.events), ev_ctx, ev_region,
+                                           scaler=self._subst(ev.scaler, subst, frame, ev.node),
+                                           target=self._subst(ev.target, subst, frame, ev.node), frame=frame,
+                                           subst=subst))
+
+    def backward_tensor(self, call: cst.Call) -> Optional[cst.BaseExpression]:
+        """The tensor a backward call runs on: `x` in `x.backward()`, the first argument of
+        `torch.autograd.backward(x)`."""
+        if self.is_api(call, "autograd.backward"):
+            arg = get_arg(call, 0, "tensors")
+            return arg.value if arg is not None else None
+        if isinstance(call.func, cst.Attribute) and call.func.attr.value == "backward":
+            return call.func.value
+        return None
+
+    def backward_scale_sources(self, ev: TraceEvent) -> List[cst.Call]:
+        """For a BACKWARD: the `scaler.scale(...)` calls (or calls that may scale unseen, see
+        `scale_sources`) whose result it runs on. `scaler.scale(loss).backward()`,
+        `scaled.backward()` after `scaled = scaler.scale(loss)`, `torch.autograd.backward(
+        scaler.scale(loss))`, a helper's `loss.backward()` called with `scaler.scale(loss)`.
+        Empty: a backward of an unscaled tensor."""
+        return self.scale_sources(self.argument_at(ev, self.backward_tensor(ev.node)))  # type: ignore[attr-defined]
+
+    def argument_at(self, ev: TraceEvent, expr: Optional[cst.BaseExpression]) -> Optional[cst.BaseExpression]:
+        """`expr` as it is bound in this trace: a parameter of the event's function (or of its
+        callers, up the call path) is replaced by the argument the call on the path passes;
+        anything else is returned as is."""
+        level = len(ev.via)
+        while isinstance(expr, cst.Name) and level > 0:
+            func = self.function_of(expr)
+            if func is None or not self.is_parameter(func, expr.value) \
+                    or self.binding_scope(expr.value, self.scope_of(expr)) is not func:
+                break
+            call = ev.via[level - 1]
+            if not isinstance(call, cst.Call):
+                break
+            arg = self.bind_arguments(call, func).get(expr.value)
+            if arg is None:
+                break
+            expr, level = arg, level - 1
+        return expr
+
+    def scaler_of_scale(self, ev: TraceEvent, scale: cst.Call) -> Optional[str]:
+        """The key, in the names of `ev`'s trace root, of the scaler whose `scale()` call
+        `scale` is, when `scale` runs in `ev`'s own function (else its key as written)."""
+        if not isinstance(scale.func, cst.Attribute):
+            return None
+        key = self.key(scale.func.value)
+        if self.scope_of(scale) is self.scope_of(ev.node):
+            return self.root_key(ev, key)
+        return key
+
+    def root_key(self, ev: TraceEvent, key: Optional[str]) -> Optional[str]:
+        """A key written in the names of `ev`'s function, in the names of the trace's root."""
+        return self._subst(key, ev.subst, ev.frame, ev.node)
+
+    @staticmethod
+    def _qualify(group: Hashable, frame: Tuple[int, ...], subst: Optional[Dict[str, str]] = None) -> Hashable:
+        """A function's context group as one decision of the trace: per call (frame), except a
+        stable test on parameters, `self` and globals, which is the same decision wherever its
+        names mean the same objects (`if args.amp == "pytorch":` in a helper and its caller)."""
+        if isinstance(group, tuple) and group and group[0] == "cond" and group[1] is None:
+            _, _, text, version, roots = group
+            if subst:
+                for root in roots:
+                    if root in subst:
+                        text = re.sub(rf"(?<![\w.@]){re.escape(root)}\b", subst[root], text)
+            return ("cond", None, text, version)
+        return (frame, group)
+
+    def _subst(self, key: Optional[str], subst: Dict[str, str], frame: Tuple[int, ...],
+               at: cst.CSTNode) -> Optional[str]:
+        """A key of the callee's names in the root's names."""
+        if key is None or not frame:
+            return key
+        root, dot, rest = key.partition(".")
+        if root in subst:
+            return subst[root] + dot + rest
+        scope = self.function_of(at)
+        if scope is not None and self.binding_scope(root, scope) is scope:
+            return f"{key}@{frame[-1]}"  # a local of this call: not the caller's namesake
+        return key
+
+    def _callee_subst(self, call: cst.Call, callee: cst.FunctionDef, subst: Dict[str, str],
+                      frame: Tuple[int, ...]) -> Dict[str, str]:
+        out: Dict[str, str] = {}
+        for param, arg in self.bind_arguments(call, callee).items():
+            k = self._subst(self.key(arg), subst, frame, call)
+            if k is not None:
+                out[param] = k
+        if self.is_method(callee):
+            first = [*callee.params.posonly_params, *callee.params.params][0].name.value
+            owner = call.func.value if isinstance(call.func, cst.Attribute) else call.func
+            if isinstance(owner, cst.Call):  # super().method()
+                owner_key = "self"
+            else:
+                owner_key = self.key(owner)
+            if owner_key is not None and self.class_named(owner) is None:
+                out[first] = self._subst(owner_key, subst, frame, call) or owner_key
+        return out
+
+    # ---------------------------------------------------------------- path queries on traces
+    def exclusive(self, a, b) -> bool:
+        """`a` and `b` (trace events, or two nodes of one function) never run in the same pass."""
+        ca = a.ctx if isinstance(a, TraceEvent) else dict(self.contexts(a))
+        cb = b.ctx if isinstance(b, TraceEvent) else dict(self.contexts(b))
+        small, big = (ca, cb) if len(ca) <= len(cb) else (cb, ca)
+        for g, br in small.items():
+            other = big.get(g, br)
+            if other != br:
+                return True
+        return False
+
+    def mandatory_between(self, c: TraceEvent, a: Optional[TraceEvent], b: TraceEvent) -> bool:
+        """Every path that runs `a` (None: the start of the trace) and then `b` runs `c` between.
+        A loop body is taken to run at least once: a loop over the optimizers or parameters that
+        runs zero times is not a training step anyone writes on purpose."""
+        if (a is not None and c.order <= a.order) or c.order >= b.order:
+            return False
+        for g, br in c.ctx.items():
+            if b.ctx.get(g) != br and (a is None or a.ctx.get(g) != br) and not _loop_group(g):
+                return False
+        return not self.exclusive(c, b) and (a is None or not self.exclusive(c, a))
+
+    def may_precede(self, trace: Trace, a: TraceEvent, b: TraceEvent) -> bool:
+        """Some path runs `a` and later `b`, in one pass of the root (no loop back-edge)."""
+        if a.order >= b.order or self.exclusive(a, b):
+            return False
+        return not any(self._cuts(e, a, b) for e in trace.exits_between(a, b))
+
+    def _cuts(self, e: TraceEvent, a: TraceEvent, b: TraceEvent) -> bool:
+        """The exit `e` runs on every path from `a` to `b` and leaves before `b`."""
+        if not self.mandatory_between(e, a, b):
+            return False
+        kind = e.event.detail
+        if kind in ("raise", "exit"):
+            return True
+        if kind == "return":  # leaves its function: `b` is cut when it runs in that call
+            return b.path[:len(e.frame)] == e.path[:-1] and len(b.path) > len(e.frame)
+        loop = e.event.loop  # continue/break leave this iteration of their loop
+        return loop is not None and (e.frame, ("loop", loop)) in b.ctx
+
+    def path_without(self, trace: Trace, a: Optional[TraceEvent], b: TraceEvent,
+                     blocks: Callable[[TraceEvent], bool]) -> bool:
+        """Some path runs `a` (None: from the start) then `b` with no event `blocks` accepts
+        in between."""
+        if a is not None and not self.may_precede(trace, a, b):
+            return False
+        return not any(blocks(e) and self.mandatory_between(e, a, b) for e in trace.span(a, b))
+
+    def first_after(self, trace: Trace, a: TraceEvent, match: Callable[[TraceEvent], bool]) -> Optional[TraceEvent]:
+        """The nearest event after `a` that `match` accepts and that `a` may precede."""
+        for e in trace.span(a, None):
+            if match(e) and self.may_precede(trace, a, e):
+                return e
+        return None
+
+    def last_before(self, trace: Trace, b: TraceEvent, match: Callable[[TraceEvent], bool],
+                    stop: Optional[Callable[[TraceEvent], bool]] = None) -> Optional[TraceEvent]:
+        """The nearest event before `b` that `match` accepts and that may precede `b`; the search
+        ends at an event `stop` accepts that runs on every path to `b`."""
+        for e in reversed(trace.span(None, b)):
+            if match(e) and self.may_precede(trace, e, b):
+                return e
+            if stop is not None and stop(e) and self.mandatory_between(e, None, b):
+                return None
+        return None
+
+
+__all__ = ["Event", "Events", "Trace", "TraceEvent", "anchor", "BACKWARD", "SCALE", "UNSCALE", "GRAD_READ",
+           "SCALER_STEP", "OPT_STEP", "UPDATE", "ZERO_GRAD", "SCALER_NEW", "OPT_NEW", "CUDA_INIT", "AUTOGRAD_GRAD", "EXIT",
+           "CALL", "DP_FORWARD", "THREAD_RUN"]

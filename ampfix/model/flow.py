@@ -1,0 +1,221 @@
+"""Paths: which code may run after which, within one run of a function or one loop iteration.
+
+Every node gets its *conditional contexts* within its function: the decisions that must go a
+certain way for it to run (an `if` branch, a loop body, a short-circuit operand, an `except`
+handler, the fall-through after an `if` that ends in `continue`/`return`/...). A context is a
+(group, branch) pair. Two nodes whose contexts take different branches of one group never run
+in the same pass (`exclusive`). `if` tests that are *stable* (names, attributes, comparisons:
+no calls, the names not reassigned in between) form one group per text, so `if use_amp:` in two
+places is one decision, and `if amp: A` ... `if not amp: B` are exclusive.
+
+Traces (`events.py`) qualify the contexts of a callee's nodes with the call path, so the same
+questions are answered across helpers, methods and closures:
+
+* `exclusive(a, b)`: never both in one pass;
+* `mandatory_between(c, a, b)`: every path from `a` to `b` runs `c`;
+* `may_precede(a, b)`: some path runs `a` and then `b` (in text order, not exclusive, and no
+  `continue`/`break`/`return`/`raise` that runs on every path in between cuts it);
+* `path_without(a, b, pred)`: some path from `a` to `b` runs no event matching `pred`.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Dict, Hashable, List, Optional, Tuple
+
+import libcst as cst
+
+from ampfix.model.tree import COMPREHENSIONS, LOOP_TYPES, dotted
+
+Group = Hashable
+Contexts = Tuple[Tuple[Group, Hashable], ...]
+
+_STABLE_NODES = (cst.Name, cst.Attribute, cst.Comparison, cst.UnaryOperation, cst.BooleanOperation,
+                 cst.BinaryOperation, cst.Integer, cst.Float, cst.SimpleString, cst.Subscript, cst.Index,
+                 cst.SubscriptElement, cst.ComparisonTarget, cst.Not, cst.And, cst.Or, cst.Is, cst.IsNot,
+                 cst.Equal, cst.NotEqual, cst.LessThan, cst.LessThanEqual, cst.GreaterThan, cst.GreaterThanEqual,
+                 cst.In, cst.NotIn, cst.Modulo, cst.Add, cst.Subtract, cst.Multiply, cst.FloorDivide, cst.Divide,
+                 cst.LeftParen, cst.RightParen, cst.Dot, cst.LeftSquareBracket, cst.RightSquareBracket,
+                 cst.SimpleWhitespace, cst.ParenthesizedWhitespace, cst.TrailingWhitespace, cst.Newline,
+                 cst.Comment, cst.EmptyLine, cst.BitAnd, cst.BitOr)
+_SPACE = re.compile(r"\s+")
+
+
+class Flow:
+    """Conditional contexts and path queries (a part of `AmpModel`)."""
+
+    def _init_flow(self) -> None:
+        self._contexts: Dict[cst.CSTNode, Contexts] = {}
+        self._stable: Dict[cst.CSTNode, Optional[Tuple[Hashable, bool]]] = {}
+        self._fall: Dict[cst.CSTNode, Dict[cst.CSTNode, Contexts]] = {}
+
+    # ---------------------------------------------------------------- contexts
+    def contexts(self, node: cst.CSTNode) -> Contexts:
+        """The conditional contexts of `node` within its function, outermost first. Groups are
+        local: ("if", node), ("cond", scope, text, version, names), ("loop", node), ... (see module
+        docstring); `events.py` qualifies them with the call path."""
+        cached = self._contexts.get(node)
+        if cached is not None:
+            return cached
+        out: List[Tuple[Group, Hashable]] = []
+        child = node
+        for anc in self.ancestors(node):
+            if isinstance(anc, (cst.FunctionDef, cst.Lambda, cst.ClassDef)):
+                break
+            if isinstance(anc, (cst.If, cst.IfExp)):
+                if child is anc.body or child is anc.orelse:
+                    out.append(self._decision(anc, child is anc.body))
+            elif isinstance(anc, LOOP_TYPES):
+                if child is anc.body:
+                    out.append((("loop", anc), True))
+                elif child is anc.orelse:
+                    out.append((("loop-else", anc), True))
+            elif isinstance(anc, cst.BooleanOperation) and child is anc.right:
+                out.append((("bool", anc), True))
+            elif isinstance(anc, cst.ExceptHandler):
+                out.append((("except", anc), True))
+            elif isinstance(anc, cst.MatchCase):
+                out.append((("match", self.parent(anc)), id(anc)))
+            elif isinstance(anc, COMPREHENSIONS) and child is not _comp_iter(anc):
+                out.append((("comp", anc), True))
+            elif isinstance(anc, cst.IndentedBlock):
+                out.extend(reversed(self._fallthrough(anc).get(child, ())))
+            child = anc
+        result = tuple(reversed(out))
+        self._contexts[node] = result
+        return result
+
+    def _fallthrough(self, block: cst.IndentedBlock) -> Dict[cst.CSTNode, Contexts]:
+        """For each statement of `block`: the early-`return` guards before it (`if not x:
+        return`), whose fall-through it runs in. (Loop guards such as `if skip: continue` need
+        no context: the loop body is one already, and the exit cuts paths by itself.)"""
+        cached = self._fall.get(block)
+        if cached is None:
+            cached = {}
+            acc: Contexts = ()
+            for stmt in block.body:
+                cached[stmt] = acc
+                if isinstance(stmt, cst.If) and self._returns(stmt):
+                    acc = acc + ((("fallthrough", stmt), True),)
+            self._fall[block] = cached
+        return cached
+
+    @staticmethod
+    def _returns(stmt: cst.If) -> bool:
+        """Some branch of this `if` always ends in `return`/`raise`."""
+        def ends(block: Optional[cst.CSTNode]) -> bool:
+            if isinstance(block, cst.Else):
+                block = block.body
+            if isinstance(block, cst.If):
+                return ends(block.body) or ends(block.orelse)
+            body = getattr(block, "body", None)
+            if not isinstance(body, (list, tuple)) or not body:
+                return False
+            last = body[-1]
+            return isinstance(last, cst.SimpleStatementLine) and isinstance(last.body[-1], (cst.Return, cst.Raise))
+        return ends(stmt.body) or ends(stmt.orelse)
+
+    def _decision(self, node: cst.CSTNode, polarity: bool) -> Tuple[Group, Hashable]:
+        stable = self.stable_test(node)
+        if stable is None:
+            return (("if", node), polarity)
+        group, positive = stable
+        return (group, polarity if positive else not polarity)
+
+    def stable_test(self, node: cst.CSTNode) -> Optional[Tuple[Hashable, bool]]:
+        """For an `if` whose test is stable: (group, whether the text is the positive form)."""
+        if node in self._stable:
+            return self._stable[node]
+        test = node.test  # type: ignore[attr-defined]
+        positive = True
+        while isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+            test, positive = test.expression, not positive
+        result: Optional[Tuple[Hashable, bool]] = None
+        if self._is_stable(test):
+            text = _SPACE.sub(" ", self.code(test))
+            if isinstance(test, cst.Comparison) and len(test.comparisons) == 1:
+                op = test.comparisons[0].operator
+                if isinstance(op, (cst.IsNot, cst.NotEqual, cst.NotIn)):
+                    positive = not positive
+                    text = text.replace(" is not ", " is ").replace(" != ", " == ").replace(" not in ", " in ")
+            func = self.function_of(node)
+            roots = tuple(sorted({(dotted(n) or "").split(".")[0] for n in self._names_in(test)}))
+            # a test on locals is this call's own decision; one on parameters, `self` and globals
+            # is portable: through a call it is the caller's test on the arguments' names
+            local = func is not None and any(
+                r != "self" and self.binding_scope(r, func) is func and not self.is_parameter(func, r) for r in roots)
+            version = tuple(sorted(id(a) for a in self._assignments_before(test, node)))
+            result = (("cond", func if local else None, text, version, roots), positive)
+        self._stable[node] = result
+        return result
+
+    def _is_stable(self, test: cst.CSTNode) -> bool:
+        stack = [test]
+        while stack:
+            n = stack.pop()
+            if not isinstance(n, _STABLE_NODES):
+                return False
+            stack.extend(n.children)
+        return True
+
+    def _names_in(self, test: cst.CSTNode) -> List[cst.CSTNode]:
+        out: List[cst.CSTNode] = []
+        stack = [test]
+        while stack:
+            n = stack.pop()
+            if isinstance(n, (cst.Name, cst.Attribute)) and dotted(n) is not None:
+                out.append(n)
+                continue
+            stack.extend(n.children)
+        return out
+
+    def _assignments_before(self, test: cst.CSTNode, at: cst.CSTNode) -> List[cst.CSTNode]:
+        """For each name in the test: its last assignment in the same function before `at`."""
+        scope = self.scope_of(at)
+        out = []
+        for n in self._names_in(test):
+            last = None
+            for node, _, s in self._by_key.get(dotted(n) or "", []):
+                if s is scope and self.before(node, at):
+                    last = node
+            if last is not None:
+                out.append(last)
+        return out
+
+    # ---------------------------------------------------------------- exits
+    def exit_kind(self, stmt: cst.CSTNode) -> Optional[str]:
+        """"continue"/"break"/"return"/"raise"/"exit" for a statement that leaves its block."""
+        if isinstance(stmt, cst.SimpleStatementLine):
+            for small in stmt.body:
+                if isinstance(small, cst.Continue):
+                    return "continue"
+                if isinstance(small, cst.Break):
+                    return "break"
+                if isinstance(small, cst.Return):
+                    return "return"
+                if isinstance(small, cst.Raise):
+                    return None if self._caught(stmt) else "raise"
+                if isinstance(small, cst.Expr) and isinstance(small.value, cst.Call):
+                    if dotted(small.value.func) in ("sys.exit", "exit", "quit", "os._exit"):
+                        return "exit"
+        return None
+
+    def _caught(self, node: cst.CSTNode) -> bool:
+        """`node` is inside a `try` body that has handlers (a raise there may be caught)."""
+        child = node
+        for anc in self.ancestors(node):
+            if isinstance(anc, (cst.FunctionDef, cst.Lambda, cst.ClassDef)):
+                return False
+            if isinstance(anc, (cst.Try, cst.TryStar)) and child is anc.body and anc.handlers:
+                return True
+            child = anc
+        return False
+
+
+def _comp_iter(comp: cst.CSTNode) -> Optional[cst.CSTNode]:
+    """The first iterable of a comprehension: evaluated once, unconditionally."""
+    for_in = getattr(comp, "for_in", None)
+    return for_in
+
+
+__all__ = ["Flow", "Contexts"]

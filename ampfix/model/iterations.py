@@ -1,0 +1,512 @@
+"""Iterations: which training iteration an event runs in, where that iteration ends, and the
+gradient-accumulation boundaries inside it.
+
+A trace is one pass of its root with no loop back-edge, so "the next iteration" is not a place
+in it. What a rule about the GradScaler's life cycle needs is the *end* of the iteration: the
+point after the last event of the loop body, and every `continue` that leaves that body early.
+`iteration_of` picks the loop that is the training iteration of an event (the innermost loop
+around it that also runs a backward: a loop over optimizers is not one), or None when the
+whole call of the root is one iteration (a per-step method called from elsewhere).
+`iteration_ends` gives its end points as trace events (synthetic "end" points carry the loop's
+own conditional contexts), so the path queries of `events.py` answer "can this step reach the
+end of its iteration without an `update()`?".
+
+Accumulation boundaries: an `if` inside the iteration whose test says "this micro-batch steps"
+(a modulo test such as `(i + 1) % accum == 0`, or a flag named like `should_step`,
+`update_grad`, `accumulate`...), and that guards the optimizer's step or `zero_grad` while a
+backward of the same iteration runs outside it (`accumulation_misplaced`).
+
+Also here: optimizer construction (`builds_optimizer`, the OPT_NEW event), lazily initialised
+objects (`guarded_by_test_of`), literally disabled scalers (`scaler_always_disabled`) and the
+root functions whose name says they run once per step or epoch (`per_step_name`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from dataclasses import dataclass
+from typing import Callable, Dict, Hashable, List, Optional, Tuple
+
+import libcst as cst
+
+from ampfix.model.events import BACKWARD, EXIT, SCALER_STEP, UNSCALE, UPDATE, ZERO_GRAD, Event, Trace, TraceEvent
+from ampfix.model.syntax import call_name, get_arg, literal_bool
+from ampfix.model.tree import LOOP_TYPES, dotted
+
+Group = Hashable
+# a test that names gradient accumulation or "this micro-batch steps"
+ACCUM_TEST = re.compile(r"accum|grad_acc|acc_step|accu_step|should_step|do_step|update_grad|need_update|"
+                        r"sync_grad|optimizer_step|is_last_micro|boundary|update_freq", re.IGNORECASE)
+FACTORY_EXCLUDE = re.compile(r"step|zero|load|state|sched|param|wrap|close|restore", re.IGNORECASE)
+PER_STEP_TOKENS = {"step", "iter", "iteration", "batch", "epoch", "optimize"}
+NOT_PER_STEP_TOKENS = {"setup", "init", "build", "create", "make", "configure", "prepare", "get", "test", "main",
+                       "demo", "example", "benchmark", "bench"}
+PER_STEP_PARAMS = {"current_iter", "cur_iter", "curr_iter", "iteration", "global_step", "step", "batch_idx",
+                   "batch_nb", "batch_index", "i_iter", "epoch"}
+
+
+@dataclass
+class Misplaced:
+    """A scaler call that runs on every micro-batch although its optimizer steps only on an
+    accumulation boundary."""
+
+    event: TraceEvent  # the unscale_/step/update that runs outside the boundary
+    guarded: TraceEvent  # the step (or zero_grad) the boundary guards
+    boundary: Group  # the boundary's decision group
+    iteration: Optional[Group]
+
+
+def _tokens(name: str) -> List[str]:
+    name = re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", name)
+    return [t for t in name.lower().split("_") if t]
+
+
+class Iterations:
+    """Training iterations, their ends, accumulation boundaries (a part of `AmpModel`)."""
+
+    # ---------------------------------------------------------------- iterations and their ends
+    def iteration_of(self, trace: Trace, ev: TraceEvent) -> Optional[Group]:
+        """The loop (a qualified group `(frame, ("loop", node))`) that is `ev`'s training
+        iteration: the innermost loop around it that also runs a backward. None: one call of the
+        root is the iteration."""
+        loops = ev.loops()
+        if not loops:
+            return None
+        backwards = trace.of(BACKWARD)
+        for group in reversed(loops):
+            if any(group in b.ctx for b in backwards):
+                return group
+        return None
+
+    def loop_context(self, trace: Trace, group: Group) -> Dict[Group, Hashable]:
+        """The contexts the loop `group` itself runs in (its body adds `group`): in a member's
+        contexts, those recorded before the loop's own group (the traces record a caller's
+        contexts first, then each function's contexts outermost first)."""
+        member = next(e for e in trace.events if group in e.ctx)
+        out: Dict[Group, Hashable] = {}
+        for g, br in member.ctx.items():
+            if g == group:
+                break
+            out[g] = br
+        return out
+
+    def iteration_ends(self, trace: Trace, group: Optional[Group]) -> List[TraceEvent]:
+        """The places one iteration ends: a synthetic end point after the last event of the loop
+        body (for None: of the root), then every `continue` of that loop (for None: every
+        `return` of the root's own body)."""
+        if not trace.events:
+            return []
+        if group is None:
+            end = TraceEvent(Event("end", trace.root), (trace.root,), len(trace.events) - 0.5, {}, None)
+            exits = [e for e in trace.of(EXIT) if e.event.detail == "return" and not e.frame]
+            return [end, *exits]
+        frame, (_, loop) = group
+        members = [e for e in trace.events if group in e.ctx]
+        ctx = dict(self.loop_context(trace, group))
+        ctx[group] = True
+        prefix = members[0].path[:len(frame)]
+        end = TraceEvent(Event("end", loop), prefix + (loop,), members[-1].order + 0.5, ctx, None, frame=frame)
+        exits = [e for e in trace.of(EXIT) if e.event.detail == "continue" and e.event.loop is loop
+                 and (e.frame, ("loop", loop)) == group]
+        return [end, *exits]
+
+    def leaves_iteration_without(self, trace: Trace, ev: TraceEvent, group: Optional[Group],
+                                 blocks: Callable[[TraceEvent], bool]) -> Optional[TraceEvent]:
+        """An end of `ev`'s iteration (see `iteration_ends`) that some path from `ev` reaches with
+        no event `blocks` accepts in between; None when every path meets one."""
+        for end in self.iteration_ends(trace, group):
+            if end.order > ev.order and self.path_avoiding(trace, ev, end, blocks):
+                return end
+        return None
+
+    def path_avoiding(self, trace: Trace, a: Optional[TraceEvent], b: TraceEvent,
+                      blocks: Callable[[TraceEvent], bool]) -> bool:
+        """Some path runs `a` (None: from the start) then `b` and none of the events `blocks`
+        accepts in between. Unlike `path_without`, which asks whether one such event is
+        mandatory, this also sees events that cover every path together (one `update()` in each
+        arm of an if/else). Loops entered after `a` are taken to run at least once (a loop over
+        optimizers); when the decisions are too many to enumerate the answer is False."""
+        if a is not None and not self.may_precede(trace, a, b):
+            return False
+        actx = a.ctx if a is not None else {}
+        known = self._known_tests({**actx, **b.ctx})
+        for e in (a, b):
+            known.update(self._receiver_not_none(e))
+        constraints: List[Dict[Group, Hashable]] = []
+        for e in trace.span(a, b):
+            if not blocks(e) or self.exclusive(e, b) or (a is not None and self.exclusive(e, a)):
+                continue
+            extra = {}
+            for g, br in e.ctx.items():
+                if g in actx or g in b.ctx or _is_loop(g):
+                    continue
+                value = self._test_value(g, known)
+                if value is None:
+                    extra[g] = br
+                elif value != br:
+                    break  # decided the other way on this path: `e` does not run
+            else:
+                if not extra:
+                    return False  # it runs on every path
+                constraints.append(extra)
+        if not constraints:
+            return True
+        domains: Dict[Group, List[Hashable]] = {}
+        for c in constraints:
+            for g, br in c.items():
+                domains.setdefault(g, [])
+                if br not in domains[g]:
+                    domains[g].append(br)
+        for g, values in domains.items():
+            if not (_is_binary(g) and set(values) == {True, False}):
+                values.append(_OTHER)  # a branch none of them takes (not entered, another case)
+        groups = list(domains)
+        total = 1
+        for g in groups:
+            total *= len(domains[g])
+            if total > 4096:
+                return False
+        return any(all(any(choice[groups.index(g)] != br for g, br in c.items()) for c in constraints)
+                   for choice in itertools.product(*(domains[g] for g in groups)))
+
+    def in_iteration(self, ev: TraceEvent, group: Optional[Group]) -> bool:
+        return group is None or group in ev.ctx
+
+    # ---------------------------------------------------------------- tests known on a path
+    def _known_tests(self, ctx: Dict[Group, Hashable]) -> Dict[Tuple, bool]:
+        """(scope, frame, normalised test text) -> its value, for the stable tests `ctx` decides,
+        and for the operands a decided `and`/`or` implies (`if a and b:` taken: a and b)."""
+        known: Dict[Tuple, bool] = {}
+        for g, br in ctx.items():
+            where, text = _cond_parts(g)
+            if text is None or not isinstance(br, bool):
+                continue
+            known[(*where, text)] = br
+            expr = _parse(text)
+            if isinstance(expr, cst.BooleanOperation):
+                implied = isinstance(expr.operator, cst.And) if br else isinstance(expr.operator, cst.Or)
+                if implied:
+                    for operand in _operands(expr, type(expr.operator)):
+                        t, positive = _normal(operand)
+                        known.setdefault((*where, t), br if positive else not br)
+        return known
+
+    def _receiver_not_none(self, ev: Optional[TraceEvent]) -> Dict[Tuple, bool]:
+        """Where a scaler event runs, its scaler is not None: `scaler.unscale_(opt)` ran, so a
+        later `if scaler is not None:` is taken (in the trace's names, and in the function's)."""
+        if ev is None or ev.scaler is None or ev.event.scaler is None:
+            return {}
+        func = self.function_of(ev.node)
+        out: Dict[Tuple, bool] = {}
+        for where, key in (((None, None), ev.scaler),
+                           ((id(func) if func is not None else None, ev.frame), ev.event.scaler)):
+            out[(*where, _canon(f"{key} is None"))] = False
+            out[(*where, _canon(key))] = True
+        return out
+
+    def _test_value(self, group: Group, known: Dict[Tuple, bool]) -> Optional[bool]:
+        """The value of a stable test on a path where the tests in `known` are decided: the same
+        test, or an `and`/`or`/`not` of decided tests (`if a and b:` after `if a:` and `if b:`)."""
+        where, text = _cond_parts(group)
+        if text is None:
+            return None
+        if (*where, text) in known:
+            return known[(*where, text)]
+        expr = _parse(text)
+        return None if expr is None else _evaluate(expr, where, known)
+
+    # ---------------------------------------------------------------- accumulation boundaries
+    def decision_test(self, group: Group) -> Optional[str]:
+        """The source text of the test behind a decision group (an `if`), else None."""
+        local = group[1] if isinstance(group, tuple) and len(group) == 2 and isinstance(group[1], tuple) else group
+        if not isinstance(local, tuple) or not local:
+            return None
+        if local[0] == "if" and isinstance(local[1], (cst.If, cst.IfExp)):
+            return self.code(local[1].test)
+        if local[0] == "cond" and len(local) >= 4 and isinstance(local[2], str):
+            return local[2]
+        return None
+
+    def is_accumulation_test(self, group: Group) -> bool:
+        """The decision is "this micro-batch steps": a modulo test (`(i + 1) % accum == 0`,
+        `not step % n`), or a test naming accumulation or a should-step flag
+        (`is_last_accum_step`, `update_grad`, `self.steps_since_update == self.grad_acc_steps`).
+        A comparison of the accumulation count with a number (`if args.accum_freq == 1:`,
+        `if ACCUMULATION_STEPS > 1:`) is a mode switch, not a boundary."""
+        text = self.decision_test(group)
+        if text is None:
+            return False
+        expr = _parse(text)
+        if expr is None:
+            return False
+        if _has_modulo(expr):
+            return True
+        if not ACCUM_TEST.search(text):
+            return False
+        while isinstance(expr, cst.UnaryOperation) and isinstance(expr.operator, cst.Not):
+            expr = expr.expression
+        if isinstance(expr, cst.Comparison):
+            sides = (expr.left, *(c.comparator for c in expr.comparisons))
+            if any(isinstance(n, (cst.Integer, cst.Float)) for n in sides):
+                return False
+        return True
+
+    def decision_node(self, trace: Trace, ev: TraceEvent, group: Group) -> Optional[cst.If]:
+        """The `if` statement behind `group` on `ev`'s path."""
+        for depth in range(len(ev.path)):
+            frame = tuple(id(p) for p in ev.path[:depth])
+            subst = next((e.subst for e in trace.events if e.frame == frame), {})
+            for anc in self.ancestors(ev.path[depth]):
+                if isinstance(anc, (cst.FunctionDef, cst.Lambda, cst.ClassDef)):
+                    break
+                if isinstance(anc, cst.If) and self._qualify(self._decision(anc, True)[0], frame, subst) == group:
+                    return anc
+        return None
+
+    def accumulation_misplaced(self, trace: Trace) -> List[Misplaced]:
+        """Scaler calls that run on every micro-batch of a gradient-accumulation loop: an
+        `unscale_` or `step` of an optimizer whose step (or `zero_grad`) is guarded by an
+        accumulation boundary that the call is outside of (and no other boundary guards it); an
+        `update()` outside the boundaries of every step of its scaler in the iteration. The
+        iteration must run a backward outside the boundary (micro-batches); events of other
+        optimizers are not concerned (a GAN's `if i % n_critic == 0:` generator step), nor
+        events of another iteration (a flush after the loop)."""
+        cached = getattr(self, "_misplaced", None)
+        if cached is None:
+            cached = self._misplaced = {}
+        if id(trace) in cached:
+            return cached[id(trace)]
+        out: List[Misplaced] = []
+        for guarded in trace.of(SCALER_STEP, ZERO_GRAD):
+            if guarded.target is None:
+                continue
+            group = self.iteration_of(trace, guarded)
+            for g in self.boundaries(trace, guarded, group):
+                for e in trace.of(UNSCALE, SCALER_STEP):
+                    if e is guarded or e.target != guarded.target or any(m.event is e for m in out):
+                        continue
+                    if guarded.kind == SCALER_STEP and e.scaler != guarded.scaler:
+                        continue
+                    if guarded.kind == ZERO_GRAD and e.kind == UNSCALE:
+                        continue  # an unscale_ is judged against its own step's boundary
+                    if g in e.ctx or self.exclusive(e, guarded) or self.iteration_of(trace, e) != group \
+                            or self.boundaries(trace, e, group):
+                        continue
+                    out.append(Misplaced(e, guarded, g, group))
+        for upd in trace.of(UPDATE):
+            group = self.iteration_of(trace, upd)
+            if self.boundaries(trace, upd, group):
+                continue
+            steps = [s for s in trace.of(SCALER_STEP) if s.scaler == upd.scaler
+                     and self.iteration_of(trace, s) == group and not self.exclusive(s, upd)]
+            reason: Optional[Misplaced] = None
+            for s in steps:
+                mis = next((m for m in out if m.event is s), None)
+                if mis is not None:
+                    reason = reason or mis
+                    continue
+                outside = self.boundaries(trace, s, group)
+                if not outside:
+                    reason = None
+                    break
+                reason = reason or Misplaced(upd, s, outside[0], group)
+            if reason is not None:
+                out.append(Misplaced(upd, reason.guarded, reason.boundary, group))
+        out.sort(key=lambda m: m.event.order)
+        cached[id(trace)] = out
+        return out
+
+    def boundaries(self, trace: Trace, ev: TraceEvent, group: Optional[Group]) -> List[Group]:
+        """The accumulation boundaries that guard `ev` within its iteration `group`: decisions
+        that are accumulation tests, taken inside the iteration, with a backward of the same
+        iteration outside them (the micro-batches); also the test of an earlier
+        `if not is_last_accum_step: continue` of the iteration (`ev` runs only when it does not
+        leave)."""
+        outer = self.loop_context(trace, group) if group is not None else {}
+        out = []
+        for g, br in ev.ctx.items():
+            if g in outer or g == group or not self.is_accumulation_test(g):
+                continue
+            if any(self.in_iteration(b, group) and b.ctx.get(g) != br and not self.exclusive(b, ev)
+                   for b in trace.of(BACKWARD)):
+                out.append(g)
+        if group is not None:
+            for x in trace.of(EXIT):
+                if x.order > ev.order or x.event.detail != "continue" or (x.frame, ("loop", x.event.loop)) != group \
+                        or self.exclusive(x, ev):
+                    continue
+                out.extend(g for g, br in x.ctx.items() if g not in outer and g != group and g not in ev.ctx
+                           and self.is_accumulation_test(g) and g not in out)
+        return out
+
+    # ---------------------------------------------------------------- objects
+    def builds_optimizer(self, call: cst.Call) -> bool:
+        """`call` constructs an optimizer: a torch.optim class, or a factory named like one
+        (`create_optimizer(...)`, `build_optimizer(cfg)`) whose result is assigned."""
+        if self.is_api(call, "optimizer"):
+            return True
+        name = call_name(call) or ""
+        if "optim" not in name.lower() or FACTORY_EXCLUDE.search(name):
+            return False
+        parent = self.parent(call)
+        return isinstance(parent, (cst.Assign, cst.AnnAssign)) and parent.value is call
+
+    def guarded_by_test_of(self, node: cst.CSTNode, key: str) -> bool:
+        """`node` runs only under a test that reads `key` or asks whether it exists: lazy
+        initialisation (`if self.scaler is None: self.scaler = GradScaler()`,
+        `if not hasattr(self, "scaler")`, `x = x or GradScaler()`)."""
+        last = key.rpartition(".")[2]
+        child = node
+        for anc in self.ancestors(node):
+            if isinstance(anc, (cst.FunctionDef, cst.Lambda, cst.ClassDef)):
+                return False
+            test = None
+            if isinstance(anc, (cst.If, cst.IfExp, cst.While)) and child is not anc.test:
+                test = anc.test
+            elif isinstance(anc, cst.BooleanOperation) and child is anc.right:
+                test = anc.left
+            if test is not None:
+                text = self.code(test)
+                if re.search(r"(?<![\w.])" + re.escape(key) + r"(?!\w)", text) or \
+                        re.search(r"""hasattr\([^)]*['"]""" + re.escape(last) + r"""['"]""", text):
+                    return True
+            child = anc
+        return False
+
+    def scaler_always_disabled(self, key: Optional[str]) -> bool:
+        """Every GradScaler assigned to `key` in this file is built with a literal
+        `enabled=False` (a no-op scaler), and there is at least one."""
+        if key is None:
+            return False
+        calls = [v for _, v in self.assignments_to(key) if isinstance(v, cst.Call) and self.is_api(v, "GradScaler")]
+        return bool(calls) and all(self.scaler_call_disabled(c) for c in calls)
+
+    def scaler_call_disabled(self, call: cst.Call) -> bool:
+        """`GradScaler(..., enabled=False)` with a literal False (torch.amp.GradScaler takes
+        `enabled` sixth, after the device; torch.cuda.amp.GradScaler fifth)."""
+        api = self.api_of(call)
+        position = 5 if api is not None and api.device is None else 4
+        arg = get_arg(call, position, "enabled")
+        return arg is not None and literal_bool(arg.value) is False
+
+    def per_step_name(self, func: cst.CSTNode) -> Optional[str]:
+        """"step"/"epoch" when a function's name or parameters say one call is one training step
+        (`optimize_parameters(self, current_iter)`, `train_step`, `training_step`) or one epoch
+        (`train_one_epoch`); None otherwise (and for setup, test and entry-point names)."""
+        if not isinstance(func, cst.FunctionDef):
+            return None
+        tokens = set(_tokens(func.name.value))
+        if tokens & NOT_PER_STEP_TOKENS:
+            return None
+        params = {p.name.value for p in (*func.params.posonly_params, *func.params.params, *func.params.kwonly_params)}
+        if "epoch" in tokens:
+            return "epoch"
+        if tokens & PER_STEP_TOKENS or params & (PER_STEP_PARAMS - {"epoch"}):
+            return "step"
+        return "epoch" if "epoch" in params else None
+
+    def loops_between(self, node: cst.CSTNode, stop: cst.CSTNode) -> List[cst.CSTNode]:
+        """The loops whose bodies hold `node`, innermost first, up to (not including) `stop`
+        (an ancestor) or the function."""
+        out = []
+        child = node
+        for anc in self.ancestors(node):
+            if anc is stop or isinstance(anc, (cst.FunctionDef, cst.Lambda, cst.ClassDef)):
+                break
+            if isinstance(anc, LOOP_TYPES) and child is anc.body:
+                out.append(anc)
+            child = anc
+        return out
+
+
+_OTHER = object()
+_SPACE = re.compile(r"\s+")
+_NEGATED = ((cst.IsNot, " is not ", " is "), (cst.NotEqual, " != ", " == "), (cst.NotIn, " not in ", " in "))
+
+
+def _canon(text: str) -> str:
+    """A trace's test text as Python: a caller-local name `args@123` becomes `args__at_123`."""
+    return re.sub(r"@(\d+)", r"__at_\1", text)
+
+
+def _parse(text: str) -> Optional[cst.BaseExpression]:
+    try:
+        return cst.parse_expression(_canon(text))
+    except Exception:  # pragma: no cover - the text came from the file
+        return None
+
+
+def _cond_parts(group: Group):
+    """((scope, frame), text) for a stable-test group, else ((), None)."""
+    local = _local(group)
+    if not (isinstance(local, tuple) and len(local) >= 4 and local[0] == "cond" and isinstance(local[2], str)):
+        return (), None
+    frame = group[0] if local is not group else None
+    return (id(local[1]) if local[1] is not None else None, frame), _canon(local[2])
+
+
+def _operands(expr: cst.BaseExpression, op: type) -> List[cst.BaseExpression]:
+    """`a and b and c` -> [a, b, c] (for one operator kind)."""
+    if isinstance(expr, cst.BooleanOperation) and isinstance(expr.operator, op) and not expr.lpar:
+        return _operands(expr.left, op) + _operands(expr.right, op)
+    return [expr]
+
+
+def _normal(expr: cst.BaseExpression) -> Tuple[str, bool]:
+    """A test's text as `flow.stable_test` keys it, and whether it is the positive form."""
+    positive = True
+    while isinstance(expr, cst.UnaryOperation) and isinstance(expr.operator, cst.Not):
+        expr, positive = expr.expression, not positive
+    expr = expr.with_changes(lpar=[], rpar=[]) if hasattr(expr, "lpar") else expr
+    text = _SPACE.sub(" ", cst.Module(body=[]).code_for_node(expr).strip())
+    if isinstance(expr, cst.Comparison) and len(expr.comparisons) == 1:
+        for kind, neg, pos in _NEGATED:
+            if isinstance(expr.comparisons[0].operator, kind):
+                positive, text = not positive, text.replace(neg, pos)
+    return text, positive
+
+
+def _evaluate(expr: cst.BaseExpression, where, known: Dict[Tuple, bool]) -> Optional[bool]:
+    if isinstance(expr, cst.UnaryOperation) and isinstance(expr.operator, cst.Not):
+        inner = _evaluate(expr.expression, where, known)
+        return None if inner is None else not inner
+    if isinstance(expr, cst.BooleanOperation):
+        left, right = _evaluate(expr.left, where, known), _evaluate(expr.right, where, known)
+        if isinstance(expr.operator, cst.And):
+            return False if False in (left, right) else (True if left and right else None)
+        return True if True in (left, right) else (False if left is False and right is False else None)
+    text, positive = _normal(expr)
+    value = known.get((*where, text))
+    return None if value is None else (value if positive else not value)
+
+
+def _local(group: Group):
+    """The function-local part of a trace group (`(frame, local)`, or a stable test as is)."""
+    if isinstance(group, tuple) and len(group) == 2 and isinstance(group[0], tuple) and isinstance(group[1], tuple):
+        return group[1]
+    return group
+
+
+def _is_loop(group: Group) -> bool:
+    local = _local(group)
+    return isinstance(local, tuple) and bool(local) and local[0] == "loop"
+
+
+def _is_binary(group: Group) -> bool:
+    local = _local(group)
+    return isinstance(local, tuple) and bool(local) and local[0] in ("if", "cond")
+
+
+def _has_modulo(expr: cst.CSTNode) -> bool:
+    stack = [expr]
+    while stack:
+        n = stack.pop()
+        if isinstance(n, cst.BinaryOperation) and isinstance(n.operator, cst.Modulo) \
+                and not isinstance(n.left, (cst.SimpleString, cst.FormattedString, cst.ConcatenatedString)):
+            return True
+        stack.extend(n.children)
+    return False
+
+
+__all__ = ["Iterations", "Misplaced", "dotted"]

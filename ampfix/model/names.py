@@ -1,0 +1,288 @@
+"""Names: what an expression refers to through the imports in scope.
+
+* canonical torch API names whatever the import style (`api_of`, `is_api`, `qualname`);
+* import bindings and their references (`import_bindings`, `references`), for rules that
+  rewrite an import together with its uses;
+* the file's own spellings: the name `torch` is imported as, whether a module-level import
+  binds a name, a free name for new code.
+"""
+
+from __future__ import annotations
+
+import builtins
+from dataclasses import dataclass, field
+from typing import Dict, Iterable, List, Optional, Sequence, Set
+
+import libcst as cst
+from libcst.metadata import QualifiedName, QualifiedNameSource
+
+from ampfix.model.tree import dotted
+
+
+@dataclass(frozen=True)
+class Api:
+    """A torch API an expression refers to."""
+
+    kind: str  # "autocast", "GradScaler", "clip_grad", "DataParallel", "autograd.backward", ...
+    device: Optional[str] = None  # implied device for deprecated spellings ("cuda"/"cpu")
+    deprecated: bool = False
+    qualname: str = ""
+
+
+def _api_table() -> Dict[str, Api]:
+    table: Dict[str, Api] = {}
+
+    def add(names: Sequence[str], kind: str, device: Optional[str] = None, deprecated: bool = False) -> None:
+        for n in names:
+            table[n] = Api(kind, device, deprecated, n)
+
+    add(["torch.autocast", "torch.amp.autocast", "torch.amp.autocast_mode.autocast"], "autocast")
+    add(["torch.cuda.amp.autocast", "torch.cuda.amp.autocast_mode.autocast"], "autocast", "cuda", True)
+    add(["torch.cpu.amp.autocast", "torch.cpu.amp.autocast_mode.autocast"], "autocast", "cpu", True)
+    add(["torch.amp.GradScaler", "torch.amp.grad_scaler.GradScaler", "torch.GradScaler"], "GradScaler")
+    add(["torch.cuda.amp.GradScaler", "torch.cuda.amp.grad_scaler.GradScaler"], "GradScaler", "cuda", True)
+    add(["torch.cpu.amp.GradScaler", "torch.cpu.amp.grad_scaler.GradScaler"], "GradScaler", "cpu", True)
+    add(["torch.amp.custom_fwd", "torch.amp.autocast_mode.custom_fwd"], "custom_fwd")
+    add(["torch.amp.custom_bwd", "torch.amp.autocast_mode.custom_bwd"], "custom_bwd")
+    add(["torch.cuda.amp.custom_fwd", "torch.cuda.amp.autocast_mode.custom_fwd"], "custom_fwd", "cuda", True)
+    add(["torch.cuda.amp.custom_bwd", "torch.cuda.amp.autocast_mode.custom_bwd"], "custom_bwd", "cuda", True)
+    clip = ["clip_grad_norm_", "clip_grad_norm", "clip_grad_value_", "clip_grad_value"]
+    add([f"torch.nn.utils.{c}" for c in clip] + [f"torch.nn.utils.clip_grad.{c}" for c in clip], "clip_grad")
+    add(
+        ["torch.nn.DataParallel", "torch.nn.parallel.DataParallel", "torch.nn.parallel.data_parallel.DataParallel"],
+        "DataParallel",
+    )
+    add(["torch.nn.parallel.data_parallel", "torch.nn.parallel.data_parallel.data_parallel"], "data_parallel")
+    add(["torch.nn.parallel.parallel_apply", "torch.nn.parallel.parallel_apply.parallel_apply"], "parallel_apply")
+    add(["torch.autograd.backward"], "autograd.backward")
+    add(["torch.autograd.grad"], "autograd.grad")
+    add(["torch.autograd.Function", "torch.autograd.function.Function"], "autograd.Function")
+    add(["torch.float16", "torch.half"], "dtype.float16")
+    add(["torch.bfloat16"], "dtype.bfloat16")
+    add(["torch.float32", "torch.float"], "dtype.float32")
+    add(["contextlib.nullcontext", "contextlib.suppress"], "nullcontext")
+    add(["functools.partial"], "partial")
+    add(["torch.device"], "device")
+    add(["torch.save"], "save")
+    add(["torch.load"], "load")
+    add(["threading.Thread"], "thread")
+    add(["concurrent.futures.ThreadPoolExecutor", "concurrent.futures.thread.ThreadPoolExecutor",
+         "multiprocessing.pool.ThreadPool", "multiprocessing.dummy.Pool"], "thread_pool")
+    for opt in (
+        "SGD Adam AdamW Adagrad Adadelta Adamax ASGD LBFGS NAdam RAdam RMSprop Rprop SparseAdam Adafactor Muon"
+    ).split():
+        add([f"torch.optim.{opt}"], "optimizer")
+    return table
+
+
+API_TABLE = _api_table()
+_BUILTINS = set(dir(builtins))
+
+
+@dataclass
+class ImportBinding:
+    """A name bound by one alias of an import statement, and the Names that refer to it."""
+
+    stmt: cst.CSTNode  # the Import / ImportFrom small statement
+    alias: cst.ImportAlias
+    name: str  # the bound name
+    qualified: str  # what it imports ("torch.cuda.amp", "torch.cuda.amp.autocast")
+    scope: cst.CSTNode
+    refs: List[cst.Name] = field(default_factory=list)
+
+
+def _is_reference(name: cst.Name, parent: Optional[cst.CSTNode]) -> bool:
+    """False for Names that bind or label rather than refer (an attribute's `.attr`, a keyword,
+    a def/class/param name, an import alias)."""
+    if isinstance(parent, cst.Attribute) and parent.attr is name:
+        return False
+    if isinstance(parent, cst.Arg) and parent.keyword is name:
+        return False
+    if isinstance(parent, (cst.FunctionDef, cst.ClassDef, cst.Param)) and parent.name is name:
+        return False
+    if isinstance(parent, (cst.ImportAlias, cst.AsName, cst.ImportFrom)):
+        return False
+    return True
+
+
+def _target_name_nodes(target: cst.CSTNode) -> List[cst.Name]:
+    """The Name nodes an assignment target binds (not those under attributes or subscripts)."""
+    if isinstance(target, cst.Name):
+        return [target]
+    if isinstance(target, (cst.Tuple, cst.List)):
+        return [n for el in target.elements for n in _target_name_nodes(el.value)]
+    if isinstance(target, cst.StarredElement):
+        return _target_name_nodes(target.value)
+    return []
+
+
+class Names:
+    """Name resolution (a part of `AmpModel`)."""
+
+    def _init_names(self) -> None:
+        self._qname_cache: Dict[cst.CSTNode, Set[QualifiedName]] = {}
+        self._bindings: Optional[List[ImportBinding]] = None
+
+    # ---------------------------------------------------------------- qualified names
+    def _resolve_scope(self, first: str, scope: Optional[cst.CSTNode]):
+        """(scope, import entries) of the innermost binding of `first` visible from `scope`;
+        entries is None when the binding is local (an assignment or parameter)."""
+        innermost = scope
+        while scope is not None:
+            if isinstance(scope, cst.ClassDef) and scope is not innermost:
+                scope = self._index.scope.get(scope)
+                continue
+            imported = self._index.imports.get(scope, {}).get(first)
+            if imported:
+                return scope, imported
+            if first in self._index.local_names.get(scope, ()):
+                return scope, None
+            scope = None if scope is self.module else self._index.scope.get(scope, self.module)
+        return None, None
+
+    def qualified_names(self, node: cst.CSTNode) -> Set[QualifiedName]:
+        """What a Name/Attribute may refer to through the imports in scope, as
+        `QualifiedName(name, QualifiedNameSource.IMPORT)` (e.g. `T.cuda.amp.autocast` after
+        `import torch as T` -> "torch.cuda.amp.autocast"). Locally bound names shadow imports;
+        class bodies are not visible from the functions inside them (Python's rules)."""
+        cached = self._qname_cache.get(node)
+        if cached is not None:
+            return cached
+        result: Set[QualifiedName] = set()
+        text = dotted(node)
+        if text is not None:
+            first, _, rest = text.partition(".")
+            scope, imported = self._resolve_scope(first, self.scope_of(node))
+            if imported:
+                result = {QualifiedName(f"{q}.{rest}" if rest else q, QualifiedNameSource.IMPORT)
+                          for q, _, _ in imported}
+            elif scope is None and first in _BUILTINS and text == first:
+                result = {QualifiedName(f"builtins.{first}", QualifiedNameSource.BUILTIN)}
+        self._qname_cache[node] = result
+        return result
+
+    def qualname(self, node: cst.CSTNode) -> Optional[str]:
+        if isinstance(node, cst.Call):
+            node = node.func
+        names = sorted(qn.name for qn in self.qualified_names(node))
+        return names[0] if names else None
+
+    def qualnames(self, node: cst.CSTNode) -> Set[str]:
+        if isinstance(node, cst.Call):
+            node = node.func
+        return {qn.name for qn in self.qualified_names(node)}
+
+    def api_of(self, node: cst.CSTNode) -> Optional[Api]:
+        """The torch API an expression (Name/Attribute, or the callee of a Call) names."""
+        if isinstance(node, cst.Call):
+            node = node.func
+        if not isinstance(node, (cst.Name, cst.Attribute)):
+            return None
+        for qn in self.qualified_names(node):
+            api = API_TABLE.get(qn.name)
+            if api is not None:
+                return api
+        return None
+
+    def is_api(self, node: cst.CSTNode, kind: str) -> bool:
+        api = self.api_of(node)
+        return api is not None and api.kind == kind
+
+    def is_builtin(self, node: cst.CSTNode, name: str) -> bool:
+        """`node` is the builtin `name` (not shadowed)."""
+        return isinstance(node, cst.Name) and node.value == name and \
+            self._resolve_scope(name, self.scope_of(node))[0] is None
+
+    def reference_role(self, expr: cst.CSTNode):
+        """How a reference to an API is used: ("call", the call), ("bare-decorator", the
+        decorator), ("type", None) in an annotation or an isinstance/issubclass check, else
+        ("value", None): passed around, where its uses cannot be followed."""
+        parent = self.parent(expr)
+        if isinstance(parent, cst.Call) and parent.func is expr:
+            return "call", parent
+        if isinstance(parent, cst.Decorator) and parent.decorator is expr:
+            return "bare-decorator", parent
+        if any(isinstance(a, cst.Annotation) for a in self.ancestors(expr)):
+            return "type", None
+        node = expr
+        if isinstance(parent, cst.Element) and isinstance(self.parent(parent), cst.Tuple):
+            node = self.parent(parent)
+            parent = self.parent(node)
+        if isinstance(parent, cst.Arg):
+            call = self.parent(parent)
+            if (isinstance(call, cst.Call) and isinstance(call.func, cst.Name)
+                    and call.func.value in ("isinstance", "issubclass") and len(call.args) == 2
+                    and call.args[1] is parent):
+                return "type", None
+        return "value", None
+
+    # ---------------------------------------------------------------- import bindings
+    @property
+    def import_bindings(self) -> List[ImportBinding]:
+        """Every name an import binds, with the Names that refer to it (in text order)."""
+        if self._bindings is None:
+            bindings: List[ImportBinding] = []
+            by_key: Dict[tuple, ImportBinding] = {}
+            for scope, names in self._index.imports.items():
+                for name, entries in names.items():
+                    for qualified, stmt, alias in entries:
+                        twin = by_key.get((id(scope), name))
+                        b = ImportBinding(stmt, alias, name, qualified, scope)
+                        if twin is not None and twin.qualified == qualified:
+                            b.refs = twin.refs  # the same import written twice: one set of uses
+                        bindings.append(b)
+                        by_key[(id(scope), name)] = b
+            bound = {b.name for b in bindings}
+            targets = {id(n) for _, t, _ in self._index.assignments for n in _target_name_nodes(t)}
+            for n in self.nodes_of(cst.Name):
+                if n.value not in bound or id(n) in targets or not _is_reference(n, self.parent(n)):
+                    continue
+                if self.in_import(n):
+                    continue
+                scope, imported = self._resolve_scope(n.value, self.scope_of(n))
+                if imported:
+                    b = by_key.get((id(scope), n.value))
+                    if b is not None:
+                        b.refs.append(n)
+            bindings.sort(key=lambda b: self._index.order[b.stmt])
+            self._bindings = bindings
+        return self._bindings
+
+    def binding_is_ambiguous(self, b: ImportBinding) -> bool:
+        """The name is also bound to something else in its scope, on a path where the import
+        ran too: imported from elsewhere, or assigned or defined there. (The same import written
+        twice is not ambiguous, nor an old-torch alternative in the other branch of an `if`:
+        `if torch >= 1.6: from torch.cuda.amp import autocast` / `else: def autocast(...)`.)"""
+        entries = self._index.imports.get(b.scope, {}).get(b.name, [])
+        if len({q for q, _, _ in entries}) > 1:
+            return True
+        if b.name not in self._index.local_names.get(b.scope, ()):
+            return False
+        others = [f for f in self.functions.get(b.name, []) if self.scope_of(f) is b.scope]
+        others += [self.classes[b.name]] if b.name in self.classes and self.scope_of(self.classes[b.name]) is b.scope else []
+        others += [n for n, _, s in self._by_key.get(b.name, []) if s is b.scope]
+        return not others or any(not self.exclusive(b.stmt, o) and not self.in_fallback(o) for o in others)
+
+    def module_binds(self, name: str) -> bool:
+        """True when a module-level import binds `name` (new module-level code may use it)."""
+        return bool(self._index.imports.get(self.module, {}).get(name))
+
+    def torch_alias(self) -> Optional[str]:
+        """The name `import torch [as T]` binds at module level, if any."""
+        for name, entries in self._index.imports.get(self.module, {}).items():
+            if any(isinstance(stmt, cst.Import) and dotted(alias.name) == "torch" for _, stmt, alias in entries):
+                return name
+        return None
+
+    def names_used(self) -> Set[str]:
+        return {n.value for n in self.nodes_of(cst.Name)}
+
+    def free_name(self, candidates: Iterable[str]) -> Optional[str]:
+        """The first candidate that no Name in the file uses."""
+        used = self.names_used()
+        return next((c for c in candidates if c not in used), None)
+
+    def quote(self) -> str:
+        """The quote the file prefers for new string literals."""
+        src = self.module.code
+        return "'" if src.count("'") > src.count('"') else '"'

@@ -1,0 +1,520 @@
+"""The objects of a training step: GradScalers, optimizers, backward calls, custom autograd
+Functions, and the calls that initialise CUDA."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence, Set
+
+import libcst as cst
+from libcst.metadata import QualifiedNameSource
+
+from ampfix.model.syntax import call_name, get_arg, literal_bool, literal_string
+from ampfix.model.tree import dotted
+from ampfix.model.values import SAME_OBJECT_METHODS
+
+# torch.cuda functions that initialise CUDA (cuInit) when called, in current torch.
+# Not here on purpose: device_count (NVML), manual_seed/manual_seed_all/set_rng_state (deferred),
+# memory_allocated/memory_reserved/max_memory_allocated/empty_cache (no-ops before init),
+# get_arch_list (compile-time flags), is_initialized.
+CUDA_INIT_FUNCS = {
+    "is_available", "set_device", "current_device", "get_device_name", "get_device_properties",
+    "get_device_capability", "synchronize", "init", "mem_get_info", "current_stream", "default_stream",
+    "Stream", "Event", "is_bf16_supported", "ipc_collect", "get_rng_state", "get_rng_state_all",
+}
+# torch callables that take device="cuda" without touching the GPU.
+NON_INIT_DEVICE_CALLEES = ("torch.device", "torch.autocast", "torch.amp.", "torch.cuda.amp.", "torch.GradScaler",
+                           "torch.set_default_device", "torch.get_default_device")
+TENSOR_NEW_METHODS = {"new_zeros", "new_ones", "new_empty", "new_full", "new_tensor"}
+# names people give optimizers (`optimizer`, `opt_g`, `self.optim`, `d_optimizer`)
+OPTIMIZER_NAME = re.compile(r"^(?:\w+_)?(?:opt|optim|optimizer|optimiser)(?:_\w+|\d+)?$", re.IGNORECASE)
+OPTIMIZER_FACTORY = re.compile(r"optim", re.IGNORECASE)
+MAX_SCALE_DEPTH = 6
+SCALER_NAME = re.compile(r"^(?:\w+_)?(?:grad_?)?scaler(?:_\w+|\d+)?$", re.IGNORECASE)
+
+
+@dataclass
+class BackwardCall:
+    call: cst.Call
+    kind: str  # "tensor" (x.backward()), "scaled" (scaler.scale(x).backward()), "autograd"
+    scaler: Optional[str] = None  # scaler key for "scaled"
+
+
+def _leaves(value: cst.CSTNode) -> List[cst.CSTNode]:
+    """The alternatives of a conditional expression (not following names)."""
+    if isinstance(value, cst.IfExp):
+        return _leaves(value.body) + _leaves(value.orelse)
+    if isinstance(value, cst.BooleanOperation):
+        return _leaves(value.left) + _leaves(value.right)
+    return [value]
+
+
+class Objects:
+    """Scalers, optimizers, backward calls, CUDA initialisation (a part of `AmpModel`)."""
+
+    def _init_objects(self) -> None:
+        self._scalers: Optional[Set[str]] = None
+        self._stepped: Optional[Set[str]] = None
+
+    # ---------------------------------------------------------------- scalers
+    def constructs_scaler(self, value: cst.CSTNode) -> bool:
+        """`value` (or one branch of it) constructs a GradScaler, any spelling."""
+        return any(isinstance(v, cst.Call) and self.is_api(v, "GradScaler") for v in _leaves(value))
+
+    @property
+    def scalers(self) -> Set[str]:
+        """Dotted keys ("scaler", "self.scaler", parameter names) that hold a GradScaler."""
+        if self._scalers is None:
+            keys: Set[str] = {key for key, entries in self._by_key.items()
+                              if any(self.constructs_scaler(v) for _, v, _ in entries)}
+            for funcs in self.functions.values():  # parameters annotated as GradScaler
+                for f in funcs:
+                    for p in [*f.params.params, *f.params.kwonly_params, *f.params.posonly_params]:
+                        if p.annotation is not None and self.is_api(p.annotation.annotation, "GradScaler"):
+                            keys.add(p.name.value)
+            changed = True  # parameters that receive a known scaler at a call site in this file
+            while changed:
+                changed = False
+                for call in self.calls:
+                    for f in self.callees(call):
+                        for pname, arg in self.bind_arguments(call, f).items():
+                            if dotted(arg) in keys and pname not in keys:
+                                keys.add(pname)
+                                changed = True
+            # duck typing: x.scale(loss).backward() together with x.step and x.update/x.unscale_
+            used: Dict[str, Set[str]] = {}
+            for call in self.calls:
+                if isinstance(call.func, cst.Attribute):
+                    base = dotted(call.func.value)
+                    if base is not None:
+                        used.setdefault(base, set()).add(call.func.attr.value)
+            for base, methods in used.items():
+                if "scale" in methods and methods & {"update", "unscale_"} and "step" in methods:
+                    if any(self._scaled_backward_base(c) == base for c in self.calls):
+                        keys.add(base)
+            self._scalers = keys
+        return self._scalers
+
+    @staticmethod
+    def _scaled_backward_base(call: cst.Call) -> Optional[str]:
+        """For `X.scale(loss).backward()` the dotted X, else None."""
+        if (isinstance(call.func, cst.Attribute) and call.func.attr.value == "backward"
+                and isinstance(call.func.value, cst.Call) and isinstance(call.func.value.func, cst.Attribute)
+                and call.func.value.func.attr.value == "scale"):
+            return dotted(call.func.value.func.value)
+        return None
+
+    def scaler_key(self, expr: cst.CSTNode) -> Optional[str]:
+        key = dotted(expr)
+        return key if key is not None and key in self.scalers else None
+
+    def is_scaler(self, expr: Optional[cst.CSTNode]) -> bool:
+        """`expr` holds a GradScaler: a scaler key, or a value (through properties, aliases)
+        that constructs one."""
+        if expr is None:
+            return False
+        return self.scaler_key(expr) is not None or any(
+            isinstance(v, cst.Call) and self.is_api(v, "GradScaler") for v in self.possible_values(expr))
+
+    def scaler_method(self, call: cst.Call, method: str) -> Optional[str]:
+        """For `scaler.<method>(...)` on a known scaler, the scaler key."""
+        if isinstance(call.func, cst.Attribute) and call.func.attr.value == method:
+            return self.scaler_key(call.func.value)
+        return None
+
+    def scale_call_scaler(self, call: cst.CSTNode) -> Optional[str]:
+        """For `X.scale(...)` on a known scaler, or on a receiver named like one (`grad_scaler`,
+        `self.amp_scaler`: a parameter defaulting to None, set by another file), the key of X."""
+        if not (isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute) and call.func.attr.value == "scale"):
+            return None
+        key = self.scaler_key(call.func.value)
+        if key is None and SCALER_NAME.search((dotted(call.func.value) or "").rpartition(".")[2]):
+            key = dotted(call.func.value)
+        return key
+
+    def scaler_disabled(self, expr: cst.CSTNode) -> bool:
+        """Every value the scaler expression `expr` may hold is a GradScaler built with a literal
+        `enabled=False`: its `scale()` returns the loss unchanged and its `step()` is a plain
+        `optimizer.step()`. (`enabled=use_amp` is not known to be off.)"""
+        values = [v for v in self.possible_values(expr) if v is not expr]
+        if not values:
+            return False
+        for v in values:
+            if not (isinstance(v, cst.Call) and self.is_api(v, "GradScaler")):
+                return False
+            arg = get_arg(v, None, "enabled")
+            if arg is None or literal_bool(arg.value) is not False:
+                return False
+        return True
+
+    def scale_sources(self, expr: Optional[cst.CSTNode], depth: int = 0) -> List[cst.Call]:
+        """The calls that may have scaled the value of `expr` for a GradScaler: `scaler.scale(x)`
+        on a known scaler, written there or reached through names, parameters (the arguments
+        at call sites), arithmetic (`scaler.scale(loss) / accum`) and the `return`s of this
+        file's functions; also calls that may scale it unseen (`.scale(...)` on an unknown
+        object, a function named like `scale_loss`, a product with `get_scale()`, a call of
+        unknown effect on a scaled value: `cast(Tensor, scaler.scale(loss))`). Empty: the
+        value is not scaled; `scale_call_scaler(c)` tells the calls of (what look like) GradScalers."""
+        if expr is None or depth > MAX_SCALE_DEPTH:
+            return []
+        if isinstance(expr, (cst.BinaryOperation, cst.BooleanOperation)):
+            return self.scale_sources(expr.left, depth + 1) + self.scale_sources(expr.right, depth + 1)
+        if isinstance(expr, cst.UnaryOperation):
+            return self.scale_sources(expr.expression, depth + 1)
+        if isinstance(expr, cst.IfExp):
+            return self.scale_sources(expr.body, depth + 1) + self.scale_sources(expr.orelse, depth + 1)
+        if isinstance(expr, (cst.Name, cst.Attribute)) and dotted(expr) is not None:
+            out: List[cst.Call] = []
+            for v in self.possible_values(expr):
+                if v is not expr:
+                    out.extend(self.scale_sources(v, depth + 1))
+            return out
+        if not isinstance(expr, cst.Call):
+            return []
+        name = call_name(expr) or ""
+        if name == "scale" and isinstance(expr.func, cst.Attribute):
+            return [expr]  # a known scaler's, or an unknown object's `.scale(x)`: either may scale
+        if "scale" in name.lower() and not name.startswith("unscale"):
+            return [expr]  # scale_loss(loss), `loss * scaler.get_scale()`: not followed, may scale
+        out = []
+        callees = self.callees(expr)
+        for f in callees:
+            for ret in self.nodes_of(cst.Return):
+                if self.scope_of(ret) is f and ret.value is not None:  # type: ignore[attr-defined]
+                    out.extend(self.scale_sources(ret.value, depth + 1))  # type: ignore[attr-defined]
+        if not callees:  # `cast(Tensor, scaler.scale(loss))`, `scaler.scale(loss).float()`: may pass it through
+            if isinstance(expr.func, cst.Attribute):
+                out.extend(self.scale_sources(expr.func.value, depth + 1))
+            for a in expr.args:
+                out.extend(self.scale_sources(a.value, depth + 1))
+        return out
+
+    # ---------------------------------------------------------------- optimizers
+    def _stepped_optimizers(self) -> Set[str]:
+        """Keys passed to a scaler's step/unscale_ anywhere in the file: the code says they
+        are optimizers."""
+        if self._stepped is None:
+            out: Set[str] = set()
+            for call in self.calls:
+                if (self.scaler_method(call, "step") or self.scaler_method(call, "unscale_")) and call.args:
+                    key = dotted(call.args[0].value)
+                    if key is not None:
+                        out.add(key)
+            self._stepped = out
+        return self._stepped
+
+    def is_optimizer(self, expr: cst.CSTNode) -> bool:
+        """`expr` holds a torch optimizer: built by torch.optim or an optimizer factory, passed
+        to a scaler's step/unscale_, or named like one; never a learning-rate scheduler."""
+        key = dotted(expr)
+        if key is None:
+            return False
+        values = [v for v in self.possible_values(expr) if v is not expr]
+        for v in values:
+            if isinstance(v, cst.Call):
+                names = self.qualnames(v)
+                if any("lr_scheduler" in n or "scheduler" in n.lower() for n in names):
+                    return False
+                name = call_name(v) or ""
+                if "sched" in name.lower():
+                    return False
+        if any(isinstance(v, cst.Call) and (self.is_api(v, "optimizer") or OPTIMIZER_FACTORY.search(call_name(v) or ""))
+               for v in values):
+            return True
+        return key in self._stepped_optimizers() or bool(OPTIMIZER_NAME.match(key.rpartition(".")[2]))
+
+    # ---------------------------------------------------------------- modules, DataParallel, threads
+    def is_dataparallel_class(self, cls: cst.ClassDef) -> bool:
+        """A class of this file that is (a subclass of) `nn.DataParallel`."""
+        return any(self.is_api(b.value, "DataParallel") or
+                   (isinstance(b.value, cst.Name) and (base := self.class_named(b.value)) is not None
+                    and base is not cls and self.is_dataparallel_class(base)) for b in cls.bases)
+
+    def dataparallel_module(self, expr: cst.CSTNode) -> Optional[cst.CSTNode]:
+        """When `expr` holds an `nn.DataParallel` (any spelling, or a subclass of this file):
+        the module it wraps (the DataParallel call itself when the module is not given)."""
+        for v in self.possible_values(expr):
+            while isinstance(v, cst.Call) and isinstance(v.func, cst.Attribute) and \
+                    v.func.attr.value in SAME_OBJECT_METHODS:
+                v = v.func.value  # nn.DataParallel(net).cuda()
+            if not isinstance(v, cst.Call):
+                continue
+            cls = self.class_of_value(v)
+            if self.is_api(v, "DataParallel") or (cls is not None and self.is_dataparallel_class(cls)):
+                arg = get_arg(v, 0, "module")
+                return arg.value if arg is not None else v
+        return None
+
+    def is_module_class(self, cls: cst.ClassDef) -> bool:
+        """A class of this file that subclasses `nn.Module` (directly or through this file)."""
+        for b in cls.bases:
+            name = dotted(b.value) or ""
+            if name.rpartition(".")[2] == "Module" or any(q.startswith("torch.nn") for q in self.qualnames(b.value)):
+                return True
+            base = self.class_named(b.value)
+            if base is not None and base is not cls and self.is_module_class(base):
+                return True
+        return False
+
+    def module_classes(self, expr: cst.CSTNode) -> List[cst.ClassDef]:
+        """The nn.Module classes of this file that `expr` may hold."""
+        return [c for c in self.classes_of(expr) if self.is_module_class(c)]
+
+    def library_module(self, expr: Optional[cst.CSTNode], prefixes: Sequence[str]) -> bool:
+        """`expr` holds a module built by a library named by `prefixes` (torchvision, timm, ...)."""
+        if expr is None:
+            return False
+        out = False
+        for v in self.possible_values(expr):
+            while isinstance(v, cst.Call) and isinstance(v.func, cst.Attribute) and v.func.attr.value in SAME_OBJECT_METHODS:
+                v = v.func.value
+            if not isinstance(v, cst.Call) or not any(q.startswith(tuple(prefixes)) for q in self.qualnames(v)):
+                return False
+            out = True
+        return out
+
+    def optimizer_over(self, clip: cst.CSTNode) -> Optional[str]:
+        """The optimizer built, in the clip's own function, over exactly the parameters clipped
+        (`clip(model0.parameters())` with `opt0 = torch.optim.SGD(model0.parameters(), ...)`)."""
+        if not isinstance(clip, cst.Call) or not clip.args or clip.args[0].keyword is not None:
+            return None
+        clipped = self.code(clip.args[0].value)
+        scope = self.scope_of(clip)
+        owners = {key for key, entries in self._by_key.items() for stmt, v, s in entries
+                  if s is scope and isinstance(v, cst.Call) and self.is_api(v, "optimizer") and v.args
+                  and v.args[0].keyword is None and self.code(v.args[0].value) == clipped}
+        return owners.pop() if len(owners) == 1 else None
+
+    # ---------------------------------------------------------------- backward calls
+    def backward_call(self, call: cst.Call) -> Optional[BackwardCall]:
+        if self.is_api(call, "autograd.backward"):  # before `.backward`: its receiver is a module
+            return BackwardCall(call, "autograd")
+        if isinstance(call.func, cst.Attribute) and call.func.attr.value == "backward":
+            receiver = call.func.value
+            base = self._scaled_backward_base(call)
+            if base is not None and base in self.scalers:
+                return BackwardCall(call, "scaled", base)
+            # Function.backward(ctx, ...) / super().backward(...) are not tensor backward calls
+            if isinstance(receiver, cst.Call) and call_name(receiver) == "super":
+                return None
+            if isinstance(receiver, cst.Name) and receiver.value in self.classes:
+                return None
+            if self.is_api(receiver, "autograd.Function"):
+                return None
+            if self.callees(call):  # `self.backward(loss)`: a method of this file (traces inline it)
+                return None
+            return BackwardCall(call, "tensor")
+        return None
+
+    @property
+    def backward_calls(self) -> List[BackwardCall]:
+        return [b for b in (self.backward_call(c) for c in self.calls) if b is not None]
+
+    # ---------------------------------------------------------------- custom autograd Functions
+    def autograd_functions(self) -> List[cst.ClassDef]:
+        """The `torch.autograd.Function` subclasses defined in this file."""
+        return [c for c in self.nodes_of(cst.ClassDef)  # type: ignore[misc]
+                if any(self.is_api(b.value, "autograd.Function") for b in c.bases)]
+
+    def decorator_kinds(self, func: cst.FunctionDef) -> List[str]:
+        """The torch API kinds of a function's decorators ("custom_fwd", "autocast", ...)."""
+        out = []
+        for d in func.decorators:
+            dec = d.decorator
+            api = self.api_of(dec.func if isinstance(dec, cst.Call) else dec)
+            if api is not None:
+                out.append(api.kind)
+        return out
+
+    def decorator_of(self, func: cst.FunctionDef, kind: str) -> Optional[cst.Decorator]:
+        """The decorator of `func` that is the torch API `kind` (called or bare), if any."""
+        for d in func.decorators:
+            dec = d.decorator
+            if self.is_api(dec.func if isinstance(dec, cst.Call) else dec, kind):
+                return d
+        return None
+
+    def custom_functions_without_custom_bwd(self) -> List[cst.ClassDef]:
+        """autograd.Function subclasses in this file whose backward lacks custom_bwd."""
+        result = []
+        for cls in self.autograd_functions():
+            bwd = self.method(cls, "backward")
+            if bwd is not None and "custom_bwd" not in self.decorator_kinds(bwd):
+                result.append(cls)
+        return result
+
+    # ---------------------------------------------------------------- CUDA initialisation
+    def is_cuda_device(self, expr: Optional[cst.CSTNode], depth: int = 0, allow_int: bool = False) -> bool:
+        """True when `expr` is certainly a CUDA device: "cuda...", torch.device("cuda..."), or a
+        name always bound to one."""
+        if expr is None or depth > 4:
+            return False
+        prefix = _string_prefix(expr)
+        if prefix is not None:
+            return prefix.startswith("cuda")
+        if allow_int and isinstance(expr, cst.Integer):
+            return True
+        if isinstance(expr, cst.Call) and "torch.device" in self.qualnames(expr.func):
+            arg = get_arg(expr, 0, "type")
+            if arg is None:
+                return False
+            return isinstance(arg.value, cst.Integer) or self.is_cuda_device(arg.value, depth + 1)
+        if isinstance(expr, cst.IfExp):
+            return self.is_cuda_device(expr.body, depth + 1, allow_int) and \
+                self.is_cuda_device(expr.orelse, depth + 1, allow_int)
+        if isinstance(expr, (cst.Name, cst.Attribute)):
+            values = self.values_before(expr)
+            return bool(values) and all(self.is_cuda_device(v, depth + 1, allow_int) for v in values)
+        return False
+
+    def values_before(self, expr: cst.CSTNode) -> List[cst.BaseExpression]:
+        """Values the name may hold at `expr`: its assignments earlier in the same scope when
+        there are any, else every visible assignment (none for an unbound parameter)."""
+        key = dotted(expr)
+        if key is None:
+            return []
+        scope = self.scope_of(expr)
+        local = [v for node, v, s in self._by_key.get(key, []) if s is scope and self.before(node, expr)]
+        if local:
+            return local
+        if self.is_parameter(scope, key.split(".")[0]):
+            return []  # a parameter: could be anything
+        return [v for _, v, _ in self._by_key.get(key, [])]
+
+    def device_index_uses(self, scope: cst.CSTNode, var: str) -> List[cst.CSTNode]:
+        """Places in `scope` (not nested defs) that use `var` as a CUDA device index:
+        `f"cuda:{var}"`, `torch.device("cuda", var)`, `set_device(var)`, `device_ids=[var]`, ..."""
+        return _device_index_uses(self, scope, var)
+
+    def cuda_init_reason(self, call: cst.Call) -> Optional[str]:
+        """A short description when this call initialises CUDA, else None."""
+        func = call.func
+        for name in self.qualnames(func):
+            if name.startswith("torch.cuda.") and name.count(".") == 2:
+                short = name.split(".")[2]
+                return f"torch.cuda.{short}()" if short in CUDA_INIT_FUNCS else None
+        if isinstance(func, cst.Attribute):
+            method = func.attr.value
+            imported = [q.name for q in self.qualified_names(func) if q.source is QualifiedNameSource.IMPORT]
+            if imported and not any(n.startswith("torch.") for n in imported):
+                return None  # numba.cuda..., cupy...
+            if method == "cuda":
+                return ".cuda()"
+            if method == "to":
+                dev = get_arg(call, 0, "device")
+                return ".to(<cuda device>)" if dev is not None and self.is_cuda_device(dev.value, allow_int=True) else None
+            if method in TENSOR_NEW_METHODS:
+                dev = get_arg(call, None, "device")
+                if dev is not None and self.is_cuda_device(dev.value, allow_int=True):
+                    return f".{method}(device=<cuda>)"
+                return None
+        torch_names = [n for n in self.qualnames(func) if n.startswith("torch.")]
+        if torch_names and not any(n == p or n.startswith(p) for n in torch_names for p in NON_INIT_DEVICE_CALLEES):
+            dev = get_arg(call, None, "device")
+            if dev is not None and self.is_cuda_device(dev.value, allow_int=True):
+                return f"{torch_names[0]}(device=<cuda>)"
+            if "torch.load" in torch_names:
+                loc = get_arg(call, None, "map_location")
+                if loc is not None and self.is_cuda_device(loc.value):
+                    return "torch.load(map_location=<cuda>)"
+        return None
+
+
+def _is_var(node: Optional[cst.CSTNode], var: str) -> bool:
+    if node is None:
+        return False
+    if isinstance(node, cst.Call) and isinstance(node.func, cst.Name) and node.func.value in ("int", "str"):
+        return len(node.args) == 1 and dotted(node.args[0].value) == var
+    return dotted(node) == var
+
+
+def _device_index_uses(model, scope: cst.CSTNode, var: str) -> List[cst.CSTNode]:
+    """Nodes in `scope` (not nested defs) that use `var` as a CUDA device index."""
+    uses: List[cst.CSTNode] = []
+
+    def in_scope(node: cst.CSTNode) -> bool:
+        return model.scope_of(node) is scope
+
+    class V(cst.CSTVisitor):
+        def visit_FormattedString(self, node: cst.FormattedString) -> None:
+            # the whole string is a device: f"cuda:{V}" (not a log line mentioning it)
+            parts = node.parts
+            if (
+                len(parts) == 2
+                and isinstance(parts[0], cst.FormattedStringText)
+                and parts[0].value == "cuda:"
+                and isinstance(parts[1], cst.FormattedStringExpression)
+                and parts[1].format_spec is None
+                and _is_var(parts[1].expression, var)
+            ):
+                uses.append(node)
+
+        def visit_BinaryOperation(self, node: cst.BinaryOperation) -> None:
+            left = literal_string(node.left)
+            if left is None:
+                return
+            if isinstance(node.operator, cst.Modulo) and left in ("cuda:%d", "cuda:%s", "cuda:%i"):
+                right = node.right
+                items = [e.value for e in right.elements] if isinstance(right, cst.Tuple) else [right]
+                if any(_is_var(x, var) for x in items):
+                    uses.append(node)
+            elif isinstance(node.operator, cst.Add) and left == "cuda:" and _is_var(node.right, var):
+                uses.append(node)
+
+        def visit_Call(self, node: cst.Call) -> None:
+            func = node.func
+            if isinstance(func, cst.Attribute):
+                method = func.attr.value
+                if method == "format" and literal_string(func.value) in ("cuda:{}", "cuda:{0}", "cuda:{:d}"):
+                    if len(node.args) == 1 and _is_var(node.args[0].value, var):
+                        uses.append(node)
+                        return
+                if method == "cuda":
+                    arg = get_arg(node, 0, "device")
+                    if arg is not None and _is_var(arg.value, var):
+                        uses.append(node)
+                        return
+                if method == "to":
+                    arg = get_arg(node, 0, "device")
+                    if arg is not None and _is_var(arg.value, var):
+                        uses.append(node)
+                        return
+            names = model.qualnames(func)
+            if "torch.device" in names:
+                t = get_arg(node, 0, "type")
+                idx = get_arg(node, 1, "index")
+                if t is not None and idx is not None and literal_string(t.value) == "cuda" and _is_var(idx.value, var):
+                    uses.append(node)
+                elif t is not None and idx is None and _is_var(t.value, var):
+                    uses.append(node)
+                return
+            if names & {"torch.cuda.set_device", "torch.cuda.device"}:
+                arg = get_arg(node, 0, "device")
+                if arg is not None and _is_var(arg.value, var):
+                    uses.append(node)
+                return
+            for arg in node.args:
+                if arg.keyword is None:
+                    continue
+                kw = arg.keyword.value
+                if kw == "device_ids" and isinstance(arg.value, (cst.List, cst.Tuple)):
+                    if any(_is_var(e.value, var) for e in arg.value.elements):
+                        uses.append(node)
+                        return
+                if kw == "output_device" and _is_var(arg.value, var):
+                    uses.append(node)
+                    return
+
+    scope.visit(V())
+    return [u for u in uses if in_scope(u)]
+
+
+def _string_prefix(node: cst.CSTNode) -> Optional[str]:
+    """The literal text a string or f-string starts with."""
+    s = literal_string(node)
+    if s is not None:
+        return s
+    if isinstance(node, cst.FormattedString) and node.parts and isinstance(node.parts[0], cst.FormattedStringText):
+        return node.parts[0].value
+    return None

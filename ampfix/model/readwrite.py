@@ -1,0 +1,137 @@
+"""Which names a statement reads and which it binds.
+
+Precise about what a Name is: `x.attr` reads `x` (not `attr`), `f(k=v)` reads `f` and `v`
+(not `k`), an assignment target binds its names and reads the names under its attributes and
+subscripts (`a.b = 1` reads `a`), `import`/`def`/`class` bind their names.
+"""
+
+from __future__ import annotations
+
+import builtins
+from typing import Iterable, Set, Tuple
+
+import libcst as cst
+
+from ampfix.model.tree import dotted
+
+BUILTIN_NAMES = set(dir(builtins))
+
+
+class _ReadsWrites(cst.CSTVisitor):
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads: Set[str] = set()
+        self.writes: Set[str] = set()
+        self.opaque = False  # a lambda or generator: reads happen later, when it is called
+
+    def visit_Name(self, node: cst.Name) -> None:
+        self.reads.add(node.value)
+
+    def visit_Attribute(self, node: cst.Attribute) -> bool:
+        node.value.visit(self)
+        return False
+
+    def visit_Arg(self, node: cst.Arg) -> bool:
+        node.value.visit(self)
+        return False
+
+    def _target(self, t: cst.CSTNode) -> None:
+        if isinstance(t, cst.Name):
+            self.writes.add(t.value)
+        elif isinstance(t, (cst.Tuple, cst.List)):
+            for e in t.elements:
+                self._target(e.value)
+        elif isinstance(t, cst.StarredElement):
+            self._target(t.value)
+        elif isinstance(t, (cst.Attribute, cst.Subscript)):
+            t.visit(self)  # `a.b = ...` / `a[i] = ...` read `a` (and `i`)
+
+    def visit_AssignTarget(self, node: cst.AssignTarget) -> bool:
+        self._target(node.target)
+        return False
+
+    def visit_AugAssign(self, node: cst.AugAssign) -> bool:
+        node.target.visit(self)
+        self._target(node.target)
+        node.value.visit(self)
+        return False
+
+    def visit_AnnAssign(self, node: cst.AnnAssign) -> bool:
+        if node.value is not None:
+            self._target(node.target)
+            node.value.visit(self)
+        return False
+
+    def visit_For(self, node: cst.For) -> None:
+        self._target(node.target)
+
+    def visit_CompFor(self, node: cst.CompFor) -> None:
+        self._target(node.target)
+
+    def visit_AsName(self, node: cst.AsName) -> bool:
+        self._target(node.name)
+        return False
+
+    def visit_NamedExpr(self, node: cst.NamedExpr) -> bool:
+        self._target(node.target)
+        node.value.visit(self)
+        return False
+
+    def visit_Import(self, node: cst.Import) -> bool:
+        for a in node.names:
+            if a.asname is not None and isinstance(a.asname.name, cst.Name):
+                self.writes.add(a.asname.name.value)
+            else:
+                self.writes.add((dotted(a.name) or "").split(".")[0])
+        return False
+
+    def visit_ImportFrom(self, node: cst.ImportFrom) -> bool:
+        if not isinstance(node.names, cst.ImportStar):
+            for a in node.names:
+                if a.asname is not None and isinstance(a.asname.name, cst.Name):
+                    self.writes.add(a.asname.name.value)
+                elif isinstance(a.name, cst.Name):
+                    self.writes.add(a.name.value)
+        return False
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+        self.writes.add(node.name.value)
+        for d in node.decorators:
+            d.visit(self)
+        return False
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> bool:
+        self.writes.add(node.name.value)
+        for b in node.bases:
+            b.visit(self)
+        return False
+
+    def visit_Lambda(self, node: cst.Lambda) -> bool:
+        self.opaque = True
+        return False
+
+    def visit_GeneratorExp(self, node: cst.GeneratorExp) -> bool:
+        self.opaque = True
+        return False
+
+
+def reads_writes(node: cst.CSTNode) -> Tuple[Set[str], Set[str]]:
+    """(names read, names bound) by a statement or expression."""
+    v = _ReadsWrites()
+    node.visit(v)
+    return v.reads, v.writes
+
+
+def names_bound(stmts: Iterable[cst.CSTNode]) -> Set[str]:
+    out: Set[str] = set()
+    for s in stmts:
+        out |= reads_writes(s)[1]
+    return out
+
+
+def uses_only(node: cst.CSTNode, bound: Set[str]) -> bool:
+    """Every name `node` reads is in `bound` or a builtin, and nothing is read later (no
+    lambda or generator expression)."""
+    v = _ReadsWrites()
+    node.visit(v)
+    return not v.opaque and all(n in bound or n in BUILTIN_NAMES for n in v.reads - v.writes)

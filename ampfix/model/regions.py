@@ -1,0 +1,228 @@
+"""Autocast regions: where code runs under an enabled (or possibly enabled) autocast.
+
+A region is opened by `with torch.autocast(...)` (any spelling), by a name, attribute or module
+global bound to one (`ctx = nullcontext() if cpu else torch.autocast(...)`,
+`self.amp_autocast = partial(torch.autocast, dtype=...)` called as `self.amp_autocast()`), or
+by a function decorated with autocast. A literal `enabled=False` region masks its parents; a
+value that may also be `nullcontext`/`suppress` makes a region that is only possibly enabled.
+Regions are lexical within a function; the traces (`events.py`) carry them through calls.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import List, Optional, Sequence
+
+import libcst as cst
+
+from ampfix.model.names import Api
+from ampfix.model.syntax import literal_bool, literal_string
+from ampfix.model.tree import dotted
+
+MAX_DEPTH = 6
+
+
+@dataclass
+class Region:
+    """An enabled (or possibly enabled) autocast region."""
+
+    node: cst.CSTNode  # the With, the decorated FunctionDef, or the autocast call
+    call: Optional[cst.Call]  # the autocast(...) call, when known (for partial: the partial call)
+    api: Api
+    device: Optional[str]  # "cuda", "cpu", ... when known
+    dtype: Optional[str]  # "float16", "bfloat16", "float32", "dynamic" (non-literal) or None (default)
+    enabled: Optional[bool]  # True, False, or None when not a literal (treated as possibly enabled)
+    dtype_node: Optional[cst.BaseExpression] = None
+
+    @property
+    def effective_device(self) -> Optional[str]:
+        return self.device or self.api.device
+
+
+def _arg(args: Sequence[cst.Arg], position: Optional[int], keyword: str) -> Optional[cst.Arg]:
+    pos = 0
+    for arg in args:
+        if arg.keyword is not None:
+            if arg.keyword.value == keyword:
+                return arg
+            continue
+        if arg.star:
+            return None if arg.star == "*" and position is not None and pos <= position else None
+        if position is not None and pos == position:
+            return arg
+        pos += 1
+    return None
+
+
+class Regions:
+    """Autocast regions (a part of `AmpModel`)."""
+
+    def dtype_name(self, node: Optional[cst.CSTNode]) -> Optional[str]:
+        """"float16"/"bfloat16"/"float32" for a torch dtype expression, "dynamic" for anything
+        else (a variable, a config value), None for no expression or `None`."""
+        if node is None or (isinstance(node, cst.Name) and node.value == "None"):
+            return None
+        api = self.api_of(node)
+        if api is not None and api.kind.startswith("dtype."):
+            return api.kind.split(".", 1)[1]
+        return "dynamic"
+
+    def _region_from_args(self, api: Api, args: Sequence[cst.Arg], node: cst.CSTNode,
+                          call: Optional[cst.Call]) -> Region:
+        if api.device is None:  # torch.autocast(device_type, dtype=None, enabled=True, cache_enabled=None)
+            dev_arg, dtype_arg, en_arg = _arg(args, 0, "device_type"), _arg(args, 1, "dtype"), _arg(args, 2, "enabled")
+            device = literal_string(dev_arg.value) if dev_arg else None
+        else:  # torch.cuda.amp.autocast(enabled=True, dtype=torch.float16, cache_enabled=True)
+            en_arg, dtype_arg = _arg(args, 0, "enabled"), _arg(args, 1, "dtype")
+            device = api.device
+        if device is not None and ":" in device:
+            device = device.split(":")[0]
+        enabled: Optional[bool] = True if en_arg is None else literal_bool(en_arg.value)
+        dtype_node = dtype_arg.value if dtype_arg is not None else None
+        return Region(node=node, call=call, api=api, device=device, dtype=self.dtype_name(dtype_node),
+                      enabled=enabled, dtype_node=dtype_node)
+
+    def autocast_call_info(self, call: cst.Call) -> Optional[Region]:
+        """Describe `torch.autocast(...)`-like calls (any spelling), else None."""
+        api = self.api_of(call)
+        if api is None or api.kind != "autocast":
+            return None
+        return self._region_from_args(api, call.args, call, call)
+
+    def context_region(self, expr: cst.BaseExpression, depth: int = 0) -> Optional[Region]:
+        """The autocast region a `with` item's expression opens (None: not an autocast)."""
+        if depth > MAX_DEPTH:
+            return None
+        if isinstance(expr, cst.Call):
+            direct = self.autocast_call_info(expr)
+            if direct is not None:
+                return direct
+            # a name bound to partial(torch.autocast, ...) (or to a region-returning value), called
+            if isinstance(expr.func, (cst.Name, cst.Attribute)):
+                found = []
+                values = self.possible_values(expr.func)
+                for v in values:
+                    parts = self.partial_parts(v)
+                    if parts is not None:
+                        api = self.api_of(parts[0])
+                        if api is not None and api.kind == "autocast":
+                            found.append(self._region_from_args(api, [*parts[1].args[1:], *expr.args], expr,
+                                                                parts[1]))
+                            continue
+                    api = self.api_of(v)
+                    if api is not None and api.kind == "autocast" and not isinstance(v, cst.Call):
+                        found.append(self._region_from_args(api, expr.args, expr, expr))  # amp_autocast = torch.autocast
+                return self._merge(found, len(values))
+            return None
+        if isinstance(expr, (cst.IfExp, cst.Name, cst.Attribute, cst.BooleanOperation)):
+            values = self.possible_values(expr)
+            if values == [expr]:
+                return None
+            found = [r for r in (self.context_region(v, depth + 1) for v in values
+                                 if isinstance(v, (cst.Call, cst.IfExp))) if r is not None]
+            return self._merge(found, len(values))
+        return None
+
+    @staticmethod
+    def _merge(found: List[Region], n_values: int) -> Optional[Region]:
+        """One region for the values an expression may have: the first enabled one; possibly
+        enabled when some values are not autocast regions at all."""
+        live = [r for r in found if r.enabled is not False]
+        if not live:
+            return found[0] if found and len(found) == n_values else None
+        r = live[0]
+        if len(live) < n_values:
+            r = replace(r, enabled=None)
+        return r
+
+    def with_region(self, node: cst.With) -> Optional[Region]:
+        """The region a `with` statement opens (first autocast item), disabled ones included."""
+        for item in node.items:
+            r = self.context_region(item.item)
+            if r is not None:
+                return replace(r, node=node)
+        return None
+
+    def decorator_region(self, func: cst.FunctionDef) -> Optional[Region]:
+        for dec in func.decorators:
+            r = self.context_region(dec.decorator) if isinstance(dec.decorator, cst.Call) else None
+            if r is not None:
+                return replace(r, node=func)
+        return None
+
+    def region_of(self, node: cst.CSTNode) -> Optional[Region]:
+        """The innermost autocast region that lexically runs `node` within its function, or None.
+
+        A region whose `enabled` is the literal False masks its parents. Function, lambda and
+        class boundaries end the search (their bodies run when called), except a function
+        decorated with autocast, which is a region itself.
+        """
+        child = node
+        for anc in self.ancestors(node):
+            if isinstance(anc, cst.With) and child is anc.body:
+                r = self.with_region(anc)
+                if r is not None:
+                    return None if r.enabled is False else r
+            elif isinstance(anc, cst.FunctionDef):
+                r = self.decorator_region(anc)
+                if r is not None:
+                    return None if r.enabled is False else r
+                return None
+            elif isinstance(anc, (cst.Lambda, cst.ClassDef)):
+                return None
+            child = anc
+        return None
+
+    def value_regions(self, expr: cst.CSTNode) -> List[Region]:
+        """The autocast regions the value of `expr` is computed in: `expr`'s own, and those of
+        the values its names and attributes may hold (`d_out.sum()` with `d_out = D(x)` inside
+        `with autocast():`, or a parameter whose argument is computed in one at a call site)."""
+        found: List[Region] = []
+        nodes = [expr]
+        stack = [expr]
+        while stack:
+            n = stack.pop()
+            if isinstance(n, (cst.Name, cst.Attribute)) and dotted(n) is not None:
+                nodes.extend(v for v in self.possible_values(n) if v is not n)
+                if isinstance(n, cst.Attribute):
+                    stack.append(n.value)  # `out.sum`: what `out` holds
+                continue
+            if isinstance(n, (cst.Lambda, cst.FunctionDef)):
+                continue
+            stack.extend(n.children)
+        for n in nodes:
+            r = self.region_of(n)
+            if r is not None and all(r.node is not f.node for f in found):
+                found.append(r)
+        return found
+
+    def masked_by_disabled_region(self, node: cst.CSTNode) -> bool:
+        """`node` runs inside a literal `autocast(enabled=False)` region of its function."""
+        child = node
+        for anc in self.ancestors(node):
+            if isinstance(anc, cst.With) and child is anc.body:
+                r = self.with_region(anc)
+                if r is not None:
+                    return r.enabled is False
+            elif isinstance(anc, (cst.FunctionDef, cst.Lambda, cst.ClassDef)):
+                return False
+            child = anc
+        return False
+
+    def regions_in(self, func: cst.CSTNode) -> List[Region]:
+        """Every possibly enabled region opened by `func`'s own body (or its decorator)."""
+        out = []
+        if isinstance(func, cst.FunctionDef):
+            r = self.decorator_region(func)
+            if r is not None and r.enabled is not False:
+                out.append(r)
+        for w in self.nodes_of(cst.With):
+            if self.scope_of(w) is func:
+                r = self.with_region(w)  # type: ignore[arg-type]
+                if r is not None and r.enabled is not False:
+                    out.append(r)
+        return out
+
+    def function_enables_autocast(self, func: cst.FunctionDef) -> bool:
+        """True when calling `func` runs (part of) its body under an enabled autocast."""
+        return bool(self.regions_in(func))

@@ -1,0 +1,277 @@
+"""Values: what a name, `self.` attribute or module global may hold, file-wide.
+
+A name is resolved the way Python resolves it: the function that binds it (locals,
+parameters: the arguments of the calls to that function in this file), enclosing functions
+(closures), then the module (module-level assignments, `if __name__ == "__main__":` blocks,
+functions that declare it `global`). `self.x` in a method is every `self.x = ...` in the
+methods of its class and of the classes it is related to in this file (bases and subclasses),
+plus class-level assignments. `obj.x` where `obj` holds an instance of a class of this file is
+that class's `self.x`.
+
+`possible_values` follows names through these bindings and splits conditional expressions
+(`a if c else b`, `a or b`), so a consumer sees the objects an expression may be.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Tuple
+
+import libcst as cst
+
+from ampfix.model.tree import dotted
+
+Entry = Tuple[cst.CSTNode, cst.BaseExpression, cst.CSTNode]  # (assign node, value, scope)
+MAX_DEPTH = 6
+
+
+class ReturnedElement:
+    """The value of one target of `a, b = f(...)`: element `index` of what `f` returns."""
+
+    def __init__(self, call: cst.Call, index: int):
+        self.call, self.index = call, index
+# methods that return their module unchanged: Net().cuda(), model.to(device), ...
+SAME_OBJECT_METHODS = ("cuda", "to", "half", "float", "cpu", "bfloat16", "train", "eval", "requires_grad_")
+
+
+class Values:
+    """Value tracking (a part of `AmpModel`)."""
+
+    def _init_values(self) -> None:
+        by_key: Dict[str, List[Entry]] = {}
+
+        def record(node: cst.CSTNode, target: cst.BaseExpression, value: Optional[cst.BaseExpression]) -> None:
+            if value is None:
+                return
+            key = dotted(target)
+            if key is not None:
+                by_key.setdefault(key, []).append((node, value, self.scope_of(node)))
+            elif isinstance(target, (cst.Tuple, cst.List)) and isinstance(value, (cst.Tuple, cst.List)):
+                if len(target.elements) == len(value.elements):
+                    for t, v in zip(target.elements, value.elements):
+                        record(node, t.value, v.value)
+            elif isinstance(target, (cst.Tuple, cst.List)) and isinstance(value, cst.Call):
+                # `model, opt, scaler = build()`: element i of what the call returns
+                for i, t in enumerate(target.elements):
+                    if not isinstance(t.value, cst.StarredElement):
+                        record(node, t.value, ReturnedElement(value, i))  # type: ignore[arg-type]
+
+        for node, target, value in self._index.assignments:
+            record(node, target, value)
+        self._by_key = by_key
+        self._values_cache: Dict[Tuple[int, str], List[cst.BaseExpression]] = {}
+        self._related: Dict[cst.ClassDef, List[cst.ClassDef]] = {}
+
+    # ---------------------------------------------------------------- assignments
+    @property
+    def assignments(self) -> Dict[str, List[Tuple[cst.CSTNode, cst.BaseExpression]]]:
+        """Dotted target text ("scaler", "self.scaler") -> [(assign node, value)], file-wide."""
+        return {k: [(n, v) for n, v, _ in entries] for k, entries in self._by_key.items()}
+
+    def assignments_to(self, key: str) -> List[Tuple[cst.CSTNode, cst.BaseExpression]]:
+        return [(n, v) for n, v, _ in self._by_key.get(key, [])]
+
+    def binding_scope(self, name: str, scope: cst.CSTNode) -> Optional[cst.CSTNode]:
+        """The scope whose binding of `name` is visible from `scope` (None: builtin/unknown)."""
+        found, _ = self._resolve_scope(name, scope)
+        if found is not None and name in self._index.declared.get(found, ()):
+            return self.module
+        return found
+
+    def is_parameter(self, func: cst.CSTNode, name: str) -> bool:
+        if not isinstance(func, (cst.FunctionDef, cst.Lambda)):
+            return False
+        p = func.params
+        return any(x.name.value == name for x in (*p.posonly_params, *p.params, *p.kwonly_params))
+
+    def self_class(self, node: cst.CSTNode) -> Optional[cst.ClassDef]:
+        """The class `self` means at `node`: the class of the method (or a function nested in a
+        method) whose first parameter is `self`/`cls`."""
+        scope: Optional[cst.CSTNode] = self.scope_of(node)
+        while scope is not None and not isinstance(scope, (cst.Module, cst.ClassDef)):
+            if isinstance(scope, cst.FunctionDef):
+                cls = self.class_of(scope)
+                if cls is not None:
+                    params = [*scope.params.posonly_params, *scope.params.params]
+                    if params and params[0].name.value in ("self", "cls"):
+                        return cls
+                    return None
+            scope = self._index.scope.get(scope)
+        return None
+
+    # ---------------------------------------------------------------- values
+    def values_of(self, expr: cst.CSTNode, depth: int = 0) -> List[cst.BaseExpression]:
+        """The values assigned to the name or attribute chain `expr` that are visible where
+        `expr` is (see the module docstring). Not followed further: see `possible_values`."""
+        key = dotted(expr)
+        if key is None or depth > MAX_DEPTH:
+            return []
+        scope = self.scope_of(expr)
+        cache_key = (id(scope), key)
+        cached = self._values_cache.get(cache_key)
+        if cached is not None:
+            return cached
+        self._values_cache[cache_key] = []  # recursion guard
+        root, _, rest = key.partition(".")
+        values: List[cst.BaseExpression] = []
+        cls = self.self_class(expr) if root in ("self", "cls") else None
+        if cls is not None:
+            if rest:
+                values = self.attribute_values(cls, rest)
+        else:
+            bscope = self.binding_scope(root, scope)
+            if bscope is not None:
+                for node, value, s in self._by_key.get(key, []):
+                    if s is bscope or (bscope is self.module and s is not bscope
+                                       and root in self._index.declared.get(s, ())):
+                        values.append(value)
+                    elif rest and bscope is self.module and self.binding_scope(root, s) is self.module:
+                        values.append(value)  # `cfg.amp = True` in a function, `cfg` a module global
+                if not rest and self.is_parameter(bscope, root):
+                    values.extend(self.argument_values(bscope, root, depth + 1))  # type: ignore[attr-defined]
+                if not values and rest:
+                    head, _, last = key.rpartition(".")
+                    for owner in self.classes_of(_parse_dotted(head, expr), depth + 1):
+                        values.extend(self.attribute_values(owner, last))
+        self._values_cache[cache_key] = values
+        return values
+
+    def possible_values(self, expr: cst.CSTNode, depth: int = 0) -> List[cst.BaseExpression]:
+        """The leaf values `expr` may evaluate to: names and attributes followed through their
+        assignments, conditional expressions split into their branches. A name with no known
+        assignment is its own leaf."""
+        if depth > MAX_DEPTH:
+            return []
+        if isinstance(expr, cst.IfExp):
+            return self.possible_values(expr.body, depth + 1) + self.possible_values(expr.orelse, depth + 1)
+        if isinstance(expr, cst.BooleanOperation):
+            return self.possible_values(expr.left, depth + 1) + self.possible_values(expr.right, depth + 1)
+        if isinstance(expr, ReturnedElement):
+            return [leaf for e in self.returned(expr.call, expr.index) for leaf in self.possible_values(e, depth + 1)]
+        if isinstance(expr, (cst.Name, cst.Attribute)) and dotted(expr) is not None:
+            values = self.values_of(expr)
+            if values:
+                out: List[cst.BaseExpression] = []
+                for v in values:
+                    out.extend(self.possible_values(v, depth + 1))
+                return out
+        if isinstance(expr, cst.Call) and not isinstance(expr.func, cst.Call):
+            returned = self.returned(expr, None)
+            if returned:  # a helper of this file that builds the object
+                return [leaf for e in returned for leaf in self.possible_values(e, depth + 1)]
+        return [expr]  # type: ignore[list-item]
+
+    def returned(self, call: cst.Call, index: Optional[int]) -> List[cst.BaseExpression]:
+        """What a call to a function of this file returns (element `index` of a returned tuple);
+        empty when unknown."""
+        out: List[cst.BaseExpression] = []
+        for func in self.callees(call):  # type: ignore[attr-defined]
+            for r in self.nodes_of(cst.Return):
+                if r.value is None or self.scope_of(r) is not func:
+                    continue
+                value = r.value
+                if index is not None:
+                    if not isinstance(value, (cst.Tuple, cst.List)) or index >= len(value.elements):
+                        return []
+                    value = value.elements[index].value
+                out.append(value)
+        return out
+
+    # ---------------------------------------------------------------- classes and attributes
+    def related_classes(self, cls: cst.ClassDef) -> List[cst.ClassDef]:
+        """`cls`, its bases and its subclasses among the classes of this file."""
+        cached = self._related.get(cls)
+        if cached is not None:
+            return cached
+        classes: List[cst.ClassDef] = self.nodes_of(cst.ClassDef)  # type: ignore[assignment]
+        bases = {c: {(dotted(b.value) or "").rpartition(".")[2] for b in c.bases} for c in classes}
+        found = [cls]
+        changed = True
+        while changed:
+            changed = False
+            for c in classes:
+                if c in found:
+                    continue
+                if any(f.name.value in bases[c] or c.name.value in bases[f] for f in found):
+                    found.append(c)
+                    changed = True
+        self._related[cls] = found
+        return found
+
+    def attribute_values(self, cls: cst.ClassDef, attr: str) -> List[cst.BaseExpression]:
+        """Values of `self.<attr>` for instances of `cls` (assigned in the methods of related
+        classes, or in their class bodies)."""
+        related = self.related_classes(cls)
+        out: List[cst.BaseExpression] = []
+        for node, value, scope in self._by_key.get(f"self.{attr}", []):
+            if self.self_class(node) in related:
+                out.append(value)
+        for node, value, scope in self._by_key.get(attr, []):
+            if scope in related:
+                out.append(value)
+        for cls_ in related:  # a @property returns its value
+            method = self.method(cls_, attr)
+            if method is not None and any(isinstance(d.decorator, cst.Name) and d.decorator.value == "property"
+                                          for d in method.decorators):
+                out.extend(r.value for r in self.nodes_of(cst.Return)
+                           if r.value is not None and self.scope_of(r) is method)
+        return out
+
+    def classes_of(self, expr: Optional[cst.CSTNode], depth: int = 0) -> List[cst.ClassDef]:
+        """Classes of this file whose instances `expr` may be (`Net(...)`, `Net().cuda()`,
+        `self` in a method, a name bound to one of those)."""
+        if expr is None or depth > MAX_DEPTH:
+            return []
+        if isinstance(expr, cst.Name) and expr.value in ("self", "cls"):
+            cls = self.self_class(expr)
+            if cls is not None:
+                return [cls]
+        out: List[cst.ClassDef] = []
+        for v in self.possible_values(expr, depth + 1):
+            cls = self.class_of_value(v, depth + 1)
+            if cls is not None and cls not in out:
+                out.append(cls)
+        return out
+
+    def class_of_value(self, value: cst.CSTNode, depth: int = 0) -> Optional[cst.ClassDef]:
+        """The class of this file that `value` constructs (`Net(...)`, `Net(...).cuda()`, or a
+        name bound to one)."""
+        if depth > MAX_DEPTH:
+            return None
+        if isinstance(value, cst.Call):
+            if isinstance(value.func, cst.Attribute) and value.func.attr.value in SAME_OBJECT_METHODS:
+                return self.class_of_value(value.func.value, depth + 1)
+            return self.class_named(value.func)
+        if isinstance(value, (cst.Name, cst.Attribute)):
+            for v in self.values_of(value):
+                cls = self.class_of_value(v, depth + 1)
+                if cls is not None:
+                    return cls
+        return None
+
+    def class_named(self, expr: cst.CSTNode) -> Optional[cst.ClassDef]:
+        """The class of this file that the Name `expr` refers to."""
+        if isinstance(expr, cst.Name) and expr.value in self.classes:
+            cls = self.classes[expr.value]
+            if self.binding_scope(expr.value, self.scope_of(expr)) is self.scope_of(cls):
+                return cls
+        return None
+
+    # ---------------------------------------------------------------- functools.partial
+    def partial_parts(self, value: cst.CSTNode) -> Optional[Tuple[cst.BaseExpression, cst.Call]]:
+        """For `functools.partial(f, *args, **kw)`: (f, the partial call)."""
+        if isinstance(value, cst.Call) and self.is_api(value, "partial") and value.args \
+                and value.args[0].keyword is None and not value.args[0].star:
+            return value.args[0].value, value
+        return None
+
+
+def _parse_dotted(text: str, like: cst.CSTNode) -> Optional[cst.CSTNode]:
+    """The sub-expression of `like` (an attribute chain) whose text is `text`."""
+    node: Optional[cst.CSTNode] = like
+    while isinstance(node, cst.Attribute):
+        if dotted(node) == text:
+            return node
+        node = node.value
+    if isinstance(node, cst.Name) and node.value == text:
+        return node
+    return None

@@ -1,0 +1,227 @@
+"""Orchestration, shared by the command line and `ampfix.api`: resolve the configuration and
+the rules, discover the files, read them, pre-filter, check or fix (in parallel when it pays),
+and write fixed files back safely. The CLI only parses options and prints reports.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import sys
+import tempfile
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import BinaryIO, Dict, List, Optional, Sequence, Tuple
+
+from ampfix.config import Config, ConfigError, parse_version, resolve_config
+from ampfix.discovery import discover, matches_any
+from ampfix.engine import FileError, FileResult, InputError, Settings, decode_source, process_bytes, triggered
+from ampfix.notebook import is_notebook, prefilter, process_notebook
+from ampfix.registry import SelectionError, all_rules, select_rules, validate_selectors
+
+PARALLEL_MIN_BYTES = 64 * 1024  # below this a process pool costs more than it saves
+
+
+class OptionsError(ValueError):
+    """The options or the configuration are wrong (exit status 2, no file is checked)."""
+
+
+@dataclass
+class Options:
+    paths: Sequence[str] = ()
+    select: Sequence[str] = ()
+    ignore: Sequence[str] = ()
+    config_file: Optional[str] = None
+    min_torch_version: Optional[str] = None
+    force_exclude: bool = False
+    stdin_filename: Optional[str] = None
+    fix: bool = False
+    unsafe_fixes: bool = False
+    jobs: Optional[int] = None
+    details: bool = False  # attach each finding's fix as edits (SARIF, `full` text, the language server)
+    add_noqa: bool = False  # add `# noqa: CODE` to each finding's line instead of fixing
+
+
+@dataclass
+class Plan:
+    """What one run checks: the configuration, the rule codes, the files."""
+
+    options: Options
+    config: Config
+    codes: Tuple[str, ...]
+    files: List[str]
+    missing: List[str]
+    settings: Settings
+
+
+@dataclass
+class Run:
+    plan: Plan
+    results: List[FileResult] = field(default_factory=list)
+
+    @property
+    def errors(self) -> List[str]:
+        out = [f"{m}: error: no such file or directory" for m in self.plan.missing]
+        out.extend(str(r.error) for r in self.results if r.error is not None)
+        return out
+
+    @property
+    def diagnostics(self):
+        return [d for r in self.results for d in r.diagnostics]
+
+
+def split_codes(values: Sequence[str]) -> List[str]:
+    out: List[str] = []
+    for v in values:
+        out.extend(p for p in v.replace(" ", ",").split(",") if p)
+    return out
+
+
+def make_plan(options: Options) -> Plan:
+    paths = list(options.paths) or ["."]
+    try:
+        config = resolve_config(paths, options.config_file)
+        cli_select = validate_selectors(split_codes(options.select), "--select") if options.select else None
+        cli_ignore = validate_selectors(split_codes(options.ignore), "--ignore")
+        cfg_select = validate_selectors(config.select, f"{config.path}: select") if config.select is not None else None
+        cfg_ignore = validate_selectors(config.ignore, f"{config.path}: ignore")
+        for glob, codes in config.per_file_ignores.items():
+            validate_selectors(codes, f"{config.path}: per-file-ignores {glob!r}")
+        min_version = (parse_version(options.min_torch_version, "--min-torch-version")
+                       if options.min_torch_version else config.min_torch_version)
+    except (ConfigError, SelectionError) as exc:
+        raise OptionsError(str(exc)) from None
+    selection = cli_select if cli_select is not None else cfg_select
+    rules = select_rules(selection, cfg_ignore + cli_ignore)
+    files, missing = discover(paths, config.exclude, config.root, force_exclude=options.force_exclude)
+    settings = Settings(min_torch_version=min_version, unsafe_fixes=options.unsafe_fixes, details=options.details,
+                        add_noqa=options.add_noqa)
+    return Plan(options, config, tuple(r.code for r in rules), files, missing, settings)
+
+
+def codes_for(path: str, plan: Plan) -> Tuple[str, ...]:
+    """The plan's codes minus the per-file ignores that match `path`."""
+    ignored: List[str] = []
+    for glob, codes in plan.config.per_file_ignores.items():
+        if matches_any(Path(path), plan.config.root, [glob]):
+            ignored.extend(c.upper() for c in codes)
+    return tuple(c for c in plan.codes if not any(c.startswith(i) or i == "ALL" for i in ignored))
+
+
+# ----------------------------------------------------------------------------- checking
+
+
+Job = Tuple[str, Tuple[str, ...], Settings, bool, bytes]
+
+
+def _work(job: Job) -> FileResult:
+    path, codes, settings, fix, data = job
+    rules = all_rules()
+    try:
+        if is_notebook(path):
+            return process_notebook(data, path, [rules[c] for c in codes], settings, fix=fix)
+        return process_bytes(data, path, [rules[c] for c in codes], settings, fix=fix)
+    except Exception as exc:  # an internal error must not cost the other files their check
+        return FileResult(path=path, error=FileError(path, None, None, f"internal error: {type(exc).__name__}: {exc} "
+                                                                       "(please report this file)"))
+
+
+def _needs_analysis(path: str, data: bytes, codes: Sequence[str]) -> Optional[FileResult]:
+    """A result right away for a file no selected rule can fire on (or that cannot be
+    decoded); None when it must be parsed and analysed."""
+    if is_notebook(path):
+        return prefilter(data, path, [all_rules()[c] for c in codes])
+    try:
+        src = decode_source(data, path)
+    except InputError as exc:
+        return FileResult(path=path, error=exc.error)
+    rules = all_rules()
+    if triggered([rules[c] for c in codes], src.text):
+        return None
+    return FileResult(path=path)
+
+
+def workers(jobs: Optional[int], n_jobs: int) -> int:
+    """`--jobs`, else the AMPFIX_WORKERS environment variable, else one per CPU."""
+    wanted = jobs or 0
+    if not wanted:
+        try:
+            wanted = int(os.environ.get("AMPFIX_WORKERS", "0"))
+        except ValueError:
+            wanted = 0
+    return max(1, min(wanted if wanted > 0 else (os.cpu_count() or 1), n_jobs))
+
+
+def run(plan: Plan, stdin: Optional[BinaryIO] = None) -> Run:
+    """Read and pre-filter every file here (cheap), then parse and analyse only the files
+    that contain a selected rule's trigger, in parallel when that is worth a process pool."""
+    fix = plan.options.fix
+    jobs: List[Tuple[int, Job]] = []
+    results: Dict[int, FileResult] = {}
+    for i, f in enumerate(plan.files):
+        if f == "-":
+            name = plan.options.stdin_filename or "-"
+            data = (stdin or sys.stdin.buffer).read()
+            file_codes = codes_for(name, plan) if plan.options.stdin_filename else plan.codes
+            results[i] = _work((name, file_codes, plan.settings, fix, data))
+            results[i].old_source = data
+            continue
+        try:
+            data = Path(f).read_bytes()
+        except OSError as exc:
+            results[i] = FileResult(path=f, error=FileError(f, None, None, f"cannot read: {exc.strerror or exc}"))
+            continue
+        file_codes = codes_for(f, plan)
+        early = _needs_analysis(f, data, file_codes)
+        if early is not None:
+            results[i] = early
+        else:
+            jobs.append((i, (f, file_codes, plan.settings, fix, data)))
+    n = workers(plan.options.jobs, len(jobs))
+    if n > 1 and sum(len(job[4]) for _, job in jobs) >= PARALLEL_MIN_BYTES:
+        jobs.sort(key=lambda j: -len(j[1][4]))  # largest first: the pool stays balanced
+        with ProcessPoolExecutor(max_workers=n) as pool:
+            for (i, _), res in zip(jobs, pool.map(_work, [j for _, j in jobs], chunksize=1)):
+                results[i] = res
+    else:
+        for i, job in jobs:
+            results[i] = _work(job)
+    return Run(plan, [results[i] for i in range(len(plan.files))])
+
+
+# ----------------------------------------------------------------------------- writing
+
+
+def write_atomically(path: str, data: bytes) -> None:
+    """Replace `path` with `data`: temp file in the same folder, same mode, fsync, rename."""
+    target = Path(path)
+    mode = stat.S_IMODE(target.stat().st_mode)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".ampfix.tmp", dir=str(target.parent))
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, target)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def write_fixes(run_: Run) -> List[str]:
+    """Write every changed file back; returns one error line per file that could not be."""
+    errors = []
+    for f, r in zip(run_.plan.files, run_.results):
+        if f == "-" or r.error is not None or r.new_source is None:
+            continue
+        try:
+            write_atomically(r.path, r.new_source)
+        except OSError as exc:
+            errors.append(f"{r.path}: error: cannot write: {exc.strerror or exc}")
+            r.fixed = {}
+    return errors
