@@ -1,0 +1,44 @@
+"""`flake8 --select AMP` with the real flake8: ampfix's findings through the plugin entry point."""
+
+import subprocess
+import sys
+
+import pytest
+
+from test_cli import BAD_CLIP, GOOD, write
+
+pytest.importorskip("flake8")
+
+
+def flake8(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "flake8", *map(str, args)], capture_output=True, text=True,
+                          cwd=cwd, timeout=300)
+
+
+def test_plugin_is_registered():
+    res = flake8("--version")
+    assert "ampfix:" in res.stdout, res.stdout
+
+
+def test_select_amp_reports_findings(tmp_path):
+    write(tmp_path, "train.py", BAD_CLIP)
+    write(tmp_path, "ok.py", GOOD)
+    res = flake8("--select", "AMP", ".", cwd=tmp_path)
+    assert res.returncode == 1, res.stderr
+    assert res.stdout.splitlines() == [
+        "./train.py:6:5: AMP003 gradients are clipped while still scaled by the GradScaler; "
+        "call `scaler.unscale_(optimizer)` first"]
+    assert (tmp_path / "train.py").read_text() == BAD_CLIP  # lint only: nothing is rewritten
+
+
+def test_flake8_noqa_and_ampfix_config(tmp_path):
+    write(tmp_path, "train.py", BAD_CLIP.replace("1.0)\n", "1.0)  # noqa: AMP003\n", 1))
+    assert flake8("--select", "AMP", "train.py", cwd=tmp_path).returncode == 0
+    write(tmp_path, "train.py", BAD_CLIP)
+    write(tmp_path, "pyproject.toml", '[tool.ampfix]\nignore = ["AMP003"]\n')
+    assert flake8("--select", "AMP", "train.py", cwd=tmp_path).returncode == 0
+    # other codes are flake8's own business; a syntax error is flake8's E999, not a crash
+    write(tmp_path, "pyproject.toml", "")
+    write(tmp_path, "broken.py", "import torch\nscaler = torch.amp.GradScaler(\n")
+    res = flake8("--select", "AMP,E999", ".", cwd=tmp_path)
+    assert "E999" in res.stdout and "AMP003" in res.stdout and "Traceback" not in res.stderr

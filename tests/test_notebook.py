@@ -1,0 +1,218 @@
+"""Notebooks, made and read with the real nbformat: one program in cell order, findings by
+cell, IPython syntax masked, rewrites that change only the fixed cells' sources."""
+
+import json
+import textwrap
+
+import pytest
+
+from conftest import run_ampfix
+from test_cli import out
+
+nbformat = pytest.importorskip("nbformat")
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output  # noqa: E402
+
+SETUP = "import torch\nmodel = torch.nn.Linear(4, 2)\noptimizer = torch.optim.SGD(model.parameters(), lr=0.1)"
+CELLS = [
+    new_markdown_cell("# Training\nThe scaler is made in cell 3 and stepped in cell 6."),
+    new_code_cell("%matplotlib inline\n" + SETUP, execution_count=1,
+                  outputs=[new_output("stream", name="stdout", text="ready\n")]),
+    new_code_cell('scaler = torch.amp.GradScaler("cuda")\n!nvidia-smi\nfiles = !ls', execution_count=2),
+    new_code_cell('with torch.autocast("cuda"):\n    loss = model(x).sum()\nscaler.scale(loss).backward()'),
+    new_code_cell("torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)\n%time print(1)",
+                  outputs=[new_output("execute_result", data={"text/plain": "tensor(1.)"}, execution_count=4)]),
+    new_code_cell("scaler.step(optimizer)\nscaler.update()"),
+    new_code_cell("%%bash\necho this is not python: (("),
+]
+
+
+def notebook(cells=CELLS, **meta):
+    nb = new_notebook(cells=[c.copy() for c in cells])
+    nb.metadata.update({"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}, **meta})
+    return nb
+
+
+def save(tmp_path, nb, name="train.ipynb", text=None):
+    p = tmp_path / name
+    p.write_text(text if text is not None else nbformat.writes(nb) + "\n", encoding="utf-8")
+    return p
+
+
+def test_cells_are_one_program_and_findings_name_the_cell(tmp_path):
+    p = save(tmp_path, notebook())
+    res = run_ampfix("check", p)
+    stdout, stderr = out(res)
+    assert res.returncode == 1, stderr
+    # the clip in cell 5 comes after the backward of cell 4 with the scaler of cell 3
+    assert stdout.splitlines()[0].startswith(f"{p}:cell 5:1:1: AMP003 [*] ")
+    d = json.loads(run_ampfix("check", p, "--output-format", "json").stdout)[0]
+    assert (d["cell"], d["line"], d["column"], d["code"]) == (5, 1, 1, "AMP003")
+    # the cell that unscales is what makes the clip right: then the notebook is clean
+    cells = list(CELLS)
+    cells[3] = new_code_cell(CELLS[3].source + "\nscaler.unscale_(optimizer)")
+    assert run_ampfix("check", save(tmp_path, notebook(cells), "ok.ipynb")).returncode == 0
+
+
+def test_rewrite_changes_only_the_fixed_cell(tmp_path):
+    nb = notebook()
+    p = save(tmp_path, nb)
+    before = p.read_text()
+    diff = run_ampfix("rewrite", "--diff", p)
+    assert diff.returncode == 1 and p.read_text() == before
+    assert out(diff)[0].startswith(f"--- a/{p}:cell 5\n+++ b/{p}:cell 5\n") or f"--- {p}:cell 5" in out(diff)[0]
+    res = run_ampfix("rewrite", p)
+    assert res.returncode == 0, out(res)
+    after = p.read_text()
+    # byte for byte what nbformat writes for the notebook with that one cell fixed
+    nb.cells[4].source = "scaler.unscale_(optimizer)\n" + nb.cells[4].source
+    assert after == nbformat.writes(nb) + "\n"
+    new = nbformat.reads(after, as_version=4)
+    assert new.cells[1].outputs == CELLS[1].outputs and new.cells[4].outputs == CELLS[4].outputs
+    assert [c.id for c in new.cells] == [c.id for c in nbformat.reads(before, as_version=4).cells]
+    assert "%time print(1)" in new.cells[4].source and "!nvidia-smi" in new.cells[2].source
+    assert run_ampfix("check", p).returncode == 0
+    assert run_ampfix("rewrite", p).returncode == 0 and p.read_text() == after  # a fixed point
+
+
+def test_rewrite_keeps_a_foreign_json_layout(tmp_path):
+    """Indent 2, keys in the writer's order, escaped non-ASCII, sources as one string: only the
+    fixed source changes."""
+    nb = json.loads(nbformat.writes(notebook()))
+    nb["metadata"]["title"] = "Überblick ✓"
+    for c in nb["cells"]:
+        c["source"] = "".join(c["source"])
+    nb = {"nbformat": nb["nbformat"], "nbformat_minor": nb["nbformat_minor"], "metadata": nb["metadata"],
+          "cells": [dict(reversed(list(c.items()))) for c in nb["cells"]]}
+    text = json.dumps(nb, indent=2, ensure_ascii=True)  # no final newline
+    p = save(tmp_path, None, text=text)
+    assert run_ampfix("rewrite", p).returncode == 0
+    new = p.read_text()
+    old_cell = json.dumps(nb["cells"][4]["source"], ensure_ascii=True)
+    new_cell = json.dumps("scaler.unscale_(optimizer)\n" + nb["cells"][4]["source"], ensure_ascii=True)
+    assert new == text.replace(old_cell, new_cell, 1)
+    assert "\\u00dcberblick \\u2713" in new
+
+
+def test_list_sources_keep_their_layout(tmp_path):
+    text = nbformat.writes(notebook())
+    custom = text.replace('\n    "torch.nn.utils', '    "torch.nn.utils')  # an odd hand-edited layout
+    p = save(tmp_path, None, text=custom)
+    assert run_ampfix("rewrite", p).returncode == 0
+    data = json.loads(p.read_text())
+    assert "".join(data["cells"][4]["source"]).startswith("scaler.unscale_(optimizer)\ntorch.nn.utils")
+    assert p.read_text().replace('"scaler.unscale_(optimizer)\\n",', "", 1).replace(" ", "").replace("\n", "") == \
+        custom.replace(" ", "").replace("\n", "")
+
+
+def test_magics_and_shell_lines_are_masked_safely(tmp_path):
+    cells = [
+        new_code_cell(SETUP + '\nscaler = torch.amp.GradScaler("cuda")'),
+        new_code_cell(textwrap.dedent("""\
+            %load_ext autoreload
+            for x in loader:
+                !echo step \\
+                    continued
+                with torch.autocast("cuda"):
+                    loss = model(x).sum()
+                scaler.scale(loss).backward()
+                out = %timeit -o torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                model?
+                scaler.step(optimizer)
+                scaler.update()""")),
+        new_code_cell("%%time\nscaler.scale(loss).backward()\ntorch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)\n"
+                      "scaler.step(optimizer)\nscaler.update()"),
+    ]
+    p = save(tmp_path, notebook(cells))
+    res = run_ampfix("check", p, "--output-format", "json")
+    found = sorted((d["cell"], d["line"], d["code"]) for d in json.loads(res.stdout))
+    # the %%time cell is Python (its line 3 is the clip); the %%bash cell of CELLS is not
+    assert found == [(2, 9, "AMP003"), (3, 3, "AMP003")], out(res)
+    assert run_ampfix("rewrite", p).returncode == 0
+    fixed = nbformat.read(p, as_version=4)
+    assert fixed.cells[1].source == cells[1].source.replace(
+        "    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)\n    model?",
+        "    scaler.unscale_(optimizer)\n    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)\n    model?")
+    assert fixed.cells[2].source == cells[2].source.replace("\ntorch.nn", "\nscaler.unscale_(optimizer)\ntorch.nn")
+
+
+def test_syntax_error_names_the_cell(tmp_path):
+    cells = [new_code_cell(SETUP), new_code_cell('scaler = torch.amp.GradScaler("cuda")\nif True\n'
+                                                 '    scaler.scale(loss).backward()\n    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)')]
+    p = save(tmp_path, notebook(cells))
+    res = run_ampfix("check", p)
+    assert res.returncode == 2
+    assert out(res)[1].startswith(f"{p}:cell 2:2:") and "syntax error" in out(res)[1]
+
+
+def test_invalid_notebooks_get_one_clear_line(tmp_path):
+    good = tmp_path / "ok.py"
+    good.write_text("x = 1\n")
+    cases = {
+        "broken.ipynb": '{"cells": [\n  {"cell_type": "code",\n',
+        "list.ipynb": "[1, 2]",
+        "v3.ipynb": json.dumps({"nbformat": 3, "nbformat_minor": 0, "worksheets": [], "cells": [],
+                                "metadata": {}}),
+        "binary.ipynb": b"\xff\xfe{}",
+    }
+    for name, text in cases.items():
+        p = tmp_path / name
+        p.write_bytes(text if isinstance(text, bytes) else text.encode())
+    res = run_ampfix("check", tmp_path)
+    stdout, stderr = out(res)
+    assert res.returncode == 2
+    lines = stderr.splitlines()
+    assert len(lines) == 3 and "Traceback" not in stderr, stderr  # the v3 file has no code: nothing to read
+    assert f"{tmp_path / 'broken.ipynb'}:3:1: error: not a valid notebook: invalid JSON" in stderr
+    assert f"{tmp_path / 'list.ipynb'}: error: not a valid notebook: no list of cells" in stderr
+    assert f"{tmp_path / 'binary.ipynb'}: error: not a valid notebook: not UTF-8" in stderr
+    assert stdout == "No findings in the files that could be checked (3 errors).\n"
+
+
+def test_other_languages_are_skipped(tmp_path):
+    nb = notebook(kernelspec={"name": "ir", "display_name": "R", "language": "R"})
+    assert run_ampfix("check", save(tmp_path, nb)).returncode == 0
+
+
+def test_without_nbformat_one_line_and_the_other_files_are_checked(tmp_path):
+    blocker = tmp_path / "blocker"
+    blocker.mkdir()
+    (blocker / "nbformat.py").write_text("raise ImportError('blocked for the test')\n")
+    p = save(tmp_path, notebook())
+    clean_nb = save(tmp_path, notebook([new_code_cell("print(1)")]), "clean.ipynb")
+    py = tmp_path / "train.py"
+    py.write_text("import torch\nscaler = torch.amp.GradScaler()\nscaler.scale(l).backward()\n"
+                  "torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)\nscaler.step(o)\nscaler.update()\n")
+    res = run_ampfix("check", p, clean_nb, py, env={"PYTHONPATH": str(blocker)})
+    stdout, stderr = out(res)
+    assert res.returncode == 2
+    assert stderr == f'{p}: error: notebooks need nbformat: pip install "ampfix[notebook]"\n'
+    assert f"{py}:4:1: AMP003" in stdout
+
+
+def test_stdin_notebook(tmp_path):
+    data = (nbformat.writes(notebook()) + "\n").encode()
+    res = run_ampfix("check", "-", "--stdin-filename", "nb.ipynb", input=data)
+    assert out(res)[0].startswith("nb.ipynb:cell 5:1:1: AMP003")
+    res = run_ampfix("rewrite", "-", "--stdin-filename", "nb.ipynb", input=data)
+    assert res.returncode == 0
+    assert "scaler.unscale_(optimizer)" in nbformat.reads(res.stdout.decode(), as_version=4).cells[4].source
+
+
+def test_add_noqa_in_a_notebook(tmp_path):
+    p = save(tmp_path, notebook())
+    res = run_ampfix("check", "--add-noqa", p)
+    assert res.returncode == 0, out(res)
+    nb = nbformat.read(p, as_version=4)
+    assert nb.cells[4].source.splitlines()[0].endswith("  # noqa: AMP003")
+    assert run_ampfix("check", p).returncode == 0
+
+
+def test_sarif_and_github_for_notebooks(tmp_path):
+    save(tmp_path, notebook())
+    log = json.loads(run_ampfix("check", "train.ipynb", "--output-format", "sarif", cwd=tmp_path).stdout)
+    (result,) = log["runs"][0]["results"]
+    assert result["properties"]["cell"] == 5 and result["message"]["text"].startswith("cell 5, line 1: ")
+    assert "fixes" not in result
+    gh = out(run_ampfix("check", "train.ipynb", "--output-format", "github", cwd=tmp_path))[0]
+    assert gh.startswith("::error title=ampfix (AMP003),file=train.ipynb::train.ipynb:cell 5:1:1: AMP003")

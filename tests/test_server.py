@@ -1,0 +1,115 @@
+"""`ampfix server` end to end with a real LSP client (pytest-lsp): diagnostics on open, change
+and save; each fix a quick fix; "apply all safe fixes" as source.fixAll."""
+
+import sys
+
+import pytest
+
+pytest.importorskip("pygls")
+pytest_lsp = pytest.importorskip("pytest_lsp")
+
+from lsprotocol import types  # noqa: E402
+from pytest_lsp import ClientServerConfig, LanguageClient, client_capabilities  # noqa: E402
+
+from test_cli import BAD_CLIP, FIXED_CLIP, GOOD  # noqa: E402
+
+
+@pytest_lsp.fixture(config=ClientServerConfig(server_command=[sys.executable, "-m", "ampfix", "server"]))
+async def client(lsp_client: LanguageClient):
+    await lsp_client.initialize_session(types.InitializeParams(
+        capabilities=client_capabilities("visual-studio-code"), root_uri=None))
+    yield
+    await lsp_client.shutdown_session()
+
+
+def _apply(text: str, edits) -> str:
+    lines = text.splitlines(keepends=True)
+
+    def off(p):
+        return sum(len(line) for line in lines[: p.line]) + p.character
+
+    for e in sorted(edits, key=lambda e: (e.range.start.line, e.range.start.character), reverse=True):
+        text = text[: off(e.range.start)] + e.new_text + text[off(e.range.end):]
+    return text
+
+
+async def _diagnostics(client: LanguageClient, uri: str, version: int):
+    for _ in range(100):
+        await client.wait_for_notification(types.TEXT_DOCUMENT_PUBLISH_DIAGNOSTICS)
+        if uri in client.diagnostics and client.diagnostics[uri] is not None:
+            return list(client.diagnostics[uri])
+    raise AssertionError("no diagnostics")
+
+
+async def test_diagnostics_on_open_change_save_and_code_actions(client: LanguageClient, tmp_path):
+    path = tmp_path / "train.py"
+    path.write_text(BAD_CLIP)
+    uri = path.as_uri()
+    client.text_document_did_open(types.DidOpenTextDocumentParams(
+        text_document=types.TextDocumentItem(uri=uri, language_id="python", version=1, text=BAD_CLIP)))
+    (diag,) = await _diagnostics(client, uri, 1)
+    assert diag.code == "AMP003" and diag.source == "ampfix"
+    assert (diag.range.start.line, diag.range.start.character) == (5, 4)
+    assert diag.severity == types.DiagnosticSeverity.Error
+
+    actions = await client.text_document_code_action_async(types.CodeActionParams(
+        text_document=types.TextDocumentIdentifier(uri=uri), range=diag.range,
+        context=types.CodeActionContext(diagnostics=[diag])))
+    quick = [a for a in actions if a.kind == types.CodeActionKind.QuickFix]
+    (fix,) = quick
+    assert "scaler.unscale_(optimizer)" in fix.title and fix.is_preferred
+    assert _apply(BAD_CLIP, fix.edit.changes[uri]) == FIXED_CLIP
+    fix_all = [a for a in actions if a.kind == "source.fixAll.ampfix"]
+    assert len(fix_all) == 1 and _apply(BAD_CLIP, fix_all[0].edit.changes[uri]) == FIXED_CLIP
+    only = await client.text_document_code_action_async(types.CodeActionParams(
+        text_document=types.TextDocumentIdentifier(uri=uri), range=diag.range,
+        context=types.CodeActionContext(diagnostics=[], only=[types.CodeActionKind.SourceFixAll])))
+    assert [a.kind for a in only] == ["source.fixAll.ampfix"]
+
+    # the user applies the fix: the finding goes away on change
+    client.diagnostics.pop(uri, None)
+    client.text_document_did_change(types.DidChangeTextDocumentParams(
+        text_document=types.VersionedTextDocumentIdentifier(uri=uri, version=2),
+        content_changes=[types.TextDocumentContentChangeWholeDocument(text=FIXED_CLIP)]))
+    assert await _diagnostics(client, uri, 2) == []
+
+    # ... and comes back, e.g. after an undo, on save
+    client.diagnostics.pop(uri, None)
+    client.text_document_did_change(types.DidChangeTextDocumentParams(
+        text_document=types.VersionedTextDocumentIdentifier(uri=uri, version=3),
+        content_changes=[types.TextDocumentContentChangeWholeDocument(text=BAD_CLIP)]))
+    await _diagnostics(client, uri, 3)
+    client.diagnostics.pop(uri, None)
+    client.text_document_did_save(types.DidSaveTextDocumentParams(text_document=types.TextDocumentIdentifier(uri=uri)))
+    (again,) = await _diagnostics(client, uri, 3)
+    assert again.code == "AMP003"
+
+
+async def test_config_syntax_errors_and_unicode_columns(client: LanguageClient, tmp_path):
+    (tmp_path / "pyproject.toml").write_text('[tool.ampfix]\nignore = ["AMP003"]\n')
+    ignored = tmp_path / "ignored.py"
+    ignored.write_text(BAD_CLIP)
+    client.text_document_did_open(types.DidOpenTextDocumentParams(
+        text_document=types.TextDocumentItem(uri=ignored.as_uri(), language_id="python", version=1, text=BAD_CLIP)))
+    assert await _diagnostics(client, ignored.as_uri(), 1) == []
+
+    other = tmp_path / "sub" / "train.py"
+    other.parent.mkdir()
+    (other.parent / "pyproject.toml").write_text("[tool.ampfix]\n")
+    # a non-BMP character before the finding: the column is in UTF-16 units for the client
+    text = BAD_CLIP.replace("    torch.nn.utils.clip", "    x = '😀'; torch.nn.utils.clip")
+    other.write_text(text)
+    client.text_document_did_open(types.DidOpenTextDocumentParams(
+        text_document=types.TextDocumentItem(uri=other.as_uri(), language_id="python", version=1, text=text)))
+    (diag,) = await _diagnostics(client, other.as_uri(), 1)
+    assert diag.range.start.character == len("    x = '😀'; ".encode("utf-16-le")) // 2
+
+    broken = tmp_path / "sub" / "broken.py"
+    client.text_document_did_open(types.DidOpenTextDocumentParams(
+        text_document=types.TextDocumentItem(uri=broken.as_uri(), language_id="python", version=1,
+                                             text=BAD_CLIP + "def (:\n")))
+    assert await _diagnostics(client, broken.as_uri(), 1) == []
+    good = tmp_path / "sub" / "good.py"
+    client.text_document_did_open(types.DidOpenTextDocumentParams(
+        text_document=types.TextDocumentItem(uri=good.as_uri(), language_id="python", version=1, text=GOOD)))
+    assert await _diagnostics(client, good.as_uri(), 1) == []
