@@ -1,0 +1,232 @@
+"""AMP010 accumulation-boundary."""
+
+from __future__ import annotations
+
+from typing import Dict, Iterator, List, Optional
+
+import libcst as cst
+
+from ampfix.edits import move_into_block
+from ampfix.model import AmpModel, Misplaced, Trace, call_name, names_bound, reads_writes
+from ampfix.model.events import SCALER_STEP, UNSCALE
+from ampfix.rule import SAFE, UNSAFE, FileContext, Fix, Rule, Violation
+
+SCALER_CALLS = {"unscale_", "step", "update"}
+
+
+class AccumulationBoundary(Rule):
+    code = "AMP010"
+    name = "accumulation-boundary"
+    message = ("`scaler.unscale_()` runs on every micro-batch, but the optimizer steps only on the accumulation "
+               "boundary; unscale under the boundary, right before `scaler.step()`")
+    triggers = (".scale(",)
+    requires = ((".step(",), ("%", "accum", "ACCUM", "Accum", "should_step", "update_grad", "need_update", "sync_grad",
+                              "boundary", "update_freq", "optimizer_step", "do_step", "grad_acc", "acc_step"))
+    fixable = "sometimes"
+    fix_note = "safe (scaler and clip calls moved under the boundary) when next to it; unsafe when they assign"
+    docs = """
+With gradient accumulation the backward of every micro-batch adds its scaled gradients, and
+the optimizer steps once per accumulation window: `unscale_`, `step` and `update` belong under
+the same boundary test as the step (`if (i + 1) % accum == 0:`). Run on every micro-batch,
+`unscale_` raises RuntimeError on the second micro-batch ("unscale_() has already been called
+on this optimizer since the last update()") or, with an `update()` per micro-batch, divides
+gradients that are still accumulating; `step` + `update` on every micro-batch (with `zero_grad`
+only on the boundary) apply each partial sum of the gradients, so the model takes `accum`
+steps per window on stale, growing gradients; an `update()` on every micro-batch while `step`
+waits for the boundary raises AssertionError ("No inf checks were recorded prior to update").
+
+Found: a boundary is an `if` inside the training iteration whose test is a modulo test or names
+accumulation or a should-step flag (`accum`, `should_step`, `update_grad`, `sync_gradients`,
+...) and that guards the optimizer's `scaler.step` or `zero_grad`, while a backward of the same
+iteration runs outside it. Not found: code that already steps on the boundary (also through
+helpers and wrappers called with `update_grad=...`), an inner `for micro_step in
+range(accum):` loop with the step after it, `scaler.scale(loss / accum).backward()` on every
+micro-batch (correct), a flush after the loop, and a GAN whose second optimizer steps every k
+iterations (`if i % n_critic == 0:` around its own backward).
+
+The fix moves the statements right before the boundary into its start (right after it: into
+its end) when they sit next to it in the same block: safe when they are only scaler and
+clipping calls, unsafe when they assign (a gradient norm logged later would only exist on
+boundary micro-batches). Otherwise reported.
+
+Bad:
+```python
+import torch
+
+scaler = torch.amp.GradScaler("cuda")
+for i, (x, y) in enumerate(loader):
+    with torch.autocast("cuda", dtype=torch.float16):
+        loss = loss_fn(model(x), y) / accum
+    scaler.scale(loss).backward()
+    scaler.unscale_(optimizer)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    if (i + 1) % accum == 0:
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad()
+```
+
+Good:
+```python
+import torch
+
+scaler = torch.amp.GradScaler("cuda")
+for i, (x, y) in enumerate(loader):
+    with torch.autocast("cuda", dtype=torch.float16):
+        loss = loss_fn(model(x), y) / accum
+    scaler.scale(loss).backward()
+    if (i + 1) % accum == 0:
+        scaler.unscale_(optimizer)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad()
+```
+"""
+
+    def check(self, ctx: FileContext) -> Iterator[Violation]:
+        model = ctx.model
+        shown_at = set()
+        for trace in model.traces():
+            found = [m for m in model.accumulation_misplaced(trace)
+                     if not model.scaler_always_disabled(m.event.event.scaler)]
+            fixes = self._fixes(model, trace, found)
+            for m in found:
+                shown = model.anchor(m.event, m.guarded)[0]
+                if id(shown) in shown_at:
+                    continue
+                shown_at.add(id(shown))
+                yield Violation(shown, message=self._message(model, trace, m, shown), fix=fixes.get(id(m)))
+
+    @staticmethod
+    def _message(model: AmpModel, trace: Trace, m: Misplaced, shown: cst.CSTNode) -> str:
+        if_node = model.decision_node(trace, m.guarded, m.boundary)
+        test = f"`if {model.code(if_node.test)}:` on line {model.line(if_node)}" if if_node is not None \
+            else f"the boundary of line {model.line(m.guarded.node)}"
+        where = model.where(m.event, shown)
+        kind = m.event.kind
+        if kind == UNSCALE:
+            return ("`scaler.unscale_()` runs on every micro-batch, but the optimizer steps only on the accumulation "
+                    f"boundary ({test}): the second micro-batch raises RuntimeError (\"unscale_() has already been "
+                    "called on this optimizer since the last update()\"), or accumulating gradients are unscaled "
+                    "repeatedly; unscale (and clip) under the boundary, right before `scaler.step()`" + where)
+        if kind == SCALER_STEP:
+            return ("`scaler.step()` runs on every micro-batch, but the gradients are zeroed only on the accumulation "
+                    f"boundary ({test}): every micro-batch applies the partial sum of the window's gradients; step "
+                    "(and update) under the boundary" + where)
+        return ("`scaler.update()` runs on every micro-batch, but `scaler.step()` only on the accumulation boundary "
+                f"({test}): on the other micro-batches it raises AssertionError (\"No inf checks were recorded prior "
+                "to update\"), or moves the scale between the steps; update under the boundary, after the step" + where)
+
+    @staticmethod
+    def _fixes(model: AmpModel, trace: Trace, found: List[Misplaced]) -> Dict[int, Optional[Fix]]:
+        """One fix per boundary: the misplaced statements next to it move into it."""
+        out: Dict[int, Optional[Fix]] = {}
+        by_boundary: Dict[object, List[Misplaced]] = {}
+        for m in found:
+            by_boundary.setdefault(m.boundary, []).append(m)
+        for boundary, ms in by_boundary.items():
+            fix = _move_fix(model, trace, ms)
+            for m in ms:
+                out[id(m)] = fix
+        return out
+
+
+def _move_fix(model: AmpModel, trace: Trace, ms: List[Misplaced]) -> Optional[Fix]:
+    guarded = ms[0].guarded
+    if_node = model.decision_node(trace, guarded, ms[0].boundary)
+    if if_node is None or if_node.orelse is not None or not isinstance(if_node.body, cst.IndentedBlock):
+        return None
+    block = model.block_of(if_node)
+    if block is None:
+        return None
+    depth = _depth_of(model, guarded, if_node)
+    stmts = []
+    for m in ms:
+        if depth is None or len(m.event.path) <= depth or m.event.path[:depth] != guarded.path[:depth]:
+            return None  # in a helper, or in another call of the boundary's function
+        stmt = _statement_in(model, m.event.path[depth], block)
+        if stmt is None:
+            return None
+        if stmt not in stmts:
+            stmts.append(stmt)
+    body = list(block.body)
+    at = body.index(if_node)
+    first = min((body.index(s) for s in stmts), default=at)
+    last = max((body.index(s) for s in stmts), default=at)
+    before, after = body[first:at], body[at + 1:last + 1]
+    if any(s not in stmts and not _only_scaler_or_clip(model, s) for s in (*before, *after)):
+        return None  # other statements in between: their order would change
+    stmts = [*before, *after]
+    if any(_has_backward(model, s) for s in stmts) or _bound_and_read_elsewhere(model, stmts, if_node):
+        return None
+    replacements = move_into_block(before, if_node, after)
+    safe = all(_only_scaler_or_clip(model, s) for s in stmts)
+    return Fix(replacements, applicability=SAFE if safe else UNSAFE,
+               description="scaler calls moved under the accumulation boundary")
+
+
+def _depth_of(model: AmpModel, ev, if_node) -> Optional[int]:
+    """The index in `ev.path` of the node that lies in the `if`'s function."""
+    for i, node in enumerate(ev.path):
+        if model.is_ancestor(if_node, node):
+            return i
+    return None
+
+
+def _statement_in(model: AmpModel, node: cst.CSTNode, block: cst.CSTNode) -> Optional[cst.BaseStatement]:
+    cur: Optional[cst.CSTNode] = node
+    while cur is not None:
+        parent = model.parent(cur)
+        if parent is block:
+            return cur  # type: ignore[return-value]
+        cur = parent
+    return None
+
+
+def _has_backward(model: AmpModel, stmt: cst.CSTNode) -> bool:
+    return any(model.is_ancestor(stmt, b.call) for b in model.backward_calls)
+
+
+def _bound_and_read_elsewhere(model: AmpModel, stmts, if_node) -> bool:
+    """A moved statement binds a name that code outside the boundary reads (`grad_norm` logged
+    after it): moved, the name would be missing or stale on the other micro-batches."""
+    bound = names_bound(stmts)
+    if not bound:
+        return False
+    scope = model.scope_of(if_node)
+    for line in model.nodes_of(cst.SimpleStatementLine):
+        if model.scope_of(line) is not scope or model.is_ancestor(if_node, line) \
+                or any(line is s or model.is_ancestor(s, line) for s in stmts):
+            continue
+        if reads_writes(line)[0] & bound:
+            return True
+    return False
+
+
+def _only_scaler_or_clip(model: AmpModel, stmt: cst.CSTNode) -> bool:
+    """Expression statements of scaler calls (unscale_/step/update) and gradient clipping, or
+    an `if` of only those."""
+    if isinstance(stmt, cst.If):
+        branches = [stmt.body.body]
+        orelse = stmt.orelse
+        while orelse is not None:
+            if isinstance(orelse, cst.If):
+                branches.append(orelse.body.body)
+                orelse = orelse.orelse
+            else:
+                branches.append(orelse.body.body)
+                orelse = None
+        return all(_only_scaler_or_clip(model, s) for b in branches for s in b)
+    if not isinstance(stmt, cst.SimpleStatementLine):
+        return False
+    for small in stmt.body:
+        if not (isinstance(small, cst.Expr) and isinstance(small.value, cst.Call)):
+            return False
+        call = small.value
+        api = model.api_of(call)
+        if not ((api is not None and api.kind == "clip_grad")
+                or (call_name(call) in SCALER_CALLS and any(model.scaler_method(call, m) for m in SCALER_CALLS))):
+            return False
+    return True
+
