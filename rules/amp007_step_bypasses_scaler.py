@@ -1,0 +1,153 @@
+"""AMP007 step-bypasses-scaler."""
+
+from __future__ import annotations
+
+from typing import Dict, Iterator, List, Optional, Tuple
+
+import libcst as cst
+
+from ampfix.edits import in_block, replace_small_statement
+from ampfix.model import AmpModel, Trace, TraceEvent, is_expression_statement_of
+from ampfix.model.events import BACKWARD, OPT_STEP, SCALER_STEP, UNSCALE, UPDATE, ZERO_GRAD
+from ampfix.rule import UNSAFE, FileContext, Fix, Rule, Violation
+
+Hit = Tuple[TraceEvent, TraceEvent, cst.Call, Optional[str]]  # step, backward, scale call, scaler key
+
+
+class StepBypassesScaler(Rule):
+    code = "AMP007"
+    name = "step-bypasses-scaler"
+    message = ("`optimizer.step()` applies gradients still scaled by the GradScaler, with no inf/NaN check; "
+               "call `scaler.step(optimizer)`")
+    triggers = (".scale(",)
+    requires = ((".step(",), ("backward",))
+    fixable = "unsafe"
+    fix_note = "unsafe (`scaler.step(opt)`, plus `scaler.update()` when the scaler is never stepped)"
+    docs = """
+After `scaler.scale(loss).backward()` every `.grad` is the true gradient times the scale
+(65536 by default). `scaler.step(optimizer)` divides them back and skips the step when they
+hold inf/NaN (an fp16 overflow); a direct `optimizer.step()` does neither: the update is 65536x
+too large (SGD diverges at once; Adam hides most of it, but its epsilon no longer matches), and
+overflowed steps are applied, writing inf/NaN into the weights. Without `scaler.step` nothing
+records an inf check either, so the scale never adapts.
+
+Not reported: `optimizer.step()` in the non-AMP branch of `if use_amp:` (correlated `if`s in
+separate statements count as one decision), an optimizer whose gradients were unscaled with
+`scaler.unscale_(optimizer)` first (only the inf/NaN skip is lost), a step after `zero_grad()`
+or after the scaler's `update()` (a later, unscaled backward feeds it), a loop with no scaler,
+`lr_scheduler.step()`, and a `GradScaler(enabled=False)` (its `scale()` returns the loss as it is;
+only a literal `False` counts).
+
+Measured on the CPU (bf16 autocast, the GradScaler enabled, SGD with momentum:
+`fixtures/train/buggy_step_bypasses_scaler.py`): the loss is NaN within 40 steps; the rewrite
+trains like fp32 (max gap 0.02%). With Adam the damage is smaller (its update is nearly
+invariant to a constant gradient scale), but no step is ever skipped on an overflow.
+
+The fix replaces `optimizer.step()` with `scaler.step(optimizer)`, and adds `scaler.update()`
+when the scaler is never stepped nor updated (only when the scaled backward runs on every path
+to the step, in the same function: `if scaler is None: loss.backward() else: ...` is reported
+without a fix). It is unsafe: the updates become 1/scale of what
+they were, which changes training (for the better, unless the learning rate was tuned around
+the scaled gradients, as some code does on purpose with a fixed `init_scale`).
+
+Bad:
+```python
+import torch
+
+scaler = torch.amp.GradScaler("cuda")
+for x, y in loader:
+    optimizer.zero_grad()
+    with torch.autocast("cuda", dtype=torch.float16):
+        loss = loss_fn(model(x), y)
+    scaler.scale(loss).backward()
+    optimizer.step()
+```
+
+Good:
+```python
+import torch
+
+scaler = torch.amp.GradScaler("cuda")
+for x, y in loader:
+    optimizer.zero_grad()
+    with torch.autocast("cuda", dtype=torch.float16):
+        loss = loss_fn(model(x), y)
+    scaler.scale(loss).backward()
+    scaler.step(optimizer)
+    scaler.update()
+```
+"""
+
+    def check(self, ctx: FileContext) -> Iterator[Violation]:
+        model = ctx.model
+        for trace in model.traces():
+            hits = [h for h in (self._hit(model, trace, s) for s in trace.of(OPT_STEP)) if h is not None]
+            by_backward: Dict[int, List[Hit]] = {}
+            for h in hits:
+                by_backward.setdefault(id(h[1].node), []).append(h)
+            for group in by_backward.values():
+                fixes = self._fixes(model, trace, group)
+                for (step, bw, scale, _), fix in zip(group, fixes):
+                    shown = model.anchor(bw, step)[1]
+                    opt = model.code(step.node.func.value)  # type: ignore[attr-defined]
+                    scaler = model.code(scale.func.value)  # type: ignore[attr-defined]
+                    message = (f"`{opt}.step()` applies the gradients of `{scaler}.scale(...)` (backward on line "
+                               f"{model.line(bw.node)}) still scaled, with no inf/NaN check; call "
+                               f"`{scaler}.step({opt})`" + model.where(step, shown))
+                    yield Violation(shown, message=message, fix=fix)
+
+    @staticmethod
+    def _hit(model: AmpModel, trace: Trace, step: TraceEvent) -> Optional[Hit]:
+        """The scaled backward whose gradients `step` applies, if any."""
+        if any(s.kind == SCALER_STEP and model.exclusive(s, step) for s in trace.of(SCALER_STEP)):
+            return None  # `if use_amp: scaler.step(opt) else: opt.step()`
+        for bw in reversed(trace.before(step, BACKWARD)):
+            scales = [c for c in model.backward_scale_sources(bw) if model.scale_call_scaler(c)]
+            if not scales or model.scaler_disabled(scales[0].func.value):
+                continue
+            key = model.scaler_of_scale(bw, scales[0])
+
+            def blocks(e: TraceEvent) -> bool:
+                if e.kind == ZERO_GRAD or (e.kind == UPDATE and e.scaler == key):
+                    return True
+                return e.kind in (SCALER_STEP, UNSCALE, OPT_STEP) and e.target == step.target
+
+            if not model.path_without(trace, bw, step, blocks):
+                continue
+            # `scaler.step(opt_d)` then an unscaled `g_loss.backward()`: that backward feeds this step
+            consumed = [e for e in trace.between(bw, step, SCALER_STEP) if model.mandatory_between(e, bw, step)]
+            if consumed and any(not model.backward_scale_sources(b) and model.mandatory_between(b, consumed[0], step)
+                                for b in trace.between(consumed[0], step, BACKWARD)):
+                continue
+            return step, bw, scales[0], key
+        return None
+
+    @staticmethod
+    def _fixes(model: AmpModel, trace: Trace, group: List[Hit]) -> List[Optional[Fix]]:
+        """`scaler.step(opt)` for every step fed by one backward, plus `scaler.update()` after the
+        last one when the scaler is never stepped nor updated; all or none."""
+        stmts = []
+        for step, bw, scale, _ in group:
+            stmt = model.statement_of(step.node)
+            if step.via != bw.via or model.scope_of(scale) is not model.scope_of(step.node) \
+                    or not model.mandatory_between(bw, None, step) \
+                    or step.node.args or not is_expression_statement_of(stmt, step.node) \
+                    or not isinstance(stmt.body[0], cst.Expr) or not in_block(model, stmt):  # type: ignore[union-attr]
+                return [None] * len(group)
+            stmts.append(stmt)
+        key = group[0][3]
+        scaler = model.code(group[0][2].func.value)  # type: ignore[attr-defined]
+        needs_update = not any(e.scaler == key for e in trace.of(UPDATE, SCALER_STEP))
+        if needs_update and any(set(step.loops()) - set(bw.loops()) for step, bw, _, _ in group):
+            return [None] * len(group)  # `for opt in optimizers: opt.step()`: one update after that loop, by hand
+        last = max(range(len(group)), key=lambda i: model.start(stmts[i]))
+        fixes: List[Optional[Fix]] = []
+        for i, ((step, bw, _, _), stmt) in enumerate(zip(group, stmts)):
+            opt = model.code(step.node.func.value)  # type: ignore[attr-defined]
+            then = [f"{scaler}.update()"] if needs_update and i == last else []
+            fixes.append(Fix(replace_small_statement(model.module, stmt, f"{scaler}.step({opt})", then),
+                             applicability=UNSAFE,
+                             description="optimizer.step() replaced by scaler.step(optimizer)"
+                             + (" and scaler.update()" if needs_update else ""),
+                             group=f"bw{model.line(bw.node)}" if len(group) > 1 else None))
+        return fixes
