@@ -138,6 +138,13 @@ def judge_parity(m: Dict[str, object], th: Thresholds, name: str = "loss-parity"
     return Check(name, PASS, ", ".join(ok) + " over %d steps" % n, m)
 
 
+def crashed(check: Check, steps: int, error: str) -> Check:
+    """The parity verdict of an AMP run that raised after `steps` steps: a FAIL."""
+    m = dict(check.metrics, crashed_after=steps, error=error)
+    return Check(check.name, FAIL, "raised after %d step%s (%s); %s" % (
+        steps, "" if steps == 1 else "s", error, check.detail), m)
+
+
 def check_equivalence(orig: Sequence, fixed: Sequence, th: Thresholds, same_source: bool) -> Check:
     name = "fp32-equivalence"
     if same_source:
@@ -168,8 +175,33 @@ def check_equivalence(orig: Sequence, fixed: Sequence, th: Thresholds, same_sour
                  "the rewrite changed more than precision handling" % (worst, step), m)
 
 
+def _check_amp_active_mindspore(run: Dict[str, object]) -> Check:
+    """MindSpore compiles the graph: its op dtypes are not visible to the bootstrap, so AMP is
+    read from what the train network was built with (amp level, cells' precision flags)."""
+    name = "amp-active"
+    amp = run.get("amp") or {}
+    levels = sorted({b.get("amp_level") for b in amp.get("build_train_network") or []} |
+                    {b.get("amp_level") for b in amp.get("auto_mixed_precision") or []} - {None})
+    gd = run.get("graph_dtypes") or {}
+    low = {k: v for k, v in gd.items() if k in ("bfloat16", "float16")}
+    total = sum(gd.values())
+    m = {"amp_levels": levels, "cell_dtypes": gd, "to_float_low": amp.get("to_float_low", 0)}
+    lv = ("amp_level %s" % "/".join(levels)) if levels else "no amp_level"
+    if low:
+        return Check(name, PASS, "MindSpore %s: %s of %d layers compute in %s (cell precision "
+                     "flags)" % (lv, "+".join(str(v) for v in low.values()), total,
+                                 "/".join(sorted(low))), m)
+    if any(l not in ("O0",) for l in levels):
+        return Check(name, PASS, "MindSpore %s: op-level casts (not visible in the cells' "
+                     "precision flags)" % lv, m)
+    return Check(name, FAIL, "MindSpore %s and no cell set to float16/bfloat16: the fixed "
+                 "script did not run under AMP" % lv, m)
+
+
 def check_amp_active(run: Dict[str, object]) -> Check:
     name = "amp-active"
+    if run.get("framework") == "mindspore":
+        return _check_amp_active_mindspore(run)
     entries = run.get("autocast_entries") or {}
     on = {k: v for k, v in entries.items() if k.endswith("/on")}
     gd = run.get("graph_dtypes") or {}

@@ -2,15 +2,17 @@
 fixed script trains like fp32, really uses AMP, and (on CUDA) is faster.
 
 Register with ``main.add_command(verify)``.  Importing this module does not import torch:
-torch is only imported by the `ampfix._trace` subprocesses.
+torch is only imported by the `ampfix.verify.trace` subprocesses.
 """
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import json
 import os
 import shutil
+import subprocess
 import sys
 from typing import Dict, List, Optional
 
@@ -30,6 +32,67 @@ def _err(msg: str) -> None:
 def _default_threads(nproc: int) -> int:
     n = os.cpu_count() or 1
     return max(1, n // max(1, nproc))
+
+
+def detect_framework(source: str) -> Optional[str]:
+    """"torch" or "mindspore" from what the script imports; None when it imports both.
+
+    The imports say which framework trains the script without running it, and they are
+    there in every script (an interpreter says nothing: a torch script can need another
+    Python too, one with a CUDA build).  A script that does not parse, or imports neither,
+    is taken for a torch script: its run reports what is wrong with it.
+    """
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return "torch"
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names = [node.module]
+        else:
+            continue
+        for name in names:
+            top = name.split(".")[0]
+            if top == "mindspore":
+                found.add("mindspore")
+            elif top in ("torch", "lightning", "lightning_fabric", "pytorch_lightning", "accelerate"):
+                found.add("torch")
+    if found == {"mindspore", "torch"}:
+        return None
+    return "mindspore" if "mindspore" in found else "torch"
+
+
+def _resolve_python(python: Optional[str]) -> Optional[str]:
+    """An interpreter given as a path or a command name, as an absolute path; None if absent."""
+    if python is None:
+        return sys.executable
+    if os.sep in python or (os.altsep and os.altsep in python):
+        path = os.path.abspath(os.path.expanduser(python))
+        return path if os.path.isfile(path) and os.access(path, os.X_OK) else None
+    found = shutil.which(python)
+    return os.path.abspath(found) if found else None
+
+
+def _preflight(python: str, framework: str, timeout: float = 180.0) -> Optional[str]:
+    """None when `python` runs and imports the framework, else a one-line reason."""
+    module = "mindspore" if framework == "mindspore" else "torch"
+    code = ("import sys; import %s as m; sys.stdout.write('%%s %%d.%%d' %% (m.__version__, "
+            "sys.version_info[0], sys.version_info[1]))" % module)
+    try:
+        p = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=timeout,
+                           stdin=subprocess.DEVNULL)
+    except OSError as e:
+        return "cannot run %s: %s" % (python, e.strerror or e)
+    except subprocess.TimeoutExpired:
+        return "%s did not import %s within %.0fs" % (python, module, timeout)
+    if p.returncode != 0:
+        lines = [l for l in p.stderr.strip().splitlines() if l.strip()]
+        why = lines[-1] if lines else "exit status %d" % p.returncode
+        return "%s cannot import %s (%s)" % (python, module, why)
+    return None
 
 
 def _shown_error(run: RunResult, limit_lines: int = 40) -> str:
@@ -84,15 +147,25 @@ def _shown_error(run: RunResult, limit_lines: int = 40) -> str:
 @click.option("--nproc-per-node", type=click.IntRange(min=0), default=0,
               help="Launch every run through torchrun with this many processes (gloo on the "
                    "CPU); rank 0 is compared.")
+@click.option("--python", "python", default=None, metavar="PATH",
+              help="Interpreter that runs the script (default: this one), e.g. the Python of "
+                   "a MindSpore virtualenv.")
+@click.option("--framework", type=click.Choice(["auto", "torch", "mindspore"]), default="auto",
+              show_default=True, help="Which framework trains the script: auto reads its imports.")
 @click.option("--unsafe", is_flag=True, help="Also apply ampfix's unsafe fixes when rewriting.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON document instead of the table.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False, writable=True), default=None,
               help="Write the loss curves (fp32, original, fixed) to this PNG (needs matplotlib).")
 @click.option("--keep", is_flag=True, help="Keep the temporary directory (runs' logs, results).")
+@click.option("-y", "--yes", is_flag=True, help="Do not ask before running the script (CI; a "
+                                                "non-interactive stdin does not ask either).")
 def verify(script, script_args, fixed, steps, warmup, reps, device, threads, seed, timeout,
            require_speedup, max_gap, final_gap, min_reduction, max_skipped, max_spread, calibrate,
-           nproc_per_node, unsafe, as_json, plot_path, keep):
+           nproc_per_node, python, framework, unsafe, as_json, plot_path, keep, yes):
     """Run SCRIPT and its fixed version (AMP on, AMP forced off) and check the fix.
+
+    SCRIPT is executed: it runs with your permissions, as `python SCRIPT` would. ampfix says
+    so and asks first when stdin is a terminal (--yes does not ask).
 
     Exit status: 0 every check passes, 1 a check fails or is inconclusive, 2 the script could
     not be run.  Arguments after `--` are passed to the script.
@@ -100,9 +173,20 @@ def verify(script, script_args, fixed, steps, warmup, reps, device, threads, see
     sys.exit(_verify(**locals()))
 
 
+def _consent(script: str, fixed: Optional[str], yes: bool) -> bool:
+    """Say, in one line, that the user's code is about to run; ask when a person is there."""
+    what = os.path.relpath(script) + (" and " + os.path.relpath(fixed) if fixed else " and its rewritten copy")
+    line = "ampfix verify: this runs your code: %s, as Python, several times" % what
+    if yes or not sys.stdin.isatty():
+        click.echo(line + ".", err=True)
+        return True
+    return click.confirm(line + ". Run it?", default=False, err=True)
+
+
 def _verify(script, script_args, fixed, steps, warmup, reps, device, threads, seed, timeout,
             require_speedup, max_gap, final_gap, min_reduction, max_skipped, max_spread,
-            calibrate, nproc_per_node, unsafe, as_json, plot_path, keep) -> int:
+            calibrate, nproc_per_node, python, framework, unsafe, as_json, plot_path,
+            keep, yes) -> int:
     if warmup >= steps:
         _err("--warmup (%d) must be smaller than --steps (%d)" % (warmup, steps))
         return EXIT_ERROR
@@ -111,10 +195,6 @@ def _verify(script, script_args, fixed, steps, warmup, reps, device, threads, se
         if missing:
             _err(missing)
             return EXIT_ERROR
-    if importlib.util.find_spec("torch") is None:
-        _err("verify runs the script and needs PyTorch, which is not installed in this Python "
-             "(%s). Install torch, then `pip install ampfix[verify]`." % sys.executable)
-        return EXIT_ERROR
     script = os.path.abspath(script)
     script_dir = os.path.dirname(script)
     try:
@@ -123,7 +203,45 @@ def _verify(script, script_args, fixed, steps, warmup, reps, device, threads, se
     except (OSError, UnicodeDecodeError) as e:
         _err("cannot read %s: %s" % (script, e))
         return EXIT_ERROR
+    if framework == "auto":
+        framework = detect_framework(source)
+        if framework is None:
+            _err("%s imports both torch and mindspore: say which one trains it with "
+                 "--framework torch or --framework mindspore" % os.path.relpath(script))
+            return EXIT_ERROR
+    interpreter = _resolve_python(python)
+    if interpreter is None:
+        _err("--python %s: no such interpreter (give the path of a Python executable, or a "
+             "command on PATH)" % python)
+        return EXIT_ERROR
+    if framework == "mindspore" and nproc_per_node:
+        _err("--nproc-per-node launches torchrun; it does not apply to MindSpore scripts")
+        return EXIT_ERROR
+    if framework == "mindspore" and device == "cuda":
+        _err("--device cuda applies to torch scripts; a MindSpore script picks its device itself "
+             "(ms.set_device)")
+        return EXIT_ERROR
+    if python is None and framework == "torch":
+        if importlib.util.find_spec("torch") is None:
+            _err("verify runs the script and needs PyTorch, which is not installed in this Python "
+                 "(%s). Install torch, then `pip install ampfix[verify]`." % sys.executable)
+            return EXIT_ERROR
+    else:
+        why = _preflight(interpreter, framework)
+        if why:
+            hint = ""
+            if framework == "mindspore" and python is None:
+                hint = ("; %s is a MindSpore script (it imports mindspore): pass the Python of "
+                        "your MindSpore environment with --python PATH" % os.path.relpath(script))
+            elif framework == "mindspore":
+                hint = "; --python must be the Python of an environment with MindSpore installed"
+            _err(why + hint)
+            return EXIT_ERROR
 
+    # Asked once the arguments are known to be usable, right before the first run.
+    if not _consent(script, fixed, yes):
+        _err("not run: answer y to run the script, or pass --yes")
+        return EXIT_ERROR
     tmpdir = make_tmpdir()
     try:
         return _verify_in(**locals())
@@ -137,7 +255,7 @@ def _verify(script, script_args, fixed, steps, warmup, reps, device, threads, se
 def _verify_in(tmpdir, script, script_args, fixed, steps, warmup, reps, device, threads, seed,
                timeout, require_speedup, max_gap, final_gap, min_reduction, max_skipped,
                max_spread, calibrate, nproc_per_node, unsafe, as_json, plot_path, keep,
-               script_dir, source, **_ignored) -> int:
+               script_dir, source, framework, interpreter, **_ignored) -> int:
     notes: List[str] = []
     rewritten = False
     if fixed:
@@ -161,7 +279,8 @@ def _verify_in(tmpdir, script, script_args, fixed, steps, warmup, reps, device, 
             f.write(new)
         same_source = new == source
         rewritten = not same_source
-        notes.append("ampfix rewrote the script (safe fixes) into a temporary copy"
+        kind = "safe and unsafe fixes" if unsafe else "safe fixes"
+        notes.append("ampfix rewrote the script (%s) into a temporary copy" % kind
                      if rewritten else "ampfix made no changes: the script is verified as written")
 
     th = C.Thresholds(max_gap=max_gap, final_gap=final_gap, min_reduction=min_reduction,
@@ -169,7 +288,7 @@ def _verify_in(tmpdir, script, script_args, fixed, steps, warmup, reps, device, 
                       max_spread=max_spread)
     opts = RunOptions(steps=steps, warmup=warmup, threads=threads or _default_threads(nproc_per_node),
                       seed=seed, device=device, timeout=timeout, nproc_per_node=nproc_per_node,
-                      script_args=list(script_args))
+                      script_args=list(script_args), python=interpreter, framework=framework)
 
     plan: List[RunSpec] = []
     for rep in range(reps):
@@ -186,6 +305,7 @@ def _verify_in(tmpdir, script, script_args, fixed, steps, warmup, reps, device, 
 
     progress = report.Progress(len(plan))
     results: Dict[str, List[Dict[str, object]]] = {}
+    crashed: Dict[str, str] = {}  # AMP run label -> the last line of its error
     for spec in plan:
         what = "%s (rep %d/%d)" % (report.LABEL_TEXT.get(spec.label, spec.label), spec.rep + 1, reps) \
             if spec.label in ("fixed-amp", "fp32", "original") else report.LABEL_TEXT[spec.label]
@@ -197,6 +317,15 @@ def _verify_in(tmpdir, script, script_args, fixed, steps, warmup, reps, device, 
             _err("cannot start %s: %s" % (opts.python, e))
             return EXIT_ERROR
         progress.finish(what, run.elapsed, run.error is None)
+        if run.error is not None and spec.label in ("original", "fixed-amp") and not run.timed_out \
+                and run.result is not None and run.result.get("error") and "losses" in run.result \
+                and (spec.label == "original" or run.result.get("iterations")):
+            # An AMP run that crashed mid-training (e.g. MindSpore's LossMonitor stops on a NaN
+            # loss) is a finding about that script, not a reason it cannot be verified: its
+            # losses so far are compared, and its check fails.  (The fp32 runs must finish.)
+            crashed.setdefault(spec.label, run.result["error"].rstrip().splitlines()[-1])
+            results.setdefault(spec.label, []).append(run.result)
+            continue
         if run.error is not None:
             progress.close()
             msg = _shown_error(run)
@@ -210,9 +339,23 @@ def _verify_in(tmpdir, script, script_args, fixed, steps, warmup, reps, device, 
 
     first = {label: runs[0] for label, runs in results.items()}
     for label, r in first.items():
+        if r.get("error"):
+            continue
         if r.get("iterations", 0) < steps:
             notes.append("%s ran only %d of the %d steps asked (the script ended first)"
                          % (report.LABEL_TEXT.get(label, label), r.get("iterations", 0), steps))
+    notes.extend(report.framework_notes(first))
+    sink = [r for r in first.values() if r.get("sink_mode_forced_off")]
+    if sink:
+        notes.append("MindSpore: Model.train ran with dataset_sink_mode=False (one Python call "
+                     "per step, so that every step's loss is seen)")
+    for label in ("original", "fixed-amp"):
+        who = "the script" if "original" not in first else \
+            "the original" if label == "original" else "the fixed script"
+        for w in (first.get(label) or {}).get("warnings") or []:
+            note = "%s: %s" % (who, w)
+            if note not in notes:
+                notes.append(note)
     amp_run = first["fixed-amp"]
     if amp_run.get("n_backward_unscaled_with_scaler"):
         notes.append("the fixed script ran %d backward(s) on an unscaled loss while a GradScaler "
@@ -238,6 +381,8 @@ def _verify_in(tmpdir, script, script_args, fixed, steps, warmup, reps, device, 
     checks: List[C.Check] = []
     checks.append(C.judge_parity(C.parity_metrics(amp_run["losses"], base, warmup,
                                                   amp_run.get("skipped")), th))
+    if "fixed-amp" in crashed:
+        checks[-1] = C.crashed(checks[-1], amp_run.get("iterations", 0), crashed["fixed-amp"])
     checks.append(C.check_amp_active(amp_run))
     if same_source:
         checks.append(C.check_equivalence([], [], th, True))
@@ -255,6 +400,8 @@ def _verify_in(tmpdir, script, script_args, fixed, steps, warmup, reps, device, 
         original_check = C.judge_parity(C.parity_metrics(orig["losses"], base, warmup,
                                                          orig.get("skipped")), th,
                                         name="original-vs-fp32")
+        if "original" in crashed:
+            original_check = C.crashed(original_check, orig.get("iterations", 0), crashed["original"])
 
     statuses = [c.status for c in checks]
     overall = C.FAIL if C.FAIL in statuses else C.INCONCLUSIVE if C.INCONCLUSIVE in statuses else C.PASS
@@ -282,6 +429,8 @@ def _verify_in(tmpdir, script, script_args, fixed, steps, warmup, reps, device, 
             "steps": steps, "warmup": warmup, "reps": reps, "threads": opts.threads,
             "device": "cuda" if on_cuda else "cpu",
             "nproc_per_node": nproc_per_node,
+            "framework": framework,
+            "python": interpreter,
             "status": overall,
             "exit_code": code,
             "checks": [c.to_json() for c in checks],

@@ -94,9 +94,73 @@ def summarize_runs(results: Dict[str, List[Dict[str, object]]], warmup: int) -> 
             "loss_first": losses[0] if losses else None,
             "loss_last": losses[-1] if losses else None,
             "unscaled_backwards": first.get("n_backward_unscaled_with_scaler", 0),
+            "frameworks": first.get("frameworks") or [],
             "reps": len(runs),
         })
     return rows
+
+
+FRAMEWORK_TEXT = {"fabric": "Lightning Fabric", "accelerate": "Accelerate", "mindspore": "MindSpore"}
+
+
+def _shown(value) -> str:
+    """A recorded setting as the script would spell it: strings quoted, numbers and
+    constructor texts (`FixedLossScaleManager(...)`, `None`) as they are."""
+    if value is None:
+        return "None"
+    text = str(value)
+    try:
+        float(text)
+        return text
+    except ValueError:
+        pass
+    if text == "None" or (text.endswith(")") and "(" in text):
+        return text
+    return repr(text)
+
+
+def _calls(entries, key: str) -> List[str]:
+    by_class: Dict[str, List[str]] = {}
+    for e in entries:
+        if "argument" not in e:
+            continue
+        arg = "%s=%s" % (e["argument"], _shown(e.get(key)))
+        args = by_class.setdefault(e.get("class", "?"), [])
+        if arg not in args:
+            args.append(arg)
+    return ["%s(%s)" % (cls, ", ".join(args)) for cls, args in by_class.items()]
+
+
+def framework_notes(first: Dict[str, Dict[str, object]]) -> List[str]:
+    """What the framework's own precision switches asked for, and what the fp32 baseline forced."""
+    notes: List[str] = []
+    for label, who in (("fixed-amp", "the script"), ("original", "the original")):
+        entries = (first.get(label) or {}).get("frameworks") or []
+        for fw in sorted({e.get("framework") for e in entries if "argument" in e}):
+            mine = [e for e in entries if e.get("framework") == fw]
+            text = "%s: %s constructs %s" % (FRAMEWORK_TEXT.get(fw, fw), who,
+                                             ", ".join(_calls(mine, "requested")))
+            if label == "original" and first.get("fixed-amp") and \
+                    _calls(mine, "requested") == _calls(
+                        [e for e in first["fixed-amp"].get("frameworks") or []
+                         if e.get("framework") == fw], "requested"):
+                continue
+            if label == "fixed-amp" and "original" in first:
+                text = text.replace("the script", "the fixed script", 1)
+            notes.append(text)
+    entries = (first.get("fp32") or {}).get("frameworks") or []
+    for fw in sorted({e.get("framework") for e in entries if "argument" in e}):
+        mine = [e for e in entries if e.get("framework") == fw]
+        forced = [e for e in mine if e.get("forced") is not None]
+        name = FRAMEWORK_TEXT.get(fw, fw)
+        if forced:
+            notes.append("%s: the fp32 baseline forced %s" % (name, ", ".join(_calls(forced, "forced"))))
+        for e in mine:
+            if e.get("forced") is None and e.get("not_forced_why"):
+                notes.append("%s: the fp32 baseline could not switch %s's precision (%s): only "
+                             "autocast and GradScaler were forced off" % (
+                                 name, e.get("class"), e["not_forced_why"]))
+    return notes
 
 
 def format_table(rows: Sequence[Dict[str, object]]) -> str:

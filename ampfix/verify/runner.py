@@ -1,4 +1,4 @@
-"""Run a training script under the `ampfix._trace` bootstrap in a time-limited subprocess.
+"""Run a training script under the `ampfix.verify.trace` bootstrap in a time-limited subprocess.
 
 Each run is its own process group (``start_new_session=True``); when it runs over its time
 limit the whole group (the script and anything it spawned: dataloader workers, torchrun
@@ -43,6 +43,7 @@ class RunOptions:
     script_args: Sequence[str] = ()
     python: str = sys.executable
     workdir: Optional[str] = None
+    framework: str = "torch"  # "torch" | "mindspore": which bootstrap runs the script
 
 
 @dataclass
@@ -80,7 +81,12 @@ def _package_root() -> str:
     return os.path.dirname(os.path.dirname(os.path.abspath(ampfix.__file__)))
 
 
-def child_env(threads: int, device: str) -> Dict[str, str]:
+def ms_bootstrap_path() -> str:
+    """The MindSpore bootstrap, run by path in the user's MindSpore interpreter."""
+    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "ms_trace.py")
+
+
+def child_env(threads: int, device: str, framework: str = "torch") -> Dict[str, str]:
     env = dict(os.environ)
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         env[var] = str(threads)
@@ -89,6 +95,9 @@ def child_env(threads: int, device: str) -> Dict[str, str]:
     env.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     if device == "cpu":
         env["CUDA_VISIBLE_DEVICES"] = ""
+    if framework == "mindspore":
+        env.setdefault("GLOG_v", "3")  # MindSpore's own log: errors only, not every warning
+        return env  # the bootstrap is run by path and imports nothing from ampfix
     root = _package_root()
     pp = env.get("PYTHONPATH", "")
     if root not in pp.split(os.pathsep):
@@ -110,10 +119,12 @@ def build_command(spec: RunSpec, opts: RunOptions, out_path: str) -> List[str]:
     if spec.sys_path_dir:
         trace += ["--sys-path-dir", spec.sys_path_dir]
     trace += [spec.script] + list(opts.script_args)
+    if opts.framework == "mindspore":
+        return [opts.python, ms_bootstrap_path()] + trace
     if opts.nproc_per_node and opts.nproc_per_node > 0:
         return [opts.python, "-m", "torch.distributed.run", "--standalone",
-                "--nproc-per-node", str(opts.nproc_per_node), "-m", "ampfix._trace"] + trace
-    return [opts.python, "-m", "ampfix._trace"] + trace
+                "--nproc-per-node", str(opts.nproc_per_node), "-m", "ampfix.verify.trace"] + trace
+    return [opts.python, "-m", "ampfix.verify.trace"] + trace
 
 
 def _kill_group(pgid: int, grace: float = 3.0, proc: Optional[subprocess.Popen] = None) -> None:
@@ -158,7 +169,7 @@ def run_one(spec: RunSpec, opts: RunOptions, tmpdir: str) -> RunResult:
     err_path = os.path.join(tmpdir, tag + ".stderr")
     log_path = os.path.join(tmpdir, tag + ".stdout")
     cmd = build_command(spec, opts, out_path)
-    env = child_env(opts.threads, opts.device)
+    env = child_env(opts.threads, opts.device, opts.framework)
     t0 = time.monotonic()
     timed_out = False
     with open(err_path, "wb") as ferr, open(log_path, "wb") as fout:
