@@ -68,11 +68,12 @@ def test_check_clean_exits_zero(tmp_path):
 
 
 def test_check_bundled_fixtures_finds_every_rule():
-    res = run_ampfix("check", FIXTURES, "--output-format", "json")
-    assert res.returncode == 1
-    codes = {d["code"] for d in json.loads(res.stdout)}
     from ampfix.registry import all_rules
 
+    # every rule, the ones off by default (AMP901) too, selected by its code
+    res = run_ampfix("check", FIXTURES, "--output-format", "json", "--select", ",".join(all_rules()))
+    assert res.returncode == 1
+    codes = {d["code"] for d in json.loads(res.stdout)}
     assert codes >= set(all_rules()), set(all_rules()) - codes
 
 
@@ -83,7 +84,8 @@ def test_json_schema(tmp_path):
     data = json.loads(res.stdout)
     assert isinstance(data, list) and len(data) == 1
     d = data[0]
-    assert set(d) == {"path", "line", "column", "end_line", "end_column", "code", "name", "message", "fix"}
+    assert set(d) == {"path", "line", "column", "end_line", "end_column", "code", "name", "message", "fix", "cell"}
+    assert d["cell"] is None
     assert d["code"] == "AMP003" and d["name"] == "clip-scaled-gradients"
     assert (d["line"], d["column"], d["end_line"]) == (6, 5, 6)
     assert d["end_column"] > d["column"]

@@ -1,5 +1,6 @@
-"""Every rule fixture: findings exactly as marked, rewrite equal to the golden file,
-the golden file clean (but for findings that have no fix) and a fixed point."""
+"""Every rule fixture: findings exactly as marked (`# expect: AMP003@9`: code and 1-based column
+on that line), rewrite equal to the golden file, the golden file clean (but for findings that have
+no fix) and a fixed point. Every rule's docs examples: Bad finds it, Good finds nothing."""
 
 import re
 from collections import Counter
@@ -8,12 +9,12 @@ from pathlib import Path
 import pytest
 
 from ampfix.engine import Settings, check_text, fix_text
-from ampfix.registry import all_rules, select_rules
+from ampfix.registry import all_rules, doc_examples, select_rules
 
 from conftest import FIXTURES
 
 RULE_DIR = FIXTURES / "rules"
-EXPECT_RE = re.compile(r"#.*?expect:\s*((?:AMP[0-9]{3}[ ,]*)+)")
+EXPECT_RE = re.compile(r"#.*?expect:\s*((?:AMP[0-9]{3}(?:@[0-9]+)?[ ,]*)+)")
 
 
 def expected(text):
@@ -21,8 +22,9 @@ def expected(text):
     for lineno, line in enumerate(text.splitlines(), 1):
         mt = EXPECT_RE.search(line)
         if mt:
-            for code in re.findall(r"AMP[0-9]{3}", mt.group(1)):
-                out[(lineno, code)] += 1
+            for code, col in re.findall(r"(AMP[0-9]{3})(?:@([0-9]+))?", mt.group(1)):
+                assert col, f"line {lineno}: a marker names the column too: {code}@<column>"
+                out[(lineno, int(col), code)] += 1
     return out
 
 
@@ -55,7 +57,7 @@ def test_every_rule_has_fixtures():
 def test_findings_match_markers(path: Path):
     text = path.read_text(encoding="utf-8")
     diags, _ = check_text(text, str(path), ALL, settings(text=text))
-    got = Counter((d.line, d.code) for d in diags)
+    got = Counter((d.line, d.column, d.code) for d in diags)
     want = expected(text)
     if path.name.startswith("good_"):
         assert not want, "good fixtures carry no markers"
@@ -101,3 +103,16 @@ def test_fixes_have_golden_files(path: Path):
         assert path.with_name(path.name[:-3] + ".fixed.py").exists(), "safe fixes need a .fixed.py golden file"
     if has_unsafe:
         assert path.with_name(path.name[:-3] + ".unsafe.py").exists(), "unsafe fixes need a .unsafe.py golden file"
+
+
+@pytest.mark.parametrize("rule", ALL, ids=lambda r: r.code)
+def test_docs_examples(rule):
+    """The docs are tests: the Bad example yields the rule's finding, the Good example none."""
+    examples = doc_examples(rule)
+    assert [k for k, _ in examples].count("Bad") >= 1 and [k for k, _ in examples].count("Good") >= 1
+    for kind, code in examples:
+        diags, _ = check_text(code, f"<{rule.code} docs>", [rule], Settings())
+        if kind == "Bad":
+            assert diags, f"{rule.code}'s Bad example produces no finding:\n{code}"
+        else:
+            assert not diags, f"{rule.code}'s Good example produces findings: {[d.message for d in diags]}"

@@ -58,7 +58,8 @@ def test_wheel_in_fresh_venv_runs_all_rules(wheel, tmp_path):
     res = _run([str(venv / "bin" / "ampfix"), "rules"])
     assert res.returncode == 0, res.stderr
     assert [line.split()[0] for line in res.stdout.splitlines()] == list(all_rules())
-    res = _run([str(venv / "bin" / "ampfix"), "check", "--output-format", "json", str(FIXTURES / "rules")])
+    res = _run([str(venv / "bin" / "ampfix"), "check", "--output-format", "json", "--select", ",".join(all_rules()),
+                str(FIXTURES / "rules")])
     assert res.returncode == 1, res.stderr
     import json
 
@@ -88,16 +89,27 @@ def test_pre_commit_hooks(git_repo):
     bad = (FIXTURES / "rules" / "AMP003" / "bad_clip.py").read_text()
     (repo / "train.py").write_text(bad)
     (repo / "ok.py").write_text("import torch\n")
-    _run(["git", "add", "train.py", "ok.py"], cwd=repo, env=env)
+    # a notebook: the hooks take jupyter files too (the hook's environment has nbformat)
+    nbformat = pytest.importorskip("nbformat")
+    from nbformat.v4 import new_code_cell, new_notebook
+
+    nb = new_notebook(cells=[new_code_cell("import torch\nscaler = torch.amp.GradScaler()"),
+                             new_code_cell("scaler.scale(loss).backward()\n"
+                                           "torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)\n"
+                                           "scaler.step(optimizer)\nscaler.update()")])
+    (repo / "explore.ipynb").write_text(nbformat.writes(nb) + "\n")
+    _run(["git", "add", "train.py", "ok.py", "explore.ipynb"], cwd=repo, env=env)
     res = _run([*pc, "ampfix"], cwd=repo, env=env)
     assert res.returncode == 1, res.stdout + res.stderr
     assert "train.py:19:9: AMP003" in res.stdout
+    assert "explore.ipynb:cell 2:2:1: AMP003" in res.stdout
     # the rewrite hook fixes the file; pre-commit reports the modification
     res = _run([*pc, "ampfix-rewrite"], cwd=repo, env=env)
     assert res.returncode == 1
     assert "files were modified by this hook" in res.stdout
     fixed = (FIXTURES / "rules" / "AMP003" / "bad_clip.fixed.py").read_text()
     assert (repo / "train.py").read_text() == fixed
-    _run(["git", "add", "train.py"], cwd=repo, env=env)
+    assert "scaler.unscale_(optimizer)\n" in nbformat.read(repo / "explore.ipynb", as_version=4).cells[1].source
+    _run(["git", "add", "train.py", "explore.ipynb"], cwd=repo, env=env)
     res = _run([*pc, "ampfix-rewrite"], cwd=repo, env=env)
     assert "files were modified" not in res.stdout
