@@ -25,6 +25,8 @@ and cached. Its parts, one module each:
 * `readwrite`: names read and bound by a statement;
 * `dataflow`: where a value goes within its function (and through `return`), and whether it
   is ever multiplied or divided by some factor (`scaler.get_scale()`);
+* `precision`: the dtypes the file chooses (`amp_dtype`, `{...}[dtype]` tables) and the dtype
+  each autocast region runs in (its `dtype=` or the device's default); GradScaler `enabled=`;
 * `syntax`: small helpers over nodes (`dotted`, `get_arg`, literals).
 """
 
@@ -42,6 +44,7 @@ from ampfix.model.guards import Guards
 from ampfix.model.iterations import Iterations, Misplaced
 from ampfix.model.names import API_TABLE, Api, ImportBinding, Names
 from ampfix.model.objects import BackwardCall, Objects
+from ampfix.model.precision import Precision
 from ampfix.model.readwrite import names_bound, reads_writes, uses_only
 from ampfix.model.regions import Region, Regions
 from ampfix.model.syntax import call_name, get_arg, is_expression_statement_of, literal_bool, literal_string, \
@@ -51,7 +54,7 @@ from ampfix.model.values import Values
 
 
 class AmpModel(Tree, Names, Values, CallGraph, Regions, Objects, Flow, Events, Guards, Environ, Checkpoints,
-               Iterations, Dataflow):
+               Iterations, Dataflow, Precision):
     """Facts about one parsed file (see the package docstring for its parts)."""
 
     def __init__(self, module: cst.Module):
