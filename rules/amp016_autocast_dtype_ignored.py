@@ -1,0 +1,151 @@
+"""AMP016 autocast-dtype-ignored."""
+
+from __future__ import annotations
+
+import re
+from typing import Dict, Iterator, List, Optional
+
+import libcst as cst
+
+from ampfix.edits import keyword_arg, with_args
+from ampfix.model import AmpModel, Region, dotted
+from ampfix.rule import SAFE, UNSAFE, FileContext, Fix, Rule, Violation
+
+# names of a chosen autocast dtype: amp_dtype, autocast_dtype, ptdtype, mixed_precision_dtype, self.amp_dtype
+AMP_DTYPE = re.compile(r"^(?:amp|autocast|pt|mixed_precision|mp|half)_?dtype$", re.IGNORECASE)
+
+
+class AutocastDtypeIgnored(Rule):
+    code = "AMP016"
+    name = "autocast-dtype-ignored"
+    message = ("this CUDA autocast region gets no `dtype=` and runs float16 although the code chooses "
+               "`{name}` (which may be bfloat16); pass `dtype={name}`")
+    triggers = ("autocast",)
+    requires = (("dtype",),)
+    fixable = "sometimes"
+    fix_note = "safe (`dtype=` the chosen dtype variable) when it holds torch dtypes; unsafe when its values are unknown"
+    docs = """
+`torch.autocast("cuda")` and `torch.cuda.amp.autocast()` without `dtype=` run in float16.
+Code that chooses a dtype for mixed precision (an `amp_dtype`/`ptdtype`/`autocast_dtype`
+variable, argument or attribute, a `dtype` that may be bfloat16, or a GradScaler enabled only
+when `dtype == torch.float16`) and then opens the region without passing it asks for bfloat16
+and gets float16: float16's narrow range overflows where bfloat16 would not, and with the
+scaler disabled for bfloat16 nothing scales the float16 gradients, so small ones underflow
+to zero.
+
+Reported for an enabled region without `dtype=` that may run on CUDA (a literal `"cuda"`, the
+deprecated `torch.cuda.amp.autocast`, or a device that is not provably the CPU), that is not
+nested in another region (a nested region inherits its dtype), when a chosen dtype is visible
+there and is not provably float16. CPU autocast defaults to bfloat16, which is what people
+choose there, so a CPU-only region is left alone. A file that changes autocast's default
+(`torch.set_autocast_dtype`) is left alone.
+
+The fix passes `dtype=<the variable>`: safe when it provably holds torch dtypes (not strings),
+unsafe when its values are unknown (a config attribute could be a string like `"bf16"`).
+
+On this CPU the mistake is invisible (CPU autocast is bfloat16 by default, the chosen dtype
+here); it shows on CUDA.
+
+Bad:
+```python
+import torch
+
+amp_dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+with torch.autocast("cuda"):
+    loss = model(x).sum()
+```
+
+Good:
+```python
+import torch
+
+amp_dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+with torch.autocast("cuda", dtype=amp_dtype):
+    loss = model(x).sum()
+```
+"""
+
+    def check(self, ctx: FileContext) -> Iterator[Violation]:
+        model = ctx.model
+        if "set_autocast" in ctx.source:
+            return
+        seen = set()
+        for region in model.autocast_regions():
+            if region.dtype is not None or region.call is None or model.region_of(region.node) is not None \
+                    or id(region.call) in seen:
+                continue
+            seen.add(id(region.call))
+            devices = model.region_devices(region)
+            if devices is not None and "cuda" not in devices:
+                continue
+            chosen = self._chosen(model, region)
+            if not chosen:
+                continue
+            typed = [k for k, v in chosen.items() if v is not None and all(model.torch_dtype_valued(x) for x in v)]
+            if len(typed) == 1:
+                name, applicability = typed[0], SAFE
+            elif not typed and len(chosen) == 1 and None in chosen.values():
+                name, applicability = next(iter(chosen)), UNSAFE  # values unknown: it may be a string
+            else:
+                name, applicability = None, None
+            fix = self._fix(region, name, applicability) if name is not None else None
+            shown = name or " / ".join(sorted(chosen))
+            yield Violation(region.call, message=self.message.format(name=shown), fix=fix)
+
+    @staticmethod
+    def _chosen(model: AmpModel, region: Region) -> Dict[str, Optional[List[cst.CSTNode]]]:
+        """Dtype choices readable at the region that may be bfloat16: text -> the value nodes it
+        may hold (None: unknown)."""
+        at = region.call
+        scope = model.scope_of(at)
+        candidates: Dict[str, Optional[List[cst.CSTNode]]] = {}
+        for key, entries in model.assignments.items():
+            root, _, last = key.rpartition(".")
+            if not AMP_DTYPE.match(last) and key != "dtype":
+                continue
+            if root == "self":
+                cls = model.self_class(at)
+                if cls is not None and any(model.self_class(n) in model.related_classes(cls) for n, _ in entries):
+                    candidates[key] = list(model.attribute_values(cls, last))
+            elif not root:
+                bscope = model.binding_scope(key, scope)
+                values = [v for n, v in entries if model.scope_of(n) is bscope
+                          and (bscope is not scope or model.before(n, at))]
+                if bscope is not None and values:
+                    candidates[key] = values
+        func = model.function_of(at)
+        while func is not None:  # parameters of the enclosing functions
+            for p in [*func.params.posonly_params, *func.params.params, *func.params.kwonly_params]:
+                if AMP_DTYPE.match(p.name.value) or p.name.value == "dtype":
+                    values = model.argument_values(func, p.name.value)
+                    known = values if values or p.default is None else [*values, p.default]
+                    candidates.setdefault(p.name.value, known if known and (values or p.default) else None)
+            func = model.function_of(model.parent(func))
+        for n in model.nodes_of(cst.Attribute):  # `args.amp_dtype` read in the region's function
+            key = dotted(n)
+            if model.scope_of(n) is scope and key is not None and AMP_DTYPE.match(n.attr.value) \
+                    and not key.startswith("self."):
+                candidates.setdefault(key, [n])
+        out: Dict[str, Optional[List[cst.CSTNode]]] = {}
+        for key, values in candidates.items():
+            dtypes = set()
+            for v in values or ():
+                d = model.dtype_values(v)
+                if d is None:
+                    dtypes = None
+                    break
+                dtypes |= d
+            if values is None or dtypes is None:
+                if key != "dtype":
+                    out[key] = None
+            elif "bfloat16" in dtypes:
+                out[key] = values
+        return out
+
+    @staticmethod
+    def _fix(region: Region, name: str, applicability) -> Optional[Fix]:
+        call = region.call
+        if call is None or any(a.star for a in call.args):
+            return None
+        new = with_args(call, [*call.args, keyword_arg("dtype", cst.parse_expression(name))])
+        return Fix({call: new}, applicability=applicability, description=f"`dtype={name}` passed")
