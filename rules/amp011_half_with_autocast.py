@@ -1,0 +1,245 @@
+"""AMP011 half-with-autocast."""
+
+from __future__ import annotations
+
+import re
+from typing import Iterator, List, Optional
+
+import libcst as cst
+
+from ampfix.edits import remove_statement, with_args
+from ampfix.model import AmpModel, call_name, dotted, get_arg, literal_bool
+from ampfix.model.values import SAME_OBJECT_METHODS
+from ampfix.rule import UNSAFE, FileContext, Fix, Rule, Violation
+
+EVAL_FUNCTION = re.compile(r"eval|export|infer|predict|test|valid|val_|_val$|^val$|bench|sample|generate|demo|onnx|"
+                           r"trace|convert|quantiz|deploy|serve|save|load|half|fp16|ema", re.IGNORECASE)
+AMP_FLAG = re.compile(r"\bamp\b|use_amp|autocast|mixed", re.IGNORECASE)
+NO_GRAD = ("torch.no_grad", "torch.inference_mode", "torch.autograd.grad_mode.no_grad",
+           "torch.autograd.grad_mode.inference_mode")
+
+
+class HalfWithAutocast(Rule):
+    code = "AMP011"
+    name = "half-with-autocast"
+    message = ("the model is cast to float16 for training in code that uses autocast/GradScaler: its parameters, "
+               "the master weights, become float16 (updates smaller than their precision are lost) and "
+               "`GradScaler.unscale_` raises \"Attempting to unscale FP16 gradients.\"; keep the model in float32, "
+               "autocast casts per operation")
+    triggers = (".half()", "float16", "torch.half")
+    requires = (("autocast", "GradScaler"),)
+    fixable = "unsafe"
+    fix_note = "unsafe (the cast removed)"
+    docs = """
+Mixed precision keeps the parameters in float32 (the master weights) and lets autocast run
+each operation in float16 where that is safe. `model.half()` (or `model.to(torch.float16)`)
+before training with autocast makes the parameters themselves float16: their gradients are
+float16, `GradScaler.unscale_` (called by `scaler.step`) raises `ValueError: Attempting to
+unscale FP16 gradients.`, and without a scaler the optimizer updates float16 weights, whose
+10-bit mantissa drops updates smaller than 1/1024 of the weight.
+
+Reported for `.half()`, `.to(torch.float16)`, `.to(dtype=torch.float16)` on a model that is
+trained in this file (its parameters go to an optimizer, or it is put in `.train()` mode), in a
+file with an autocast region or an enabled GradScaler. Left alone: a cast under `torch.no_grad()`
+or `inference_mode`, in a function for evaluation or export (`evaluate`, `export_onnx`, ... or
+one that puts the model in `.eval()` and never steps), on a `copy.deepcopy` of the model, after
+the training in the same function, under a condition unrelated to AMP or in the branch where
+AMP is off (`if args.half: model.half()` as an alternative to autocast), and casts of tensors.
+
+The fix (unsafe: the model's dtype changes) removes the cast.
+
+On this CPU (float16 autocast and GradScaler work on the CPU) the mistake raises at the first
+`scaler.step`: `fixtures/train/buggy_half_with_scaler.py` fails under `ampfix verify`, its rewrite
+trains like float32.
+
+Bad:
+```python
+import torch
+
+model = Net().cuda().half()
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+scaler = torch.amp.GradScaler("cuda")
+with torch.autocast("cuda", dtype=torch.float16):
+    loss = model(x).sum()
+scaler.scale(loss).backward()
+scaler.step(optimizer)
+scaler.update()
+```
+
+Good:
+```python
+import copy
+
+import torch
+
+model = Net().cuda()
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+scaler = torch.amp.GradScaler("cuda")
+with torch.autocast("cuda", dtype=torch.float16):
+    loss = model(x).sum()
+scaler.scale(loss).backward()
+scaler.step(optimizer)
+scaler.update()
+export = copy.deepcopy(model).half()
+```
+"""
+
+    def check(self, ctx: FileContext) -> Iterator[Violation]:
+        model = ctx.model
+        regions = model.autocast_regions()
+        scalers = [c for c in model.calls if model.is_api(c, "GradScaler")
+                   and literal_bool(model.scaler_enabled(c)) is not False]
+        if not regions and not scalers:
+            return
+        amp_texts = {model.code(e) for e in [*(model.scaler_enabled(c) for c in scalers),
+                                             *(r.call and _enabled_expr(model, r.call) for r in regions)] if e is not None}
+        for call in model.calls:
+            dtype_arg = _half_cast(model, call)
+            if dtype_arg is False:
+                continue
+            receiver = _strip(call.func.value)  # type: ignore[attr-defined]
+            top, target = _assigned(model, call)
+            key = target or dotted(receiver)
+            if key is None or not _trained(model, key) or _deepcopy(model, receiver) \
+                    or _eval_only(model, call, key) or not _amp_branch(model, call, amp_texts) \
+                    or _after_training(model, call):
+                continue
+            yield Violation(call.func.attr, fix=_fix(model, call, dtype_arg, top, target))  # type: ignore[attr-defined]
+
+
+def _half_cast(model: AmpModel, call: cst.Call):
+    """False when `call` is no float16 cast; else the dtype Arg (None for `.half()`)."""
+    name = call_name(call)
+    if not isinstance(call.func, cst.Attribute):
+        return False
+    if name == "half" and not call.args:
+        return None
+    if name == "to":
+        for i, arg in enumerate(call.args):
+            if arg.star or (arg.keyword is not None and arg.keyword.value != "dtype"):
+                continue
+            if model.api_of(arg.value) is not None and model.api_of(arg.value).kind == "dtype.float16":
+                return arg
+    return False
+
+
+def _strip(expr: cst.BaseExpression) -> cst.BaseExpression:
+    """`X.cuda().train()` -> `X`."""
+    while isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute) and expr.func.attr.value in SAME_OBJECT_METHODS:
+        expr = expr.func.value
+    return expr
+
+
+def _assigned(model: AmpModel, call: cst.Call):
+    """(the outermost call of the method chain, the dotted target it is assigned to or None)."""
+    top: cst.CSTNode = call
+    while True:
+        parent, grand = model.parent(top), model.parent(model.parent(top)) if model.parent(top) else None
+        if isinstance(parent, cst.Attribute) and isinstance(grand, cst.Call) and grand.func is parent \
+                and parent.attr.value in SAME_OBJECT_METHODS:
+            top = grand
+            continue
+        break
+    parent = model.parent(top)
+    if isinstance(parent, cst.Assign) and len(parent.targets) == 1 and parent.value is top:
+        return top, dotted(parent.targets[0].target)
+    return top, None
+
+
+def _enabled_expr(model: AmpModel, call: cst.Call) -> Optional[cst.BaseExpression]:
+    arg = next((a for a in call.args if a.keyword is not None and a.keyword.value == "enabled"), None)
+    return arg.value if arg is not None else None
+
+
+def _trained(model: AmpModel, key: str) -> bool:
+    """`key` names a model trained in this file: its parameters go to an optimizer, or it is
+    put in training mode."""
+    for call in model.calls:
+        name = call_name(call) or ""
+        if name == "train" and isinstance(call.func, cst.Attribute) and dotted(call.func.value) == key \
+                and not call.args:
+            return True
+        if model.is_api(call, "optimizer") or re.search(r"optim", name, re.IGNORECASE):
+            for sub in _calls_under(call):
+                if call_name(sub) in ("parameters", "named_parameters") and isinstance(sub.func, cst.Attribute) \
+                        and key in (dotted(sub.func.value), model.key(sub.func.value)):
+                    return True
+    return False
+
+
+def _calls_under(node: cst.CSTNode) -> List[cst.Call]:
+    out: List[cst.Call] = []
+    stack = list(node.children)
+    while stack:
+        n = stack.pop()
+        if isinstance(n, cst.Call):
+            out.append(n)
+        stack.extend(n.children)
+    return out
+
+
+def _deepcopy(model: AmpModel, receiver: cst.BaseExpression) -> bool:
+    values = [receiver] + ([v for v in model.possible_values(receiver)] if dotted(receiver) else [])
+    return any(isinstance(v, cst.Call) and (call_name(_strip(v)) == "deepcopy" or call_name(v) == "deepcopy")
+               for v in values)
+
+
+def _eval_only(model: AmpModel, call: cst.Call, key: str) -> bool:
+    child: cst.CSTNode = call
+    for anc in model.ancestors(call):
+        if isinstance(anc, cst.With) and child is anc.body and any(
+                isinstance(i.item, cst.Call) and model.qualnames(i.item.func) & set(NO_GRAD) for i in anc.items):
+            return True
+        if isinstance(anc, cst.FunctionDef):
+            if EVAL_FUNCTION.search(anc.name.value) or any(
+                    model.qualnames(d.decorator.func if isinstance(d.decorator, cst.Call) else d.decorator) & set(NO_GRAD)
+                    for d in anc.decorators):
+                return True
+            calls = model.calls_in_scope(anc)
+            if any(call_name(c) == "eval" for c in calls) and not any(call_name(c) in ("backward", "step") for c in calls):
+                return True
+        child = anc
+    return False
+
+
+def _amp_branch(model: AmpModel, call: cst.Call, amp_texts: set) -> bool:
+    """The cast runs unconditionally, or under a condition that turns AMP on (not off)."""
+    unrelated = amp_on = False
+    child: cst.CSTNode = call
+    for anc in model.ancestors(call):
+        if isinstance(anc, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+            break
+        if isinstance(anc, (cst.If, cst.IfExp)) and (child is anc.body or child is anc.orelse):
+            test = anc.test
+            negated = isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not)
+            inner = test.expression if negated else test
+            amp = model.code(inner) in amp_texts or bool(AMP_FLAG.search(model.code(inner)))
+            on = (child is anc.body) != negated
+            if amp and not on:
+                return False
+            amp_on, unrelated = amp_on or amp, unrelated or not amp
+        child = anc
+    return amp_on or not unrelated
+
+
+def _after_training(model: AmpModel, call: cst.Call) -> bool:
+    """The cast follows every backward/step of its function and runs in no loop of it."""
+    scope = model.scope_of(call)
+    steps = [c for c in model.calls_in_scope(scope) if call_name(c) in ("backward", "step")]
+    return bool(steps) and all(model.before(c, call) for c in steps) and model.loop_of(call) is None
+
+
+def _fix(model: AmpModel, call: cst.Call, dtype_arg, top: cst.CSTNode, target: Optional[str]) -> Optional[Fix]:
+    receiver = call.func.value  # type: ignore[attr-defined]
+    if dtype_arg is not None and len([a for a in call.args if not a.star]) > 1:
+        new: cst.CSTNode = with_args(call, [a for a in call.args if a is not dtype_arg])
+        return Fix({call: new}, applicability=UNSAFE, description="float16 cast removed")
+    stmt = model.statement_of(call)
+    small = model.small_statement_of(call)
+    if isinstance(small, cst.Expr) and small.value is call and isinstance(stmt, cst.SimpleStatementLine) \
+            and len(stmt.body) == 1:
+        return Fix(remove_statement(model, stmt), applicability=UNSAFE, description="float16 cast removed")
+    if isinstance(small, cst.Assign) and small.value is call and target is not None and dotted(receiver) == target \
+            and isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1:
+        return Fix(remove_statement(model, stmt), applicability=UNSAFE, description="float16 cast removed")
+    return Fix({call: receiver}, applicability=UNSAFE, description="float16 cast removed")
