@@ -152,15 +152,21 @@ def _enabled_expr(model: AmpModel, call: cst.Call) -> Optional[cst.BaseExpressio
 
 
 def _trained(model: AmpModel, key: str) -> bool:
-    """`key` names a model trained in this file: its parameters go to an optimizer, or it is
-    put in training mode."""
+    """`key` names a model trained in this file by a torch optimizer: its parameters go to
+    `torch.optim.X(...)` (directly or through a name), or the model to an optimizer factory
+    (`create_optimizer(model, ...)`). Optimizers of other libraries may keep their own float32
+    master weights (apex, fused LAMB): not this rule's business."""
     for call in model.calls:
         name = call_name(call) or ""
-        if name == "train" and isinstance(call.func, cst.Attribute) and dotted(call.func.value) == key \
-                and not call.args:
-            return True
-        if model.is_api(call, "optimizer") or re.search(r"optim", name, re.IGNORECASE):
-            for sub in _calls_under(call):
+        torch_opt = model.is_api(call, "optimizer")
+        if not torch_opt and not (re.search(r"optim", name, re.IGNORECASE) and not model.qualnames(call.func)):
+            continue
+        args = [a.value for a in call.args]
+        args += [v for a in args if dotted(a) is not None for v in model.possible_values(a) if isinstance(v, cst.CSTNode)]
+        for arg in args:
+            if not torch_opt and key in (dotted(arg), model.key(arg)):
+                return True
+            for sub in [arg, *_calls_under(arg)]:
                 if call_name(sub) in ("parameters", "named_parameters") and isinstance(sub.func, cst.Attribute) \
                         and key in (dotted(sub.func.value), model.key(sub.func.value)):
                     return True
@@ -203,7 +209,9 @@ def _eval_only(model: AmpModel, call: cst.Call, key: str) -> bool:
 
 
 def _amp_branch(model: AmpModel, call: cst.Call, amp_texts: set) -> bool:
-    """The cast runs unconditionally, or under a condition that turns AMP on (not off)."""
+    """The cast runs unconditionally, or under a condition that turns AMP on (not off); not in
+    a branch for evaluation (`if mode == "inference":`) or one that leaves the function before
+    any training (`... return` with no backward or step)."""
     unrelated = amp_on = False
     child: cst.CSTNode = call
     for anc in model.ancestors(call):
@@ -215,11 +223,24 @@ def _amp_branch(model: AmpModel, call: cst.Call, amp_texts: set) -> bool:
             inner = test.expression if negated else test
             amp = model.code(inner) in amp_texts or bool(AMP_FLAG.search(model.code(inner)))
             on = (child is anc.body) != negated
-            if amp and not on:
+            if (amp and not on) or (on and EVAL_FUNCTION.search(model.code(inner))) or _leaves_untrained(child):
                 return False
             amp_on, unrelated = amp_on or amp, unrelated or not amp
         child = anc
     return amp_on or not unrelated
+
+
+def _leaves_untrained(block: cst.CSTNode) -> bool:
+    """A branch body that ends in `return`/`raise` and calls no backward or step."""
+    body = getattr(block, "body", None)
+    if isinstance(block, cst.Else):
+        body = getattr(block.body, "body", None)
+    if not isinstance(body, (list, tuple)) or not body:
+        return False
+    last = body[-1]
+    if not (isinstance(last, cst.SimpleStatementLine) and isinstance(last.body[-1], (cst.Return, cst.Raise))):
+        return False
+    return not any(call_name(c) in ("backward", "step") for c in _calls_under(block))
 
 
 def _after_training(model: AmpModel, call: cst.Call) -> bool:
