@@ -99,6 +99,8 @@ export = copy.deepcopy(model).half()
                 continue
             receiver = _strip(call.func.value)  # type: ignore[attr-defined]
             top, target = _assigned(model, call)
+            if _round_trip(model, call, top):
+                continue  # `model.half().float()`
             key = target or dotted(receiver)
             if key is None or not _trained(model, key) or _deepcopy(model, receiver) \
                     or _eval_only(model, call, key) or not _amp_branch(model, call, amp_texts) \
@@ -146,6 +148,16 @@ def _assigned(model: AmpModel, call: cst.Call):
     return top, None
 
 
+def _round_trip(model: AmpModel, call: cst.Call, top: cst.CSTNode) -> bool:
+    """A later `.float()` in the cast's method chain undoes it."""
+    node: cst.CSTNode = call
+    while node is not top:
+        node = model.parent(model.parent(node))  # type: ignore[arg-type]
+        if call_name(node) == "float":
+            return True
+    return False
+
+
 def _enabled_expr(model: AmpModel, call: cst.Call) -> Optional[cst.BaseExpression]:
     arg = next((a for a in call.args if a.keyword is not None and a.keyword.value == "enabled"), None)
     return arg.value if arg is not None else None
@@ -159,7 +171,7 @@ def _trained(model: AmpModel, key: str) -> bool:
     for call in model.calls:
         name = call_name(call) or ""
         torch_opt = model.is_api(call, "optimizer")
-        if not torch_opt and not (re.search(r"optim", name, re.IGNORECASE) and not model.qualnames(call.func)):
+        if not torch_opt and not re.search(r"optim", name, re.IGNORECASE):
             continue
         args = [a.value for a in call.args]
         args += [v for a in args if dotted(a) is not None for v in model.possible_values(a) if isinstance(v, cst.CSTNode)]
