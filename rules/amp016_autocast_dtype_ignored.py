@@ -8,10 +8,11 @@ from typing import Dict, Iterator, List, Optional
 import libcst as cst
 
 from ampfix.edits import keyword_arg, with_args
-from ampfix.model import AmpModel, Region, dotted
+from ampfix.model import AmpModel, Region, dotted, literal_string
 from ampfix.rule import SAFE, UNSAFE, FileContext, Fix, Rule, Violation
 
 # names of a chosen autocast dtype: amp_dtype, autocast_dtype, ptdtype, mixed_precision_dtype, self.amp_dtype
+TORCH_NAMES = ("float16", "bfloat16", "float32", "half", "float")  # getattr(torch, name) is a dtype
 AMP_DTYPE = re.compile(r"^(?:amp|autocast|pt|mixed_precision|mp|half)_?dtype$", re.IGNORECASE)
 
 
@@ -19,7 +20,7 @@ class AutocastDtypeIgnored(Rule):
     code = "AMP016"
     name = "autocast-dtype-ignored"
     message = ("this CUDA autocast region gets no `dtype=` and runs float16 although the code chooses "
-               "`{name}` (which may be bfloat16); pass `dtype={name}`")
+               "`{name}` (which may be bfloat16); pass `dtype={expr}`")
     triggers = ("autocast",)
     requires = (("dtype",),)
     fixable = "sometimes"
@@ -27,8 +28,9 @@ class AutocastDtypeIgnored(Rule):
     docs = """
 `torch.autocast("cuda")` and `torch.cuda.amp.autocast()` without `dtype=` run in float16.
 Code that chooses a dtype for mixed precision (an `amp_dtype`/`ptdtype`/`autocast_dtype`
-variable, argument or attribute, a `dtype` that may be bfloat16, or a GradScaler enabled only
-when `dtype == torch.float16`) and then opens the region without passing it asks for bfloat16
+variable, argument, `self.` attribute or config attribute, a `dtype` variable that may be
+bfloat16, a `--dtype` command-line option whose default or choices include bfloat16) and
+then opens the region without passing it asks for bfloat16
 and gets float16: float16's narrow range overflows where bfloat16 would not, and with the
 scaler disabled for bfloat16 nothing scales the float16 gradients, so small ones underflow
 to zero.
@@ -41,7 +43,9 @@ choose there, so a CPU-only region is left alone. A file that changes autocast's
 (`torch.set_autocast_dtype`) is left alone.
 
 The fix passes `dtype=<the variable>`: safe when it provably holds torch dtypes (not strings),
-unsafe when its values are unknown (a config attribute could be a string like `"bf16"`).
+unsafe when its values are unknown (a config attribute could be a string like `"bf16"`). A
+string option (`--dtype bfloat16`) is passed as `dtype=getattr(torch, args.dtype)`: safe when its
+`choices=` are all torch dtype names, unsafe when only its default is known.
 
 On this CPU the mistake is invisible (CPU autocast is bfloat16 by default, the chosen dtype
 here); it shows on CUDA.
@@ -82,15 +86,21 @@ with torch.autocast("cuda", dtype=amp_dtype):
             if not chosen:
                 continue
             typed = [k for k, v in chosen.items() if v is not None and all(model.torch_dtype_valued(x) for x in v)]
+            named = [k for k, v in chosen.items() if v is not None and k not in typed
+                     and all(literal_string(x) in TORCH_NAMES for x in v)]
+            torch_name = model.torch_alias()
+            expr = applicability = None
             if len(typed) == 1:
-                name, applicability = typed[0], SAFE
+                expr, applicability = typed[0], SAFE
+            elif not typed and len(named) == 1 and torch_name is not None:  # "bfloat16": getattr(torch, ...)
+                expr = f"getattr({torch_name}, {named[0]})"
+                applicability = SAFE if _has_choices(model, chosen[named[0]]) else UNSAFE
             elif not typed and len(chosen) == 1 and None in chosen.values():
-                name, applicability = next(iter(chosen)), UNSAFE  # values unknown: it may be a string
-            else:
-                name, applicability = None, None
-            fix = self._fix(region, name, applicability) if name is not None else None
-            shown = name or " / ".join(sorted(chosen))
-            yield Violation(region.call, message=self.message.format(name=shown), fix=fix)
+                expr, applicability = next(iter(chosen)), UNSAFE  # values unknown: it may be a string
+            fix = self._fix(region, expr, applicability) if expr is not None else None
+            shown = " / ".join(sorted(chosen))
+            message = self.message.format(name=shown, expr=expr or "<the torch dtype>")
+            yield Violation(region.call, message=message, fix=fix)
 
     @staticmethod
     def _chosen(model: AmpModel, region: Region) -> Dict[str, Optional[List[cst.CSTNode]]]:
@@ -121,11 +131,13 @@ with torch.autocast("cuda", dtype=amp_dtype):
                     known = values if values or p.default is None else [*values, p.default]
                     candidates.setdefault(p.name.value, known if known and (values or p.default) else None)
             func = model.function_of(model.parent(func))
-        for n in model.nodes_of(cst.Attribute):  # `args.amp_dtype` read in the region's function
+        for n in model.nodes_of(cst.Attribute):  # `args.amp_dtype`, `args.dtype` read in the region's function
             key = dotted(n)
-            if model.scope_of(n) is scope and key is not None and AMP_DTYPE.match(n.attr.value) \
-                    and not key.startswith("self."):
-                candidates.setdefault(key, [n])
+            if model.scope_of(n) is not scope or key is None or key.startswith("self."):
+                continue
+            options = model.option_values(n)  # a command-line option: its default and choices
+            if AMP_DTYPE.match(n.attr.value) or (n.attr.value == "dtype" and options):
+                candidates.setdefault(key, options or [n])
         out: Dict[str, Optional[List[cst.CSTNode]]] = {}
         for key, values in candidates.items():
             dtypes = set()
@@ -136,7 +148,7 @@ with torch.autocast("cuda", dtype=amp_dtype):
                     break
                 dtypes |= d
             if values is None or dtypes is None:
-                if key != "dtype":
+                if key != "dtype" and not key.endswith(".dtype"):
                     out[key] = None
             elif "bfloat16" in dtypes:
                 out[key] = values
@@ -149,3 +161,8 @@ with torch.autocast("cuda", dtype=amp_dtype):
             return None
         new = with_args(call, [*call.args, keyword_arg("dtype", cst.parse_expression(name))])
         return Fix({call: new}, applicability=applicability, description=f"`dtype={name}` passed")
+
+
+def _has_choices(model: AmpModel, values: List[cst.CSTNode]) -> bool:
+    """The string values come from a command-line option with `choices=` (nothing else parses)."""
+    return any(isinstance(model.parent(model.parent(v)), (cst.List, cst.Tuple)) for v in values)

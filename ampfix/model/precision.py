@@ -20,7 +20,7 @@ from typing import FrozenSet, List, Optional
 import libcst as cst
 
 from ampfix.model.regions import Region
-from ampfix.model.syntax import get_arg, literal_string
+from ampfix.model.syntax import call_name, get_arg, literal_string
 from ampfix.model.tree import dotted
 from ampfix.model.values import ReturnedElement
 
@@ -70,6 +70,31 @@ class Precision:
         if isinstance(v, cst.Call) and self.is_builtin(v.func, "getattr") and len(v.args) >= 2 \
                 and dotted(v.args[0].value) == self.torch_alias():  # getattr(torch, name)
             return self.dtype_values(v.args[1].value, depth + 1)
+        return None
+
+    def option_values(self, expr: cst.CSTNode) -> Optional[List[cst.BaseExpression]]:
+        """For `args.name` where `args` holds `parser.parse_args()` (or `parse_known_args`) and
+        this file declares `add_argument("--name", default=..., choices=[...])`: the default
+        and the choices (the values the option may hold); None when not such an option."""
+        if not (isinstance(expr, cst.Attribute) and isinstance(expr.value, cst.Name)):
+            return None
+        if not any(isinstance(v, cst.Call) and call_name(v) in ("parse_args", "parse_known_args")
+                   or isinstance(v, ReturnedElement) and call_name(v.call) == "parse_known_args"
+                   for v in self.possible_values(expr.value)):
+            return None
+        flag = "--" + expr.attr.value
+        for call in self.calls:
+            if call_name(call) != "add_argument" or not any(
+                    (literal_string(a.value) or "").replace("-", "_") == flag.replace("-", "_")
+                    for a in call.args if a.keyword is None):
+                continue
+            out: List[cst.BaseExpression] = []
+            for a in call.args:
+                if a.keyword is not None and a.keyword.value == "default":
+                    out.append(a.value)
+                if a.keyword is not None and a.keyword.value == "choices" and isinstance(a.value, (cst.List, cst.Tuple)):
+                    out.extend(e.value for e in a.value.elements)
+            return out or None
         return None
 
     def torch_dtype_valued(self, expr: cst.CSTNode) -> bool:
