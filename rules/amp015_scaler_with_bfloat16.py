@@ -40,8 +40,9 @@ sets `enabled=<dtype> == torch.float16` when every region takes its dtype from o
 the scaler's code can read, else `enabled=False`.
 
 On this CPU the mistake changes nothing measurable: multiplying by a power of two is exact, no
-bfloat16 gradient overflows, so the scale never moves and the losses are identical with and
-without the scaler; it costs time only.
+bfloat16 gradient overflows, so the scale never moves and the losses are bit-identical with and
+without the scaler (`fixtures/train/scaler_with_bf16.py` under `ampfix verify --unsafe`); it
+costs time only.
 
 Bad:
 ```python
