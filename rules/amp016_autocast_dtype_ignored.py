@@ -38,7 +38,8 @@ to zero.
 Reported for an enabled region without `dtype=` that may run on CUDA (a literal `"cuda"`, the
 deprecated `torch.cuda.amp.autocast`, or a device that is not provably the CPU), that is not
 nested in another region (a nested region inherits its dtype), when a chosen dtype is visible
-there and is not provably float16. CPU autocast defaults to bfloat16, which is what people
+there and is not provably float16; a region in a function (or `nn.Module.forward`) that this
+file runs inside another region inherits that region's dtype and is left alone. CPU autocast defaults to bfloat16, which is what people
 choose there, so a CPU-only region is left alone. A file that changes autocast's default
 (`torch.set_autocast_dtype`) is left alone.
 
@@ -79,6 +80,9 @@ with torch.autocast("cuda", dtype=amp_dtype):
                     or id(region.call) in seen:
                 continue
             seen.add(id(region.call))
+            func = region.node if isinstance(region.node, cst.FunctionDef) else model.function_of(region.node)
+            if func is not None and _called_in_region(model, func):
+                continue  # it inherits the dtype of the region it is called in
             devices = model.region_devices(region)
             if devices is not None and "cuda" not in devices:
                 continue
@@ -109,10 +113,8 @@ with torch.autocast("cuda", dtype=amp_dtype):
         at = region.call
         scope = model.scope_of(at)
         candidates: Dict[str, Optional[List[cst.CSTNode]]] = {}
-        for key, entries in model.assignments.items():
+        for key, entries in _dtype_assignments(model).items():
             root, _, last = key.rpartition(".")
-            if not AMP_DTYPE.match(last) and key != "dtype":
-                continue
             if root == "self":
                 cls = model.self_class(at)
                 if cls is not None and any(model.self_class(n) in model.related_classes(cls) for n, _ in entries):
@@ -166,3 +168,31 @@ with torch.autocast("cuda", dtype=amp_dtype):
 def _has_choices(model: AmpModel, values: List[cst.CSTNode]) -> bool:
     """The string values come from a command-line option with `choices=` (nothing else parses)."""
     return any(isinstance(model.parent(model.parent(v)), (cst.List, cst.Tuple)) for v in values)
+
+
+def _dtype_assignments(model: AmpModel) -> Dict[str, list]:
+    """The file's assignments to names that hold a chosen dtype (computed once per file)."""
+    cached = getattr(model, "_amp016_dtypes", None)
+    if cached is None:
+        cached = {k: v for k, v in model.assignments.items()
+                  if AMP_DTYPE.match(k.rpartition(".")[2]) or k == "dtype"}
+        model._amp016_dtypes = cached  # type: ignore[attr-defined]
+    return cached
+
+
+def _called_in_region(model: AmpModel, func: cst.FunctionDef, depth: int = 0) -> bool:
+    """Some call of this file runs `func` inside an autocast region (directly or through callers)."""
+    if depth > 4:
+        return False
+    callers = list(model.callers(func))
+    cls = model.class_of(func)
+    if func.name.value == "forward" and cls is not None and model.is_module_class(cls):  # module(x) runs forward
+        callers += [c for c in model.calls if isinstance(c.func, (cst.Name, cst.Attribute))
+                    and cls in model.classes_of(c.func)]
+    for call in callers:
+        if model.region_of(call) is not None:
+            return True
+        outer = model.function_of(call)
+        if outer is not None and outer is not func and _called_in_region(model, outer, depth + 1):
+            return True
+    return False
