@@ -30,18 +30,17 @@ class AutocastDtypeIgnored(Rule):
 Code that chooses a dtype for mixed precision (an `amp_dtype`/`ptdtype`/`autocast_dtype`
 variable, argument, `self.` attribute or config attribute, a `dtype` variable that may be
 bfloat16, a `--dtype` command-line option whose default or choices include bfloat16) and
-then opens the region without passing it asks for bfloat16
-and gets float16: float16's narrow range overflows where bfloat16 would not, and with the
-scaler disabled for bfloat16 nothing scales the float16 gradients, so small ones underflow
-to zero.
+then opens the region without passing it asks for bfloat16 and gets float16: float16's
+narrow range overflows where bfloat16 would not, and with the scaler disabled for bfloat16
+nothing scales the float16 gradients, so small ones underflow to zero.
 
 Reported for an enabled region without `dtype=` that may run on CUDA (a literal `"cuda"`, the
 deprecated `torch.cuda.amp.autocast`, or a device that is not provably the CPU), that is not
 nested in another region (a nested region inherits its dtype), when a chosen dtype is visible
 there and is not provably float16; a region in a function (or `nn.Module.forward`) that this
-file runs inside another region inherits that region's dtype and is left alone. CPU autocast defaults to bfloat16, which is what people
-choose there, so a CPU-only region is left alone. A file that changes autocast's default
-(`torch.set_autocast_dtype`) is left alone.
+file runs inside another region inherits that region's dtype and is left alone. CPU autocast
+defaults to bfloat16, which is what people choose there, so a CPU-only region is left alone.
+A file that changes autocast's default (`torch.set_autocast_dtype`) is left alone.
 
 The fix passes `dtype=<the variable>`: safe when it provably holds torch dtypes (not strings),
 unsafe when its values are unknown (a config attribute could be a string like `"bf16"`). A
