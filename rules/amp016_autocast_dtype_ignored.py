@@ -71,7 +71,7 @@ with torch.autocast("cuda", dtype=amp_dtype):
 
     def check(self, ctx: FileContext) -> Iterator[Violation]:
         model = ctx.model
-        if "set_autocast" in ctx.source:
+        if model.sets_autocast_dtype():
             return
         seen = set()
         for region in model.autocast_regions():

@@ -139,9 +139,13 @@ class Precision:
             values = self.dtype_values(region.dtype_node)
             return next(iter(values)) if values is not None and len(values) == 1 else None
         devices = self.region_devices(region)
-        if devices is None or len(devices) != 1 or "set_autocast" in self.code(self.module):
+        if devices is None or len(devices) != 1 or self.sets_autocast_dtype():
             return None
         return DEFAULT_DTYPE.get(next(iter(devices)))
+
+    def sets_autocast_dtype(self) -> bool:
+        """The file changes autocast's default dtype (`torch.set_autocast_dtype`, ...)."""
+        return any("set_autocast" in (call_name(c) or "") and "dtype" in (call_name(c) or "") for c in self.calls)
 
     def autocast_regions(self) -> List[Region]:
         """Every enabled or possibly enabled autocast region of the file."""
