@@ -8,7 +8,7 @@ from typing import Iterator, List, Optional
 import libcst as cst
 
 from ampfix.edits import remove_statement, with_args
-from ampfix.model import AmpModel, call_name, dotted, get_arg, literal_bool
+from ampfix.model import AmpModel, call_name, dotted, literal_bool
 from ampfix.model.values import SAME_OBJECT_METHODS
 from ampfix.rule import UNSAFE, FileContext, Fix, Rule, Violation
 
@@ -91,8 +91,9 @@ export = copy.deepcopy(model).half()
                    and literal_bool(model.scaler_enabled(c)) is not False]
         if not regions and not scalers:
             return
-        amp_texts = {model.code(e) for e in [*(model.scaler_enabled(c) for c in scalers),
-                                             *(r.call and _enabled_expr(model, r.call) for r in regions)] if e is not None}
+        enabled = [*(model.scaler_enabled(c) for c in scalers),
+                   *(_enabled_expr(model, r.call) for r in regions if r.call is not None)]
+        amp_texts = {model.code(e) for e in enabled if e is not None}
         for call in model.calls:
             dtype_arg = _half_cast(model, call)
             if dtype_arg is False:
@@ -103,7 +104,7 @@ export = copy.deepcopy(model).half()
                 continue  # `model.half().float()`
             key = target or dotted(receiver)
             if key is None or not _trained(model, key) or _deepcopy(model, receiver) \
-                    or _eval_only(model, call, key) or not _amp_branch(model, call, amp_texts) \
+                    or _eval_only(model, call) or not _amp_branch(model, call, amp_texts) \
                     or _after_training(model, call):
                 continue
             yield Violation(call.func.attr, fix=_fix(model, call, dtype_arg, top, target))  # type: ignore[attr-defined]
@@ -117,7 +118,7 @@ def _half_cast(model: AmpModel, call: cst.Call):
     if name == "half" and not call.args:
         return None
     if name == "to":
-        for i, arg in enumerate(call.args):
+        for arg in call.args:
             if arg.star or (arg.keyword is not None and arg.keyword.value != "dtype"):
                 continue
             if model.api_of(arg.value) is not None and model.api_of(arg.value).kind == "dtype.float16":
@@ -127,7 +128,8 @@ def _half_cast(model: AmpModel, call: cst.Call):
 
 def _strip(expr: cst.BaseExpression) -> cst.BaseExpression:
     """`X.cuda().train()` -> `X`."""
-    while isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute) and expr.func.attr.value in SAME_OBJECT_METHODS:
+    while isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute) \
+            and expr.func.attr.value in SAME_OBJECT_METHODS:
         expr = expr.func.value
     return expr
 
@@ -174,7 +176,8 @@ def _trained(model: AmpModel, key: str) -> bool:
         if not torch_opt and not re.search(r"optim", name, re.IGNORECASE):
             continue
         args = [a.value for a in call.args]
-        args += [v for a in args if dotted(a) is not None for v in model.possible_values(a) if isinstance(v, cst.CSTNode)]
+        args += [v for a in args if dotted(a) is not None
+                 for v in model.possible_values(a) if isinstance(v, cst.CSTNode)]
         for arg in args:
             if not torch_opt and key in (dotted(arg), model.key(arg)):
                 return True
@@ -202,7 +205,8 @@ def _deepcopy(model: AmpModel, receiver: cst.BaseExpression) -> bool:
                for v in values)
 
 
-def _eval_only(model: AmpModel, call: cst.Call, key: str) -> bool:
+def _eval_only(model: AmpModel, call: cst.Call) -> bool:
+    """The cast runs under no_grad/inference_mode, or in a function for evaluation or export."""
     child: cst.CSTNode = call
     for anc in model.ancestors(call):
         if isinstance(anc, cst.With) and child is anc.body and any(
@@ -210,11 +214,12 @@ def _eval_only(model: AmpModel, call: cst.Call, key: str) -> bool:
             return True
         if isinstance(anc, cst.FunctionDef):
             if EVAL_FUNCTION.search(anc.name.value) or any(
-                    model.qualnames(d.decorator.func if isinstance(d.decorator, cst.Call) else d.decorator) & set(NO_GRAD)
+                    model.qualnames(getattr(d.decorator, "func", d.decorator)) & set(NO_GRAD)
                     for d in anc.decorators):
                 return True
             calls = model.calls_in_scope(anc)
-            if any(call_name(c) == "eval" for c in calls) and not any(call_name(c) in ("backward", "step") for c in calls):
+            names = {call_name(c) for c in calls}
+            if "eval" in names and not names & {"backward", "step"}:
                 return True
         child = anc
     return False

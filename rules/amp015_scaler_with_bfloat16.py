@@ -76,7 +76,8 @@ scaler.update()
         if not regions or any(model.region_dtype(r) != "bfloat16" for r in regions):
             return
         scaling = {dotted(c.func.value) for c in model.calls  # type: ignore[attr-defined]
-                   if isinstance(c.func, cst.Attribute) and c.func.attr.value == "scale" and model.is_scaler(c.func.value)}
+                   if isinstance(c.func, cst.Attribute) and c.func.attr.value == "scale"
+                   and model.is_scaler(c.func.value)}
         if not scaling:
             return
         for call in model.calls:

@@ -24,7 +24,8 @@ class AutocastDtypeIgnored(Rule):
     triggers = ("autocast",)
     requires = (("dtype",),)
     fixable = "sometimes"
-    fix_note = "safe (`dtype=` the chosen dtype variable) when it holds torch dtypes; unsafe when its values are unknown"
+    fix_note = ("safe (`dtype=` the chosen dtype variable) when it holds torch dtypes; unsafe when its values "
+                "are unknown")
     docs = """
 `torch.autocast("cuda")` and `torch.cuda.amp.autocast()` without `dtype=` run in float16.
 Code that chooses a dtype for mixed precision (an `amp_dtype`/`ptdtype`/`autocast_dtype`

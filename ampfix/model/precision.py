@@ -92,7 +92,8 @@ class Precision:
             for a in call.args:
                 if a.keyword is not None and a.keyword.value == "default":
                     out.append(a.value)
-                if a.keyword is not None and a.keyword.value == "choices" and isinstance(a.value, (cst.List, cst.Tuple)):
+                if a.keyword is not None and a.keyword.value == "choices" \
+                        and isinstance(a.value, (cst.List, cst.Tuple)):
                     out.extend(e.value for e in a.value.elements)
             return out or None
         return None
