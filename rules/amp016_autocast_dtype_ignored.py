@@ -86,7 +86,7 @@ with torch.autocast("cuda", dtype=amp_dtype):
             devices = model.region_devices(region)
             if devices is not None and "cuda" not in devices:
                 continue
-            chosen = self._chosen(model, region)
+            chosen, late = self._chosen(model, region)
             if not chosen:
                 continue
             typed = [k for k, v in chosen.items() if v is not None and all(model.torch_dtype_valued(x) for x in v)]
@@ -101,24 +101,32 @@ with torch.autocast("cuda", dtype=amp_dtype):
                 applicability = SAFE if _has_choices(model, chosen[named[0]]) else UNSAFE
             elif not typed and len(chosen) == 1 and None in chosen.values():
                 expr, applicability = next(iter(chosen)), UNSAFE  # values unknown: it may be a string
-            fix = self._fix(region, expr, applicability) if expr is not None else None
+            decorator = isinstance(region.node, cst.FunctionDef) and region.call in [
+                d.decorator for d in region.node.decorators]  # evaluated at definition: `self` is not there
+            fix = self._fix(region, expr, applicability) if expr is not None and not decorator \
+                and expr not in late else None
             shown = " / ".join(sorted(chosen))
             message = self.message.format(name=shown, expr=expr or "<the torch dtype>")
             yield Violation(region.call, message=message, fix=fix)
 
     @staticmethod
-    def _chosen(model: AmpModel, region: Region) -> Dict[str, Optional[List[cst.CSTNode]]]:
+    def _chosen(model: AmpModel, region: Region):
         """Dtype choices readable at the region that may be bfloat16: text -> the value nodes it
         may hold (None: unknown)."""
         at = region.call
         scope = model.scope_of(at)
         candidates: Dict[str, Optional[List[cst.CSTNode]]] = {}
+        late: set = set()
         for key, entries in _dtype_assignments(model).items():
             root, _, last = key.rpartition(".")
             if root == "self":
                 cls = model.self_class(at)
-                if cls is not None and any(model.self_class(n) in model.related_classes(cls) for n, _ in entries):
+                mine = [n for n, _ in entries if cls is not None and model.self_class(n) in model.related_classes(cls)]
+                here = [n for n in mine if model.function_of(n) is model.function_of(at)]
+                if mine:
                     candidates[key] = list(model.attribute_values(cls, last))
+                    if len(here) == len(mine) and not any(model.before(n, at) for n in here):
+                        late.add(key)  # only set after the region is built: no fix can read it there
             elif not root:
                 bscope = model.binding_scope(key, scope)
                 values = [v for n, v in entries if model.scope_of(n) is bscope
@@ -154,7 +162,7 @@ with torch.autocast("cuda", dtype=amp_dtype):
                     out[key] = None
             elif "bfloat16" in dtypes:
                 out[key] = values
-        return out
+        return out, late
 
     @staticmethod
     def _fix(region: Region, name: str, applicability) -> Optional[Fix]:
