@@ -112,12 +112,18 @@ scaler.update()
 
 
 def _readable(model: AmpModel, expr: cst.CSTNode, at: cst.CSTNode) -> bool:
-    """The name or attribute chain `expr` (read at a region) means the same at `at`."""
+    """The name or attribute chain `expr` (read at a region) means the same at `at`, and is set
+    by then when `at`'s function (or the module) is where it is set."""
     key = dotted(expr)
     if key is None:
         return False
     root = key.split(".")[0]
     if root == "self":
         here, there = model.self_class(at), model.self_class(expr)
-        return here is not None and there is not None and here in model.related_classes(there)
-    return model.binding_scope(root, model.scope_of(at)) is model.binding_scope(root, model.scope_of(expr)) is not None
+        if here is None or there is None or here not in model.related_classes(there):
+            return False
+    elif model.binding_scope(root, model.scope_of(at)) is not model.binding_scope(root, model.scope_of(expr)) \
+            or model.binding_scope(root, model.scope_of(at)) is None:
+        return False
+    same = [n for n, _ in model.assignments_to(key) if model.scope_of(n) is model.scope_of(at)]
+    return not same or any(model.before(n, at) for n in same)
