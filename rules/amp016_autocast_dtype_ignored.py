@@ -22,7 +22,7 @@ class AutocastDtypeIgnored(Rule):
     message = ("this CUDA autocast region gets no `dtype=` and runs float16 although the code chooses "
                "`{name}` (which may be bfloat16); pass `dtype={expr}`")
     triggers = ("autocast",)
-    requires = (("dtype",),)
+    requires = (("dtype", "GradScaler"),)
     fixable = "sometimes"
     fix_note = ("safe (`dtype=` the chosen dtype variable) when it holds torch dtypes; unsafe when its values "
                 "are unknown")
@@ -30,10 +30,12 @@ class AutocastDtypeIgnored(Rule):
 `torch.autocast("cuda")` and `torch.cuda.amp.autocast()` without `dtype=` run in float16.
 Code that chooses a dtype for mixed precision (an `amp_dtype`/`ptdtype`/`autocast_dtype`
 variable, argument, `self.` attribute or config attribute, a `dtype` variable that may be
-bfloat16, a `--dtype` command-line option whose default or choices include bfloat16) and
-then opens the region without passing it asks for bfloat16 and gets float16: float16's
-narrow range overflows where bfloat16 would not, and with the scaler disabled for bfloat16
-nothing scales the float16 gradients, so small ones underflow to zero.
+bfloat16, a `--dtype` command-line option whose default or choices include bfloat16, what a
+GradScaler's `enabled=` compares with float16 when it may name bfloat16:
+`enabled=args.precision == "fp16"` with `choices=["fp16", "bf16"]`) and then opens the region
+without passing it asks for bfloat16 and gets float16: float16's narrow range overflows where
+bfloat16 would not, and with the scaler disabled for bfloat16 nothing scales the float16
+gradients, so small ones underflow to zero.
 
 Reported for an enabled region without `dtype=` that may run on CUDA (a literal `"cuda"`, the
 deprecated `torch.cuda.amp.autocast`, or a device that is not provably the CPU), that is not
@@ -148,6 +150,14 @@ with torch.autocast("cuda", dtype=amp_dtype):
             options = model.option_values(n)  # a command-line option: its default and choices
             if AMP_DTYPE.match(n.attr.value) or (n.attr.value == "dtype" and options):
                 candidates.setdefault(key, options or [n])
+        enabled = next((a.value for a in region.call.args if a.keyword and a.keyword.value == "enabled"), None)
+        region_gates = {dotted(g) for g in _gates_in(model, enabled)}  # enabled only for float16: fine
+        for gate in _float16_gates(model):  # `GradScaler(enabled=args.precision == "fp16")`: what it compares
+            key, values = dotted(gate), model.option_values(gate) or [gate]
+            root = (key or "").split(".")[0]
+            visible = model.self_class(at) is not None if root == "self" else model.binding_scope(root, scope)
+            if key and visible and key not in region_gates and all(model.dtype_values(v) is not None for v in values):
+                candidates.setdefault(key, values)
         out: Dict[str, Optional[List[cst.CSTNode]]] = {}
         for key, values in candidates.items():
             dtypes = set()
@@ -204,3 +214,25 @@ def _called_in_region(model: AmpModel, func: cst.FunctionDef, depth: int = 0) ->
         if outer is not None and outer is not func and _called_in_region(model, outer, depth + 1):
             return True
     return False
+
+
+def _float16_gates(model: AmpModel) -> List[cst.CSTNode]:
+    """What the file's GradScalers compare with float16 in their `enabled=` (`dtype == "float16"`)."""
+    return [g for c in model.calls if model.is_api(c, "GradScaler") for g in _gates_in(model, model.scaler_enabled(c))]
+
+
+def _gates_in(model: AmpModel, expr: Optional[cst.CSTNode]) -> List[cst.CSTNode]:
+    """The names and attributes `expr` compares with float16 (`X == torch.float16`, `X == "fp16"`)."""
+    out = []
+    stack = [expr] if expr is not None else []
+    while stack:
+        n = stack.pop()
+        if isinstance(n, cst.Comparison) and len(n.comparisons) == 1 \
+                and isinstance(n.comparisons[0].operator, cst.Equal):
+            for a, b in ((n.left, n.comparisons[0].comparator), (n.comparisons[0].comparator, n.left)):
+                api = model.api_of(b)
+                if dotted(a) is not None and (api is not None and api.kind == "dtype.float16" or
+                                              literal_string(b) is not None and model.dtype_values(b) == {"float16"}):
+                    out.append(a)
+        stack.extend(n.children)
+    return out
