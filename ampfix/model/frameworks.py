@@ -339,3 +339,32 @@ class FrameworkFacts:
                 elif value is call and self._role(call, None) == role:
                     out.append((node, key))
         return out
+
+    # ---------------------------------------------------------------- precision spellings
+    def precision_literals(self, call: cst.Call) -> List[Tuple[cst.CSTNode, str]]:
+        """(node, text) of the literal strings/ints written in the precision argument of a
+        Fabric/Trainer/Accelerator construction (the argument itself, or branches of a
+        conditional expression there; names are not followed: a rewrite edits only the call)."""
+        arg = self.precision_arg(call)
+        out: List[Tuple[cst.CSTNode, str]] = []
+        stack = [arg.value] if arg is not None else []
+        while stack:
+            n = stack.pop()
+            if isinstance(n, cst.IfExp):
+                stack += [n.orelse, n.body]
+                continue
+            text = literal_string(n) if not isinstance(n, cst.Integer) else n.value
+            if text is not None:
+                out.append((n, text))
+        return out
+
+
+# Spellings people write that Lightning 2.6 / Accelerate 1.15 reject, and what they mean.
+FABRIC_SUGGEST = {"fp16": "16-mixed", "float16": "16-mixed", "mixed": "16-mixed", "amp": "16-mixed",
+                  "16_mixed": "16-mixed", "16-amp": "16-mixed", "bfloat16": "bf16-mixed", "bf16_mixed": "bf16-mixed",
+                  "bf16mixed": "bf16-mixed", "fp32": "32-true", "float32": "32-true", "no": "32-true",
+                  "32-mixed": "32-true", "fp64": "64-true", "float64": "64-true", "double": "64-true",
+                  "16_true": "16-true", "bf16_true": "bf16-true"}
+ACCELERATE_SUGGEST = {"16-mixed": "fp16", "16": "fp16", "float16": "fp16", "half": "fp16", "FP16": "fp16",
+                      "bf16-mixed": "bf16", "bfloat16": "bf16", "BF16": "bf16", "fp32": "no", "32": "no",
+                      "32-true": "no", "float32": "no", "none": "no", "None": "no", "NO": "no", "False": "no"}
