@@ -368,3 +368,52 @@ FABRIC_SUGGEST = {"fp16": "16-mixed", "float16": "16-mixed", "mixed": "16-mixed"
 ACCELERATE_SUGGEST = {"16-mixed": "fp16", "16": "fp16", "float16": "fp16", "half": "fp16", "FP16": "fp16",
                       "bf16-mixed": "bf16", "bfloat16": "bf16", "BF16": "bf16", "fp32": "no", "32": "no",
                       "32-true": "no", "float32": "no", "none": "no", "None": "no", "NO": "no", "False": "no"}
+
+
+# ----------------------------------------------------------------------------- MindSpore
+# mindspore.nn optimizers that take `loss_scale` (its position in the signature, MindSpore 2.x),
+# and those that do not (the gradients must be divided by a custom TrainOneStepCell).
+MS_LOSS_SCALE_AT = {"Momentum": 4, "SGD": 6, "Adam": 8, "AdamOffload": 8, "LazyAdam": 8, "FTRL": 7,
+                    "ProximalAdagrad": 6, "Adagrad": 4, "RMSProp": 7, "Adadelta": 4, "Adamax": 6}
+MS_NO_LOSS_SCALE = {"AdamWeightDecay", "Lamb", "ASGD", "Rprop"}
+
+
+def ms_name(model, call: cst.CSTNode) -> Optional[str]:
+    """The last component of the mindspore API a call constructs (`ms.FixedLossScaleManager`,
+    `mindspore.train.Model`, `nn.Momentum` after `from mindspore import nn`), else None."""
+    if not isinstance(call, cst.Call):
+        return None
+    for name in model.qualnames(call):
+        if name.startswith("mindspore."):
+            return name.rpartition(".")[2]
+    return None
+
+
+@dataclass(frozen=True)
+class MsTraining:
+    """A MindSpore train network built by `Model(...)` or `amp.build_train_network(...)`."""
+
+    call: cst.Call
+    manager: Optional[cst.Call]  # FixedLossScaleManager(..., drop_overflow_update=False), when it is one
+    optimizer: Optional[cst.Call]  # the optimizer construction
+
+
+def ms_trainings(model) -> List[MsTraining]:
+    out = []
+    for call in model.calls:
+        name = ms_name(model, call)
+        if name not in ("Model", "build_train_network"):
+            continue
+        mgr_arg = get_arg(call, None, "loss_scale_manager")
+        opt_arg = get_arg(call, 2 if name == "Model" else 1, "optimizer")
+        if mgr_arg is None or opt_arg is None:
+            continue
+        managers = [v for v in model.possible_values(mgr_arg.value) if ms_name(model, v) == "FixedLossScaleManager"]
+        opts = [v for v in model.possible_values(opt_arg.value) if ms_name(model, v)]
+        for mgr in managers:
+            drop = get_arg(mgr, 1, "drop_overflow_update")
+            if drop is None or not (isinstance(drop.value, cst.Name) and drop.value.value == "False"):
+                continue
+            for opt in opts:
+                out.append(MsTraining(call, mgr, opt))
+    return out
