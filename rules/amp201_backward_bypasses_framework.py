@@ -14,7 +14,7 @@ from ampfix.rule import SAFE, UNSAFE, FileContext, Fix, Rule, Violation
 class BackwardBypassesFramework(Rule):
     code = "AMP201"
     name = "backward-bypasses-framework"
-    message = ("`loss.backward()` on a model set up by {fw}: it bypasses {fw}'s precision handling (with fp16 the "
+    message = ("`{loss}.backward()` on a model set up by {fw}: it bypasses {fw}'s precision handling (with fp16 the "
                "loss is never scaled, yet the wrapped optimizer's step unscales it); call `{call}` instead")
     triggers = ("fabric", "Fabric", "accelerator", "Accelerator")
     requires = ((".backward(",), ("setup", "prepare"))
@@ -31,7 +31,10 @@ underflow), while the wrapped optimizer's `step()` still unscales them, dividing
 the scale (65536 at first). Fabric refuses it at run time with a mixed-precision plugin
 ("requires you to call `fabric.backward(loss)`"); Accelerate trains on, silently wrong.
 
-Reported only when the backward's loss is computed by calling a set-up model, or the optimizer
+Not reported where the precision is known to need nothing from the framework's backward
+(Fabric "32-true"/"64-true"; Accelerate "no", "bf16", "fp8"); reported where it is not known
+statically (no argument, or a computed one: `accelerate launch --mixed_precision fp16` and
+`fabric run --precision` set it from outside). Reported only when the backward's loss is computed by calling a set-up model, or the optimizer
 stepped after it in the same function was set up, and the framework object is reachable where
 the backward is (the same function, a module global, or `self.` of the same class); the
 framework's own `backward` is never reported. Checked against lightning 2.6.6 and accelerate 1.15.0.
@@ -83,8 +86,16 @@ optimizer.step()
                 continue
             prepared, key = site
             fw = prepared.frameworks[0]
-            yield Violation(call, message=self.message.format(fw=fw.name, call=f"{key}.backward({model.code(loss)})"),
-                            fix=self._fix(model, facts, call, loss, key, prepared))
+            if all(f.precisions is not None and not f.scales and (f.kind == "accelerate" or set(f.precisions) <=
+                                                                  {"32-true", "64-true"}) for f in prepared.frameworks):
+                continue  # a precision known to need nothing from the framework's backward
+            message = self.message.format(loss=model.code(loss), fw=fw.name, call=f"{key}.backward({model.code(loss)})")
+            if fw.precisions is None:
+                message = message.replace("(with fp16", "(its precision is chosen at launch; with fp16")
+            elif not fw.scales:
+                message = message.replace(f"(with fp16 the loss is never scaled, yet the wrapped optimizer's step "
+                                          f"unscales it)", f"(with {fw.describe()} Fabric raises at run time)")
+            yield Violation(call, message=message, fix=self._fix(model, facts, call, loss, key, prepared))
 
     @staticmethod
     def _stepped_after(model, facts, call: cst.Call) -> List[Prepared]:
