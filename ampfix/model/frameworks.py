@@ -51,6 +51,7 @@ FABRIC_SILENT_ALIASES = {"32": "32-true", "64": "64-true"}
 ACCELERATE_VALUES = ("no", "fp8", "fp16", "bf16")
 MIXED_DTYPE = {"16-mixed": "float16", "bf16-mixed": "bfloat16", "fp16": "float16", "bf16": "bfloat16"}
 MAX_DEPTH = 6
+DETACHED = {"detach", "detach_", "item", "tolist", "numpy"}
 
 
 @dataclass(frozen=True)
@@ -195,7 +196,7 @@ class FrameworkFacts:
             fw = self.framework(v) if isinstance(v, cst.Call) else None
             if fw is not None:
                 out.append(fw)
-            elif isinstance(v, cst.Name) and v is expr:
+            elif isinstance(v, cst.Name):
                 out.extend(self._launched_with(v, depth))
         return out
 
@@ -294,6 +295,8 @@ class FrameworkFacts:
             if isinstance(n, (cst.Lambda, cst.FunctionDef)):
                 continue
             if isinstance(n, cst.Call):
+                if isinstance(n.func, cst.Attribute) and n.func.attr.value in DETACHED:
+                    continue  # `model(x).detach()`: no gradient flows back into the model
                 if isinstance(n.func, (cst.Name, cst.Attribute)):
                     out.extend(self.prepared_modules(n.func))
                 for r in self.m.returned(n, None):
