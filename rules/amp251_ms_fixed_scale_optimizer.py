@@ -7,8 +7,8 @@ from typing import Iterator, Optional
 import libcst as cst
 
 from ampfix.edits import keyword_arg, with_args
-from ampfix.model.frameworks import MS_LOSS_SCALE_AT, MS_NO_LOSS_SCALE, frameworks, ms_name, ms_trainings
-from ampfix.model.syntax import get_arg
+from ampfix.model.frameworks import MS_ADAPTIVE, MS_LOSS_SCALE_AT, MS_NO_LOSS_SCALE, frameworks, ms_name, ms_trainings
+from ampfix.model.syntax import dotted, get_arg
 from ampfix.rule import SAFE, FileContext, Fix, Rule, Violation
 
 DEFAULT_SCALE = "128.0"  # FixedLossScaleManager(loss_scale=128.0, drop_overflow_update=True)
@@ -23,7 +23,7 @@ def _number(model, expr: Optional[cst.CSTNode]) -> Optional[float]:
 
 
 def factor(want: Optional[float], have: Optional[float]) -> str:
-    return f"{want / (have or 1.0):g}x" if want else "the scale times"
+    return f"{want / (have or 1.0):g}x" if want else "`loss_scale` times"
 
 
 class MsFixedScaleOptimizer(Rule):
@@ -44,7 +44,10 @@ documentation says the optimizer must then be built with the same `loss_scale`, 
 by it. An optimizer built without it (its `loss_scale` defaults to 1.0), or with another value,
 applies updates multiplied by the scale: on this machine (mindspore 2.10.0, CPU, `amp_level="O2"`,
 `nn.Momentum`, scale 1024) the loss is NaN within the first epoch; with `loss_scale=1024.0` it
-trains (`fixtures/train/ms_fixed_scale_*.py`, run by `ampfix verify --python`).
+trains (`fixtures/train/ms_fixed_scale_*.py`, run by `ampfix verify --python`). Adaptive
+optimizers (Adam, RMSProp, Adagrad, ...) normalise the gradients' size away, so there the
+mistake shows as weight decay and eps acting `loss_scale` times weaker (MindSpore's `Optimizer`
+multiplies `weight_decay` by its `loss_scale` to match the scaled gradients).
 
 The fix (safe) adds (or corrects) `loss_scale=` on the optimizer (Momentum, SGD, Adam, LazyAdam,
 Adagrad, Adadelta, Adamax, FTRL, ProximalAdagrad, RMSProp) with the manager's scale: the same
@@ -100,8 +103,13 @@ model = ms.Model(network, net_loss, net_opt, amp_level="O2", loss_scale_manager=
                     continue
             seen.add(id(opt))
             how = "without `loss_scale`" if have is None else f"with `loss_scale={model.code(have.value)}`"
-            yield Violation(opt, message=self.message.format(scale=scale, opt=name, how=how,
-                                                              factor=factor(want, have and _number(model, have.value))),
+            message = self.message.format(scale=scale, opt=name, how=how,
+                                          factor=factor(want, have and _number(model, have.value)))
+            if name in MS_ADAPTIVE:
+                message = message.replace("every update is applied", f"its gradients arrive").replace(
+                    " too large;", f" too large ({name} normalises their size away, but its weight decay and eps "
+                                   "act that much weaker);")
+            yield Violation(opt, message=message,
                             fix=self._fix(model, frameworks(model), opt, mgr, scale_arg, have))
 
     @staticmethod
@@ -110,8 +118,8 @@ model = ms.Model(network, net_loss, net_opt, amp_level="O2", loss_scale_manager=
             value = cst.Float(DEFAULT_SCALE)
         elif isinstance(scale_arg.value, (cst.Integer, cst.Float)):
             value = scale_arg.value
-        elif isinstance(scale_arg.value, cst.Name) and len(model.values_of(scale_arg.value)) == 1 \
-                and facts.usable_at(scale_arg.value.value, mgr, opt):
+        elif isinstance(scale_arg.value, (cst.Name, cst.Attribute)) and dotted(scale_arg.value) \
+                and len(model.values_of(scale_arg.value)) <= 1 and facts.usable_at(dotted(scale_arg.value), mgr, opt):
             value = scale_arg.value
         else:
             n = _number(model, scale_arg.value)

@@ -379,6 +379,7 @@ ACCELERATE_SUGGEST = {"16-mixed": "fp16", "16": "fp16", "float16": "fp16", "half
 MS_LOSS_SCALE_AT = {"Momentum": 4, "SGD": 6, "Adam": 8, "AdamOffload": 8, "LazyAdam": 8, "FTRL": 7,
                     "ProximalAdagrad": 6, "Adagrad": 4, "RMSProp": 7, "Adadelta": 4, "Adamax": 6}
 MS_NO_LOSS_SCALE = {"AdamWeightDecay", "Lamb", "ASGD", "Rprop"}
+MS_ADAPTIVE = {"Adam", "AdamOffload", "LazyAdam", "FTRL", "ProximalAdagrad", "Adagrad", "RMSProp", "Adadelta", "Adamax"}
 
 
 def ms_name(model, call: cst.CSTNode) -> Optional[str]:
