@@ -9,6 +9,7 @@ import libcst as cst
 from ampfix.edits import string
 from ampfix.model.frameworks import ACCELERATE_SUGGEST, ACCELERATE_VALUES, FABRIC_ALIASES, FABRIC_SILENT_ALIASES, \
     FABRIC_SUGGEST, FABRIC_VALUES, frameworks
+from ampfix.model.syntax import get_arg, literal_bool
 from ampfix.rule import UNSAFE, FileContext, Fix, Rule, Violation
 
 CLASS = {"fabric": ("Fabric", "precision"), "trainer": ("Trainer", "precision"),
@@ -19,8 +20,8 @@ class InvalidPrecisionValue(Rule):
     code = "AMP205"
     name = "invalid-precision-value"
     message = "`{cls}({arg}={old})` is not a precision {lib} accepts (it raises ValueError); {hint}"
-    triggers = ("precision",)
     requires = (("Fabric", "Trainer", "Accelerator"),)
+    triggers = ("precision", "fp16=")
     fixable = "sometimes"
     fix_note = "unsafe (the accepted spelling of the same setting, where there is one)"
     docs = """
@@ -36,7 +37,9 @@ where that branch runs (`"fp16" if cuda else ...`).
 Reported for literals written in the call (or in a branch of a conditional expression there).
 The fix writes the other framework's name for the same setting ("fp16" -> "16-mixed",
 "16-mixed" -> "fp16", "fp32" -> "32-true" / "no", ...); it is unsafe because the program
-raised before and now runs in a precision chosen from the spelling.
+raised before and now runs in a precision chosen from the spelling. `Accelerator(fp16=...)`,
+deprecated in accelerate 0.x and removed in 1.0 (TypeError), is reported too: the fix writes
+`mixed_precision="fp16"` (or `"fp16" if flag else "no"`).
 
 Bad:
 ```python
@@ -73,6 +76,24 @@ accelerator = Accelerator(mixed_precision="fp16")
                 yield Violation(node, message=self.message.format(cls=cls, arg=arg, old=model.code(node), lib=lib,
                                                                   hint=hint),
                                 fix=self._fix(model, node, new))
+            old_flag = get_arg(call, None, "fp16") if kind == "accelerate" else None
+            if old_flag is not None and self.precision_arg_absent(facts, call):
+                yield Violation(old_flag, message=(
+                    "`Accelerator(fp16=...)` was removed in accelerate 1.0 (TypeError); write "
+                    "`mixed_precision=\"fp16\"`"), fix=self._fp16_fix(model, old_flag))
+
+    @staticmethod
+    def precision_arg_absent(facts, call: cst.Call) -> bool:
+        return facts.precision_arg(call) is None
+
+    @staticmethod
+    def _fp16_fix(model, arg: cst.Arg) -> Fix:
+        q = model.quote()
+        flag = literal_bool(arg.value)
+        value = f"{q}fp16{q}" if flag is True else f"{q}no{q}" if flag is False else \
+            f"{q}fp16{q} if {model.code(arg.value)} else {q}no{q}"
+        new = arg.with_changes(keyword=cst.Name("mixed_precision"), value=cst.parse_expression(value))
+        return Fix({arg: new}, applicability=UNSAFE, description="mixed_precision= for the removed fp16=")
 
     @staticmethod
     def _fix(model, node: cst.CSTNode, new: Optional[str]) -> Optional[Fix]:
