@@ -29,8 +29,9 @@ GradScaler in `fabric.backward` / `accelerator.backward` and the wrapped optimiz
 second, hand-made layer on top is a mistake:
 
 * a `torch.amp.GradScaler` whose `scale(loss)` feeds the framework's backward, or whose
-  `step()` drives a set-up optimizer: with fp16 the loss is scaled twice (the product of two
-  scales of 65536 overflows float16 at once, and both scalers back off through skipped steps);
+  `step()` drives a set-up optimizer: with fp16 the loss is scaled twice (by the product of
+  both scales, 65536 x 65536 at first, which float16 activation gradients cannot hold, so steps
+  are skipped while the scalers back off; not measured here: no GPU);
   with bf16 the framework uses no scaler on purpose, and this one only adds a scale to undo;
 * a `torch.autocast` region around a set-up model with another dtype than the framework's:
   the model's forward still runs in the framework's dtype (its autocast is the inner one), and
