@@ -16,8 +16,8 @@ class BackwardBypassesFramework(Rule):
     name = "backward-bypasses-framework"
     message = ("`{loss}.backward()` on a model set up by {fw}: it bypasses {fw}'s precision handling (with fp16 the "
                "loss is never scaled, yet the wrapped optimizer's step unscales it); call `{call}` instead")
-    triggers = ("fabric", "Fabric", "accelerator", "Accelerator")
-    requires = ((".backward(",), ("setup", "prepare"))
+    triggers = ("fabric", "Fabric", "accelerator", "Accelerator", "automatic_optimization")
+    requires = ((".backward(",), ("setup", "prepare", "training_step"))
     fixable = "sometimes"
     fix_note = "safe (`fabric.backward(loss)` / `accelerator.backward(loss)`); unsafe with Accelerate gradient accumulation"
     docs = """
@@ -37,7 +37,11 @@ statically (no argument, or a computed one: `accelerate launch --mixed_precision
 `fabric run --precision` set it from outside). Reported only when the backward's loss is computed by calling a set-up model, or the optimizer
 stepped after it in the same function was set up, and the framework object is reachable where
 the backward is (the same function, a module global, or `self.` of the same class); the
-framework's own `backward` is never reported. Checked against lightning 2.6.6 and accelerate 1.15.0.
+framework's own `backward` is never reported. The same mistake in a LightningModule with manual
+optimization (`self.automatic_optimization = False`): a `loss.backward()` in its `training_step`
+(or a closure there) instead of `self.manual_backward(loss)` skips the Trainer's precision
+plugin; the fix calls `self.manual_backward(loss, ...)`, which passes its arguments on to
+`loss.backward`. Checked against lightning 2.6.6 and accelerate 1.15.0.
 
 The fix is safe: `fabric.backward(loss, *args, **kwargs)` passes its arguments on and
 `accelerator.backward(loss, **kwargs)` calls `loss.backward(**kwargs)` when nothing needs
@@ -80,6 +84,13 @@ optimizer.step()
             loss = call.func.value
             if facts.frameworks_of(loss):
                 continue  # fabric.backward(loss) itself
+            if facts.manual_lightning_module(call) is not None and model.self_class(call) is not None:
+                yield Violation(call, message=(
+                    f"`{model.code(loss)}.backward()` in a LightningModule's manual-optimization `training_step`: it "
+                    "bypasses the Trainer's precision plugin (with \"16-mixed\" the loss is never scaled, yet "
+                    f"`optimizer.step()` unscales it); call `self.manual_backward({model.code(loss)})`"),
+                    fix=self._manual_fix(model, call, loss))
+                continue
             tied = facts.derives_from_prepared_module(loss) or self._stepped_after(model, facts, call)
             site = next(((p, key) for p in tied if (key := facts.framework_key_at(p, call))), None)
             if site is None:
@@ -96,6 +107,13 @@ optimizer.step()
                 message = message.replace(f"(with fp16 the loss is never scaled, yet the wrapped optimizer's step "
                                           f"unscales it)", f"(with {fw.describe()} Fabric raises at run time)")
             yield Violation(call, message=message, fix=self._fix(model, facts, call, loss, key, prepared))
+
+    @staticmethod
+    def _manual_fix(model, call: cst.Call, loss: cst.BaseExpression) -> Fix:
+        new = cst.Call(func=cst.parse_expression("self.manual_backward"),
+                       args=[cst.Arg(loss, comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")) if call.args
+                                     else cst.MaybeSentinel.DEFAULT), *call.args])
+        return Fix({call: new}, applicability=SAFE, description=f"`self.manual_backward({model.code(loss)})`")
 
     @staticmethod
     def _stepped_after(model, facts, call: cst.Call) -> List[Prepared]:

@@ -343,6 +343,32 @@ class FrameworkFacts:
                     out.append((node, key))
         return out
 
+    # ---------------------------------------------------------------- LightningModule
+    def manual_lightning_module(self, node: cst.CSTNode) -> Optional[cst.ClassDef]:
+        """The LightningModule class whose `training_step` (or a function nested in it) holds
+        `node`, when that class turns automatic optimization off (`self.automatic_optimization
+        = False`, literal); else None."""
+        func = self.m.function_of(node)
+        while func is not None and func.name.value != "training_step":
+            func = self.m.function_of(self.m.parent(func))
+        cls = self.m.class_of(func) if func is not None else None
+        if cls is None or not self._is_lightning_module(cls):
+            return None
+        values = self.m.attribute_values(cls, "automatic_optimization")
+        if values and all(isinstance(v, cst.Name) and v.value == "False" for v in values):
+            return cls
+        return None
+
+    def _is_lightning_module(self, cls: cst.ClassDef, depth: int = 0) -> bool:
+        for b in cls.bases:
+            if any(q.endswith(".LightningModule") and q.split(".")[0] in ("lightning", "pytorch_lightning")
+                   for q in self.m.qualnames(b.value)):
+                return True
+            base = self.m.class_named(b.value)
+            if base is not None and base is not cls and depth < MAX_DEPTH and self._is_lightning_module(base, depth + 1):
+                return True
+        return False
+
     # ---------------------------------------------------------------- precision spellings
     def precision_literals(self, call: cst.Call) -> List[Tuple[cst.CSTNode, str]]:
         """(node, text) of the literal strings/ints written in the precision argument of a
