@@ -17,7 +17,8 @@ class BackwardBypassesFramework(Rule):
     message = ("`{loss}.backward()` on a model set up by {fw}: it bypasses {fw}'s precision handling (with fp16 the "
                "loss is never scaled, yet the wrapped optimizer's step unscales it); call `{call}` instead")
     triggers = ("fabric", "Fabric", "accelerator", "Accelerator", "automatic_optimization")
-    requires = ((".backward(",), ("setup", "prepare", "training_step"))
+    requires = ((".backward(",), (".setup(", ".setup_module(", ".setup_optimizers(", ".prepare(", ".prepare_model(",
+                                  ".prepare_optimizer(", "automatic_optimization"))
     fixable = "sometimes"
     fix_note = "safe (`fabric.backward(loss)` / `accelerator.backward(loss)`); unsafe with Accelerate gradient accumulation"
     docs = """

@@ -21,7 +21,7 @@ class ClipBypassesFramework(Rule):
     message = ("gradients of a model set up by {fw} with {prec} are clipped by torch while still scaled by its "
                "GradScaler; use `{call}`, which unscales first")
     triggers = ("clip_grad",)
-    requires = (("fabric", "Fabric", "accelerator", "Accelerator"), ("setup", "prepare"))
+    requires = (("Fabric", "Accelerator"), (".setup(", ".setup_module(", ".setup_optimizers(", ".prepare(", ".prepare_model(", ".prepare_optimizer("))
     fixable = "sometimes"
     fix_note = "safe (`fabric.clip_gradients(model, optimizer, ...)` / `accelerator.clip_grad_norm_(...)`)"
     docs = """

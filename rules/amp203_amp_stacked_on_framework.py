@@ -19,7 +19,7 @@ class AmpStackedOnFramework(Rule):
     message = ("a hand-made GradScaler on a model set up by {fw}, which already runs mixed precision ({prec}): "
                "{why}; leave scaling to `{key}.backward(loss)`")
     triggers = ("GradScaler", "autocast")
-    requires = (("fabric", "Fabric", "accelerator", "Accelerator"), ("setup", "prepare"))
+    requires = (("Fabric(", "Accelerator("), (".setup(", ".setup_module(", ".setup_optimizers(", ".prepare(", ".prepare_model(", ".prepare_optimizer("))
     fixable = "none"
     fix_note = "none (remove the hand-made scaler / region: the framework's precision setting is the one switch)"
     docs = """

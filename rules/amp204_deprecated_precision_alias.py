@@ -18,8 +18,8 @@ class DeprecatedPrecisionAlias(Rule):
     name = "deprecated-precision-alias"
     message = ("`{cls}(precision={old})` is a legacy alias that Lightning warns about "
                "(\"supported for historical reasons but its usage is discouraged\"); write `precision={new!r}`")
-    triggers = ("precision",)
-    requires = (("Fabric", "Trainer"),)
+    triggers = ("precision=",)
+    requires = (("Fabric(", "Trainer("),)
     fixable = "safe"
     fix_note = "safe (`16`/`\"16\"` to `\"16-mixed\"`, `\"bf16\"` to `\"bf16-mixed\"`: the same setting)"
     docs = """

@@ -20,8 +20,8 @@ class InvalidPrecisionValue(Rule):
     code = "AMP205"
     name = "invalid-precision-value"
     message = "`{cls}({arg}={old})` is not a precision {lib} accepts (it raises ValueError); {hint}"
-    requires = (("Fabric", "Trainer", "Accelerator"),)
-    triggers = ("precision", "fp16=")
+    requires = (("Fabric(", "Trainer(", "Accelerator("),)
+    triggers = ("precision=", "fp16=")
     fixable = "sometimes"
     fix_note = "unsafe (the accepted spelling of the same setting, where there is one)"
     docs = """
