@@ -75,8 +75,8 @@ optimizer.step()
             fws: List[Framework] = []
             method = call.func.attr.value if isinstance(call.func, cst.Attribute) else None
             scaler = model.scaler_key(call.func.value) if method in ("step", "scale") else None
-            if scaler is None:
-                continue
+            if scaler is None or model.scaler_disabled(call.func.value):
+                continue  # not a scaler, or one built with enabled=False: it scales nothing
             if method == "step" and call.args:
                 fws = [f for p in facts.prepared_by(call.args[0].value) if p.role == "optimizer" for f in p.frameworks]
             if method == "scale":
