@@ -48,7 +48,9 @@ The fix is safe: `fabric.backward(loss, *args, **kwargs)` passes its arguments o
 `accelerator.backward(loss, **kwargs)` calls `loss.backward(**kwargs)` when nothing needs
 scaling. Accelerate's backward also divides the loss by `gradient_accumulation_steps`, so with
 gradient accumulation configured on the Accelerator the fix is unsafe (a loss the loop already
-divides would be divided twice).
+divides would be divided twice). `accelerate launch` sets the accumulation from outside
+(`ACCELERATE_GRADIENT_ACCUMULATION_STEPS`) only for DeepSpeed, where `loss.backward()` bypasses
+the engine anyway.
 
 Bad:
 ```python
