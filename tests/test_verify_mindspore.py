@@ -176,16 +176,19 @@ def test_article_mistake_fails_and_its_fix_passes(ms_python):
 
 @pytest.mark.slow
 @pytest.mark.mindspore
-def test_article_mistake_verified_as_written_fails(ms_python):
-    # no --fixed: ampfix has no MindSpore rule yet, so the script is verified as written; its
-    # AMP run raises at the first NaN (LossMonitor): a failed check (exit 1), not an error
+def test_article_mistake_rewritten_by_amp251_passes(ms_python):
+    # no --fixed: ampfix's own rewrite (AMP251 adds loss_scale=loss_scale to the optimizer) is
+    # verified; it trains like fp32, while the original, as written, raises at the first NaN
     p = run_verify(ORIGINAL, "--json", "--python", ms_python, "--steps", "30", "--warmup", "3",
                    "--reps", "1", "--threads", "1")
-    assert p.returncode == 1, p.stdout[-3000:] + p.stderr[-3000:]
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     doc = json.loads(p.stdout)
-    parity = {c["name"]: c for c in doc["checks"]}["loss-parity"]
-    assert parity["status"] == "FAIL" and parity["detail"].startswith("raised after 2 steps")
-    assert parity["metrics"]["all_finite"] is False
+    assert doc["rewritten"] and doc["fixed"] is None
+    checks = {c["name"]: c for c in doc["checks"]}
+    assert checks["loss-parity"]["status"] == "PASS" and checks["fp32-equivalence"]["status"] == "PASS"
+    original = doc["original_vs_fp32"]
+    assert original["status"] == "FAIL" and original["detail"].startswith("raised after 2 steps")
+    assert original["metrics"]["all_finite"] is False
 
 
 @pytest.mark.slow
