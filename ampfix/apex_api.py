@@ -1,0 +1,131 @@
+"""Facts about NVIDIA apex outside `apex.amp`: what each public name is, its torch
+replacement, the torch version that replacement needs, and how its arguments map.
+
+Used by AMP103 (apex-to-torch) and by the apex corpus count (`bench/apex_corpus.py`).
+Signatures assumed (apex master, 2023-2024; see AMP103's docs):
+
+* `apex.parallel.DistributedDataParallel(module, message_size=10000000, delay_allreduce=False,
+  shared_param=None, allreduce_trigger_params=None, retain_allreduce_buffers=False,
+  allreduce_always_fp32=False, num_allreduce_streams=1, allreduce_communicators=None,
+  gradient_average=True, gradient_predivide_factor=1.0, gradient_average_split_factor=None,
+  prof=False)`
+* `apex.parallel.convert_syncbn_model(module, process_group=None, channel_last=False)`
+* `apex.parallel.SyncBatchNorm(num_features, eps=1e-5, momentum=0.1, affine=True,
+  track_running_stats=True, process_group=None, channel_last=False, fuse_relu=False)`
+* `apex.optimizers.FusedAdam(params, lr=1e-3, bias_correction=True, betas=(0.9, 0.999),
+  eps=1e-8, adam_w_mode=True, weight_decay=0.0, amsgrad=False, set_grad_none=True,
+  capturable=False, master_weights=False)` (older apex had another positional order:
+  positional arguments after `lr` are not mapped)
+* `apex.optimizers.FusedSGD(params, lr, momentum=0, dampening=0, weight_decay=0,
+  nesterov=False, wd_after_momentum=False, materialize_master_grads=True, set_grad_none=False)`
+* `apex.normalization.FusedLayerNorm / FusedRMSNorm(normalized_shape, eps=1e-5,
+  elementwise_affine=True, memory_efficient=False)`
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, Optional, Tuple
+
+# keyword -> what to do with it: "keep", "drop" (any value), ("drop-if", literal) (dropped when it
+# is that literal, reported otherwise), ("note", text) (dropped, and the fix title says why)
+KwPlan = object
+
+
+@dataclass(frozen=True)
+class ApexApi:
+    kind: str  # "ddp", "convert_syncbn", "syncbn", "adam", "sgd", "layernorm", "rmsnorm", or "report"
+    target: str  # the torch replacement, from the torch root ("nn.parallel.DistributedDataParallel")
+    min_torch: Tuple[int, int] = (1, 0)
+    positional: int = 1  # how many leading positional arguments keep their meaning in the target
+    keywords: Dict[str, KwPlan] = field(default_factory=dict)
+    why: str = ""  # the behaviour difference the fix title states (every AMP103 fix is unsafe)
+    category: str = "other"  # for the corpus count: "parallel", "optimizers", "normalization", "other"
+
+
+DDP_WHY = ("torch DDP reduces gradients in 25 MB buckets during backward and broadcasts rank 0's buffers "
+           "(BatchNorm running stats) at every forward, apex DDP never did: rank 0 is unchanged; parameters "
+           "that get no gradient need find_unused_parameters=True")
+
+APIS: Dict[str, ApexApi] = {
+    "parallel.DistributedDataParallel": ApexApi(
+        "ddp", "nn.parallel.DistributedDataParallel", (1, 0), 1, {
+            "message_size": ("note", "message_size dropped (torch: bucket_cap_mb, a performance knob)"),
+            "delay_allreduce": ("note", "delay_allreduce dropped"),
+            "shared_param": ("note", "shared_param dropped"),
+            "num_allreduce_streams": "drop", "prof": "drop",
+            "gradient_predivide_factor": ("note", "gradient_predivide_factor dropped (torch divides once by the "
+                                                  "world size: the same mean, rounded differently)"),
+            "gradient_average_split_factor": ("note", "gradient_average_split_factor dropped"),
+            "gradient_average": ("drop-if", "True"), "allreduce_always_fp32": ("drop-if", "False"),
+            "retain_allreduce_buffers": ("drop-if", "False"), "allreduce_trigger_params": ("drop-if", "None"),
+            "allreduce_communicators": ("drop-if", "None"),
+        }, DDP_WHY, "parallel"),
+    "parallel.convert_syncbn_model": ApexApi(
+        "convert_syncbn", "nn.SyncBatchNorm.convert_sync_batchnorm", (1, 2), 2,
+        {"process_group": "keep", "channel_last": ("drop-if", "False")},
+        "torch's SyncBatchNorm kernels: the same statistics up to rounding", "parallel"),
+    "parallel.SyncBatchNorm": ApexApi(
+        "syncbn", "nn.SyncBatchNorm", (1, 1), 6,
+        {k: "keep" for k in ("eps", "momentum", "affine", "track_running_stats", "process_group")}
+        | {"channel_last": ("drop-if", "False"), "fuse_relu": ("drop-if", "False")},
+        "torch's SyncBatchNorm kernels: the same statistics up to rounding", "parallel"),
+    "optimizers.FusedAdam": ApexApi(
+        "adam", "optim.AdamW", (2, 0), 2,
+        {k: "keep" for k in ("lr", "betas", "eps", "weight_decay", "amsgrad", "capturable")}
+        | {"bias_correction": ("drop-if", "True"), "set_grad_none": "drop", "master_weights": ("drop-if", "False"),
+           "adam_w_mode": "special"},
+        "the same update up to rounding; optimizer state saved by apex FusedAdam does not load (torch keeps "
+        "`step` per parameter)", "optimizers"),
+    "optimizers.FusedSGD": ApexApi(
+        "sgd", "optim.SGD", (2, 3), 6,
+        {k: "keep" for k in ("lr", "momentum", "dampening", "weight_decay", "nesterov")}
+        | {"wd_after_momentum": ("drop-if", "False"), "materialize_master_grads": "drop", "set_grad_none": "drop"},
+        "the same update up to rounding (fused kernel)", "optimizers"),
+    "normalization.FusedLayerNorm": ApexApi(
+        "layernorm", "nn.LayerNorm", (1, 0), 3,
+        {"eps": "keep", "elementwise_affine": "keep", "memory_efficient": "drop"},
+        "torch's kernel: the same result up to rounding (same `weight`/`bias`: checkpoints load)", "normalization"),
+    "normalization.FusedRMSNorm": ApexApi(
+        "rmsnorm", "nn.RMSNorm", (2, 4), 3,
+        {"eps": "keep", "elementwise_affine": "keep", "memory_efficient": "drop"},
+        "torch's kernel: the same result up to rounding (same `weight`: checkpoints load)", "normalization"),
+}
+
+NO_EQUIVALENT = {
+    "optimizers.FusedLAMB": "torch has no LAMB optimizer",
+    "optimizers.FusedMixedPrecisionLamb": "torch has no LAMB optimizer",
+    "optimizers.FusedNovoGrad": "torch has no NovoGrad optimizer",
+    "optimizers.FusedAdagrad": "torch.optim.Adagrad has no fused CUDA kernel: use it unfused by hand",
+    "normalization.MixedFusedLayerNorm": "it keeps fp32 parameters and returns the input's dtype; torch.nn.LayerNorm "
+                                         "under autocast returns fp32",
+    "normalization.MixedFusedRMSNorm": "it keeps fp32 parameters and returns the input's dtype",
+    "parallel.LARC": "torch has no LARC wrapper",
+}
+CATEGORY = {"parallel": "parallel", "optimizers": "optimizers", "normalization": "normalization"}
+
+
+def canonical(qualified: str) -> Optional[str]:
+    """`apex.parallel.distributed.DistributedDataParallel` -> `parallel.DistributedDataParallel`;
+    None for names outside apex and for apex.amp (AMP102's)."""
+    parts = qualified.split(".")
+    if parts[0] != "apex" or len(parts) < 2 or parts[1] == "amp":
+        return None
+    if len(parts) == 2:
+        return parts[1]
+    return f"{parts[1]}.{parts[-1]}"
+
+
+def lookup(qualified: str) -> Tuple[Optional[ApexApi], str]:
+    """(the mapping, or None with the reason there is none) for a qualified apex name."""
+    key = canonical(qualified) or ""
+    if key in APIS:
+        return APIS[key], ""
+    if key in NO_EQUIVALENT:
+        return None, NO_EQUIVALENT[key]
+    return None, f"`{qualified}` has no torch equivalent ampfix knows of"
+
+
+def category(qualified: str) -> str:
+    key = canonical(qualified) or ""
+    return CATEGORY.get(key.split(".")[0], "other")
