@@ -129,6 +129,15 @@ model = torch.nn.parallel.DistributedDataParallel(model)
         model = ctx.model
         torch = model.torch_alias()
         binds = [b for b in model.import_bindings if _mine(b) and not model.in_fallback(b.stmt)]
+        optional: Set[int] = set()  # bindings of an optional import with a torch fallback: handled whole
+        for tr, bs in self._optional_tries(model, binds).items():
+            optional.update(id(b) for b in bs)
+            yield from self._optional(ctx, tr, bs)
+        binds = [b for b in binds if id(b) not in optional]
+        for b in [b for b in binds if _flagged_try(model, b.stmt)]:
+            optional.add(id(b))
+            yield Violation(b.stmt, message=f"optional apex import `{b.name}` next to other statements in its `try:` "
+                                            "(an availability flag?): once its uses are migrated, remove it by hand")
         seen: Set[int] = set()
         for b in binds:
             for ref in b.refs:
@@ -141,7 +150,7 @@ model = torch.nn.parallel.DistributedDataParallel(model)
                 if not apex or any(n.startswith("apex.amp") or n == "apex" for n in apex):
                     continue  # apex.amp: AMP102's
                 yield from self._use(ctx, node, apex[0], torch, len(names) > 1)
-        yield from self._imports(ctx, [b for b in binds if not b.refs])
+        yield from self._imports(ctx, [b for b in binds if not b.refs and id(b) not in optional])
 
     # ------------------------------------------------------------------ uses
     def _use(self, ctx: FileContext, node: cst.CSTNode, qualified: str, torch: Optional[str],
@@ -182,6 +191,62 @@ model = torch.nn.parallel.DistributedDataParallel(model)
             return
         title = f"apex {short} -> torch.{target}: " + "; ".join([api.why, *notes])
         yield Violation(shown, message=msg, fix=Fix(new, applicability=UNSAFE, description=title))
+
+    # ------------------------------------------------------------------ optional imports
+    @staticmethod
+    def _optional_tries(model: AmpModel, binds: List[ImportBinding]) -> Dict[cst.Try, List[ImportBinding]]:
+        """`try: <apex imports>` / `except ImportError: <the same names bound again>`."""
+        out: Dict[cst.Try, List[ImportBinding]] = {}
+        for b in binds:
+            tr = _try_of(model, b.stmt)
+            if tr is not None and b.name in names_bound([s for h in tr.handlers for s in h.body.body]):
+                out.setdefault(tr, []).append(b)
+        return out
+
+    def _optional(self, ctx: FileContext, tr: cst.Try, bs: List[ImportBinding]) -> Iterator[Violation]:
+        """Keep the torch fallback, drop the apex branch: only when the `try` imports nothing but these
+        apex names and the `except ImportError` branch binds each to the torch class AMP103 maps it to."""
+        model = ctx.model
+        fallback = _fallback_targets(model, tr)
+        reason = None
+        wanted = {id(b.alias) for b in bs}
+        if tr.orelse is not None or tr.finalbody is not None or len(tr.handlers) != 1:
+            reason = "the `try` has an `else`/`finally` or several `except` branches"
+        elif not all(isinstance(st, cst.SimpleStatementLine) and all(
+                isinstance(x, (cst.Import, cst.ImportFrom)) and not isinstance(x.names, cst.ImportStar)
+                and all(id(a) in wanted for a in x.names) for x in st.body) for st in tr.body.body):
+            reason = "the `try` does more than import these apex names (an availability flag?)"
+        uses: Dict[cst.CSTNode, cst.CSTNode] = {}
+        for b in bs:
+            api, _ = lookup(b.qualified)
+            got = fallback.get(b.name)
+            if reason is None and (api is None or got != f"torch.{api.target}"):
+                reason = (f"the `except ImportError` branch binds `{b.name}` to "
+                          f"{'`' + got + '`' if got and got != '?' else 'code of its own'}, not to "
+                          f"`torch.{api.target if api else '...'}`: keep one of the two by hand")
+            for ref in (r for ib in model.import_bindings if ib.name == b.name and ib.scope is b.scope for r in ib.refs):
+                role, call = model.reference_role(ref)
+                if reason is None and role == "call" and api is not None:
+                    args, target, _ = map_args(model, call, api)
+                    if args is None or target != api.target:
+                        reason = f"the call on line {model.line(call)} cannot be mapped: {target}"
+                    elif [id(a) for a in args] != [id(a) for a in call.args]:
+                        uses[call] = with_args(call, args)
+        first = bs[0]
+        msg = (f"optional NVIDIA apex import `{first.name}` with a torch fallback: keep the fallback "
+               f"and drop apex")
+        if reason is not None:
+            yield Violation(first.stmt, message=f"{msg}; not migrated: {reason}")
+            return
+        handler = tr.handlers[0]
+        kept = [st for st in handler.body.body if not (isinstance(st, cst.SimpleStatementLine) and all(
+            isinstance(x, cst.Expr) for x in st.body))]  # log lines about installing apex go
+        kept = [st.with_changes(leading_lines=()) for st in kept]
+        kept[0] = kept[0].with_changes(leading_lines=tr.leading_lines)
+        edit: Dict[cst.CSTNode, object] = {tr: cst.FlattenSentinel(kept), **uses}
+        yield Violation(first.stmt, message=msg, fix=Fix(edit, applicability=UNSAFE,  # type: ignore[arg-type]
+                        description="optional apex import -> its torch fallback: installs with apex now run torch's "
+                                    "class too (apex-only arguments dropped from its calls)"))
 
     # ------------------------------------------------------------------ imports
     def _imports(self, ctx: FileContext, unused: List[ImportBinding]) -> Iterator[Violation]:
@@ -247,6 +312,49 @@ model = torch.nn.parallel.DistributedDataParallel(model)
                   description="optional apex import removed with its `except ImportError` branch")
         yield Violation(bs[0].stmt, message=f"apex import `{bs[0].name}` is no longer used: remove the `try:` "
                                             "that imports it", fix=fix)
+
+
+def _try_of(model: AmpModel, stmt: cst.CSTNode) -> Optional[cst.Try]:
+    """The `try` whose body holds the import statement `stmt` directly, when it catches ImportError."""
+    line = model.parent(stmt)
+    block = model.block_of(line) if line is not None else None
+    tr = model.parent(block) if block is not None else None
+    if not isinstance(tr, cst.Try) or tr.body is not block:
+        return None
+    for h in tr.handlers:
+        types = h.type.elements if isinstance(h.type, cst.Tuple) else [h.type]
+        names = {model.code(t.value if isinstance(t, cst.Element) else t).strip() for t in types if t is not None}
+        if names & {"ImportError", "ModuleNotFoundError", "Exception"} or h.type is None:
+            return tr
+    return None
+
+
+def _flagged_try(model: AmpModel, stmt: cst.CSTNode) -> bool:
+    """The import is in a `try: ... except ImportError:` whose body also does something else."""
+    tr = _try_of(model, stmt)
+    return tr is not None and any(not (isinstance(st, cst.SimpleStatementLine) and all(
+        isinstance(x, (cst.Import, cst.ImportFrom)) for x in st.body)) for st in tr.body.body)
+
+
+def _fallback_targets(model: AmpModel, tr: cst.Try) -> Dict[str, str]:
+    """name -> what the `except` branch binds it to (a qualified name, or "?" for code of its own)."""
+    out: Dict[str, str] = {}
+    for h in tr.handlers:
+        for st in h.body.body:
+            for small in (st.body if isinstance(st, cst.SimpleStatementLine) else [st]):
+                if isinstance(small, cst.ImportFrom) and small.module is not None and \
+                        not isinstance(small.names, cst.ImportStar) and not small.relative:
+                    for a in small.names:
+                        name = model.code(a.asname.name if a.asname else a.name).strip()
+                        out[name] = f"{model.code(small.module).strip()}.{model.code(a.name).strip()}"
+                elif isinstance(small, cst.Assign) and len(small.targets) == 1 and \
+                        isinstance(small.targets[0].target, cst.Name):
+                    q = sorted(model.qualnames(small.value)) if isinstance(small.value, (cst.Name, cst.Attribute)) else []
+                    out[small.targets[0].target.value] = q[0] if q else "?"
+                else:
+                    for name in names_bound([small]):
+                        out[name] = "?"
+    return out
 
 
 __all__ = ["ApexToTorch"]
