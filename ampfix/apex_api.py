@@ -25,7 +25,12 @@ Signatures assumed (apex master, 2023-2024; see AMP103's docs):
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
+
+import libcst as cst
+
+from ampfix.edits import keyword_arg
+from ampfix.model import AmpModel, names_bound
 
 # keyword -> what to do with it: "keep", "drop" (any value), ("drop-if", literal) (dropped when it
 # is that literal, reported otherwise), ("note", text) (dropped, and the fix title says why)
@@ -129,3 +134,93 @@ def lookup(qualified: str) -> Tuple[Optional[ApexApi], str]:
 def category(qualified: str) -> str:
     key = canonical(qualified) or ""
     return CATEGORY.get(key.split(".")[0], "other")
+
+
+# ----------------------------------------------------------------------------- arguments
+
+
+def map_args(model: AmpModel, call: cst.Call, api: ApexApi) -> Tuple[Optional[List[cst.Arg]], str, List[str]]:
+    """(the torch arguments, the torch target, notes), or (None, why not, [])."""
+    out: List[cst.Arg] = []
+    notes: List[str] = []
+    target = api.target
+    pos = 0
+    given = set()
+    for a in call.args:
+        if a.star:
+            return None, "it passes `*args`/`**kwargs`, which ampfix cannot map keyword by keyword", []
+        if a.keyword is None:
+            if pos >= api.positional:
+                return None, (f"positional argument {pos + 1} means different things in apex and torch "
+                              "(and across apex versions): pass it by keyword"), []
+            pos += 1
+            out.append(a)
+            continue
+        k, value = a.keyword.value, model.code(a.value).strip()
+        given.add(k)
+        plan = api.keywords.get(k)
+        if plan is None:
+            return None, f"`{k}=` has no torch equivalent", []
+        if plan == "keep":
+            out.append(a)
+        elif plan == "special":  # FusedAdam(adam_w_mode=...): AdamW (the apex default) or Adam
+            if value not in ("True", "False"):
+                return None, "adam_w_mode is not a literal True/False (AdamW or Adam?)", []
+            target = "optim.AdamW" if value == "True" else "optim.Adam"
+        elif isinstance(plan, tuple) and plan[0] == "drop-if" and value != plan[1]:
+            return None, f"`{k}={value}` has no torch equivalent", []
+        elif isinstance(plan, tuple) and plan[0] == "note":
+            notes.append(plan[1])
+    if api.kind == "adam" and target == "optim.AdamW" and "weight_decay" not in given:
+        out.append(keyword_arg("weight_decay", cst.Float("0.0")))  # apex's default; AdamW's is 0.01
+    if api.kind == "rmsnorm" and "eps" not in given and pos < 2:
+        out.append(keyword_arg("eps", cst.Float("1e-5")))  # apex's default; torch's is finfo(dtype).eps
+    if api.kind in ("adam", "sgd"):
+        out.append(keyword_arg("fused", cst.Name("True")))
+    return out, target, notes
+
+
+# ----------------------------------------------------------------------------- optional imports
+
+
+def try_of(model: AmpModel, stmt: cst.CSTNode) -> Optional[cst.Try]:
+    """The `try` whose body holds the import statement `stmt` directly, when it catches ImportError."""
+    line = model.parent(stmt)
+    block = model.block_of(line) if line is not None else None
+    tr = model.parent(block) if block is not None else None
+    if not isinstance(tr, cst.Try) or tr.body is not block:
+        return None
+    for h in tr.handlers:
+        types = h.type.elements if isinstance(h.type, cst.Tuple) else [h.type]
+        names = {model.code(t.value if isinstance(t, cst.Element) else t).strip() for t in types if t is not None}
+        if names & {"ImportError", "ModuleNotFoundError", "Exception"} or h.type is None:
+            return tr
+    return None
+
+
+def flagged_try(model: AmpModel, stmt: cst.CSTNode) -> bool:
+    """The import is in a `try: ... except ImportError:` whose body also does something else."""
+    tr = try_of(model, stmt)
+    return tr is not None and any(not (isinstance(st, cst.SimpleStatementLine) and all(
+        isinstance(x, (cst.Import, cst.ImportFrom)) for x in st.body)) for st in tr.body.body)
+
+
+def fallback_targets(model: AmpModel, tr: cst.Try) -> Dict[str, str]:
+    """name -> what the `except` branch binds it to (a qualified name, or "?" for code of its own)."""
+    out: Dict[str, str] = {}
+    for h in tr.handlers:
+        for st in h.body.body:
+            for small in (st.body if isinstance(st, cst.SimpleStatementLine) else [st]):
+                if isinstance(small, cst.ImportFrom) and small.module is not None and \
+                        not isinstance(small.names, cst.ImportStar) and not small.relative:
+                    for a in small.names:
+                        name = model.code(a.asname.name if a.asname else a.name).strip()
+                        out[name] = f"{model.code(small.module).strip()}.{model.code(a.name).strip()}"
+                elif isinstance(small, cst.Assign) and len(small.targets) == 1 and \
+                        isinstance(small.targets[0].target, cst.Name):
+                    q = sorted(model.qualnames(small.value)) if isinstance(small.value, (cst.Name, cst.Attribute)) else []
+                    out[small.targets[0].target.value] = q[0] if q else "?"
+                else:
+                    for name in names_bound([small]):
+                        out[name] = "?"
+    return out

@@ -14,8 +14,8 @@ from typing import Dict, Iterator, List, Optional, Set, Tuple
 
 import libcst as cst
 
-from ampfix.apex_api import ApexApi, lookup
-from ampfix.edits import keyword_arg, remove_import_alias, remove_statement, with_args
+from ampfix.apex_api import fallback_targets, flagged_try, lookup, map_args, try_of
+from ampfix.edits import remove_import_alias, remove_statement, with_args
 from ampfix.model import AmpModel, ImportBinding, names_bound
 from ampfix.rule import UNSAFE, FileContext, Fix, Rule, Violation
 
@@ -36,47 +36,6 @@ def _outer(model: AmpModel, ref: cst.CSTNode) -> cst.CSTNode:
     while isinstance(model.parent(node), cst.Attribute) and model.parent(node).value is node:
         node = model.parent(node)
     return node
-
-
-def map_args(model: AmpModel, call: cst.Call, api: ApexApi) -> Tuple[Optional[List[cst.Arg]], str, List[str]]:
-    """(the torch arguments, the torch target, notes), or (None, why not, [])."""
-    out: List[cst.Arg] = []
-    notes: List[str] = []
-    target = api.target
-    pos = 0
-    given = set()
-    for a in call.args:
-        if a.star:
-            return None, "it passes `*args`/`**kwargs`, which ampfix cannot map keyword by keyword", []
-        if a.keyword is None:
-            if pos >= api.positional:
-                return None, (f"positional argument {pos + 1} means different things in apex and torch "
-                              "(and across apex versions): pass it by keyword"), []
-            pos += 1
-            out.append(a)
-            continue
-        k, value = a.keyword.value, model.code(a.value).strip()
-        given.add(k)
-        plan = api.keywords.get(k)
-        if plan is None:
-            return None, f"`{k}=` has no torch equivalent", []
-        if plan == "keep":
-            out.append(a)
-        elif plan == "special":  # FusedAdam(adam_w_mode=...): AdamW (the apex default) or Adam
-            if value not in ("True", "False"):
-                return None, "adam_w_mode is not a literal True/False (AdamW or Adam?)", []
-            target = "optim.AdamW" if value == "True" else "optim.Adam"
-        elif isinstance(plan, tuple) and plan[0] == "drop-if" and value != plan[1]:
-            return None, f"`{k}={value}` has no torch equivalent", []
-        elif isinstance(plan, tuple) and plan[0] == "note":
-            notes.append(plan[1])
-    if api.kind == "adam" and target == "optim.AdamW" and "weight_decay" not in given:
-        out.append(keyword_arg("weight_decay", cst.Float("0.0")))  # apex's default; AdamW's is 0.01
-    if api.kind == "rmsnorm" and "eps" not in given and pos < 2:
-        out.append(keyword_arg("eps", cst.Float("1e-5")))  # apex's default; torch's is finfo(dtype).eps
-    if api.kind in ("adam", "sgd"):
-        out.append(keyword_arg("fused", cst.Name("True")))
-    return out, target, notes
 
 
 class ApexToTorch(Rule):
@@ -134,7 +93,7 @@ model = torch.nn.parallel.DistributedDataParallel(model)
             optional.update(id(b) for b in bs)
             yield from self._optional(ctx, tr, bs)
         binds = [b for b in binds if id(b) not in optional]
-        for b in [b for b in binds if _flagged_try(model, b.stmt)]:
+        for b in [b for b in binds if flagged_try(model, b.stmt)]:
             optional.add(id(b))
             yield Violation(b.stmt, message=f"optional apex import `{b.name}` next to other statements in its `try:` "
                                             "(an availability flag?): once its uses are migrated, remove it by hand")
@@ -198,7 +157,7 @@ model = torch.nn.parallel.DistributedDataParallel(model)
         """`try: <apex imports>` / `except ImportError: <the same names bound again>`."""
         out: Dict[cst.Try, List[ImportBinding]] = {}
         for b in binds:
-            tr = _try_of(model, b.stmt)
+            tr = try_of(model, b.stmt)
             if tr is not None and b.name in names_bound([s for h in tr.handlers for s in h.body.body]):
                 out.setdefault(tr, []).append(b)
         return out
@@ -207,7 +166,7 @@ model = torch.nn.parallel.DistributedDataParallel(model)
         """Keep the torch fallback, drop the apex branch: only when the `try` imports nothing but these
         apex names and the `except ImportError` branch binds each to the torch class AMP103 maps it to."""
         model = ctx.model
-        fallback = _fallback_targets(model, tr)
+        fallback = fallback_targets(model, tr)
         reason = None
         wanted = {id(b.alias) for b in bs}
         if tr.orelse is not None or tr.finalbody is not None or len(tr.handlers) != 1:
@@ -312,49 +271,6 @@ model = torch.nn.parallel.DistributedDataParallel(model)
                   description="optional apex import removed with its `except ImportError` branch")
         yield Violation(bs[0].stmt, message=f"apex import `{bs[0].name}` is no longer used: remove the `try:` "
                                             "that imports it", fix=fix)
-
-
-def _try_of(model: AmpModel, stmt: cst.CSTNode) -> Optional[cst.Try]:
-    """The `try` whose body holds the import statement `stmt` directly, when it catches ImportError."""
-    line = model.parent(stmt)
-    block = model.block_of(line) if line is not None else None
-    tr = model.parent(block) if block is not None else None
-    if not isinstance(tr, cst.Try) or tr.body is not block:
-        return None
-    for h in tr.handlers:
-        types = h.type.elements if isinstance(h.type, cst.Tuple) else [h.type]
-        names = {model.code(t.value if isinstance(t, cst.Element) else t).strip() for t in types if t is not None}
-        if names & {"ImportError", "ModuleNotFoundError", "Exception"} or h.type is None:
-            return tr
-    return None
-
-
-def _flagged_try(model: AmpModel, stmt: cst.CSTNode) -> bool:
-    """The import is in a `try: ... except ImportError:` whose body also does something else."""
-    tr = _try_of(model, stmt)
-    return tr is not None and any(not (isinstance(st, cst.SimpleStatementLine) and all(
-        isinstance(x, (cst.Import, cst.ImportFrom)) for x in st.body)) for st in tr.body.body)
-
-
-def _fallback_targets(model: AmpModel, tr: cst.Try) -> Dict[str, str]:
-    """name -> what the `except` branch binds it to (a qualified name, or "?" for code of its own)."""
-    out: Dict[str, str] = {}
-    for h in tr.handlers:
-        for st in h.body.body:
-            for small in (st.body if isinstance(st, cst.SimpleStatementLine) else [st]):
-                if isinstance(small, cst.ImportFrom) and small.module is not None and \
-                        not isinstance(small.names, cst.ImportStar) and not small.relative:
-                    for a in small.names:
-                        name = model.code(a.asname.name if a.asname else a.name).strip()
-                        out[name] = f"{model.code(small.module).strip()}.{model.code(a.name).strip()}"
-                elif isinstance(small, cst.Assign) and len(small.targets) == 1 and \
-                        isinstance(small.targets[0].target, cst.Name):
-                    q = sorted(model.qualnames(small.value)) if isinstance(small.value, (cst.Name, cst.Attribute)) else []
-                    out[small.targets[0].target.value] = q[0] if q else "?"
-                else:
-                    for name in names_bound([small]):
-                        out[name] = "?"
-    return out
 
 
 __all__ = ["ApexToTorch"]
