@@ -199,10 +199,11 @@ def try_of(model: AmpModel, stmt: cst.CSTNode) -> Optional[cst.Try]:
 
 
 def flagged_try(model: AmpModel, stmt: cst.CSTNode) -> bool:
-    """The import is in a `try: ... except ImportError:` whose body also does something else."""
+    """The import is in a `try: ... except ImportError:` whose body also binds other names (an
+    availability flag such as `has_apex = True`)."""
     tr = try_of(model, stmt)
-    return tr is not None and any(not (isinstance(st, cst.SimpleStatementLine) and all(
-        isinstance(x, (cst.Import, cst.ImportFrom)) for x in st.body)) for st in tr.body.body)
+    return tr is not None and bool(names_bound([st for st in tr.body.body if not (
+        isinstance(st, cst.SimpleStatementLine) and all(isinstance(x, (cst.Import, cst.ImportFrom)) for x in st.body))]))
 
 
 def fallback_targets(model: AmpModel, tr: cst.Try) -> Dict[str, str]:

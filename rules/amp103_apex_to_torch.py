@@ -14,7 +14,7 @@ from typing import Dict, Iterator, List, Optional, Set, Tuple
 
 import libcst as cst
 
-from ampfix.apex_api import fallback_targets, flagged_try, lookup, map_args, try_of
+from ampfix.apex_api import canonical, fallback_targets, flagged_try, lookup, map_args, try_of
 from ampfix.edits import remove_import_alias, remove_statement, with_args
 from ampfix.model import AmpModel, ImportBinding, names_bound
 from ampfix.rule import UNSAFE, FileContext, Fix, Rule, Violation
@@ -98,6 +98,7 @@ model = torch.nn.parallel.DistributedDataParallel(model)
             yield Violation(b.stmt, message=f"optional apex import `{b.name}` next to other statements in its `try:` "
                                             "(an availability flag?): once its uses are migrated, remove it by hand")
         seen: Set[int] = set()
+        found = []
         for b in binds:
             for ref in b.refs:
                 node = _outer(model, ref)
@@ -108,12 +109,16 @@ model = torch.nn.parallel.DistributedDataParallel(model)
                 apex = sorted(n for n in names if n.startswith("apex"))
                 if not apex or any(n.startswith("apex.amp") or n == "apex" for n in apex):
                     continue  # apex.amp: AMP102's
-                yield from self._use(ctx, node, apex[0], torch, len(names) > 1)
+                found.append((node, apex[0], len(names) > 1))
+        # classes this file constructs: their isinstance checks and annotations migrate with them
+        built = {canonical(q) for node, q, _ in found if model.reference_role(node)[0] == "call"}
+        for node, q, ambiguous in found:
+            yield from self._use(ctx, node, q, torch, ambiguous, canonical(q) in built)
         yield from self._imports(ctx, [b for b in binds if not b.refs and id(b) not in optional])
 
     # ------------------------------------------------------------------ uses
     def _use(self, ctx: FileContext, node: cst.CSTNode, qualified: str, torch: Optional[str],
-             ambiguous: bool) -> Iterator[Violation]:
+             ambiguous: bool, built_here: bool) -> Iterator[Violation]:
         model = ctx.model
         api, why = lookup(qualified)
         role, call = model.reference_role(node)
@@ -141,8 +146,11 @@ model = torch.nn.parallel.DistributedDataParallel(model)
                 target = target_or_why
                 msg = f"NVIDIA apex `{short}`: use `torch.{target}` (torch >= {_ver(api.min_torch)})"
                 new = {call: with_args(call.with_changes(func=cst.parse_expression(f"{torch}.{target}")), args)}
-        elif role == "type" and api.kind in ONE_TO_ONE:
+        elif role == "type" and api.kind in ONE_TO_ONE and built_here:
             new = {node: cst.parse_expression(f"{torch}.{target}")}
+        elif role == "type" and api.kind in ONE_TO_ONE:
+            reason = (f"a type check, and this file builds no `{short}`: objects built elsewhere may still be apex's; "
+                      "migrate it with the code that builds them")
         else:
             reason = "it is used as a value (passed, aliased or subclassed): its call sites cannot be followed"
         if new is None:
@@ -241,17 +249,7 @@ model = torch.nn.parallel.DistributedDataParallel(model)
                 isinstance(small, (cst.Import, cst.ImportFrom)) and not isinstance(small.names, cst.ImportStar)
                 and all(id(a) in removable for a in small.names) for small in s.body)
             for s in body)
-        if not only_these:
-            # the try keeps other statements: drop the aliases one by one
-            lines_left = [s for s in body if not (isinstance(s, cst.SimpleStatementLine) and all(
-                isinstance(small, (cst.Import, cst.ImportFrom)) and not isinstance(small.names, cst.ImportStar)
-                and all(id(a) in removable for a in small.names) for small in s.body))]
-            if any(not (isinstance(s, cst.SimpleStatementLine) and all(
-                    isinstance(x, (cst.Import, cst.ImportFrom)) for x in s.body)) for s in lines_left):
-                for b in bs:
-                    yield Violation(b.stmt, message=f"apex import `{b.name}` is no longer used, but its `try:` also "
-                                                    "sets other things (an availability flag?): remove it by hand")
-                return
+        if not only_these:  # the try keeps other statements (which bind nothing: see flagged_try)
             for b in bs:
                 yield self._remove_alias(model, b)
             return
