@@ -46,6 +46,7 @@ class ApexApi:
     keywords: Dict[str, KwPlan] = field(default_factory=dict)
     why: str = ""  # the behaviour difference the fix title states (every AMP103 fix is unsafe)
     category: str = "other"  # for the corpus count: "parallel", "optimizers", "normalization", "other"
+    apex_params: Tuple[str, ...] = ()  # apex's own parameter order (the signatures above; tests compare to torch's)
 
 
 DDP_WHY = ("torch DDP reduces gradients in 25 MB buckets during backward and broadcasts rank 0's buffers "
@@ -65,36 +66,40 @@ APIS: Dict[str, ApexApi] = {
             "gradient_average": ("drop-if", "True"), "allreduce_always_fp32": ("drop-if", "False"),
             "retain_allreduce_buffers": ("drop-if", "False"), "allreduce_trigger_params": ("drop-if", "None"),
             "allreduce_communicators": ("drop-if", "None"),
-        }, DDP_WHY, "parallel"),
+        }, DDP_WHY, "parallel", ("module",)),
     "parallel.convert_syncbn_model": ApexApi(
         "convert_syncbn", "nn.SyncBatchNorm.convert_sync_batchnorm", (1, 2), 2,
         {"process_group": "keep", "channel_last": ("drop-if", "False")},
-        "torch's SyncBatchNorm kernels: the same statistics up to rounding", "parallel"),
+        "torch's SyncBatchNorm kernels: the same statistics up to rounding", "parallel", ("module", "process_group")),
     "parallel.SyncBatchNorm": ApexApi(
         "syncbn", "nn.SyncBatchNorm", (1, 1), 6,
         {k: "keep" for k in ("eps", "momentum", "affine", "track_running_stats", "process_group")}
         | {"channel_last": ("drop-if", "False"), "fuse_relu": ("drop-if", "False")},
-        "torch's SyncBatchNorm kernels: the same statistics up to rounding", "parallel"),
+        "torch's SyncBatchNorm kernels: the same statistics up to rounding", "parallel",
+        ("num_features", "eps", "momentum", "affine", "track_running_stats", "process_group")),
     "optimizers.FusedAdam": ApexApi(
         "adam", "optim.AdamW", (2, 0), 2,
         {k: "keep" for k in ("lr", "betas", "eps", "weight_decay", "amsgrad", "capturable")}
         | {"bias_correction": ("drop-if", "True"), "set_grad_none": "drop", "master_weights": ("drop-if", "False"),
            "adam_w_mode": "special"},
         "the same update up to rounding; optimizer state saved by apex FusedAdam does not load (torch keeps "
-        "`step` per parameter)", "optimizers"),
+        "`step` per parameter)", "optimizers", ("params", "lr")),
     "optimizers.FusedSGD": ApexApi(
         "sgd", "optim.SGD", (2, 3), 6,
         {k: "keep" for k in ("lr", "momentum", "dampening", "weight_decay", "nesterov")}
         | {"wd_after_momentum": ("drop-if", "False"), "materialize_master_grads": "drop", "set_grad_none": "drop"},
-        "the same update up to rounding (fused kernel)", "optimizers"),
+        "the same update up to rounding (fused kernel)", "optimizers",
+        ("params", "lr", "momentum", "dampening", "weight_decay", "nesterov")),
     "normalization.FusedLayerNorm": ApexApi(
         "layernorm", "nn.LayerNorm", (1, 0), 3,
         {"eps": "keep", "elementwise_affine": "keep", "memory_efficient": "drop"},
-        "torch's kernel: the same result up to rounding (same `weight`/`bias`: checkpoints load)", "normalization"),
+        "torch's kernel: the same result up to rounding (same `weight`/`bias`: checkpoints load)", "normalization",
+        ("normalized_shape", "eps", "elementwise_affine")),
     "normalization.FusedRMSNorm": ApexApi(
         "rmsnorm", "nn.RMSNorm", (2, 4), 3,
         {"eps": "keep", "elementwise_affine": "keep", "memory_efficient": "drop"},
-        "torch's kernel: the same result up to rounding (same `weight`: checkpoints load)", "normalization"),
+        "torch's kernel: the same result up to rounding (same `weight`: checkpoints load)", "normalization",
+        ("normalized_shape", "eps", "elementwise_affine")),
 }
 
 NO_EQUIVALENT = {
