@@ -42,6 +42,7 @@ ROOT = Path(__file__).resolve().parent.parent
 CACHE = ROOT / "bench" / ".cache" / "apex"
 RESULTS = ROOT / "bench" / "CHECK_RESULTS.md"
 HEADING = "## Apex migration corpus (issue 13)"
+END = "<!-- /apex-corpus: generated above by bench/apex_corpus.py; notes written by hand below are kept -->"
 KINDS = ["amp.initialize", "amp.scale_loss", "amp (other)", "parallel DDP", "parallel (other)", "optimizers",
          "normalization", "other"]
 # (spec, how): sdists where their metadata builds, else the (pure-Python) wheel for Python 3.8
@@ -85,8 +86,8 @@ def fetch() -> None:
         print(f"fetched {spec}")
 
 
-def uses(text: str, path: str) -> List[Tuple[int, str, str]]:
-    """(line, kind, qualified name) of every reference to a name imported from apex."""
+def uses(text: str, path: str) -> List[Tuple[int, str, str, int]]:
+    """(line, kind, qualified name, line of its import) of every reference to a name imported from apex."""
     import libcst as cst
 
     from ampfix.apex_api import category
@@ -118,7 +119,7 @@ def uses(text: str, path: str) -> List[Tuple[int, str, str]]:
             else:
                 cat = category(q0)
                 kind = {"parallel": "parallel (other)"}.get(cat, cat)
-            out.append((model.line(node), kind, q0))
+            out.append((model.line(node), kind, q0, model.line(b.stmt)))
     return out
 
 
@@ -157,7 +158,7 @@ def count(trees: Path) -> Tuple[Dict[str, Counter], List[str], Dict[str, List[st
             if new != text:
                 (diffs / (str(rel).replace("/", "__") + ".diff")).write_text("".join(difflib.unified_diff(
                     text.splitlines(True), new.splitlines(True), f"a/{rel}", f"b/{rel}")), encoding="utf-8")
-            b_count, a_count = Counter(k for _, k, _ in before), Counter(k for _, k, _ in after)
+            b_count, a_count = Counter(u[1] for u in before), Counter(u[1] for u in after)
             for kind in b_count:
                 totals[kind]["uses"] += b_count[kind]
                 totals[kind]["migrated"] += max(0, b_count[kind] - a_count[kind])
@@ -165,11 +166,13 @@ def count(trees: Path) -> Tuple[Dict[str, Counter], List[str], Dict[str, List[st
             for d in findings:
                 if d["code"].startswith("AMP1"):
                     by_line[d["line"]].append(d)
-            for line, kind, q in after:
-                hit = by_line.get(line)
+            for line, kind, q, import_line in after:
+                hit = by_line.get(line) or by_line.get(import_line)
                 if hit:
                     totals[kind]["reported"] += 1
-                    reported.append(f"| `{rel}:{line}` | {kind} | {hit[0]['code']}: {hit[0]['message'].replace('|', '/')} |")
+                    where = "" if by_line.get(line) else f" (reported at its import, line {import_line})"
+                    reported.append(f"| `{rel}:{line}` | {kind} | {hit[0]['code']}{where}: "
+                                    f"{hit[0]['message'].replace('|', '/')} |")
                 else:
                     totals[kind]["silent"] += 1
                     reported.append(f"| `{rel}:{line}` | {kind} | no finding (`{q}`) |")
@@ -200,15 +203,18 @@ def markdown(totals: Dict[str, Counter], reported: List[str], per_tree: Dict[str
     for tree, rows in sorted(per_tree.items()):
         lines.append(f"- {tree}: " + "; ".join(r.split("/", 1)[1] if "/" in r else r for r in rows))
     lines += ["", "Each use left after the rewrite, with the reason:", "", "| where | kind | reason |", "|---|---|---|",
-              *reported, ""]
+              *reported, "", END]
     return "\n".join(lines)
 
 
 def write_results(md: str) -> None:
     text = RESULTS.read_text(encoding="utf-8")
+    after = ""
     if HEADING in text:
-        text = text[:text.index(HEADING)].rstrip("\n") + "\n"
-    RESULTS.write_text(text.rstrip("\n") + "\n\n" + md, encoding="utf-8")
+        head, rest = text[:text.index(HEADING)], text[text.index(HEADING):]
+        after = rest[rest.index(END) + len(END):] if END in rest else "\n"
+        text = head
+    RESULTS.write_text(text.rstrip("\n") + "\n\n" + md + (after if after.strip() else "\n"), encoding="utf-8")
 
 
 def main() -> None:

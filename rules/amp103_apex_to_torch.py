@@ -237,6 +237,10 @@ model = torch.nn.parallel.DistributedDataParallel(model)
         if block is not None and len(block.body) == 1 and edit.get(line) is not None \
                 and isinstance(edit[line], cst.RemovalSentinel):
             edit = {line: cst.SimpleStatementLine(body=[cst.Pass()], leading_lines=line.leading_lines)}
+        elif block is not None and block is not model.module and block.body[0] is line and len(block.body) > 1 \
+                and isinstance(edit.get(line), cst.RemovalSentinel) and len(edit) == 1:
+            nxt = block.body[1]  # first in its block: the blank line that followed the import goes too
+            edit[nxt] = nxt.with_changes(leading_lines=[ln for ln in nxt.leading_lines if ln.comment is not None])
         return Violation(b.stmt, message=f"apex import `{b.name}` is no longer used: remove it",
                          fix=Fix(edit, applicability=UNSAFE, description="unused apex import removed"))
 
