@@ -60,6 +60,8 @@ replacement or is reported:
 | `apex.normalization.FusedRMSNorm(shape, ...)` | `torch.nn.RMSNorm(shape, eps=1e-5, ...)` | 2.4 | torch's default eps is the dtype's, apex's 1e-5 |
 | `FusedLAMB`, `FusedNovoGrad`, `MixedFusedLayerNorm`, `LARC`, `apex.fp16_utils`, `apex.contrib`, ... | none | | reported |
 
+The apex signatures assumed (apex master, 2023-2024) are listed in `ampfix/apex_api.py`;
+the tests compare the kept arguments with torch's own signatures.
 Only the positional arguments whose meaning is the same in both are kept (FusedAdam: `params, lr`);
 a keyword without an equivalent, `*args`, or a replacement newer than `--min-torch-version`
 is reported. `isinstance`/annotation uses of the classes map to the torch class; an apex class
@@ -110,6 +112,11 @@ model = torch.nn.parallel.DistributedDataParallel(model)
                 if not apex or any(n.startswith("apex.amp") or n == "apex" for n in apex):
                     continue  # apex.amp: AMP102's
                 found.append((node, apex[0], len(names) > 1))
+        for imp in model.nodes_of(cst.ImportFrom):
+            mod = model.code(imp.module).strip() if imp.module is not None and not imp.relative else ""
+            if isinstance(imp.names, cst.ImportStar) and mod.split(".")[0] == "apex" and not mod.startswith("apex.amp"):
+                yield Violation(imp, message=f"`from {mod} import *`: the apex names it brings cannot be followed; "
+                                             "import them by name (or migrate them) by hand")
         # classes this file constructs: their isinstance checks and annotations migrate with them
         built = {canonical(q) for node, q, _ in found if model.reference_role(node)[0] == "call"}
         for node, q, ambiguous in found:
