@@ -7,7 +7,13 @@ bench/CHECK_RESULTS.md):
     python bench/apex_corpus.py --fetch --write-results
 
 Without --fetch it reads the trees already in bench/.cache/apex/trees (or `--trees DIR`, a folder
-whose sub-folders are the trees). For every *.py file that imports apex it:
+whose sub-folders are the trees); `--tree NAME=PATH[@REV]` (repeatable) adds a folder or a git
+directory (e.g. a mirror of NVIDIA/DeepLearningExamples, whose HEAD's Python files are extracted
+into bench/.cache as bench_check.py does):
+
+    python bench/apex_corpus.py --write-results --tree DLE=/path/to/DeepLearningExamples/.git
+
+For every *.py file that imports apex it:
 
   1. counts the apex uses (each reference to a name imported from apex, by what it resolves to)
      by kind: amp.initialize, amp.scale_loss, amp (other), parallel DDP, parallel (other),
@@ -131,19 +137,19 @@ def rewrite(path: Path) -> Tuple[str, List[dict]]:
     return path.read_text(encoding="utf-8"), findings
 
 
-def count(trees: Path) -> Tuple[Dict[str, Counter], List[str], Dict[str, List[str]]]:
+def count(trees: List[Tuple[str, Path]]) -> Tuple[Dict[str, Counter], List[str], Dict[str, List[str]]]:
     totals: Dict[str, Counter] = defaultdict(Counter)
     reported: List[str] = []
     per_tree: Dict[str, List[str]] = defaultdict(list)
     diffs = CACHE / "diffs"
     shutil.rmtree(diffs, ignore_errors=True)
     diffs.mkdir(parents=True)
-    for tree in sorted(p for p in trees.iterdir() if p.is_dir()):
+    for name, tree in trees:
         for f in sorted(tree.rglob("*.py")):
             text = f.read_text(encoding="utf-8", errors="replace")
             if "apex" not in text:
                 continue
-            rel = f.relative_to(trees)
+            rel = Path(name) / f.relative_to(tree)
             try:
                 before = uses(text, str(f))
             except Exception:  # Python 2 files and the like
@@ -176,16 +182,18 @@ def count(trees: Path) -> Tuple[Dict[str, Counter], List[str], Dict[str, List[st
                 else:
                     totals[kind]["silent"] += 1
                     reported.append(f"| `{rel}:{line}` | {kind} | no finding (`{q}`) |")
-            per_tree[tree.name].append(f"{rel}: {sum(b_count.values())} uses, "
-                                       f"{sum(b_count.values()) - len(after)} migrated")
+            per_tree[name].append(f"{rel}: {sum(b_count.values())} uses, "
+                                  f"{sum(b_count.values()) - len(after)} migrated")
     return totals, reported, per_tree
 
 
-def markdown(totals: Dict[str, Counter], reported: List[str], per_tree: Dict[str, List[str]], trees: Path) -> str:
+def markdown(totals: Dict[str, Counter], reported: List[str], per_tree: Dict[str, List[str]],
+             sources: List[str] = ()) -> str:
     files = sum(len(v) for v in per_tree.values())
     lines = [HEADING, "",
-             f"`python bench/apex_corpus.py --fetch --write-results`: {len(per_tree)} packages that still import "
-             f"apex ({files} files with apex uses; the packages and versions are listed in the script), each file "
+             f"`python bench/apex_corpus.py --fetch --write-results --tree ...`: {len(per_tree)} packages and "
+             f"repositories that still use apex ({files} files with apex uses; the PyPI packages and versions are "
+             "listed in the script, the git trees with their commit below), each file "
              "rewritten with `ampfix rewrite --select AMP1 --unsafe-fixes`. A use is a reference to a name "
              "imported from apex; *migrated*: gone after the rewrite; *reported*: left, with an AMP1xx finding on "
              "its line; *silent*: left with no finding. AMP102 (apex.amp) is being rewritten in parallel "
@@ -199,6 +207,8 @@ def markdown(totals: Dict[str, Counter], reported: List[str], per_tree: Dict[str
     for c in totals.values():
         t.update(c)
     lines.append(f"| **all** | {t['uses']} | {t['migrated']} | {t['reported']} | {t['silent']} |")
+    if sources:
+        lines += ["", "Git trees (extracted at these commits): " + "; ".join(sources) + "."]
     lines += ["", "Per package:", ""]
     for tree, rows in sorted(per_tree.items()):
         lines.append(f"- {tree}: " + "; ".join(r.split("/", 1)[1] if "/" in r else r for r in rows))
@@ -221,12 +231,25 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--fetch", action="store_true", help="download and extract PACKAGES first")
     ap.add_argument("--trees", type=Path, default=CACHE / "trees")
+    ap.add_argument("--tree", action="append", default=[], metavar="NAME=PATH[@REV]",
+                    help="a further tree: a folder, or a git directory whose HEAD (or REV) is extracted")
     ap.add_argument("--write-results", action="store_true", help=f"replace the section at the end of {RESULTS.name}")
     args = ap.parse_args()
     if args.fetch:
         fetch()
-    totals, reported, per_tree = count(args.trees)
-    md = markdown(totals, reported, per_tree, args.trees)
+    trees = [(p.name, p) for p in sorted(args.trees.iterdir()) if p.is_dir()] if args.trees.is_dir() else []
+    sys.path.insert(0, str(ROOT / "bench"))
+    from bench_check import _tree_arg, fetch_tree
+
+    sources = []
+    for spec in args.tree:
+        name, path, rev = _tree_arg(spec)
+        dest = fetch_tree(name, path, rev)
+        trees.append((name, dest))
+        stamp = dest / "WHEEL_NAME"
+        sources.append(f"`{stamp.read_text().strip()}`" if stamp.is_file() else f"`{name}` ({path})")
+    totals, reported, per_tree = count(trees)
+    md = markdown(totals, reported, per_tree, sources)
     print(md)
     if args.write_results:
         write_results(md)
