@@ -22,6 +22,17 @@ from ampfix.rule import UNSAFE, FileContext, Fix, Rule, Violation
 ONE_TO_ONE = ("ddp", "syncbn", "layernorm", "rmsnorm")  # classes whose isinstance/annotation uses map too
 
 
+def _first_import(model: AmpModel) -> Optional[cst.SimpleStatementLine]:
+    """The file's first module-level import (after `from __future__` imports), where `import torch` can go."""
+    for st in model.module.body:
+        if isinstance(st, cst.SimpleStatementLine) and isinstance(st.body[0], (cst.Import, cst.ImportFrom)):
+            small = st.body[0]
+            if isinstance(small, cst.ImportFrom) and model.code(small.module).strip() == "__future__":
+                continue
+            return st
+    return None
+
+
 def _ver(v: Tuple[int, ...]) -> str:
     return ".".join(map(str, v))
 
@@ -142,8 +153,8 @@ model = torch.nn.parallel.DistributedDataParallel(model)
         elif tuple(ctx.min_torch_version) < api.min_torch:
             reason = (f"torch.{target} needs torch >= {_ver(api.min_torch)} and the oldest supported torch is "
                       f"{_ver(ctx.min_torch_version)} (--min-torch-version)")
-        elif torch is None:
-            reason = "the file has no module-level `import torch` to spell the replacement with"
+        elif torch is None and _first_import(model) is None:
+            reason = "the file has no module-level import before which `import torch` could go"
         elif role == "call":
             assert isinstance(call, cst.Call)
             args, target_or_why, notes = map_args(model, call, api)
@@ -152,9 +163,9 @@ model = torch.nn.parallel.DistributedDataParallel(model)
             else:
                 target = target_or_why
                 msg = f"NVIDIA apex `{short}`: use `torch.{target}` (torch >= {_ver(api.min_torch)})"
-                new = {call: with_args(call.with_changes(func=cst.parse_expression(f"{torch}.{target}")), args)}
+                new = {call: with_args(call.with_changes(func=cst.parse_expression(f"{torch or 'torch'}.{target}")), args)}
         elif role == "type" and api.kind in ONE_TO_ONE and built_here:
-            new = {node: cst.parse_expression(f"{torch}.{target}")}
+            new = {node: cst.parse_expression(f"{torch or 'torch'}.{target}")}
         elif role == "type" and api.kind in ONE_TO_ONE:
             reason = (f"a type check, and this file builds no `{short}`: objects built elsewhere may still be apex's; "
                       "migrate it with the code that builds them")
@@ -163,6 +174,10 @@ model = torch.nn.parallel.DistributedDataParallel(model)
         if new is None:
             yield Violation(shown, message=f"{msg}; not migrated: {reason}")
             return
+        if torch is None:  # `import torch` goes before the file's first import, with this use
+            first = _first_import(model)
+            new[first] = cst.FlattenSentinel([cst.parse_statement("import torch\n").with_changes(
+                leading_lines=first.leading_lines), first.with_changes(leading_lines=())])
         title = f"apex {short} -> torch.{target}: " + "; ".join([api.why, *notes])
         yield Violation(shown, message=msg, fix=Fix(new, applicability=UNSAFE, description=title))
 
@@ -196,7 +211,7 @@ model = torch.nn.parallel.DistributedDataParallel(model)
             got = fallback.get(b.name)
             if reason is None and (api is None or got != f"torch.{api.target}"):
                 reason = (f"the `except ImportError` branch binds `{b.name}` to "
-                          f"{'`' + got + '`' if got and got != '?' else 'code of its own'}, not to "
+                          f"{'`' + got.replace('builtins.', '') + '`' if got and got != '?' else 'code of its own'}, not to "
                           f"`torch.{api.target if api else '...'}`: keep one of the two by hand")
             for ref in (r for ib in model.import_bindings if ib.name == b.name and ib.scope is b.scope for r in ib.refs):
                 role, call = model.reference_role(ref)
@@ -276,6 +291,10 @@ model = torch.nn.parallel.DistributedDataParallel(model)
         block = model.block_of(tr)
         edit = remove_statement(model, tr) if block is None or len(block.body) > 1 else \
             {tr: cst.SimpleStatementLine(body=[cst.Pass()], leading_lines=tr.leading_lines)}
+        if block is not None and block is not model.module and len(block.body) > 1 and block.body[0] is tr \
+                and len(edit) == 1:
+            nxt = block.body[1]  # first in its block: the blank line that followed the `try` goes too
+            edit[nxt] = nxt.with_changes(leading_lines=[ln for ln in nxt.leading_lines if ln.comment is not None])
         fix = Fix(edit, applicability=UNSAFE,
                   description="optional apex import removed with its `except ImportError` branch")
         yield Violation(bs[0].stmt, message=f"apex import `{bs[0].name}` is no longer used: remove the `try:` "
