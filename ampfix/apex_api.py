@@ -230,3 +230,14 @@ def fallback_targets(model: AmpModel, tr: cst.Try) -> Dict[str, str]:
                     for name in names_bound([small]):
                         out[name] = "?"
     return out
+
+
+def first_import(model: AmpModel) -> Optional[cst.SimpleStatementLine]:
+    """The file's first module-level import (after `from __future__` imports), where `import torch` can go."""
+    for st in model.module.body:
+        if isinstance(st, cst.SimpleStatementLine) and isinstance(st.body[0], (cst.Import, cst.ImportFrom)):
+            small = st.body[0]
+            if isinstance(small, cst.ImportFrom) and model.code(small.module).strip() == "__future__":
+                continue
+            return st
+    return None

@@ -14,23 +14,12 @@ from typing import Dict, Iterator, List, Optional, Set, Tuple
 
 import libcst as cst
 
-from ampfix.apex_api import canonical, fallback_targets, flagged_try, lookup, map_args, try_of
+from ampfix.apex_api import canonical, fallback_targets, first_import, flagged_try, lookup, map_args, try_of
 from ampfix.edits import remove_import_alias, remove_statement, with_args
 from ampfix.model import AmpModel, ImportBinding, names_bound
 from ampfix.rule import UNSAFE, FileContext, Fix, Rule, Violation
 
 ONE_TO_ONE = ("ddp", "syncbn", "layernorm", "rmsnorm")  # classes whose isinstance/annotation uses map too
-
-
-def _first_import(model: AmpModel) -> Optional[cst.SimpleStatementLine]:
-    """The file's first module-level import (after `from __future__` imports), where `import torch` can go."""
-    for st in model.module.body:
-        if isinstance(st, cst.SimpleStatementLine) and isinstance(st.body[0], (cst.Import, cst.ImportFrom)):
-            small = st.body[0]
-            if isinstance(small, cst.ImportFrom) and model.code(small.module).strip() == "__future__":
-                continue
-            return st
-    return None
 
 
 def _ver(v: Tuple[int, ...]) -> str:
@@ -153,7 +142,7 @@ model = torch.nn.parallel.DistributedDataParallel(model)
         elif tuple(ctx.min_torch_version) < api.min_torch:
             reason = (f"torch.{target} needs torch >= {_ver(api.min_torch)} and the oldest supported torch is "
                       f"{_ver(ctx.min_torch_version)} (--min-torch-version)")
-        elif torch is None and _first_import(model) is None:
+        elif torch is None and first_import(model) is None:
             reason = "the file has no module-level import before which `import torch` could go"
         elif role == "call":
             assert isinstance(call, cst.Call)
@@ -175,7 +164,7 @@ model = torch.nn.parallel.DistributedDataParallel(model)
             yield Violation(shown, message=f"{msg}; not migrated: {reason}")
             return
         if torch is None:  # `import torch` goes before the file's first import, with this use
-            first = _first_import(model)
+            first = first_import(model)
             new[first] = cst.FlattenSentinel([cst.parse_statement("import torch\n").with_changes(
                 leading_lines=first.leading_lines), first.with_changes(leading_lines=())])
         title = f"apex {short} -> torch.{target}: " + "; ".join([api.why, *notes])
