@@ -237,7 +237,8 @@ def first_import(model: AmpModel) -> Optional[cst.SimpleStatementLine]:
     for st in model.module.body:
         if isinstance(st, cst.SimpleStatementLine) and isinstance(st.body[0], (cst.Import, cst.ImportFrom)):
             small = st.body[0]
-            if isinstance(small, cst.ImportFrom) and model.code(small.module).strip() == "__future__":
+            if isinstance(small, cst.ImportFrom) and small.module is not None and not small.relative \
+                    and model.code(small.module).strip() == "__future__":
                 continue
             return st
     return None

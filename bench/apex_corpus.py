@@ -134,6 +134,8 @@ def rewrite(path: Path) -> Tuple[str, List[dict]]:
     r = subprocess.run([sys.executable, "-m", "ampfix", "rewrite", "--select", "AMP1", "--unsafe-fixes",
                         "--output-format", "json", str(path)], capture_output=True, text=True, env=env, cwd=ROOT)
     findings = json.loads(r.stdout) if r.stdout.strip().startswith("[") else []
+    if r.returncode == 2:  # ampfix could not handle the file (or a rule raised): say so in the results
+        findings.append({"code": "ERROR", "line": 0, "message": r.stderr.strip().splitlines()[-1:]})
     return path.read_text(encoding="utf-8"), findings
 
 
@@ -168,6 +170,9 @@ def count(trees: List[Tuple[str, Path]]) -> Tuple[Dict[str, Counter], List[str],
             for kind in b_count:
                 totals[kind]["uses"] += b_count[kind]
                 totals[kind]["migrated"] += max(0, b_count[kind] - a_count[kind])
+            for d in findings:
+                if d["code"] == "ERROR":
+                    reported.append(f"| `{rel}` | (file) | ampfix error: {d['message']} |")
             by_line = defaultdict(list)
             for d in findings:
                 if d["code"].startswith("AMP1"):
