@@ -355,10 +355,17 @@ class ApexMigration:
         sources = positional[:2] + [kw[k] for k in ("models", "optimizers") if k in kw]
         level_node = kw.get("opt_level")
         level = "O1" if level_node is None else literal_string(level_node)
+        notes = []
+        if level is None and level_node is not None:
+            level = self._argparse_default(level_node)
+            if level in ("O1", "O2"):
+                notes.append(f"opt_level `{self.code(level_node)}` taken as its argparse default {level}; "
+                             "native AMP has no O3")
+            else:
+                level = None
         if level is None:
             raise _Blocked(f"opt_level is `{self.code(level_node)}`, not a literal: O1/O2 migrate to autocast + "
                            "GradScaler, O0 to plain fp32, O3 (pure fp16) has no native equivalent; write the level")
-        notes = []
         if level == "O3":
             raise _Blocked("opt_level O3 is pure fp16 training (fp16 model, no fp32 master weights); native AMP keeps "
                            "an fp32 model and autocasts: remove the .half() casts, then use torch.autocast + "
@@ -475,6 +482,24 @@ class ApexMigration:
                       "with fp32 parameters (no fp16 model copy)"}[level]
         use.description = what + (f" ({'; '.join(notes)})" if notes else "")
         self.autocast_off = level == "O0"
+
+    def _argparse_default(self, node: cst.CSTNode) -> Optional[str]:
+        """`args.opt_level` -> the literal default of its `add_argument` (one in the file), if any."""
+        if not isinstance(node, cst.Attribute):
+            return None
+        dest = node.attr.value
+        found = []
+        for call in self.model.calls:
+            if not (isinstance(call.func, cst.Attribute) and call.func.attr.value == "add_argument"):
+                continue
+            flags = [literal_string(a.value) for a in call.args if a.keyword is None]
+            dest_arg = get_arg(call, None, "dest")
+            names = {literal_string(dest_arg.value)} if dest_arg is not None else \
+                {f.lstrip("-").replace("-", "_") for f in flags if f and f.startswith("--")}
+            if dest in names:
+                default = get_arg(call, None, "default")
+                found.append(literal_string(default.value) if default is not None else None)
+        return found[0] if len(found) == 1 else None
 
     def _prune_if(self, node: cst.If):
         """The `if` around amp.initialize once it is gone: its test simplified, gone if it is empty."""
