@@ -37,21 +37,40 @@ favour of native AMP, which ships with torch and needs no extension build.
 
 The fix (unsafe: it restructures the training loop) migrates the whole file at once:
 
-* `model, optimizer = amp.initialize(model, optimizer, opt_level="O1")` disappears; a
-  `torch.amp.GradScaler("cuda")` is created in its place, once (O1 and O2; `loss_scale=128.0`
-  becomes `init_scale=128.0`; native AMP always scales dynamically, so a fixed apex scale becomes
-  the starting scale; `"dynamic"` is the default);
-* `with amp.scale_loss(loss, optimizer) as scaled: scaled.backward()` becomes
-  `scaler.scale(loss).backward()`, the statements of the iteration that the loss depends on are
-  wrapped in `torch.autocast("cuda")` (the others stay outside), and the following
-  `optimizer.step()` becomes `scaler.step(optimizer)` + `scaler.update()`;
-* `amp.master_params(optimizer)` becomes the optimizer's parameters, after
-  `scaler.unscale_(optimizer)` when it is used between backward and step (gradient clipping);
-* `amp.state_dict()` / `amp.load_state_dict(sd)` become the scaler's.
+* the apex import goes, whatever its spelling (`from apex import amp as apex_amp`, `import
+  apex` with `apex.amp.*`), and with it an optional import (`try: from apex import amp` /
+  `except ImportError: amp = None`, `APEX_AVAILABLE` flags): tests of apex's availability
+  are simplified, since native AMP is always there;
+* `model, optimizer = amp.initialize(...)` becomes one `torch.amp.GradScaler("cuda")`, created
+  where the initialize ran but unconditionally: the condition it ran under (`if args.fp16:`,
+  `enabled=`) becomes the scaler's and autocast's `enabled=`. It is a local, a `self.`
+  attribute (initialize in a `setup()` method, the loop in another method) or a module global
+  (initialize in a helper function), as the code that uses it needs;
+* `with amp.scale_loss(loss, opt) as s: s.backward()` (also with `delay_unscale=`, `loss_id=`,
+  several optimizers, or under `if args.fp16: ... else: loss.backward()`) becomes
+  `scaler.scale(loss).backward()`; the statements the loss depends on run in
+  `torch.autocast("cuda")`; each following `opt.step()` becomes `scaler.step(opt)`, with one
+  `scaler.update()` after the last step of the iteration (gradient accumulation: on the
+  boundary only);
+* `amp.master_params(opt)` becomes the optimizer's parameters, after `scaler.unscale_(opt)`
+  when it is used between backward and step (gradient clipping);
+* `amp.state_dict()` / `amp.load_state_dict(sd)` become the scaler's, under the same checkpoint
+  key, with a comment: a checkpoint saved by apex has another format there.
 
-No fix, and a message saying what to do by hand, for: opt_level O0/O3, several
-`amp.initialize` calls, a loss computed in another function, `delay_unscale`/`loss_id`/several
-optimizers, a scaler that the code using it cannot see, other `apex.amp` functions.
+opt_level: O0 (fp32) gives a disabled scaler and autocast; O1 autocast + GradScaler; O2 the
+same with fp32 parameters (no fp16 model copy, said in the fix title); a non-literal level is
+taken from its `add_argument(default=...)` when that is O1/O2. `loss_scale="dynamic"` is
+GradScaler's default (apex also starts at 2**16 and doubles after 2000 clean steps); a number
+becomes `init_scale` (apex never changed a static scale nor skipped a step; GradScaler does
+both). `keep_batchnorm_fp32`, `verbosity`, `num_losses` (one scaler for every loss) and
+`cast_model_type=torch.float16` are dropped, as native AMP keeps every parameter fp32.
+
+No fix, and a message saying what to do by hand, for: O3 or O2 with `master_weights=False`
+(pure fp16 weights), `min_loss_scale`/`max_loss_scale`/`cast_model_outputs`, an unknown
+opt_level, several `amp.initialize` calls, a loss computed in another function, steps in
+different branches, a scaler the code using it cannot reach, other `apex.amp` functions.
+The apex semantics assumed are NVIDIA/apex's `amp/frontend.py`, `handle.py` and `scaler.py`
+(see `ampfix/migration_apex.py`).
 
 Bad:
 ```python
