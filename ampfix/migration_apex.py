@@ -447,6 +447,8 @@ class ApexMigration:
                 self._method_self(u.call, cls) is not None for u in others):
             self.placement = "self"
             self.self_name = func.params.params[0].name.value
+        elif self._returned(func, others):
+            self.placement = "returned"
         else:
             self.placement = "global"
         ref = self.scaler_ref(call)
@@ -517,6 +519,42 @@ class ApexMigration:
             return cur if value is node.test else cur.with_changes(test=value)
         return edit
 
+    def _returned(self, func: cst.FunctionDef, others: List[ApexUse]) -> bool:
+        """The function that calls amp.initialize returns the model/optimizer to one caller,
+        `a, b = setup(...)`, which holds every other use: it returns the scaler too."""
+        model = self.model
+        if model.class_of(func) is not None or not isinstance(func.body, cst.IndentedBlock):
+            return False
+        last = func.body.body[-1]
+        ret = last.body[0] if isinstance(last, cst.SimpleStatementLine) and len(last.body) == 1 else None
+        if not isinstance(ret, cst.Return) or ret.value is None:
+            return False
+        returns = [n for n in model.nodes_of(cst.Return) if model.function_of(n) is func]
+        calls = [c for c in model.calls if func in model.callees(c)]
+        if returns != [ret] or len(calls) != 1:
+            return False
+        caller = calls[0]
+        line = model.statement_of(caller)
+        assign = line.body[0] if isinstance(line, cst.SimpleStatementLine) and len(line.body) == 1 else None
+        if not (isinstance(assign, cst.Assign) and assign.value is caller and len(assign.targets) == 1):
+            return False
+        target = assign.targets[0].target
+        value = ret.value
+        if isinstance(value, cst.Tuple) != isinstance(target, (cst.Tuple, cst.List)):
+            return False
+        if not all(model.scope_of(u.call) is model.scope_of(caller) and model.before(caller, u.call) for u in others):
+            return False
+
+        def extend(node):
+            items = [self.code(e.value) for e in node.elements] if isinstance(node, (cst.Tuple, cst.List)) \
+                else [self.code(node)]
+            return ", ".join([*items, self.scaler_name])
+        self.rw.add(self.init, ret, lambda cur: cur.with_changes(value=cst.parse_expression(extend(value))))
+        self.rw.add(self.init, assign, lambda cur: cur.with_changes(
+            targets=[cst.AssignTarget(target=cst.parse_expression(extend(target)))]))
+        self.caller_scope, self.caller = model.scope_of(caller), caller
+        return True
+
     def _method_self(self, node: cst.CSTNode, cls: cst.ClassDef) -> Optional[str]:
         func = self.model.function_of(node)
         while func is not None and self.model.class_of(func) is None:
@@ -540,6 +578,8 @@ class ApexMigration:
                 raise _Blocked("this runs before amp.initialize")
             return self.scaler_name
         if self.placement in ("module", "global") and model.function_of(node) is not None:
+            return self.scaler_name
+        if self.placement == "returned" and scope is self.caller_scope and model.before(self.caller, node):
             return self.scaler_name
         raise _Blocked(f"the scaler created in place of amp.initialize (line {self.line(self.init.call)}) is not "
                        "visible here")

@@ -99,6 +99,9 @@ def test_scaler_lives_where_both_reach_it():
     assert "self.scaler.step(self.optimizer)" in trainer and 'self.scaler.load_state_dict(state["amp"])' in trainer
     setup = (APEX / "bad_run_setup_function.unsafe.py").read_text()
     assert "    global scaler\n    scaler = torch.amp.GradScaler(\"cuda\")\n" in setup
+    returned = (APEX / "bad_run_returned.unsafe.py").read_text()
+    assert "    return model, optimizer, scaler\n" in returned
+    assert "    model, optimizer, scaler = prepare_model_and_optimizer(device, fp16)\n" in returned
 
 
 def test_several_optimizers_one_update_per_iteration():
