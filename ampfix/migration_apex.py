@@ -78,6 +78,7 @@ class ApexMigration:
         self.q = model.quote()
         self.torch = model.torch_alias() or "torch"
         self.flag: Optional[str] = None  # the code of the scaler's enabled=, None: always
+        self.caller_flag: Optional[str] = None  # the same, at the one caller of the helper that returns it
         self.avail: Set[str] = set()  # names that say "apex is importable"
         self.none_names: Set[str] = set()  # amp bindings set to None when apex is missing
 
@@ -353,6 +354,9 @@ class ApexMigration:
         kw = {a.keyword.value: a.value for a in call.args if a.keyword is not None}
         positional = [a.value for a in call.args if a.keyword is None]
         sources = positional[:2] + [kw[k] for k in ("models", "optimizers") if k in kw]
+        if len(sources) < 2:
+            raise _Blocked("amp.initialize without an optimizer (inference): run the forward pass in "
+                           "torch.autocast by hand")
         level_node = kw.get("opt_level")
         level = "O1" if level_node is None else literal_string(level_node)
         notes = []
@@ -390,9 +394,18 @@ class ApexMigration:
         scaler_args = [f"{self.q}cuda{self.q}"]
         scale = kw.get("loss_scale")
         if scale is not None and literal_string(scale) != "dynamic" and level != "O0":
-            if not isinstance(scale, (cst.Integer, cst.Float)):
-                raise _Blocked(f"loss_scale is `{self.code(scale)}`, neither \"dynamic\" nor a number")
-            scaler_args.append(f"init_scale={self.code(scale)}")
+            init = self.code(scale)
+            if isinstance(scale, cst.IfExp) and {literal_string(scale.body), literal_string(scale.orelse)} & {"dynamic"}:
+                # `"dynamic" if args.loss_scale == 0 else args.loss_scale`: apex's dynamic scale starts at 2**16
+                other = scale.orelse if literal_string(scale.body) == "dynamic" else scale.body
+                if isinstance(other, (cst.SimpleString, cst.ConcatenatedString, cst.FormattedString)):
+                    raise _Blocked(f"loss_scale is `{init}`, neither \"dynamic\" nor a number")
+                init = self.code(scale.with_changes(
+                    body=cst.Float("65536.0") if literal_string(scale.body) == "dynamic" else scale.body,
+                    orelse=cst.Float("65536.0") if literal_string(scale.orelse) == "dynamic" else scale.orelse))
+            elif not isinstance(scale, (cst.Integer, cst.Float)):
+                raise _Blocked(f"loss_scale is `{init}`, neither \"dynamic\" nor a number")
+            scaler_args.append(f"init_scale={init}")
             notes.append(f"static loss_scale {self.code(scale)} -> init_scale (native scaling is dynamic)")
         # the condition amp.initialize runs under becomes enabled=
         conds: List[cst.BaseExpression] = []
@@ -415,6 +428,12 @@ class ApexMigration:
             elif not isinstance(anc, (cst.IndentedBlock, cst.SimpleStatementLine)):
                 break
             child = anc
+        if anchor is not stmt:
+            written = reads_writes(anchor)[1]
+            needed = set().union(*(reads_writes(c)[0] for c in conds)) if conds else set()
+            if written & needed:
+                raise _Blocked(f"the condition amp.initialize runs under reads `{sorted(written & needed)[0]}`, set in "
+                               f"the `if` that holds it (line {self.line(anchor)}): migrate by hand")
         texts = [self.code(c) for c in conds]
         if len(texts) > 1:
             texts = [f"({t})" if isinstance(c, cst.BooleanOperation) else t for c, t in zip(conds, texts)]
@@ -457,6 +476,9 @@ class ApexMigration:
         if self.placement == "global":
             new.insert(0, self.stmt(f"global {name}"))
         keep = None
+        if targets is not None and not isinstance(small.targets[0].target, (cst.Tuple, cst.List)):
+            raise _Blocked("the result of amp.initialize is kept whole (apex returns the model alone when the "
+                           "optimizer is None): unpack it as `model, optimizer = ...`, then migrate")
         if targets is not None and sources:
             src = ", ".join(self.code(s) for s in sources)
             if targets.replace(" ", "") != src.replace(" ", ""):
@@ -553,6 +575,9 @@ class ApexMigration:
         self.rw.add(self.init, assign, lambda cur: cur.with_changes(
             targets=[cst.AssignTarget(target=cst.parse_expression(extend(target)))]))
         self.caller_scope, self.caller = model.scope_of(caller), caller
+        bound = model.bind_arguments(caller, func)
+        if self.flag in bound:  # `if use_fp16:` in the helper is `args.fp16` at its caller
+            self.caller_flag = self.code(bound[self.flag])
         return True
 
     def _method_self(self, node: cst.CSTNode, cls: cst.ClassDef) -> Optional[str]:
@@ -651,7 +676,7 @@ class ApexMigration:
                     raise _Blocked("amp.scale_loss runs only when apex is missing")
                 if value is not True:
                     flag = self.code(value)
-                    if flag != self.flag:
+                    if flag not in (self.flag, self.caller_flag):
                         raise _Blocked(f"amp.scale_loss runs when `{flag}` but amp.initialize when "
                                        f"`{self.flag or 'always'}`: make them the same flag, then migrate")
                 target = guard

@@ -44,10 +44,10 @@ class Rewrites:
         self.add(owner, stmt, lambda cur: [])
 
     def insert_before(self, owner: Hashable, stmt: cst.CSTNode, new: Sequence[cst.CSTNode]) -> None:
-        def edit(cur, new=list(new)):
+        def edit(cur, new=list(new), lead=getattr(stmt, "leading_lines", ())):
             seq = cur if isinstance(cur, list) else [cur]
-            if not seq:
-                return list(new)
+            if not seq:  # the statement went: the new ones take its comment and blank lines
+                return [new[0].with_changes(leading_lines=lead), *new[1:]]
             first = seq[0]
             lead = first.leading_lines
             return [new[0].with_changes(leading_lines=lead), *new[1:], first.with_changes(leading_lines=()), *seq[1:]]
