@@ -21,16 +21,25 @@ MIGRATED = sorted(p.name for p in APEX.glob("bad_*.py") if not p.name.endswith("
                   and p.with_name(p.name[:-3] + ".unsafe.py").exists())
 
 # runs every script in one interpreter (torch is imported once), each in a fresh namespace
+# (it counts the updates of enabled GradScalers: the scaler really steps)
 DRIVER = r"""
 import contextlib, io, json, runpy, sys, traceback, warnings
+import torch
 warnings.simplefilter("error", FutureWarning)
+updates = [0]
+original = torch.amp.GradScaler.update
+def update(self, *a, **k):
+    updates[0] += self.is_enabled()
+    return original(self, *a, **k)
+torch.amp.GradScaler.update = update
 out = {}
 for path in sys.argv[1:]:
     buf = io.StringIO()
+    updates[0] = 0
     try:
         with contextlib.redirect_stdout(buf):
             runpy.run_path(path, run_name="__main__")
-        out[path] = {"ok": True, "stdout": buf.getvalue()}
+        out[path] = {"ok": True, "stdout": buf.getvalue(), "updates": updates[0]}
     except BaseException:
         out[path] = {"ok": False, "stdout": buf.getvalue(), "error": traceback.format_exc()[-3000:]}
 print(json.dumps(out))
@@ -69,19 +78,31 @@ def test_cli_rewrite_equals_the_golden_files(migrated):
 
 
 def test_migrated_scripts_run_without_deprecation(migrated, tmp_path):
+    """As migrated (on CPU torch the cuda autocast and scaler disable themselves), and once more
+    with the device type "cpu", where autocast (bfloat16) and the GradScaler are really active:
+    the scaler's step/unscale_/update sequence is what torch accepts, once per iteration."""
     folder, _ = migrated
+    on_cpu = tmp_path / "on_cpu"
+    on_cpu.mkdir()
+    for name in RUNNABLE:
+        text = (folder / name).read_text()
+        (on_cpu / name).write_text(text.replace('GradScaler("cuda"', 'GradScaler("cpu"').replace(
+            'autocast("cuda"', 'autocast("cpu"'))
     env = dict(os.environ, PYTHONWARNINGS="error::FutureWarning")
-    res = subprocess.run([sys.executable, "-W", "error::FutureWarning", "-c", DRIVER,
-                          *[str(folder / n) for n in RUNNABLE]],
+    paths = [folder / n for n in RUNNABLE] + [on_cpu / n for n in RUNNABLE]
+    res = subprocess.run([sys.executable, "-W", "error::FutureWarning", "-c", DRIVER, *map(str, paths)],
                          cwd=tmp_path, capture_output=True, text=True, env=env, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
     results = json.loads(res.stdout.splitlines()[-1])
-    for name in RUNNABLE:
-        r = results[str(folder / name)]
-        assert r["ok"], (name, r.get("error"))
+    for path in paths:
+        r = results[str(path)]
+        assert r["ok"], (path, r.get("error"))
         lines = r["stdout"].splitlines()
-        assert lines[-1] == "done", name
-        assert sum(line.startswith("step ") for line in lines) >= 3, name
+        assert lines[-1] == "done", path
+        steps = sum(line.startswith("step ") for line in lines)
+        assert steps >= 3, path
+        if path.parent == on_cpu and path.name != "bad_run_o0.py":  # O0: the scaler is off
+            assert r["updates"] == steps, (path, r["updates"], steps)
 
 
 def test_optional_apex_keeps_the_users_flag():
