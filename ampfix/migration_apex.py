@@ -134,6 +134,8 @@ class ApexMigration:
             self.steps: Dict[cst.CSTNode, str] = {}  # step statement -> optimizer code
             self.regions: Set[cst.CSTNode] = set()
             self.backwards: List[Tuple[cst.With, List[str]]] = []
+            self.stepless: List[Tuple[ApexUse, Tuple[int, str]]] = []
+            self.stepped: Set[Tuple[int, str]] = set()
             self.with_nodes = [self.model.parent(self.model.parent(u.call)) for u in self.uses if u.kind == "scale_loss"]
             for use in self.uses:
                 if use is self.init:
@@ -148,6 +150,10 @@ class ApexMigration:
                         self._master_params(use)
                     except _Blocked as exc:
                         use.reason = str(exc)
+            for use, key in self.stepless:
+                if key not in self.stepped and use.reason is None:
+                    use.reason = (f"no `{key[1]}.step()` follows the scaled backward in this function: call "
+                                  "scaler.step/update by hand")
             try:
                 self._updates()
                 self._availability_ifs()
@@ -770,6 +776,11 @@ class ApexMigration:
             else:
                 raise _Blocked(f"line {self.line(stmts[i])} is interleaved with the forward pass: wrap the forward "
                                "in torch.autocast(\"cuda\") by hand")
+        inside = stmts[first:last + 1]
+        if any(model.is_ancestor(st, u.call) or st is model.statement_of(u.call) for st in inside for u in self.uses) \
+                or any(isinstance(n, cst.Name) and n.value in self.avail | self.none_names
+                       for st in inside for n in self._names(st)):
+            raise _Blocked("the forward pass of the scaled loss holds other apex code: migrate by hand")
         body = [stmts[i] for i in deps]
         lead = stmts[first].leading_lines
         body[0] = body[0].with_changes(leading_lines=())
@@ -794,12 +805,14 @@ class ApexMigration:
                         and dotted(c.func.value) == opt_name and model.scope_of(c) is scope
                         and model.before(with_node, c)):
                     continue
-                if loop is not None and not model.is_ancestor(loop, c):
-                    continue
+                if loop is not None and not model.is_ancestor(loop, c) or model.exclusive(with_node, c):
+                    continue  # another iteration's, or the step of the `else:` without apex
                 found.append(c)
-            if not found:
-                raise _Blocked(f"no `{opt_name}.step()` follows the scaled backward in this function: call "
-                               "scaler.step/update by hand")
+            key = (id(loop or scope), opt_name)
+            if not found:  # a micro-batch of gradient accumulation, when another scale_loss steps it
+                self.stepless.append((use, key))
+            else:
+                self.stepped.add(key)
             for c in found:
                 stmt = model.statement_of(c)
                 if not (isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1
@@ -820,6 +833,12 @@ class ApexMigration:
             by_loop.setdefault(id(key), []).append(stmt)
         for stmts in by_loop.values():
             blocks = {id(model.block_of(s)) for s in stmts}
+            if len(blocks) > 1 and all(model.exclusive(a, b) for i, a in enumerate(stmts) for b in stmts[i + 1:]):
+                # `if fp16: ...; opt.step()` / `else: ...; opt.step()`: one of them runs per iteration
+                for stmt in stmts:
+                    use = next(o for o, _ in self.rw.edits[stmt])
+                    self.rw.insert_after(use, stmt, [self.stmt(f"{self.scaler_ref(stmt)}.update()")])
+                continue
             if len(blocks) > 1:
                 raise _Blocked(f"the optimizer steps on lines {', '.join(str(self.line(s)) for s in stmts)} are in "
                                "different blocks: call scaler.update() once per iteration after the last, by hand")
