@@ -414,6 +414,9 @@ class ApexMigration:
         if cast is not None and literal_bool(cast) is not False and not model.is_api(cast, "dtype.float32"):
             if not model.is_api(cast, "dtype.float16") or level == "O0":
                 raise _Blocked(f"cast_model_type={self.code(cast)} has no native equivalent here")
+            if level == "O1" and literal_bool(kw.get("master_weights")) is not True:
+                raise _Blocked("O1 with cast_model_type=torch.float16 and no master weights trains pure fp16 "
+                               "weights (like O3): no native equivalent")
             notes.append("cast_model_type (fp16 model) dropped: parameters stay fp32")
         for name in ("min_loss_scale", "max_loss_scale", "cast_model_outputs"):
             if name in kw and self.code(kw[name]) != "None":

@@ -144,6 +144,8 @@ def test_accumulation_steps_on_the_boundary_only():
 @pytest.mark.parametrize("name,expected", [
     ("bad_o2_no_master_weights.py", "O2 with master_weights=False steps fp16 weights without an fp32 copy"),
     ("bad_opt_level_variable.py", "opt_level is `opt_level`, not a literal"),
+    ("bad_o1_cast_fp16.py", "O1 with cast_model_type=torch.float16 and no master weights trains pure fp16"),
+    ("bad_o3.py", "opt_level O3 is pure fp16 training"),
 ])
 def test_reported_shapes(name, expected, tmp_path):
     shutil.copy(APEX / name, tmp_path / name)
@@ -159,3 +161,10 @@ def test_fix_titles_say_what_changes():
     assert "apex amp.initialize O2 -> torch.amp.GradScaler(\"cuda\") and autocast, with fp32 parameters" in out
     assert "keep_batchnorm_fp32=False dropped" in out and "cast_model_type (fp16 model) dropped" in out
     assert "O0 is fp32: autocast and GradScaler disabled" in out
+
+
+def test_loss_scale_dynamic_or_number():
+    text = (APEX / "bad_run_loss_scale_expr.unsafe.py").read_text()
+    assert 'GradScaler("cuda", init_scale=65536.0 if args.loss_scale == 0 else args.loss_scale)' in text
+    static = (APEX / "bad_basic.unsafe.py").read_text()
+    assert 'GradScaler("cuda", init_scale=128.0)' in static
