@@ -198,9 +198,10 @@ class ApexMigration:
             if isinstance(holder, cst.SimpleStatementLine):
                 holder = model.parent(holder)
             holder = model.parent(holder) if isinstance(holder, (cst.IndentedBlock, cst.SimpleStatementSuite)) else None
+            if b.qualified == "apex.amp":
+                self.none_names.add(b.name)  # `amp is not None` is true once native AMP replaces it
             if isinstance(holder, cst.Try) and model.is_ancestor(holder.body, b.stmt):
                 tries.setdefault(holder, []).append(b)
-                self.none_names.add(b.name)
             else:
                 self._remove_alias(b.stmt, b.alias)
         for node, bindings in tries.items():
@@ -298,7 +299,15 @@ class ApexMigration:
                                    "migrate it by hand")
 
     def _simplify(self, expr: cst.BaseExpression):
-        """The test with apex available: True, False, or the residual expression."""
+        """The test with apex available: True, False, or the residual expression (which must not
+        mention apex any more)."""
+        value = self._simplify_(expr)
+        names = self.avail | self.none_names
+        if not isinstance(value, bool) and any(isinstance(n, cst.Name) and n.value in names for n in self._names(value)):
+            raise _Blocked(f"the test `{self.code(expr)}` uses apex in a way ampfix does not simplify: migrate by hand")
+        return value
+
+    def _simplify_(self, expr: cst.BaseExpression):
         if isinstance(expr, cst.Name) and (expr.value in self.avail or expr.value in self.none_names):
             return True
         if isinstance(expr, cst.Comparison) and len(expr.comparisons) == 1 and isinstance(expr.left, cst.Name) \
@@ -306,12 +315,12 @@ class ApexMigration:
                 and expr.comparisons[0].comparator.value == "None":
             return isinstance(expr.comparisons[0].operator, cst.IsNot)
         if isinstance(expr, cst.UnaryOperation) and isinstance(expr.operator, cst.Not):
-            inner = self._simplify(expr.expression)
+            inner = self._simplify_(expr.expression)
             if isinstance(inner, bool):
                 return not inner
             return expr if inner is expr.expression else expr.with_changes(expression=inner)
         if isinstance(expr, cst.BooleanOperation):
-            left, right = self._simplify(expr.left), self._simplify(expr.right)
+            left, right = self._simplify_(expr.left), self._simplify_(expr.right)
             is_and = isinstance(expr.operator, cst.And)
             for a, b in ((left, right), (right, left)):
                 if isinstance(a, bool):
