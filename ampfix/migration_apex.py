@@ -46,6 +46,7 @@ INIT_KW = {"models", "optimizers", "opt_level", "loss_scale", "keep_batchnorm_fp
 SCALE_KW = {"delay_unscale", "loss_id", "delay_overflow_check", "model"}
 SAVE_NOTE = "# ampfix: this entry now holds torch.amp.GradScaler state (apex amp's had another format)"
 LOAD_NOTE = "# ampfix: GradScaler state; a checkpoint saved by apex amp has another format here"
+GUARD_NOTE = "# ampfix: GradScaler state; apex amp saved another format here (then the scaler starts afresh)"
 
 
 @dataclass(eq=False)
@@ -666,9 +667,31 @@ class ApexMigration:
             note = SAVE_NOTE if use.kind == "state_dict" else LOAD_NOTE
             comment = cst.EmptyLine(comment=cst.Comment(note))
             self.rw.add(use, call, lambda cur, f=new_call.func: cur.with_changes(func=f))
-            self.rw.add(use, stmt, lambda cur, c=comment: cur.with_changes(leading_lines=[*cur.leading_lines, c]))
+            arg = call.args[0].value if len(call.args) == 1 and call.args[0].keyword is None else None
+            if use.kind == "load_state_dict" and arg is not None and self._pure(arg) and \
+                    isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 and \
+                    isinstance(stmt.body[0], cst.Expr) and stmt.body[0].value is call:
+                # old checkpoints still load: the apex entry ({"loss_scaler0": ...}) is skipped
+                test = cst.parse_expression(f"{self.q}scale{self.q} in {self.code(arg)}")
+                guard = cst.EmptyLine(comment=cst.Comment(GUARD_NOTE))
+                self.rw.add(use, stmt, lambda cur, t=test, g=guard: cst.If(
+                    test=t, body=cst.IndentedBlock(body=[cur.with_changes(leading_lines=())]),
+                    leading_lines=[*cur.leading_lines, g]))
+            else:
+                self.rw.add(use, stmt, lambda cur, c=comment: cur.with_changes(leading_lines=[*cur.leading_lines, c]))
             use.description = f"apex amp.{use.kind} -> scaler.{use.kind}"
         # master_params: after every scale_loss (it needs their steps)
+
+    def _pure(self, node: cst.CSTNode) -> bool:
+        """Names, attributes and subscripts by literals: evaluating it twice changes nothing."""
+        if isinstance(node, cst.Name):
+            return True
+        if isinstance(node, cst.Attribute):
+            return self._pure(node.value)
+        if isinstance(node, cst.Subscript) and len(node.slice) == 1 and isinstance(node.slice[0].slice, cst.Index):
+            key = node.slice[0].slice.value
+            return isinstance(key, (cst.SimpleString, cst.Integer, cst.Name)) and self._pure(node.value)
+        return False
 
     def _scale_loss(self, use: ApexUse) -> None:
         model, call = self.model, use.call
