@@ -114,7 +114,8 @@ for x, y in loader:
             if reason:
                 yield Violation(use.call, message=f"{msg}; migrate by hand: {reason}")
             else:
-                yield Violation(use.call, message=msg, fix=fixes.get(use) or fixes[use.absorbed_by])
+                fix = fixes.get(use) or fixes.get(use.absorbed_by) or next(iter(fixes.values()), None)
+                yield Violation(use.call, message=msg, fix=fix)
 
 
 __all__ = ["ApexAmp"]
