@@ -353,9 +353,17 @@ class ApexMigration:
     def _names(node: cst.CSTNode) -> List[cst.CSTNode]:
         found: List[cst.CSTNode] = []
 
-        class V(cst.CSTVisitor):
+        class V(cst.CSTVisitor):  # names that are read: not `x.attr`'s attr, not `f(key=...)`'s key
             def visit_Name(self, n: cst.Name) -> None:
                 found.append(n)
+
+            def visit_Attribute(self, n: cst.Attribute) -> bool:
+                n.value.visit(self)
+                return False
+
+            def visit_Arg(self, n: cst.Arg) -> bool:
+                n.value.visit(self)
+                return False
         node.visit(V())
         return found
 
@@ -460,7 +468,7 @@ class ApexMigration:
                 break
             if isinstance(anc, cst.If):
                 if child is not anc.body:
-                    raise _Blocked("amp.initialize is in an `else` branch: migrate by hand")
+                    raise _Blocked("amp.initialize is in an `else`/`elif` branch (native AMP chosen by another branch?): migrate by hand")
                 value = self._simplify(anc.test)
                 if value is False:
                     raise _Blocked("amp.initialize is in an `if` that native AMP never runs")
