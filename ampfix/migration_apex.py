@@ -137,7 +137,8 @@ class ApexMigration:
             self.backwards: List[Tuple[cst.With, List[str]]] = []
             self.stepless: List[Tuple[ApexUse, Tuple[int, str]]] = []
             self.stepped: Set[Tuple[int, str]] = set()
-            self.with_nodes = [self.model.parent(self.model.parent(u.call)) for u in self.uses if u.kind == "scale_loss"]
+            self.with_nodes = [self.model.parent(self.model.parent(u.call))
+                               for u in self.uses if u.kind == "scale_loss"]
             for use in self.uses:
                 if use is self.init:
                     continue
@@ -270,7 +271,8 @@ class ApexMigration:
                 if True:
                     if isinstance(sm, (cst.Pass, cst.Raise, cst.Expr)):
                         continue
-                    if isinstance(sm, cst.Assign) and len(sm.targets) == 1 and isinstance(sm.targets[0].target, cst.Name):
+                    if isinstance(sm, cst.Assign) and len(sm.targets) == 1 \
+                            and isinstance(sm.targets[0].target, cst.Name):
                         name = sm.targets[0].target.value
                         if name in self.none_names or (name in flags and literal_bool(sm.value) is False):
                             continue
@@ -304,7 +306,7 @@ class ApexMigration:
         mention apex any more)."""
         value = self._simplify_(expr)
         names = self.avail | self.none_names
-        if not isinstance(value, bool) and any(isinstance(n, cst.Name) and n.value in names for n in self._names(value)):
+        if not isinstance(value, bool) and any(n.value in names for n in self._names(value)):
             raise _Blocked(f"the test `{self.code(expr)}` uses apex in a way ampfix does not simplify: migrate by hand")
         return value
 
@@ -441,13 +443,14 @@ class ApexMigration:
                 raise _Blocked(f"amp.initialize {name}= has no GradScaler equivalent")
         if "patch_torch_functions" in kw and literal_bool(kw["patch_torch_functions"]) is False and level == "O1":
             raise _Blocked("O1 with patch_torch_functions=False has no native equivalent")
-        if literal_bool(kw.get("keep_batchnorm_fp32")) is False or literal_string(kw.get("keep_batchnorm_fp32")) == "False":
+        keep_bn = kw.get("keep_batchnorm_fp32")
+        if literal_bool(keep_bn) is False or literal_string(keep_bn) == "False":
             notes.append("keep_batchnorm_fp32=False dropped: BatchNorm parameters stay fp32")
         scaler_args = [f"{self.q}cuda{self.q}"]
         scale = kw.get("loss_scale")
         if scale is not None and literal_string(scale) != "dynamic" and level != "O0":
             init = self.code(scale)
-            if isinstance(scale, cst.IfExp) and {literal_string(scale.body), literal_string(scale.orelse)} & {"dynamic"}:
+            if isinstance(scale, cst.IfExp) and "dynamic" in (literal_string(scale.body), literal_string(scale.orelse)):
                 # `"dynamic" if args.loss_scale == 0 else args.loss_scale`: apex's dynamic scale starts at 2**16
                 other = scale.orelse if literal_string(scale.body) == "dynamic" else scale.body
                 if isinstance(other, (cst.SimpleString, cst.ConcatenatedString, cst.FormattedString)):
@@ -468,7 +471,8 @@ class ApexMigration:
                 break
             if isinstance(anc, cst.If):
                 if child is not anc.body:
-                    raise _Blocked("amp.initialize is in an `else`/`elif` branch (native AMP chosen by another branch?): migrate by hand")
+                    raise _Blocked("amp.initialize is in an `else`/`elif` branch (native AMP chosen by another "
+                                   "branch?): migrate by hand")
                 value = self._simplify(anc.test)
                 if value is False:
                     raise _Blocked("amp.initialize is in an `if` that native AMP never runs")
@@ -500,7 +504,7 @@ class ApexMigration:
         if self.flag:
             scaler_args.append(f"enabled={self.flag}")
         # where the scaler lives
-        self.init_scope = scope = model.scope_of(call)
+        self.init_scope = model.scope_of(call)
         self.anchor = anchor
         others = [u for u in self.uses if u is not use]
         func = model.function_of(call)
@@ -585,7 +589,8 @@ class ApexMigration:
             if isinstance(cur, list):
                 return cur
             body = [s for s in cur.body.body
-                    if not (isinstance(s, cst.SimpleStatementLine) and len(s.body) == 1 and isinstance(s.body[0], cst.Pass))]
+                    if not (isinstance(s, cst.SimpleStatementLine) and len(s.body) == 1
+                            and isinstance(s.body[0], cst.Pass))]
             if not body and cur.orelse is None:
                 return []
             if value is True:
@@ -723,7 +728,8 @@ class ApexMigration:
         if bad_kw:
             raise _Blocked(f"amp.scale_loss option {bad_kw[0]}= is unknown")
         positional = [a.value for a in call.args if a.keyword is None]
-        loss = positional[0] if positional else get_arg(call, None, "loss").value if get_arg(call, None, "loss") else None
+        loss_arg = get_arg(call, None, "loss")
+        loss = positional[0] if positional else loss_arg.value if loss_arg is not None else None
         opt = positional[1] if len(positional) > 1 else (get_arg(call, None, "optimizers").value
                                                          if get_arg(call, None, "optimizers") else None)
         if loss is None or opt is None:
