@@ -41,7 +41,26 @@ class Rewrites:
         self.add(owner, stmt, edit)
 
     def remove(self, owner: Hashable, stmt: cst.CSTNode) -> None:
+        """Remove `stmt`; its comment lines (and trailing comment) go to the next statement of its
+        block, or stay behind a `pass` when it is the last one (as `edits.remove_statement`)."""
         self.add(owner, stmt, lambda cur: [])
+        lines = [ln for ln in getattr(stmt, "leading_lines", ()) if ln.comment is not None]
+        trailing = stmt.trailing_whitespace.comment if isinstance(stmt, cst.SimpleStatementLine) else None
+        if trailing is not None:
+            lines.append(cst.EmptyLine(comment=trailing))
+        if not lines:
+            return
+        block = self.model.block_of(stmt)
+        body = list(block.body) if block is not None else []
+        index = next((i for i, s in enumerate(body) if s is stmt), None)
+        if index is not None and index + 1 < len(body):
+            def keep(cur, lines=lines):
+                seq = cur if isinstance(cur, list) else [cur]
+                if not seq:
+                    return seq
+                first = seq[0]
+                return [first.with_changes(leading_lines=[*lines, *first.leading_lines]), *seq[1:]]
+            self.add(owner, body[index + 1], keep)
 
     def insert_before(self, owner: Hashable, stmt: cst.CSTNode, new: Sequence[cst.CSTNode]) -> None:
         def edit(cur, new=list(new), lead=getattr(stmt, "leading_lines", ())):
