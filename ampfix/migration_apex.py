@@ -469,6 +469,8 @@ class ApexMigration:
         for anc in model.ancestors(stmt):
             if isinstance(anc, (cst.FunctionDef, cst.ClassDef, cst.Module)):
                 break
+            if isinstance(anc, cst.If) and self.code(anc.test).replace("'", '"') == '__name__ == "__main__"':
+                break  # the script's main block: the scaler is created in it
             if isinstance(anc, cst.If):
                 if child is not anc.body:
                     raise _Blocked("amp.initialize is in an `else`/`elif` branch (native AMP chosen by another "
