@@ -44,8 +44,9 @@ The fix (unsafe: it restructures the training loop) migrates the whole file at o
 * `model, optimizer = amp.initialize(...)` becomes one `torch.amp.GradScaler("cuda")`, created
   where the initialize ran but unconditionally: the condition it ran under (`if args.fp16:`,
   `enabled=`) becomes the scaler's and autocast's `enabled=`. It is a local, a `self.`
-  attribute (initialize in a `setup()` method, the loop in another method) or a module global
-  (initialize in a helper function), as the code that uses it needs;
+  attribute (initialize in a `setup()` method, the loop in another method), returned with the
+  model and optimizer (a helper whose one caller holds the loop) or a module global (a helper
+  function, the script's `__main__` block), as the code that uses it needs;
 * `with amp.scale_loss(loss, opt) as s: s.backward()` (also with `delay_unscale=`, `loss_id=`,
   several optimizers, or under `if args.fp16: ... else: loss.backward()`) becomes
   `scaler.scale(loss).backward()`; the statements the loss depends on run in
@@ -55,7 +56,8 @@ The fix (unsafe: it restructures the training loop) migrates the whole file at o
 * `amp.master_params(opt)` becomes the optimizer's parameters, after `scaler.unscale_(opt)`
   when it is used between backward and step (gradient clipping);
 * `amp.state_dict()` / `amp.load_state_dict(sd)` become the scaler's, under the same checkpoint
-  key, with a comment: a checkpoint saved by apex has another format there.
+  key, with a comment: a checkpoint saved by apex has another format there, so the load runs
+  only `if "scale" in sd:` (old checkpoints still load; the scaler then starts afresh).
 
 opt_level: O0 (fp32) gives a disabled scaler and autocast; O1 autocast + GradScaler; O2 the
 same with fp32 parameters (no fp16 model copy, said in the fix title); a non-literal level is
