@@ -152,6 +152,10 @@ class ApexMigration:
                         self._master_params(use)
                     except _Blocked as exc:
                         use.reason = str(exc)
+            try:
+                self._clips()
+            except _Blocked as exc:
+                self.init.reason = str(exc)
             for use, key in self.stepless:
                 if key not in self.stepped and use.reason is None:
                     use.reason = (f"no `{key[1]}.step()` follows the scaled backward in this function: call "
@@ -908,18 +912,47 @@ class ApexMigration:
             raise _Blocked("amp.master_params is not in a statement of a block")
         if any(o is not use and o.kind == "master_params" and model.statement_of(o.call) is stmt for o in self.uses):
             raise _Blocked("amp.master_params twice in one statement")
-        needs_unscale = any(opt in names and model.before(w, call) for w, names in self.backwards) and any(
-            o == opt and model.before(call, s) for s, o in self.steps.items())
-        unscale = None
-        if needs_unscale:
-            key = (opt, id(model.block_of(stmt)))
-            done = getattr(self, "_unscaled", set())
-            if key not in done:
-                unscale = self.stmt(f"{self.scaler_ref(call)}.unscale_({opt})")
-            done.add(key)
-            self._unscaled = done
-
         self.rw.add(use, call, lambda cur, p=params: p)
-        if unscale is not None:
-            self.rw.insert_before(use, stmt, [unscale])
+        self._unscale_before(use, call, opt)
         use.description = "apex amp.master_params -> the optimizer's params after scaler.unscale_"
+
+    def _unscale_before(self, use: ApexUse, node: cst.CSTNode, opt: str) -> None:
+        """Gradients read between a scaled backward of `opt` and its step (clipping): apex had
+        unscaled them when scale_loss exited; native AMP needs `scaler.unscale_(opt)` first, once
+        per iteration, before the `if` whose branches both read them (`if fp16: ... else: ...`)."""
+        model = self.model
+        steps = [st for st, o in self.steps.items() if o == opt and model.before(node, st)]
+        if not steps or not any(opt in names and model.before(w, node) for w, names in self.backwards):
+            return
+        stmt = model.statement_of(node)
+        step_block = model.block_of(steps[0])
+        cur = stmt
+        for anc in model.ancestors(stmt):
+            if anc is step_block or isinstance(anc, (cst.FunctionDef, cst.ClassDef, cst.For, cst.While)):
+                break
+            if isinstance(anc, cst.If) and anc.orelse is not None:
+                cur = anc
+        while isinstance(model.parent(cur), cst.If) and model.parent(cur).orelse is cur:  # an elif
+            cur = model.parent(cur)
+        key = (opt, id(model.loop_of(stmt) or model.scope_of(stmt)))
+        done = getattr(self, "_unscaled", set())
+        if key in done:
+            return
+        done.add(key)
+        self._unscaled = done
+        if model.block_of(cur) is None:
+            raise _Blocked(f"the gradients read on line {self.line(node)} need scaler.unscale_ first: add it by hand")
+        self.rw.insert_before(use, cur, [self.stmt(f"{self.scaler_ref(node)}.unscale_({opt})")])
+
+    def _clips(self) -> None:
+        """Clipping the model's parameters after a scaled backward (apex unscaled them on exit)."""
+        model = self.model
+        for with_node, names in self.backwards:
+            if len(names) != 1:
+                continue
+            for call in model.calls:
+                if model.is_api(call, "clip_grad") and model.scope_of(call) is model.scope_of(with_node) \
+                        and model.before(with_node, call):
+                    owner = next(u for u in self.uses if u.kind == "scale_loss"
+                                 and model.parent(model.parent(u.call)) is with_node)
+                    self._unscale_before(owner, call, names[0])

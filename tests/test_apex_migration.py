@@ -64,6 +64,9 @@ def test_rewrite_leaves_no_apex_and_check_is_clean(migrated):
     assert res.returncode == 0, res.stdout.decode() + res.stderr.decode()
     check = run_ampfix("check", "--select", "AMP1", folder)
     assert check.returncode == 0 and "All checks passed!" in check.stdout.decode(), check.stdout.decode()
+    # and the migrated code is correct native AMP for every other rule (unscale before clipping, ...)
+    check = run_ampfix("check", folder)
+    assert check.returncode == 0 and "All checks passed!" in check.stdout.decode(), check.stdout.decode()
     for name in MIGRATED:
         text = (folder / name).read_text()
         assert deprecated_refs(text) == [], name
@@ -172,3 +175,12 @@ def test_loss_scale_dynamic_or_number():
     assert 'GradScaler("cuda", init_scale=65536.0 if args.loss_scale == 0 else args.loss_scale)' in text
     static = (APEX / "bad_basic.unsafe.py").read_text()
     assert 'GradScaler("cuda", init_scale=128.0)' in static
+
+
+def test_gradients_are_unscaled_before_clipping():
+    """apex unscaled the gradients when scale_loss exited; the native code clips after unscale_,
+    once per iteration, before an `if fp16: ... else: ...` whose both branches clip."""
+    plain = (APEX / "bad_run_clip_model_params.unsafe.py").read_text()
+    assert "    scaler.unscale_(optimizer)\n    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)" in plain
+    flag = (APEX / "bad_run_optional_flag.unsafe.py").read_text()
+    assert "    scaler.unscale_(optimizer)\n    if args.fp16:\n" in flag
