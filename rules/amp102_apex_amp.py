@@ -53,8 +53,9 @@ The fix (unsafe: it restructures the training loop) migrates the whole file at o
   `torch.autocast("cuda")`; each following `opt.step()` becomes `scaler.step(opt)`, with one
   `scaler.update()` after the last step of the iteration (gradient accumulation: on the
   boundary only);
-* `amp.master_params(opt)` becomes the optimizer's parameters, after `scaler.unscale_(opt)`
-  when it is used between backward and step (gradient clipping);
+* `amp.master_params(opt)` becomes the optimizer's parameters; gradients clipped between the
+  backward and the step (apex unscaled them when `scale_loss` exited) get
+  `scaler.unscale_(opt)` first, once per iteration;
 * `amp.state_dict()` / `amp.load_state_dict(sd)` become the scaler's, under the same checkpoint
   key, with a comment: a checkpoint saved by apex has another format there, so the load runs
   only `if "scale" in sd:` (old checkpoints still load; the scaler then starts afresh).
