@@ -415,6 +415,16 @@ class ApexMigration:
         level_node = kw.get("opt_level")
         level = "O1" if level_node is None else literal_string(level_node)
         notes = []
+        if level is None and level_node is not None and not isinstance(level_node, cst.Attribute):
+            values = {literal_string(v) for v in model.possible_values(level_node)}
+            func = model.function_of(call)
+            params = func.params if func is not None else None
+            for p in [*params.params, *params.kwonly_params] if params is not None else []:
+                if isinstance(level_node, cst.Name) and p.name.value == level_node.value and p.default is not None:
+                    values.add(literal_string(p.default))  # the default, for the calls that leave it out
+            if values and values <= {"O1", "O2"}:  # every value it gets in this file
+                level = max(values)
+                notes.append(f"opt_level `{self.code(level_node)}` is {' or '.join(sorted(values))} in this file")
         if level is None and level_node is not None:
             level = self._argparse_default(level_node)
             if level in ("O1", "O2"):
