@@ -62,7 +62,8 @@ The fix (unsafe: it restructures the training loop) migrates the whole file at o
 
 opt_level: O0 (fp32) gives a disabled scaler and autocast; O1 autocast + GradScaler; O2 the
 same with fp32 parameters (no fp16 model copy, said in the fix title); a non-literal level is
-taken from its `add_argument(default=...)` when that is O1/O2. `loss_scale="dynamic"` is
+taken from its values in this file (parameter defaults and call sites) or its
+`add_argument(default=...)` when those are O1/O2 (the fix title says so). `loss_scale="dynamic"` is
 GradScaler's default (apex also starts at 2**16 and doubles after 2000 clean steps); a number
 becomes `init_scale` (apex never changed a static scale nor skipped a step; GradScaler does
 both). `keep_batchnorm_fp32`, `verbosity`, `num_losses` (one scaler for every loss) and
