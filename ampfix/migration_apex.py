@@ -260,28 +260,26 @@ class ApexMigration:
         alias_ids = {id(b.alias) for b in bindings}
         flags: Set[str] = set()
         for s, sm in _smalls(node.body):
-            if True:
-                if isinstance(sm, (cst.Import, cst.ImportFrom)) and not isinstance(sm.names, cst.ImportStar) \
-                        and all(id(a) in alias_ids for a in sm.names):
-                    continue
-                if isinstance(sm, cst.Assign) and literal_bool(sm.value) is True and len(sm.targets) == 1 \
-                        and isinstance(sm.targets[0].target, cst.Name):
-                    flags.add(sm.targets[0].target.value)
-                    continue
-                raise _Blocked(f"the `try` that imports apex (line {self.line(node)}) does more (line {self.line(s)}): "
-                               "migrate the rest of it first")
+            if isinstance(sm, (cst.Import, cst.ImportFrom)) and not isinstance(sm.names, cst.ImportStar) \
+                    and all(id(a) in alias_ids for a in sm.names):
+                continue
+            if isinstance(sm, cst.Assign) and literal_bool(sm.value) is True and len(sm.targets) == 1 \
+                    and isinstance(sm.targets[0].target, cst.Name):
+                flags.add(sm.targets[0].target.value)
+                continue
+            raise _Blocked(f"the `try` that imports apex (line {self.line(node)}) does more (line {self.line(s)}): "
+                           "migrate the rest of it first")
         for h in node.handlers:
             for s, sm in _smalls(h.body):
-                if True:
-                    if isinstance(sm, (cst.Pass, cst.Raise, cst.Expr)):
+                if isinstance(sm, (cst.Pass, cst.Raise, cst.Expr)):
+                    continue
+                if isinstance(sm, cst.Assign) and len(sm.targets) == 1 \
+                        and isinstance(sm.targets[0].target, cst.Name):
+                    name = sm.targets[0].target.value
+                    if name in self.none_names or (name in flags and literal_bool(sm.value) is False):
                         continue
-                    if isinstance(sm, cst.Assign) and len(sm.targets) == 1 \
-                            and isinstance(sm.targets[0].target, cst.Name):
-                        name = sm.targets[0].target.value
-                        if name in self.none_names or (name in flags and literal_bool(sm.value) is False):
-                            continue
-                    raise _Blocked(f"the `except` of the apex import (line {self.line(h)}) does more "
-                                   f"(line {self.line(s)}): migrate it by hand")
+                raise _Blocked(f"the `except` of the apex import (line {self.line(h)}) does more "
+                               f"(line {self.line(s)}): migrate it by hand")
         if node.orelse is not None or node.finalbody is not None:
             raise _Blocked(f"the `try` that imports apex (line {self.line(node)}) has else/finally: migrate by hand")
         self.avail |= flags
