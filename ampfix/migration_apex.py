@@ -212,8 +212,14 @@ class ApexMigration:
                 self._remove_alias(b.stmt, b.alias)
         for node, bindings in tries.items():
             self._optional_import(node, bindings)
-        if model.torch_alias() is None:
-            raise _Blocked("the file does not `import torch` at module level: add it, then migrate")
+        if model.torch_alias() is None:  # `import torch` goes with the other imports
+            first = next((st for st in model.module.body if isinstance(st, cst.SimpleStatementLine) and any(
+                isinstance(sm, (cst.Import, cst.ImportFrom)) and not (isinstance(sm, cst.ImportFrom) and sm.module
+                                                                      and dotted(sm.module) == "__future__")
+                for sm in st.body)), None)
+            if first is None or any(n.value == "torch" and not model.in_import(n) for n in model.nodes_of(cst.Name)):
+                raise _Blocked("the file does not `import torch` at module level: add it, then migrate")
+            self.rw.insert_before(self.init, first, [self.stmt("import torch")])
 
     def _root(self, node: cst.CSTNode) -> cst.CSTNode:
         while isinstance(node, cst.Attribute):
