@@ -32,4 +32,7 @@ def test_rewrite_is_valid_idempotent_and_local(path: Path, unsafe: bool):
     old_lines, new_lines = text.splitlines(), new.splitlines()
     matcher = difflib.SequenceMatcher(a=old_lines, b=new_lines, autojunk=False)
     same = sum(b.size for b in matcher.get_matching_blocks())
-    assert same >= len(old_lines) - 4 * sum(fixed.values()) - 4, (same, len(old_lines), fixed)
+    # (an apex migration restructures more: the optional import's try, the if/else around
+    # scale_loss and the re-indented forward pass)
+    budget = sum((8 if key.startswith("AMP102") else 4) * n for key, n in fixed.items())
+    assert same >= len(old_lines) - budget - 4, (same, len(old_lines), fixed)
