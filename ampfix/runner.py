@@ -5,17 +5,22 @@ and write fixed files back safely. The CLI only parses options and prints report
 
 from __future__ import annotations
 
+import multiprocessing
 import os
+import shutil
+import signal
 import stat
 import sys
 import tempfile
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO, Dict, List, Optional, Sequence, Tuple
 
 from ampfix.config import Config, ConfigError, parse_version, resolve_config
 from ampfix.discovery import discover, matches_any
+from ampfix import guard
 from ampfix.engine import FileError, FileResult, InputError, Settings, decode_source, process_bytes, triggered
 from ampfix.notebook import is_notebook, prefilter, process_notebook
 from ampfix.registry import SelectionError, all_rules, select_rules, validate_selectors
@@ -120,24 +125,124 @@ def _work(job: Job) -> FileResult:
     rules = all_rules()
     try:
         if is_notebook(path):
-            return process_notebook(data, path, [rules[c] for c in codes], settings, fix=fix)
-        return process_bytes(data, path, [rules[c] for c in codes], settings, fix=fix)
+            return guard.deep_call(process_notebook, data, path, [rules[c] for c in codes], settings, fix=fix)
+        return guard.deep_call(process_bytes, data, path, [rules[c] for c in codes], settings, fix=fix)
     except Exception as exc:  # an internal error must not cost the other files their check
         return FileResult(path=path, error=FileError(path, None, None, f"internal error: {type(exc).__name__}: {exc} "
                                                                        "(please report this file)"))
 
 
-def _needs_analysis(path: str, data: bytes, codes: Sequence[str]) -> Optional[FileResult]:
+def _mp_context():
+    """fork where it is safe and cheap (Linux): a child starts in milliseconds."""
+    if sys.platform.startswith("linux") and "fork" in multiprocessing.get_all_start_methods():
+        return multiprocessing.get_context("fork")
+    return multiprocessing.get_context()
+
+
+def _crashed(path: str, exitcode: Optional[int]) -> FileResult:
+    if exitcode is not None and exitcode < 0:
+        try:
+            how = f"{signal.Signals(-exitcode).name}"
+        except ValueError:
+            how = f"signal {-exitcode}"
+    else:
+        how = f"exit status {exitcode}" if exitcode is not None else "it died"
+    return FileResult(path=path, error=FileError(
+        path, None, None, f"not analysed: the parser crashed on this file ({how}); "
+                          "code nested very deeply is the usual cause"))
+
+
+def _child(job: Job, conn) -> None:  # pragma: no cover - runs in the child process
+    try:
+        conn.send(_work(job))
+    finally:
+        conn.close()
+
+
+def isolated(job: Job) -> FileResult:
+    """`_work(job)` in a child process: a crash (segfault, abort) costs only this file."""
+    ctx = _mp_context()
+    recv, send = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_child, args=(job, send), daemon=True)
+    proc.start()
+    send.close()
+    try:
+        result = recv.recv()
+    except (EOFError, OSError):
+        result = None
+    finally:
+        recv.close()
+    proc.join()
+    return result if isinstance(result, FileResult) else _crashed(job[0], proc.exitcode)
+
+
+_MARKS: Optional[str] = None
+
+
+def _init_marks(folder: str) -> None:  # pragma: no cover - runs in the pool's workers
+    global _MARKS
+    _MARKS = folder
+
+
+def _marked_work(item: Tuple[int, Job]) -> FileResult:
+    """`_work`, leaving a marker file while it runs: after a crash, the markers left name the
+    files that were being analysed when a worker died."""
+    i, job = item
+    mark = os.path.join(_MARKS, str(i)) if _MARKS else None
+    if mark:
+        open(mark, "wb").close()
+    result = _work(job)
+    if mark:
+        os.unlink(mark)
+    return result
+
+
+def _pool(jobs: List[Tuple[int, Job]], n: int, results: Dict[int, FileResult]) -> None:
+    """Analyse `jobs` on `n` worker processes. When a worker dies (a native crash), the files
+    it was analysing are each re-run alone (`isolated`) and the others in a fresh pool."""
+    pending = list(jobs)
+    while pending:
+        marks = tempfile.mkdtemp(prefix="ampfix-run-")
+        broken = False
+        try:
+            with ProcessPoolExecutor(max_workers=min(n, len(pending)), mp_context=_mp_context(),
+                                     initializer=_init_marks, initargs=(marks,)) as pool:
+                futures = [(i, job, pool.submit(_marked_work, (i, job))) for i, job in pending]
+                for i, job, fut in futures:
+                    try:
+                        results[i] = fut.result()
+                    except BrokenProcessPool:
+                        broken = True
+            suspects = {int(name) for name in os.listdir(marks)} if broken else set()
+        finally:
+            shutil.rmtree(marks, ignore_errors=True)
+        left = [(i, job) for i, job in pending if i not in results]
+        if not broken or not left:
+            return
+        for i, job in left:
+            if i in suspects or not suspects:
+                results[i] = isolated(job)
+        pending = [(i, job) for i, job in left if i not in results]
+
+
+def _needs_analysis(path: str, data: bytes, codes: Sequence[str], risky: Optional[set] = None
+                    ) -> Optional[FileResult]:
     """A result right away for a file no selected rule can fire on (or that cannot be
-    decoded); None when it must be parsed and analysed."""
+    decoded); None when it must be parsed and analysed (then `path` joins `risky` when the
+    parser could crash on it, see `guard.risky`)."""
     if is_notebook(path):
-        return prefilter(data, path, [all_rules()[c] for c in codes])
+        early = prefilter(data, path, [all_rules()[c] for c in codes])
+        if early is None and risky is not None and guard.risky(data.decode("utf-8", "replace")):
+            risky.add(path)
+        return early
     try:
         src = decode_source(data, path)
     except InputError as exc:
         return FileResult(path=path, error=exc.error)
     rules = all_rules()
     if triggered([rules[c] for c in codes], src.text):
+        if risky is not None and guard.risky(src.text):
+            risky.add(path)
         return None
     return FileResult(path=path)
 
@@ -159,12 +264,14 @@ def run(plan: Plan, stdin: Optional[BinaryIO] = None) -> Run:
     fix = plan.options.fix
     jobs: List[Tuple[int, Job]] = []
     results: Dict[int, FileResult] = {}
+    risky: set = set()  # parsed in a child process even when the run is sequential
     for i, f in enumerate(plan.files):
         if f == "-":
             name = plan.options.stdin_filename or "-"
             data = (stdin or sys.stdin.buffer).read()
             file_codes = codes_for(name, plan) if plan.options.stdin_filename else plan.codes
-            results[i] = _work((name, file_codes, plan.settings, fix, data))
+            job = (name, file_codes, plan.settings, fix, data)
+            results[i] = isolated(job) if guard.risky(data.decode("utf-8", "replace")) else _work(job)
             results[i].old_source = data
             continue
         try:
@@ -173,7 +280,7 @@ def run(plan: Plan, stdin: Optional[BinaryIO] = None) -> Run:
             results[i] = FileResult(path=f, error=FileError(f, None, None, f"cannot read: {exc.strerror or exc}"))
             continue
         file_codes = codes_for(f, plan)
-        early = _needs_analysis(f, data, file_codes)
+        early = _needs_analysis(f, data, file_codes, risky)
         if early is not None:
             results[i] = early
         else:
@@ -181,12 +288,10 @@ def run(plan: Plan, stdin: Optional[BinaryIO] = None) -> Run:
     n = workers(plan.options.jobs, len(jobs))
     if n > 1 and sum(len(job[4]) for _, job in jobs) >= PARALLEL_MIN_BYTES:
         jobs.sort(key=lambda j: -len(j[1][4]))  # largest first: the pool stays balanced
-        with ProcessPoolExecutor(max_workers=n) as pool:
-            for (i, _), res in zip(jobs, pool.map(_work, [j for _, j in jobs], chunksize=1)):
-                results[i] = res
+        _pool(jobs, n, results)
     else:
         for i, job in jobs:
-            results[i] = _work(job)
+            results[i] = isolated(job) if job[0] in risky else _work(job)
     return Run(plan, [results[i] for i in range(len(plan.files))])
 
 

@@ -1,0 +1,106 @@
+"""Issue 11, the check side: hostile and unusual inputs cost only themselves.
+
+Every input is generated in a temporary folder and checked by the real CLI (a subprocess).
+"""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from tests.conftest import run_ampfix
+
+TRAINER = textwrap.dedent("""\
+    import torch
+
+    def train(model, optimizer, loader):
+        scaler = torch.amp.GradScaler("cuda")
+        for x, y in loader:
+            with torch.autocast("cuda", dtype=torch.float16):
+                loss = model(x).sum()
+            scaler.scale(loss).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    """)  # AMP007 on `optimizer.step()` (line 9)
+
+
+def _tree(tmp_path, n_good=3, pad=0):
+    """n_good files with one AMP007 finding each (padded with comment lines to `pad` bytes, so
+    that the run is large enough for the process pool)."""
+    for k in range(n_good):
+        text = TRAINER + "".join(f"# padding line {i}\n" for i in range(pad // 20))
+        (tmp_path / f"train_{k}.py").write_text(text)
+    return tmp_path
+
+
+def _deep_parens(n=2000):
+    return TRAINER + "x = " + "(" * n + "1" + ")" * n + "\n"
+
+
+def _lines(res):
+    return res.stdout.decode().splitlines(), res.stderr.decode().splitlines()
+
+
+@pytest.mark.parametrize("jobs", ["1", "2"])
+def test_native_parser_crash_costs_only_that_file(tmp_path, jobs):
+    """The real segfault: 2000 nested parentheses crash LibCST's native parser. Run unguarded
+    (AMPFIX_UNGUARDED=1: no large stack, no CPython pre-check) so that the crash happens, in a
+    child process in a sequential run and in a pool worker with several workers."""
+    _tree(tmp_path, n_good=6, pad=16_000)  # ~100 kB in all: the pool is used with -j2
+    (tmp_path / "deep.py").write_text(_deep_parens())
+    res = run_ampfix("check", ".", "--jobs", jobs, cwd=tmp_path, env={"AMPFIX_UNGUARDED": "1"})
+    out, err = _lines(res)
+    assert res.returncode == 2, res.stderr
+    assert "Traceback" not in res.stderr.decode()
+    assert err == ["deep.py: error: not analysed: the parser crashed on this file (SIGSEGV); "
+                   "code nested very deeply is the usual cause"]
+    assert sorted(line.split(":")[0] for line in out if "AMP007" in line) == [f"train_{k}.py" for k in range(6)]
+
+
+@pytest.mark.parametrize("jobs", ["1", "2"])
+def test_deep_parentheses_are_a_syntax_error_not_a_crash(tmp_path, jobs):
+    """Guarded (the default): CPython rejects > 200 nested brackets, and so does ampfix, with
+    CPython's message, before LibCST's parser sees the file."""
+    _tree(tmp_path, n_good=6, pad=16_000)
+    (tmp_path / "deep.py").write_text(_deep_parens())
+    res = run_ampfix("check", ".", "-j", jobs, cwd=tmp_path)
+    out, err = _lines(res)
+    assert res.returncode == 2
+    assert len(err) == 1 and err[0].startswith("deep.py:11:") and "too many nested parentheses" in err[0]
+    assert sum("AMP007" in line for line in out) == 6
+
+
+NESTED_320 = {
+    "unary": lambda n: "x = " + "-" * n + "y",
+    "not": lambda n: "x = " + "not " * n + "y",
+    "binop": lambda n: "x = " + " + ".join(["y"] * n),
+    "power": lambda n: "x = " + "**".join(["y"] * n),
+    "attribute": lambda n: "x = y" + ".a" * n,
+    "call": lambda n: "x = f" + "()" * n,
+    "ifexp": lambda n: "x = " + "y if c else " * n + "z",
+    "lambda": lambda n: "x = " + "lambda: " * n + "1",
+    "brackets": lambda n: "x = " + "[(" * (n // 4) + "1" + ")]" * (n // 4),  # CPython allows < 200
+}
+
+
+def test_valid_code_nested_320_deep_is_analysed(tmp_path):
+    for name, make in NESTED_320.items():
+        (tmp_path / f"{name}.py").write_text(TRAINER + make(320) + "\n")
+    res = run_ampfix("check", ".", "-j", "1", "--select", "AMP007", cwd=tmp_path)
+    out, err = _lines(res)
+    assert err == []
+    assert sorted(line.split(":")[0] for line in out if "AMP007" in line) == sorted(f"{n}.py" for n in NESTED_320)
+    assert res.returncode == 1
+
+
+def test_absurd_nesting_is_not_analysed_with_the_reason(tmp_path):
+    """Nesting CPython itself cannot parse (20000 unary minus): "not analysed", quickly, and never
+    called a syntax error."""
+    _tree(tmp_path, n_good=2)
+    (tmp_path / "absurd.py").write_text(TRAINER + "x = " + "-" * 20000 + "y\n")
+    res = run_ampfix("check", ".", cwd=tmp_path)
+    out, err = _lines(res)
+    assert res.returncode == 2
+    assert len(err) == 1 and err[0].startswith("absurd.py: error: not analysed:") and "syntax" not in err[0]
+    assert sum("AMP007" in line for line in out) == 2
