@@ -111,9 +111,39 @@ class Trace:
     events: List[TraceEvent] = field(default_factory=list)
     truncated: List[cst.FunctionDef] = field(default_factory=list)  # callees left out (too deep / too big)
     _exits: Optional[List[int]] = field(default=None, repr=False)
+    # indexes built on first use, rebuilt when events were added since (linear-time queries)
+    _index: Optional[Tuple[int, Dict[str, List[TraceEvent]], Dict[str, set]]] = field(default=None, repr=False)
+    _members: Optional[Tuple[int, Dict[Hashable, List[TraceEvent]]]] = field(default=None, repr=False)
+
+    def _kinds(self) -> Tuple[Dict[str, List[TraceEvent]], Dict[str, set]]:
+        if self._index is None or self._index[0] != len(self.events):
+            by_kind: Dict[str, List[TraceEvent]] = {}
+            groups: Dict[str, set] = {}
+            for e in self.events:
+                by_kind.setdefault(e.kind, []).append(e)
+                groups.setdefault(e.kind, set()).update(e.ctx)
+            self._index = (len(self.events), by_kind, groups)
+        return self._index[1], self._index[2]
 
     def of(self, *kinds: str) -> List[TraceEvent]:
+        by_kind = self._kinds()[0]
+        if len(kinds) == 1:
+            return list(by_kind.get(kinds[0], ()))
         return [e for e in self.events if e.kind in kinds]
+
+    def groups_of(self, kind: str) -> set:
+        """The context groups (loops, decisions) that some event of `kind` runs in."""
+        return self._kinds()[1].get(kind, set())
+
+    def members(self, group: Hashable) -> List[TraceEvent]:
+        """The events that run in `group` (a loop body or a decision arm), in order."""
+        if self._members is None or self._members[0] != len(self.events):
+            index: Dict[Hashable, List[TraceEvent]] = {}
+            for e in self.events:
+                for g in e.ctx:
+                    index.setdefault(g, []).append(e)
+            self._members = (len(self.events), index)
+        return self._members[1].get(group, [])
 
     def span(self, a: Optional[TraceEvent], b: Optional[TraceEvent]) -> List[TraceEvent]:
         """The events strictly between `a` and `b` (None: the start / the end)."""
