@@ -22,10 +22,12 @@ class UsageError(click.UsageError):
 
 def _plan(paths, select, ignore, config_file, min_torch, force_exclude, stdin_filename, jobs, fix=False,
           unsafe=False, details=False, add_noqa=False) -> runner.Plan:
+    meta = click.get_current_context().meta
     options = runner.Options(paths=paths, select=select, ignore=ignore, config_file=config_file,
                              min_torch_version=min_torch, force_exclude=force_exclude,
                              stdin_filename=stdin_filename, fix=fix, unsafe_fixes=unsafe, jobs=jobs,
-                             details=details, add_noqa=add_noqa)
+                             details=details, add_noqa=add_noqa, max_file_size=meta.get("ampfix.max_file_size"),
+                             no_cache=bool(meta.get("ampfix.no_cache")))
     try:
         return runner.make_plan(options)
     except runner.OptionsError as exc:
@@ -88,6 +90,12 @@ def main() -> None:
     """Find and fix PyTorch automatic mixed precision (AMP) mistakes."""
 
 
+def _store_param(ctx, param, value):
+    """Options read by `_plan` from the context (so the commands' signatures stay as they are)."""
+    ctx.meta[f"ampfix.{param.name}"] = value
+    return value
+
+
 def _common(f):
     f = click.option("--select", multiple=True, metavar="CODES",
                      help="Rule codes or prefixes to enable (comma separated; overrides the config).")(f)
@@ -101,7 +109,14 @@ def _common(f):
                      help="Apply `exclude` to paths named on the command line too (for pre-commit).")(f)
     f = click.option("-q", "--quiet", is_flag=True, help="Print findings only, no summary.")(f)
     f = click.option("-j", "--jobs", type=click.IntRange(min=1), default=None, metavar="N",
-                     help="Files analysed in parallel (default: one process per CPU).")(f)
+                     help="Worker processes that analyse files in parallel (default: the AMPFIX_WORKERS "
+                          "environment variable, else one per CPU; small runs stay in one process).")(f)
+    f = click.option("--max-file-size", default=None, metavar="SIZE", expose_value=False, is_eager=False,
+                     callback=_store_param,
+                     help="Skip (and report) files larger than SIZE, e.g. 10MB (default: max-file-size in "
+                          "[tool.ampfix], else 4MiB).")(f)
+    f = click.option("--no-cache", is_flag=True, expose_value=False, callback=_store_param,
+                     help="Neither read nor write the cache (.ampfix_cache/, or AMPFIX_CACHE_DIR).")(f)
     f = click.argument("paths", nargs=-1, type=click.Path(allow_dash=True))(f)
     return f
 
@@ -129,6 +144,7 @@ def check(paths, select, ignore, config_file, min_torch_version, stdin_filename,
     plan = _plan(paths, select, ignore, config_file, min_torch_version, force_exclude, stdin_filename, jobs,
                  details=fmt in reporters.DETAIL_FORMATS and not statistics)
     result = runner.run(plan)
+    _report_errors(result.warnings)
     n_errors = _report_errors(result.errors)
     diags = result.diagnostics
     files = plan.files
@@ -216,6 +232,7 @@ def rewrite(paths, select, ignore, config_file, min_torch_version, stdin_filenam
                  fix=True, unsafe=unsafe_fixes, details=fmt in reporters.DETAIL_FORMATS)
     result = runner.run(plan)
     files, results = plan.files, result.results
+    _report_errors(result.warnings)
     n_errors = _report_errors(result.errors)
     if not diff:
         n_errors += _report_errors(runner.write_fixes(result))

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO, Dict, List, Optional, Sequence, Tuple
 
-from ampfix.config import Config, ConfigError, parse_version, resolve_config
+from ampfix.config import Config, ConfigError, parse_size, parse_version, resolve_config
 from ampfix.discovery import discover, matches_any
 from ampfix import guard
 from ampfix.engine import FileError, FileResult, InputError, Settings, decode_source, process_bytes, triggered
@@ -46,6 +46,8 @@ class Options:
     jobs: Optional[int] = None
     details: bool = False  # attach each finding's fix as edits (SARIF, `full` text, the language server)
     add_noqa: bool = False  # add `# noqa: CODE` to each finding's line instead of fixing
+    max_file_size: Optional[str] = None  # --max-file-size (else the config's, else 4 MiB)
+    no_cache: bool = False  # --no-cache
 
 
 @dataclass
@@ -58,12 +60,14 @@ class Plan:
     files: List[str]
     missing: List[str]
     settings: Settings
+    max_file_size: int = 0
 
 
 @dataclass
 class Run:
     plan: Plan
     results: List[FileResult] = field(default_factory=list)
+    warnings: List[str] = field(default_factory=list)  # files skipped, with the reason (exit status unchanged)
 
     @property
     def errors(self) -> List[str]:
@@ -87,6 +91,9 @@ def make_plan(options: Options) -> Plan:
     paths = list(options.paths) or ["."]
     try:
         config = resolve_config(paths, options.config_file)
+        if options.select and not split_codes(options.select):
+            raise OptionsError("--select: no rule code given (an empty --select would disable every rule; "
+                               "use --select ALL, or a code such as AMP001)")
         cli_select = validate_selectors(split_codes(options.select), "--select") if options.select else None
         cli_ignore = validate_selectors(split_codes(options.ignore), "--ignore")
         cfg_select = validate_selectors(config.select, f"{config.path}: select") if config.select is not None else None
@@ -95,6 +102,8 @@ def make_plan(options: Options) -> Plan:
             validate_selectors(codes, f"{config.path}: per-file-ignores {glob!r}")
         min_version = (parse_version(options.min_torch_version, "--min-torch-version")
                        if options.min_torch_version else config.min_torch_version)
+        max_size = (parse_size(options.max_file_size, "--max-file-size", "--max-file-size")
+                    if options.max_file_size else config.max_file_size)
     except (ConfigError, SelectionError) as exc:
         raise OptionsError(str(exc)) from None
     selection = cli_select if cli_select is not None else cfg_select
@@ -102,7 +111,7 @@ def make_plan(options: Options) -> Plan:
     files, missing = discover(paths, config.exclude, config.root, force_exclude=options.force_exclude)
     settings = Settings(min_torch_version=min_version, unsafe_fixes=options.unsafe_fixes, details=options.details,
                         add_noqa=options.add_noqa)
-    return Plan(options, config, tuple(r.code for r in rules), files, missing, settings)
+    return Plan(options, config, tuple(r.code for r in rules), files, missing, settings, max_size)
 
 
 def codes_for(path: str, plan: Plan) -> Tuple[str, ...]:
@@ -265,6 +274,7 @@ def run(plan: Plan, stdin: Optional[BinaryIO] = None) -> Run:
     jobs: List[Tuple[int, Job]] = []
     results: Dict[int, FileResult] = {}
     risky: set = set()  # parsed in a child process even when the run is sequential
+    warnings: List[str] = []
     for i, f in enumerate(plan.files):
         if f == "-":
             name = plan.options.stdin_filename or "-"
@@ -275,6 +285,13 @@ def run(plan: Plan, stdin: Optional[BinaryIO] = None) -> Run:
             results[i].old_source = data
             continue
         try:
+            size = os.stat(f).st_size
+            if plan.max_file_size and size > plan.max_file_size:
+                results[i] = FileResult(path=f)
+                warnings.append(f"{f}: warning: skipped, not analysed: {_size(size)} is over max-file-size "
+                                f"({_size(plan.max_file_size)}; set `max-file-size` in [tool.ampfix] or "
+                                "--max-file-size to check it)")
+                continue
             data = Path(f).read_bytes()
         except OSError as exc:
             results[i] = FileResult(path=f, error=FileError(f, None, None, f"cannot read: {exc.strerror or exc}"))
@@ -292,7 +309,14 @@ def run(plan: Plan, stdin: Optional[BinaryIO] = None) -> Run:
     else:
         for i, job in jobs:
             results[i] = isolated(job) if job[0] in risky else _work(job)
-    return Run(plan, [results[i] for i in range(len(plan.files))])
+    return Run(plan, [results[i] for i in range(len(plan.files))], warnings)
+
+
+def _size(n: int) -> str:
+    for unit, k in (("GiB", 1024 ** 3), ("MiB", 1024 ** 2), ("KiB", 1024)):
+        if n >= k:
+            return f"{n / k:.1f} {unit}"
+    return f"{n} bytes"
 
 
 # ----------------------------------------------------------------------------- writing

@@ -104,3 +104,63 @@ def test_absurd_nesting_is_not_analysed_with_the_reason(tmp_path):
     assert res.returncode == 2
     assert len(err) == 1 and err[0].startswith("absurd.py: error: not analysed:") and "syntax" not in err[0]
     assert sum("AMP007" in line for line in out) == 2
+
+
+# ----------------------------------------------------------------------------- configuration
+
+DEEP_TOML = "[tool.ampfix]\nselect = " + "[" * 2000 + "]" * 2000 + "\n"
+
+
+@pytest.mark.parametrize("toml, expected", [
+    ('tool = "ampfix"\n', "`tool` must be a table"),
+    ("[tool]\nampfix = 3\n", "[tool.ampfix] must be a table of settings, got an integer"),
+    ("[tool.ampfix]\ncolour = 1\n", "unknown key(s) in [tool.ampfix]: colour"),
+    ("[tool.ampfix]\nselect = 3\n", "`select` in [tool.ampfix] must be a list of strings, got an integer"),
+    ("[tool.ampfix]\nper-file-ignores = 3\n", "`per-file-ignores` in [tool.ampfix] must be a table"),
+    ("[tool.ampfix]\nmin-torch-version = 2.10\n", 'quote it, e.g. min-torch-version = "2.10"'),
+    ("[tool.ampfix]\nmax-file-size = true\n", "`max-file-size` must be a positive number of bytes"),
+    (DEEP_TOML, "invalid TOML: nested too deeply"),
+])
+def test_configuration_errors_name_file_key_and_expectation(tmp_path, toml, expected):
+    (tmp_path / "pyproject.toml").write_text(toml)
+    (tmp_path / "train.py").write_text(TRAINER)
+    res = run_ampfix("check", "train.py", cwd=tmp_path)
+    err = res.stderr.decode()
+    assert res.returncode == 2
+    assert "Traceback" not in err
+    assert str(tmp_path / "pyproject.toml") in err and expected in err, err
+
+
+def test_empty_select_is_an_error(tmp_path):
+    (tmp_path / "train.py").write_text(TRAINER)
+    res = run_ampfix("check", "train.py", "--select", "", cwd=tmp_path)
+    assert res.returncode == 2 and "--select: no rule code given" in res.stderr.decode()
+
+
+def test_quoted_version_and_size_are_accepted(tmp_path):
+    (tmp_path / "pyproject.toml").write_text('[tool.ampfix]\nmin-torch-version = "2.10"\nmax-file-size = "1MB"\n')
+    (tmp_path / "train.py").write_text(TRAINER)
+    res = run_ampfix("check", "train.py", cwd=tmp_path)
+    assert res.returncode == 1 and "AMP007" in res.stdout.decode()
+
+
+# ----------------------------------------------------------------------------- size limit, --jobs
+
+
+def test_files_over_max_file_size_are_skipped_with_the_reason(tmp_path):
+    _tree(tmp_path, n_good=2)
+    (tmp_path / "huge.py").write_text(TRAINER + "# filler\n" * 2000)
+    res = run_ampfix("check", ".", "--max-file-size", "10KB", cwd=tmp_path)
+    out, err = _lines(res)
+    assert err == ["huge.py: warning: skipped, not analysed: 17.9 KiB is over max-file-size (9.8 KiB; set "
+                   "`max-file-size` in [tool.ampfix] or --max-file-size to check it)"]
+    assert sum("AMP007" in line for line in out) == 2 and res.returncode == 1
+    (tmp_path / "pyproject.toml").write_text('[tool.ampfix]\nmax-file-size = 100000\n')
+    res = run_ampfix("check", ".", cwd=tmp_path)
+    assert sum("AMP007" in line for line in res.stdout.decode().splitlines()) == 3
+
+
+def test_jobs_option_is_documented_with_its_default():
+    res = run_ampfix("check", "--help")
+    text = " ".join(res.stdout.decode().split())
+    assert "-j, --jobs N" in text and "default: the AMPFIX_WORKERS environment variable, else one per CPU" in text
