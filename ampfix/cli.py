@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import sys
 from collections import Counter
 from typing import Optional, Sequence
@@ -57,7 +59,11 @@ class _Output:
                 raise UsageError(f"--output-file: cannot write {path}: {exc.strerror or exc}") from None
 
     def echo(self, text: str = "", nl: bool = True) -> None:
-        click.echo(text, nl=nl, file=self.fh, err=self.err and self.fh is None)
+        try:
+            click.echo(text, nl=nl, file=self.fh, err=self.err and self.fh is None)
+        except OSError as exc:
+            where = self.path if self.fh is not None else ("stderr" if self.err else "stdout")
+            raise _ReportWriteError(f"cannot write the report to {where}: {exc.strerror or exc}") from None
 
     def close(self) -> None:
         if self.fh is not None:
@@ -84,7 +90,44 @@ def _plural(n: int, word: str) -> str:
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
 
-@click.group(context_settings=CONTEXT)
+class _ReportWriteError(Exception):
+    pass
+
+
+class _Main(click.Group):
+    """The command group: a report that cannot be written (a full disk, `/dev/full`, a closed
+    pipe) ends the run with one line on stderr and exit status 2, not a traceback."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except _ReportWriteError as exc:
+            _silence_stdout()
+            click.echo(f"error: {exc}", err=True)
+            ctx.exit(EXIT_ERROR)
+        except OSError as exc:
+            if exc.filename is not None or exc.errno not in _OUTPUT_ERRNOS:
+                raise
+            _silence_stdout()
+            click.echo(f"error: cannot write the report to stdout: {exc.strerror or exc}", err=True)
+            ctx.exit(EXIT_ERROR)
+
+
+_OUTPUT_ERRNOS = {getattr(errno, n) for n in ("ENOSPC", "EPIPE", "EIO", "EBADF", "EFBIG", "EDQUOT")
+                  if hasattr(errno, n)}
+
+
+def _silence_stdout() -> None:
+    """Drop what is left in stdout's buffer (so that exiting does not fail on it again)."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
+
+
+@click.group(context_settings=CONTEXT, cls=_Main)
 @click.version_option(__version__, prog_name="ampfix")
 def main() -> None:
     """Find and fix PyTorch automatic mixed precision (AMP) mistakes."""

@@ -105,7 +105,7 @@ def _tool_table(data: dict, where) -> dict:
 
 def find_pyproject(start: Path) -> Optional[Path]:
     """The nearest pyproject.toml at or above `start` that has a [tool.ampfix] table."""
-    start = start.resolve()
+    start = _resolved(start)
     if start.is_file():
         start = start.parent
     for folder in (start, *start.parents):
@@ -151,6 +151,13 @@ def load_config(path: Optional[Path]) -> Config:
     return cfg
 
 
+def _resolved(p: Path) -> Path:
+    try:
+        return p.resolve()
+    except (OSError, RuntimeError):  # a symlink loop: reported when the files are discovered
+        return p.absolute()
+
+
 def resolve_config(paths: Sequence[str], explicit: Optional[str] = None) -> Config:
     if explicit is not None:
         p = Path(explicit)
@@ -160,7 +167,7 @@ def resolve_config(paths: Sequence[str], explicit: Optional[str] = None) -> Conf
     real = [Path(p) for p in paths if p != "-"]
     if real:
         try:
-            start = Path(os.path.commonpath([str(p.resolve()) for p in real]))
+            start = Path(os.path.commonpath([str(_resolved(p)) for p in real]))
         except ValueError:
             start = Path.cwd()
     else:

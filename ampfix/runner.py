@@ -61,6 +61,7 @@ class Plan:
     missing: List[str]
     settings: Settings
     max_file_size: int = 0
+    problems: List[str] = field(default_factory=list)  # paths that could not be read while discovering
 
 
 @dataclass
@@ -72,6 +73,7 @@ class Run:
     @property
     def errors(self) -> List[str]:
         out = [f"{m}: error: no such file or directory" for m in self.plan.missing]
+        out.extend(self.plan.problems)
         out.extend(str(r.error) for r in self.results if r.error is not None)
         return out
 
@@ -108,10 +110,12 @@ def make_plan(options: Options) -> Plan:
         raise OptionsError(str(exc)) from None
     selection = cli_select if cli_select is not None else cfg_select
     rules = select_rules(selection, cfg_ignore + cli_ignore)
-    files, missing = discover(paths, config.exclude, config.root, force_exclude=options.force_exclude)
+    problems: List[str] = []
+    files, missing = discover(paths, config.exclude, config.root, force_exclude=options.force_exclude,
+                              problems=problems)
     settings = Settings(min_torch_version=min_version, unsafe_fixes=options.unsafe_fixes, details=options.details,
                         add_noqa=options.add_noqa)
-    return Plan(options, config, tuple(r.code for r in rules), files, missing, settings, max_size)
+    return Plan(options, config, tuple(r.code for r in rules), files, missing, settings, max_size, problems)
 
 
 def codes_for(path: str, plan: Plan) -> Tuple[str, ...]:
@@ -275,6 +279,12 @@ def run(plan: Plan, stdin: Optional[BinaryIO] = None) -> Run:
     results: Dict[int, FileResult] = {}
     risky: set = set()  # parsed in a child process even when the run is sequential
     warnings: List[str] = []
+    store = None
+    keys: Dict[int, str] = {}
+    if not (plan.options.no_cache or fix or plan.settings.details or plan.settings.add_noqa):
+        from ampfix.cache import Cache, cache_dir
+
+        store = Cache(cache_dir(plan.config.root))
     for i, f in enumerate(plan.files):
         if f == "-":
             name = plan.options.stdin_filename or "-"
@@ -300,8 +310,14 @@ def run(plan: Plan, stdin: Optional[BinaryIO] = None) -> Run:
         early = _needs_analysis(f, data, file_codes, risky)
         if early is not None:
             results[i] = early
-        else:
-            jobs.append((i, (f, file_codes, plan.settings, fix, data)))
+            continue
+        if store is not None:
+            keys[i] = store.key(f, data, file_codes, plan.settings)
+            hit = store.get(keys[i], f)
+            if hit is not None:
+                results[i] = hit
+                continue
+        jobs.append((i, (f, file_codes, plan.settings, fix, data)))
     n = workers(plan.options.jobs, len(jobs))
     if n > 1 and sum(len(job[4]) for _, job in jobs) >= PARALLEL_MIN_BYTES:
         jobs.sort(key=lambda j: -len(j[1][4]))  # largest first: the pool stays balanced
@@ -309,6 +325,12 @@ def run(plan: Plan, stdin: Optional[BinaryIO] = None) -> Run:
     else:
         for i, job in jobs:
             results[i] = isolated(job) if job[0] in risky else _work(job)
+    if store is not None:
+        from ampfix.cache import cacheable
+
+        for i, _ in jobs:
+            if cacheable(results[i]):
+                store.put(keys[i], results[i])
     return Run(plan, [results[i] for i in range(len(plan.files))], warnings)
 
 

@@ -164,3 +164,87 @@ def test_jobs_option_is_documented_with_its_default():
     res = run_ampfix("check", "--help")
     text = " ".join(res.stdout.decode().split())
     assert "-j, --jobs N" in text and "default: the AMPFIX_WORKERS environment variable, else one per CPU" in text
+
+
+# ----------------------------------------------------------------------------- unreadable paths
+
+
+def test_symlink_loops_are_reported_and_the_rest_checked(tmp_path):
+    _tree(tmp_path, n_good=2)
+    (tmp_path / "loop_a.py").symlink_to(tmp_path / "loop_b.py")
+    (tmp_path / "loop_b.py").symlink_to(tmp_path / "loop_a.py")
+    (tmp_path / "dangling.py").symlink_to(tmp_path / "gone.py")
+    res = run_ampfix("check", ".", "loop_a.py", "dangling.py", cwd=tmp_path)
+    out, err = _lines(res)
+    assert res.returncode == 2 and "Traceback" not in res.stderr.decode()
+    assert "loop_a.py: error: cannot read: Too many levels of symbolic links" in err
+    assert "loop_b.py: error: cannot read: Too many levels of symbolic links" in err
+    assert "dangling.py: error: cannot read: the symbolic link points to nothing" in err
+    assert sum("AMP007" in line for line in out) == 2
+
+
+def test_unreadable_folder_in_the_virtualenv_probe(tmp_path, monkeypatch):
+    """A folder that cannot be looked into. Tests run as root here, where chmod 000 does not stop
+    reading, so the PermissionError of the virtualenv probe is simulated (in process)."""
+    from ampfix import api, discovery
+
+    _tree(tmp_path, n_good=2)
+    (tmp_path / "private").mkdir()
+    (tmp_path / "private" / "train.py").write_text(TRAINER)
+    real = discovery.is_virtualenv
+
+    def probe(folder):
+        if folder.name == "private":
+            raise PermissionError(13, "Permission denied", str(folder / "pyvenv.cfg"))
+        return real(folder)
+
+    monkeypatch.setattr(discovery, "is_virtualenv", probe)
+    run = api.check_paths([str(tmp_path)], no_cache=True)
+    assert run.errors == [f"{tmp_path / 'private'}: error: cannot read the folder: Permission denied"]
+    assert len(run.diagnostics) == 2
+
+
+def test_unreadable_folder_and_file(tmp_path, monkeypatch):
+    """os.scandir and reading a file fail (simulated: root reads anything)."""
+    import os
+
+    from ampfix import api, discovery
+
+    _tree(tmp_path, n_good=2)
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "x.py").write_text(TRAINER)
+    real_scandir = os.scandir
+
+    def scandir(path):
+        if str(path).endswith("sub"):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_scandir(path)
+
+    monkeypatch.setattr(discovery.os, "scandir", scandir)
+    plan_run = api.check_paths([str(tmp_path)], no_cache=True)
+    assert plan_run.errors == [f"{tmp_path / 'sub'}: error: cannot read the folder: Permission denied"]
+    assert len(plan_run.diagnostics) == 2
+
+
+def test_a_file_deleted_during_the_run(tmp_path):
+    from ampfix import runner
+
+    _tree(tmp_path, n_good=3)
+    plan = runner.make_plan(runner.Options(paths=[str(tmp_path)], no_cache=True))
+    (tmp_path / "train_1.py").unlink()  # after discovery, before reading
+    run = runner.run(plan)
+    assert run.errors == [f"{tmp_path / 'train_1.py'}: error: cannot read: No such file or directory"]
+    assert len(run.diagnostics) == 2
+
+
+def test_dev_full_as_stdout(tmp_path):
+    import subprocess
+    import sys
+
+    _tree(tmp_path, n_good=1)
+    for args in (["check", "."], ["check", ".", "--output-format", "json"], ["rules"]):
+        with open("/dev/full", "w") as full:
+            res = subprocess.run([sys.executable, "-m", "ampfix", *args], cwd=tmp_path, stdout=full,
+                                 stderr=subprocess.PIPE, timeout=120)
+        assert res.returncode == 2
+        assert res.stderr.decode() == "error: cannot write the report to stdout: No space left on device\n"
