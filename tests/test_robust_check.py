@@ -248,3 +248,85 @@ def test_dev_full_as_stdout(tmp_path):
                                  stderr=subprocess.PIPE, timeout=120)
         assert res.returncode == 2
         assert res.stderr.decode() == "error: cannot write the report to stdout: No space left on device\n"
+
+
+# ----------------------------------------------------------------------------- cache
+
+
+def _count_parses(monkeypatch):
+    from ampfix import engine
+
+    calls = []
+    real = engine.parse
+
+    def counting(text, path):
+        calls.append(path)
+        return real(text, path)
+
+    monkeypatch.setattr(engine, "parse", counting)
+    return calls
+
+
+def test_warm_rerun_parses_nothing(tmp_path, monkeypatch):
+    from ampfix import api
+
+    monkeypatch.setenv("AMPFIX_CACHE_DIR", str(tmp_path / "cache"))
+    (tmp_path / "src").mkdir()
+    _tree(tmp_path / "src", n_good=3)
+    (tmp_path / "src" / "broken.py").write_text(TRAINER + "def (:\n")
+    parses = _count_parses(monkeypatch)
+    cold = api.check_paths([str(tmp_path / "src")], jobs=1)
+    assert len(parses) == 4
+    warm = api.check_paths([str(tmp_path / "src")], jobs=1)
+    assert len(parses) == 4  # nothing parsed again
+    assert warm.diagnostics == cold.diagnostics and warm.errors == cold.errors and len(warm.errors) == 1
+    assert (tmp_path / "cache" / ".gitignore").read_text().splitlines()[-1] == "*"
+    # an edited file is analysed again, the others come from the cache
+    (tmp_path / "src" / "train_0.py").write_text(TRAINER.replace("optimizer.step()", "scaler.step(optimizer)"))
+    edited = api.check_paths([str(tmp_path / "src")], jobs=1)
+    assert len(parses) == 5
+    assert [d for d in edited.diagnostics if "train_0" not in d.path] == [
+        d for d in cold.diagnostics if "train_0" not in d.path]
+    assert [d.message for d in edited.diagnostics if "train_0" in d.path] != [
+        d.message for d in cold.diagnostics if "train_0" in d.path]
+    # other settings are another key; --no-cache neither reads nor writes
+    api.check_paths([str(tmp_path / "src")], jobs=1, min_torch_version="2.6")
+    assert len(parses) == 9
+    api.check_paths([str(tmp_path / "src")], jobs=1, no_cache=True)
+    assert len(parses) == 13
+
+
+def test_malformed_cache_entries_are_misses(tmp_path, monkeypatch):
+    from ampfix import api
+
+    monkeypatch.setenv("AMPFIX_CACHE_DIR", str(tmp_path / "cache"))
+    (tmp_path / "src").mkdir()
+    _tree(tmp_path / "src", n_good=2)
+    cold = api.check_paths([str(tmp_path / "src")], jobs=1)
+    entries = [p for p in (tmp_path / "cache").rglob("*") if p.is_file() and len(p.name) == 64]
+    assert len(entries) == 2
+    entries[0].write_text('{"diagnostics": [{"nonsense": 1}]}')
+    entries[1].write_text("not json")
+    parses = _count_parses(monkeypatch)
+    again = api.check_paths([str(tmp_path / "src")], jobs=1)
+    assert len(parses) == 2 and again.diagnostics == cold.diagnostics
+
+
+def test_concurrent_runs_share_the_cache(tmp_path):
+    """Runs started together write the same entries (atomic renames): every run reports the
+    same, and no temporary file is left."""
+    import subprocess
+    import sys
+
+    (tmp_path / "src").mkdir()
+    _tree(tmp_path / "src", n_good=8)
+    env = {"AMPFIX_CACHE_DIR": str(tmp_path / "cache")}
+    import os
+
+    full_env = dict(os.environ, **env)
+    procs = [subprocess.Popen([sys.executable, "-m", "ampfix", "check", "src", "-j", "1"], cwd=tmp_path,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=full_env) for _ in range(4)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert all(p.returncode == 1 for p in procs)
+    assert len({o for o, _ in outs}) == 1 and all(e == b"" for _, e in outs)
+    assert not [p for p in (tmp_path / "cache").rglob(".tmp-*")]
