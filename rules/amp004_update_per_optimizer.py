@@ -83,8 +83,12 @@ scaler.update()
             if not isinstance(loop, cst.For):
                 continue
             names = set(target_names(loop.target))
-            steps = [e for e in trace.of(SCALER_STEP) if e.scaler == upd.scaler and group in e.ctx
-                     and names & model.reads_of(e.path[len(frame)])]
+            memo = self.__dict__.setdefault("_steps_memo", {})  # the same for every update of the loop
+            key = (id(trace), group, upd.scaler)
+            if key not in memo:
+                memo[key] = [e for e in trace.members(group) if e.kind == SCALER_STEP and e.scaler == upd.scaler
+                             and names & model.reads_of(e.path[len(frame)])]
+            steps = memo[key]
             if not steps or any(group in b.ctx for b in backwards):
                 continue
             shown = upd.path[len(frame)]

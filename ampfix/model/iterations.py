@@ -308,8 +308,8 @@ class Iterations:
             group = self.iteration_of(trace, upd)
             if self.boundaries(trace, upd, group):
                 continue
-            steps = [s for s in trace.of(SCALER_STEP) if s.scaler == upd.scaler
-                     and self.iteration_of(trace, s) == group and not self.exclusive(s, upd)]
+            steps = (s for s in self._steps_by_iteration(trace).get((upd.scaler, group), ())
+                     if not self.exclusive(s, upd))  # lazily: the walk below often stops at the first
             reason: Optional[Misplaced] = None
             for s in steps:
                 mis = next((m for m in out if m.event is s), None)
@@ -326,6 +326,17 @@ class Iterations:
         out.sort(key=lambda m: m.event.order)
         cached[id(trace)] = out
         return out
+
+    def _steps_by_iteration(self, trace: Trace) -> Dict[Tuple, List[TraceEvent]]:
+        """(scaler, iteration group) -> the trace's scaler steps, in order (built once per trace)."""
+        memo = self.__dict__.setdefault("_steps_memo", {})
+        hit = memo.get(id(trace))
+        if hit is None or hit[0] is not trace:
+            index: Dict[Tuple, List[TraceEvent]] = {}
+            for s in trace.of(SCALER_STEP):
+                index.setdefault((s.scaler, self.iteration_of(trace, s)), []).append(s)
+            hit = memo[id(trace)] = (trace, index)
+        return hit[1]
 
     def boundaries(self, trace: Trace, ev: TraceEvent, group: Optional[Group]) -> List[Group]:
         """The accumulation boundaries that guard `ev` within its iteration `group`: decisions
