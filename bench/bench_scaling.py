@@ -4,8 +4,9 @@
 
 Generates one function whose loop body holds N blocks of autocast / scale / clip / step /
 update (6 lines each, in a temporary folder), times `ampfix check` on it in a subprocess
-(one worker, cold) and prints a markdown table: lines, seconds, seconds per 1000 lines. With
-linear analysis the last column stays flat at 1x, 4x, 8x the size.
+(one worker, cold) and prints a markdown table: lines, seconds, seconds per 1000 lines, peak
+memory. With
+linear analysis the time grows as the size: 1x, 4x, 16x (default --blocks 150 600 2400).
 """
 
 from __future__ import annotations
@@ -40,17 +41,19 @@ def source(n: int) -> str:
     return HEAD + "".join(BLOCK.format(i=i) for i in range(n))
 
 
-def time_check(path: Path) -> float:
+def time_check(path: Path):
+    """(seconds, peak MiB) of a cold `ampfix check -j 1 --no-cache` in a subprocess."""
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     t = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "ampfix", "check", "-j", "1", str(path)], env=env,
-                   capture_output=True)
-    return time.perf_counter() - t
+    proc = subprocess.Popen([sys.executable, "-m", "ampfix", "check", "-j", "1", "--no-cache", str(path)], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    _, status, usage = os.wait4(proc.pid, 0)
+    return time.perf_counter() - t, usage.ru_maxrss / 1024
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--blocks", type=int, nargs="+", default=[150, 600, 1200])
+    ap.add_argument("--blocks", type=int, nargs="+", default=[150, 600, 2400])
     ap.add_argument("--profile", type=int, default=None, help="cProfile one run with N blocks instead")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
@@ -69,16 +72,16 @@ def main() -> None:
             pstats.Stats(prof).sort_stats(os.environ.get("SORT", "cumulative")).print_stats(30)
             return
         base = None
-        print("| blocks | lines | seconds | s / 1000 lines | size | time |")
-        print("|---:|---:|---:|---:|---:|---:|")
+        print("| blocks | lines | seconds | s / 1000 lines | peak MiB | size | time |")
+        print("|---:|---:|---:|---:|---:|---:|---:|")
         for n in args.blocks:
             p = Path(tmp) / f"train_{n}.py"
             p.write_text(source(n))
             lines = source(n).count("\n")
-            secs = time_check(p)
+            secs, peak = time_check(p)
             if base is None:
                 base = (n, secs)
-            print(f"| {n} | {lines} | {secs:.2f} | {1000 * secs / lines:.3f} | {n / base[0]:.0f}x | "
+            print(f"| {n} | {lines} | {secs:.2f} | {1000 * secs / lines:.3f} | {peak:.0f} | {n / base[0]:.0f}x | "
                   f"{secs / base[1]:.1f}x |", flush=True)
 
 
