@@ -226,6 +226,9 @@ def _pool(jobs: List[Tuple[int, Job]], n: int, results: Dict[int, FileResult]) -
                         results[i] = fut.result()
                     except BrokenProcessPool:
                         broken = True
+                    except Exception as exc:  # e.g. a result that cannot be sent back
+                        why = f"internal error: {type(exc).__name__}: {exc} (please report this file)"
+                        results[i] = FileResult(path=job[0], error=FileError(job[0], None, None, why))
             suspects = {int(name) for name in os.listdir(marks)} if broken else set()
         finally:
             shutil.rmtree(marks, ignore_errors=True)
