@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import sys
 from collections import Counter
 from typing import Optional, Sequence
@@ -22,10 +24,12 @@ class UsageError(click.UsageError):
 
 def _plan(paths, select, ignore, config_file, min_torch, force_exclude, stdin_filename, jobs, fix=False,
           unsafe=False, details=False, add_noqa=False) -> runner.Plan:
+    meta = click.get_current_context().meta
     options = runner.Options(paths=paths, select=select, ignore=ignore, config_file=config_file,
                              min_torch_version=min_torch, force_exclude=force_exclude,
                              stdin_filename=stdin_filename, fix=fix, unsafe_fixes=unsafe, jobs=jobs,
-                             details=details, add_noqa=add_noqa)
+                             details=details, add_noqa=add_noqa, max_file_size=meta.get("ampfix.max_file_size"),
+                             no_cache=bool(meta.get("ampfix.no_cache")))
     try:
         return runner.make_plan(options)
     except runner.OptionsError as exc:
@@ -55,7 +59,11 @@ class _Output:
                 raise UsageError(f"--output-file: cannot write {path}: {exc.strerror or exc}") from None
 
     def echo(self, text: str = "", nl: bool = True) -> None:
-        click.echo(text, nl=nl, file=self.fh, err=self.err and self.fh is None)
+        try:
+            click.echo(text, nl=nl, file=self.fh, err=self.err and self.fh is None)
+        except OSError as exc:
+            where = self.path if self.fh is not None else ("stderr" if self.err else "stdout")
+            raise _ReportWriteError(f"cannot write the report to {where}: {exc.strerror or exc}") from None
 
     def close(self) -> None:
         if self.fh is not None:
@@ -82,10 +90,53 @@ def _plural(n: int, word: str) -> str:
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
 
-@click.group(context_settings=CONTEXT)
+class _ReportWriteError(Exception):
+    pass
+
+
+class _Main(click.Group):
+    """The command group: a report that cannot be written (a full disk, `/dev/full`, a closed
+    pipe) ends the run with one line on stderr and exit status 2, not a traceback."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except _ReportWriteError as exc:
+            _silence_stdout()
+            click.echo(f"error: {exc}", err=True)
+            ctx.exit(EXIT_ERROR)
+        except OSError as exc:
+            if exc.filename is not None or exc.errno not in _OUTPUT_ERRNOS:
+                raise
+            _silence_stdout()
+            click.echo(f"error: cannot write the report to stdout: {exc.strerror or exc}", err=True)
+            ctx.exit(EXIT_ERROR)
+
+
+_OUTPUT_ERRNOS = {getattr(errno, n) for n in ("ENOSPC", "EPIPE", "EIO", "EBADF", "EFBIG", "EDQUOT")
+                  if hasattr(errno, n)}
+
+
+def _silence_stdout() -> None:
+    """Drop what is left in stdout's buffer (so that exiting does not fail on it again)."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
+
+
+@click.group(context_settings=CONTEXT, cls=_Main)
 @click.version_option(__version__, prog_name="ampfix")
 def main() -> None:
     """Find and fix PyTorch automatic mixed precision (AMP) mistakes."""
+
+
+def _store_param(ctx, param, value):
+    """Options read by `_plan` from the context (so the commands' signatures stay as they are)."""
+    ctx.meta[f"ampfix.{param.name}"] = value
+    return value
 
 
 def _common(f):
@@ -101,7 +152,14 @@ def _common(f):
                      help="Apply `exclude` to paths named on the command line too (for pre-commit).")(f)
     f = click.option("-q", "--quiet", is_flag=True, help="Print findings only, no summary.")(f)
     f = click.option("-j", "--jobs", type=click.IntRange(min=1), default=None, metavar="N",
-                     help="Files analysed in parallel (default: one process per CPU).")(f)
+                     help="Worker processes that analyse files in parallel (default: the AMPFIX_WORKERS "
+                          "environment variable, else one per CPU; small runs stay in one process).")(f)
+    f = click.option("--max-file-size", default=None, metavar="SIZE", expose_value=False, is_eager=False,
+                     callback=_store_param,
+                     help="Skip (and report) files larger than SIZE, e.g. 10MB (default: max-file-size in "
+                          "[tool.ampfix], else 4MiB).")(f)
+    f = click.option("--no-cache", is_flag=True, expose_value=False, callback=_store_param,
+                     help="Neither read nor write the cache (.ampfix_cache/, or AMPFIX_CACHE_DIR).")(f)
     f = click.argument("paths", nargs=-1, type=click.Path(allow_dash=True))(f)
     return f
 
@@ -129,6 +187,7 @@ def check(paths, select, ignore, config_file, min_torch_version, stdin_filename,
     plan = _plan(paths, select, ignore, config_file, min_torch_version, force_exclude, stdin_filename, jobs,
                  details=fmt in reporters.DETAIL_FORMATS and not statistics)
     result = runner.run(plan)
+    _report_errors(result.warnings)
     n_errors = _report_errors(result.errors)
     diags = result.diagnostics
     files = plan.files
@@ -216,6 +275,7 @@ def rewrite(paths, select, ignore, config_file, min_torch_version, stdin_filenam
                  fix=True, unsafe=unsafe_fixes, details=fmt in reporters.DETAIL_FORMATS)
     result = runner.run(plan)
     files, results = plan.files, result.results
+    _report_errors(result.warnings)
     n_errors = _report_errors(result.errors)
     if not diff:
         n_errors += _report_errors(runner.write_fixes(result))

@@ -113,13 +113,20 @@ class GitIgnore:
 
 
 def is_virtualenv(folder: Path) -> bool:
+    """Raises OSError (PermissionError) when the folder cannot be looked into."""
     return (folder / "pyvenv.cfg").is_file() or (folder / "conda-meta").is_dir()
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, OSError):
+        return exc.strerror or str(exc)
+    return str(exc)
 
 
 def matches_any(path: Path, root: Path, globs: Sequence[str]) -> bool:
     try:
         rel = path.resolve().relative_to(root.resolve()).as_posix()
-    except ValueError:
+    except (ValueError, OSError, RuntimeError):  # elsewhere, or a symlink loop
         rel = path.as_posix()
     for g in globs:
         g = g.rstrip("/")
@@ -150,8 +157,16 @@ def _gitignores_above(folder: Path) -> List[GitIgnore]:
     return list(reversed(found))
 
 
-def walk(root: Path, exclude: Sequence[str], config_root: Path) -> Iterator[Path]:
-    stack0 = _gitignores_above(root)
+def walk(root: Path, exclude: Sequence[str], config_root: Path, problems: Optional[List[str]] = None
+         ) -> Iterator[Path]:
+    """The files to check under `root`; a folder or file that cannot be read (permissions, a
+    symlink loop) adds "PATH: error: REASON" to `problems` and the walk goes on."""
+    if problems is None:
+        problems = []
+    try:
+        stack0 = _gitignores_above(root)
+    except (OSError, RuntimeError):
+        stack0 = []
 
     def rec(folder: Path, stack: List[GitIgnore]) -> Iterator[Path]:
         gi = GitIgnore.load(folder)
@@ -159,17 +174,32 @@ def walk(root: Path, exclude: Sequence[str], config_root: Path) -> Iterator[Path
             stack = stack + [gi]
         try:
             entries = sorted(os.scandir(folder), key=lambda e: e.name)
-        except OSError:
+        except OSError as exc:
+            problems.append(f"{folder}: error: cannot read the folder: {_reason(exc)}")
             return
         for e in entries:
             p = Path(e.path)
             if e.is_dir(follow_symlinks=False):
-                if e.name in SKIP_DIRS or e.name.endswith(".egg-info") or is_virtualenv(p):
+                if e.name in SKIP_DIRS or e.name.endswith(".egg-info"):
+                    continue
+                try:
+                    if is_virtualenv(p):
+                        continue
+                except OSError as exc:
+                    problems.append(f"{p}: error: cannot read the folder: {_reason(exc)}")
                     continue
                 if _ignored(p, True, stack) or matches_any(p, config_root, exclude):
                     continue
                 yield from rec(p, stack)
-            elif e.is_file() and e.name.endswith(PY_SUFFIXES):
+                continue
+            if not e.name.endswith(PY_SUFFIXES):
+                continue
+            try:
+                is_file = e.is_file()
+            except OSError as exc:  # a symlink loop
+                problems.append(f"{p}: error: cannot read: {_reason(exc)}")
+                continue
+            if is_file:
                 if _ignored(p, False, stack) or matches_any(p, config_root, exclude):
                     continue
                 yield p
@@ -177,9 +207,12 @@ def walk(root: Path, exclude: Sequence[str], config_root: Path) -> Iterator[Path
     yield from rec(root, stack0)
 
 
-def discover(paths: Sequence[str], exclude: Sequence[str], config_root: Path, force_exclude: bool = False
-             ) -> Tuple[List[str], List[str]]:
-    """(files to check, paths that do not exist). "-" stays as is (stdin)."""
+def discover(paths: Sequence[str], exclude: Sequence[str], config_root: Path, force_exclude: bool = False,
+             problems: Optional[List[str]] = None) -> Tuple[List[str], List[str]]:
+    """(files to check, paths that do not exist). "-" stays as is (stdin). Paths that exist
+    but cannot be read (permissions, symlink loops) add a line to `problems`."""
+    if problems is None:
+        problems = []
     files: List[str] = []
     missing: List[str] = []
     seen = set()
@@ -188,8 +221,19 @@ def discover(paths: Sequence[str], exclude: Sequence[str], config_root: Path, fo
             files.append(raw)
             continue
         p = Path(raw)
+        try:
+            os.stat(raw)
+        except FileNotFoundError:
+            if os.path.islink(raw):
+                problems.append(f"{raw}: error: cannot read: the symbolic link points to nothing")
+            else:
+                missing.append(raw)
+            continue
+        except OSError as exc:
+            problems.append(f"{raw}: error: cannot read: {_reason(exc)}")
+            continue
         if p.is_dir():
-            for f in walk(p, exclude, config_root):
+            for f in walk(p, exclude, config_root, problems):
                 s = str(f)
                 if s not in seen:
                     seen.add(s)

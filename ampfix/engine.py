@@ -13,6 +13,7 @@ from typing import Dict, List, Optional, Sequence, Set, Tuple, Type
 
 import libcst as cst
 
+from ampfix import guard
 from ampfix.config import DEFAULT_MIN_TORCH
 from ampfix.model import AmpModel
 from ampfix.rule import Applicability, FileContext, Fix, Rule, Violation
@@ -142,6 +143,18 @@ def decode_source(data: bytes, path: str) -> SourceText:
 
 
 def parse(text: str, path: str) -> cst.Module:
+    if not guard.UNGUARDED and guard.risky(text):
+        # CPython's parser reports what it rejects (e.g. > 200 nested brackets) and gives up
+        # cleanly on absurd nesting, where LibCST's could crash or take minutes and gigabytes
+        try:
+            compile(text, path, "exec", flags=ast.PyCF_ONLY_AST, dont_inherit=True)
+        except SyntaxError as py_exc:
+            raise InputError(FileError(path, py_exc.lineno, py_exc.offset, f"syntax error: {py_exc.msg}")) from None
+        except (RecursionError, MemoryError) as py_exc:
+            raise InputError(FileError(path, None, None, "not analysed: the code is nested too deeply even for "
+                                                         f"CPython's parser ({type(py_exc).__name__})")) from None
+        except ValueError:
+            pass
     try:
         return cst.parse_module(text)
     except cst.ParserSyntaxError as exc:
@@ -561,6 +574,8 @@ def process_bytes(
             result.new_source = src.encode(new_text)
     except InputError as exc:
         result.error = exc.error
-    except RecursionError:
-        result.error = FileError(path, None, None, "file is nested too deeply to analyse")
+    except (RecursionError, MemoryError) as exc:
+        what = "nested too deeply" if isinstance(exc, RecursionError) else "too large"
+        result.error = FileError(path, None, None, f"not analysed: the code is {what} for ampfix's analysis "
+                                                   "(not a syntax error in the file)")
     return result

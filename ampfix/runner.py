@@ -5,17 +5,22 @@ and write fixed files back safely. The CLI only parses options and prints report
 
 from __future__ import annotations
 
+import multiprocessing
 import os
+import shutil
+import signal
 import stat
 import sys
 import tempfile
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO, Dict, List, Optional, Sequence, Tuple
 
-from ampfix.config import Config, ConfigError, parse_version, resolve_config
+from ampfix.config import Config, ConfigError, parse_size, parse_version, resolve_config
 from ampfix.discovery import discover, matches_any
+from ampfix import guard
 from ampfix.engine import FileError, FileResult, InputError, Settings, decode_source, process_bytes, triggered
 from ampfix.notebook import is_notebook, prefilter, process_notebook
 from ampfix.registry import SelectionError, all_rules, select_rules, validate_selectors
@@ -41,6 +46,8 @@ class Options:
     jobs: Optional[int] = None
     details: bool = False  # attach each finding's fix as edits (SARIF, `full` text, the language server)
     add_noqa: bool = False  # add `# noqa: CODE` to each finding's line instead of fixing
+    max_file_size: Optional[str] = None  # --max-file-size (else the config's, else 4 MiB)
+    no_cache: bool = False  # --no-cache
 
 
 @dataclass
@@ -53,16 +60,20 @@ class Plan:
     files: List[str]
     missing: List[str]
     settings: Settings
+    max_file_size: int = 0
+    problems: List[str] = field(default_factory=list)  # paths that could not be read while discovering
 
 
 @dataclass
 class Run:
     plan: Plan
     results: List[FileResult] = field(default_factory=list)
+    warnings: List[str] = field(default_factory=list)  # files skipped, with the reason (exit status unchanged)
 
     @property
     def errors(self) -> List[str]:
         out = [f"{m}: error: no such file or directory" for m in self.plan.missing]
+        out.extend(self.plan.problems)
         out.extend(str(r.error) for r in self.results if r.error is not None)
         return out
 
@@ -82,6 +93,9 @@ def make_plan(options: Options) -> Plan:
     paths = list(options.paths) or ["."]
     try:
         config = resolve_config(paths, options.config_file)
+        if options.select and not split_codes(options.select):
+            raise OptionsError("--select: no rule code given (an empty --select would disable every rule; "
+                               "use --select ALL, or a code such as AMP001)")
         cli_select = validate_selectors(split_codes(options.select), "--select") if options.select else None
         cli_ignore = validate_selectors(split_codes(options.ignore), "--ignore")
         cfg_select = validate_selectors(config.select, f"{config.path}: select") if config.select is not None else None
@@ -90,14 +104,18 @@ def make_plan(options: Options) -> Plan:
             validate_selectors(codes, f"{config.path}: per-file-ignores {glob!r}")
         min_version = (parse_version(options.min_torch_version, "--min-torch-version")
                        if options.min_torch_version else config.min_torch_version)
+        max_size = (parse_size(options.max_file_size, "--max-file-size", "--max-file-size")
+                    if options.max_file_size else config.max_file_size)
     except (ConfigError, SelectionError) as exc:
         raise OptionsError(str(exc)) from None
     selection = cli_select if cli_select is not None else cfg_select
     rules = select_rules(selection, cfg_ignore + cli_ignore)
-    files, missing = discover(paths, config.exclude, config.root, force_exclude=options.force_exclude)
+    problems: List[str] = []
+    files, missing = discover(paths, config.exclude, config.root, force_exclude=options.force_exclude,
+                              problems=problems)
     settings = Settings(min_torch_version=min_version, unsafe_fixes=options.unsafe_fixes, details=options.details,
                         add_noqa=options.add_noqa)
-    return Plan(options, config, tuple(r.code for r in rules), files, missing, settings)
+    return Plan(options, config, tuple(r.code for r in rules), files, missing, settings, max_size, problems)
 
 
 def codes_for(path: str, plan: Plan) -> Tuple[str, ...]:
@@ -120,24 +138,127 @@ def _work(job: Job) -> FileResult:
     rules = all_rules()
     try:
         if is_notebook(path):
-            return process_notebook(data, path, [rules[c] for c in codes], settings, fix=fix)
-        return process_bytes(data, path, [rules[c] for c in codes], settings, fix=fix)
+            return guard.deep_call(process_notebook, data, path, [rules[c] for c in codes], settings, fix=fix)
+        return guard.deep_call(process_bytes, data, path, [rules[c] for c in codes], settings, fix=fix)
     except Exception as exc:  # an internal error must not cost the other files their check
         return FileResult(path=path, error=FileError(path, None, None, f"internal error: {type(exc).__name__}: {exc} "
                                                                        "(please report this file)"))
 
 
-def _needs_analysis(path: str, data: bytes, codes: Sequence[str]) -> Optional[FileResult]:
+def _mp_context():
+    """fork where it is safe and cheap (Linux): a child starts in milliseconds."""
+    if sys.platform.startswith("linux") and "fork" in multiprocessing.get_all_start_methods():
+        return multiprocessing.get_context("fork")
+    return multiprocessing.get_context()
+
+
+def _crashed(path: str, exitcode: Optional[int]) -> FileResult:
+    if exitcode is not None and exitcode < 0:
+        try:
+            how = f"{signal.Signals(-exitcode).name}"
+        except ValueError:
+            how = f"signal {-exitcode}"
+    else:
+        how = f"exit status {exitcode}" if exitcode is not None else "it died"
+    return FileResult(path=path, error=FileError(
+        path, None, None, f"not analysed: the parser crashed on this file ({how}); "
+                          "code nested very deeply is the usual cause"))
+
+
+def _child(job: Job, conn) -> None:  # pragma: no cover - runs in the child process
+    try:
+        conn.send(_work(job))
+    finally:
+        conn.close()
+
+
+def isolated(job: Job) -> FileResult:
+    """`_work(job)` in a child process: a crash (segfault, abort) costs only this file."""
+    ctx = _mp_context()
+    recv, send = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_child, args=(job, send), daemon=True)
+    proc.start()
+    send.close()
+    try:
+        result = recv.recv()
+    except (EOFError, OSError):
+        result = None
+    finally:
+        recv.close()
+    proc.join()
+    return result if isinstance(result, FileResult) else _crashed(job[0], proc.exitcode)
+
+
+_MARKS: Optional[str] = None
+
+
+def _init_marks(folder: str) -> None:  # pragma: no cover - runs in the pool's workers
+    global _MARKS
+    _MARKS = folder
+
+
+def _marked_work(item: Tuple[int, Job]) -> FileResult:
+    """`_work`, leaving a marker file while it runs: after a crash, the markers left name the
+    files that were being analysed when a worker died."""
+    i, job = item
+    mark = os.path.join(_MARKS, str(i)) if _MARKS else None
+    if mark:
+        open(mark, "wb").close()
+    result = _work(job)
+    if mark:
+        os.unlink(mark)
+    return result
+
+
+def _pool(jobs: List[Tuple[int, Job]], n: int, results: Dict[int, FileResult]) -> None:
+    """Analyse `jobs` on `n` worker processes. When a worker dies (a native crash), the files
+    it was analysing are each re-run alone (`isolated`) and the others in a fresh pool."""
+    pending = list(jobs)
+    while pending:
+        marks = tempfile.mkdtemp(prefix="ampfix-run-")
+        broken = False
+        try:
+            with ProcessPoolExecutor(max_workers=min(n, len(pending)), mp_context=_mp_context(),
+                                     initializer=_init_marks, initargs=(marks,)) as pool:
+                futures = [(i, job, pool.submit(_marked_work, (i, job))) for i, job in pending]
+                for i, job, fut in futures:
+                    try:
+                        results[i] = fut.result()
+                    except BrokenProcessPool:
+                        broken = True
+                    except Exception as exc:  # e.g. a result that cannot be sent back
+                        why = f"internal error: {type(exc).__name__}: {exc} (please report this file)"
+                        results[i] = FileResult(path=job[0], error=FileError(job[0], None, None, why))
+            suspects = {int(name) for name in os.listdir(marks)} if broken else set()
+        finally:
+            shutil.rmtree(marks, ignore_errors=True)
+        left = [(i, job) for i, job in pending if i not in results]
+        if not broken or not left:
+            return
+        for i, job in left:
+            if i in suspects or not suspects:
+                results[i] = isolated(job)
+        pending = [(i, job) for i, job in left if i not in results]
+
+
+def _needs_analysis(path: str, data: bytes, codes: Sequence[str], risky: Optional[set] = None
+                    ) -> Optional[FileResult]:
     """A result right away for a file no selected rule can fire on (or that cannot be
-    decoded); None when it must be parsed and analysed."""
+    decoded); None when it must be parsed and analysed (then `path` joins `risky` when the
+    parser could crash on it, see `guard.risky`)."""
     if is_notebook(path):
-        return prefilter(data, path, [all_rules()[c] for c in codes])
+        early = prefilter(data, path, [all_rules()[c] for c in codes])
+        if early is None and risky is not None and guard.risky(data.decode("utf-8", "replace")):
+            risky.add(path)
+        return early
     try:
         src = decode_source(data, path)
     except InputError as exc:
         return FileResult(path=path, error=exc.error)
     rules = all_rules()
     if triggered([rules[c] for c in codes], src.text):
+        if risky is not None and guard.risky(src.text):
+            risky.add(path)
         return None
     return FileResult(path=path)
 
@@ -159,35 +280,68 @@ def run(plan: Plan, stdin: Optional[BinaryIO] = None) -> Run:
     fix = plan.options.fix
     jobs: List[Tuple[int, Job]] = []
     results: Dict[int, FileResult] = {}
+    risky: set = set()  # parsed in a child process even when the run is sequential
+    warnings: List[str] = []
+    store = None
+    keys: Dict[int, str] = {}
+    if not (plan.options.no_cache or fix or plan.settings.details or plan.settings.add_noqa):
+        from ampfix.cache import Cache, cache_dir
+
+        store = Cache(cache_dir(plan.config.root))
     for i, f in enumerate(plan.files):
         if f == "-":
             name = plan.options.stdin_filename or "-"
             data = (stdin or sys.stdin.buffer).read()
             file_codes = codes_for(name, plan) if plan.options.stdin_filename else plan.codes
-            results[i] = _work((name, file_codes, plan.settings, fix, data))
+            job = (name, file_codes, plan.settings, fix, data)
+            results[i] = isolated(job) if guard.risky(data.decode("utf-8", "replace")) else _work(job)
             results[i].old_source = data
             continue
         try:
+            size = os.stat(f).st_size
+            if plan.max_file_size and size > plan.max_file_size:
+                results[i] = FileResult(path=f)
+                warnings.append(f"{f}: warning: skipped, not analysed: {_size(size)} is over max-file-size "
+                                f"({_size(plan.max_file_size)}; set `max-file-size` in [tool.ampfix] or "
+                                "--max-file-size to check it)")
+                continue
             data = Path(f).read_bytes()
         except OSError as exc:
             results[i] = FileResult(path=f, error=FileError(f, None, None, f"cannot read: {exc.strerror or exc}"))
             continue
         file_codes = codes_for(f, plan)
-        early = _needs_analysis(f, data, file_codes)
+        early = _needs_analysis(f, data, file_codes, risky)
         if early is not None:
             results[i] = early
-        else:
-            jobs.append((i, (f, file_codes, plan.settings, fix, data)))
+            continue
+        if store is not None:
+            keys[i] = store.key(f, data, file_codes, plan.settings)
+            hit = store.get(keys[i], f)
+            if hit is not None:
+                results[i] = hit
+                continue
+        jobs.append((i, (f, file_codes, plan.settings, fix, data)))
     n = workers(plan.options.jobs, len(jobs))
     if n > 1 and sum(len(job[4]) for _, job in jobs) >= PARALLEL_MIN_BYTES:
         jobs.sort(key=lambda j: -len(j[1][4]))  # largest first: the pool stays balanced
-        with ProcessPoolExecutor(max_workers=n) as pool:
-            for (i, _), res in zip(jobs, pool.map(_work, [j for _, j in jobs], chunksize=1)):
-                results[i] = res
+        _pool(jobs, n, results)
     else:
         for i, job in jobs:
-            results[i] = _work(job)
-    return Run(plan, [results[i] for i in range(len(plan.files))])
+            results[i] = isolated(job) if job[0] in risky else _work(job)
+    if store is not None:
+        from ampfix.cache import cacheable
+
+        for i, _ in jobs:
+            if cacheable(results[i]):
+                store.put(keys[i], results[i])
+    return Run(plan, [results[i] for i in range(len(plan.files))], warnings)
+
+
+def _size(n: int) -> str:
+    for unit, k in (("GiB", 1024 ** 3), ("MiB", 1024 ** 2), ("KiB", 1024)):
+        if n >= k:
+            return f"{n / k:.1f} {unit}"
+    return f"{n} bytes"
 
 
 # ----------------------------------------------------------------------------- writing

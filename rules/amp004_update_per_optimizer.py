@@ -83,8 +83,12 @@ scaler.update()
             if not isinstance(loop, cst.For):
                 continue
             names = set(target_names(loop.target))
-            steps = [e for e in trace.of(SCALER_STEP) if e.scaler == upd.scaler and group in e.ctx
-                     and names & model.reads_of(e.path[len(frame)])]
+            memo = self.__dict__.setdefault("_steps_memo", {})  # the same for every update of the loop
+            key = (id(trace), group, upd.scaler)
+            if key not in memo:
+                memo[key] = [e for e in trace.members(group) if e.kind == SCALER_STEP and e.scaler == upd.scaler
+                             and names & model.reads_of(e.path[len(frame)])]
+            steps = memo[key]
             if not steps or any(group in b.ctx for b in backwards):
                 continue
             shown = upd.path[len(frame)]
@@ -114,14 +118,31 @@ scaler.update()
         shown = model.anchor(earlier, upd, later)[1]
         if shown is not upd.node:
             return Violation(shown, message=self.message + model.where(upd, shown))
-        last = later
-        while True:  # the last step of this scaler in the iteration
-            nxt = model.first_after(trace, last, lambda e: same_step(e) and loops <= set(e.loops()))
-            if nxt is None:
-                break
-            last = nxt
+        last = self._chain_end(model, trace, later, (upd.scaler, frozenset(loops)),
+                               lambda e: same_step(e) and loops <= set(e.loops()))
         final = model.first_after(trace, last, self._same(UPDATE, upd.scaler))
         return Violation(upd.node, fix=self._fix_between(model, upd, last, final))
+
+    def _chain_end(self, model: AmpModel, trace: Trace, start: TraceEvent, key, match) -> TraceEvent:
+        """The last step of this scaler in the iteration: `first_after` from step to step, each
+        chain walked once per file (memoized; the walk from every update is linear in all)."""
+        memo = self.__dict__.setdefault("_chain_memo", {})
+        walked = []
+        cur = start
+        while True:
+            k = (id(trace), key, id(cur))
+            if k in memo:
+                end = memo[k]
+                break
+            walked.append(k)
+            nxt = model.first_after(trace, cur, match)
+            if nxt is None:
+                end = cur
+                break
+            cur = nxt
+        for k in walked:
+            memo[k] = end
+        return end
 
     @staticmethod
     def _fix_between(model: AmpModel, upd: TraceEvent, last: TraceEvent, final: Optional[TraceEvent]) -> Optional[Fix]:

@@ -192,10 +192,18 @@ for x, y in loader:
     def _twice(self, model: AmpModel, trace: Trace, skip) -> Iterator[Violation]:
         events = [e for e in trace.of(SCALER_STEP, UNSCALE) if e.target is not None and id(e) not in skip]
         for j, second in enumerate(events):
+            # an update() on every path to `second`: pairs with an earlier `first` are cut by it
+            barrier = model.barrier_before(trace, second, lambda e: e.kind == UPDATE and e.scaler == second.scaler)
+            cut_all = barrier is not None and model.beyond_barrier(trace, barrier, second)
             for first in reversed(events[:j]):
                 kinds = (first.kind, second.kind)
                 if first.scaler != second.scaler or first.target != second.target or kinds not in RAISES:
                     continue
+                if barrier is not None and first.order < barrier.order:
+                    if cut_all:
+                        break
+                    if not model.exclusive(first, second) and not model.exclusive(first, barrier):
+                        continue
                 if self._disabled(model, second) or not model.path_avoiding(
                         trace, first, second, lambda e: e.kind == UPDATE and e.scaler == first.scaler):
                     continue

@@ -68,8 +68,12 @@ class AmpModel(Tree, Names, Values, CallGraph, Regions, Objects, Flow, Events, G
         self._init_dataflow()
 
     def reads_of(self, node: cst.CSTNode) -> set:
-        """The names `node` (a statement or expression) reads."""
-        return reads_writes(node)[0]
+        """The names `node` (a statement or expression) reads (computed once per node)."""
+        cache = self.__dict__.setdefault("_reads_cache", {})
+        hit = cache.get(id(node))
+        if hit is None or hit[0] is not node:
+            hit = cache[id(node)] = (node, frozenset(reads_writes(node)[0]))
+        return hit[1]
 
 
 __all__ = [

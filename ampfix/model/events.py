@@ -111,9 +111,53 @@ class Trace:
     events: List[TraceEvent] = field(default_factory=list)
     truncated: List[cst.FunctionDef] = field(default_factory=list)  # callees left out (too deep / too big)
     _exits: Optional[List[int]] = field(default=None, repr=False)
+    # indexes built on first use, rebuilt when events were added since (linear-time queries)
+    _index: Optional[Tuple[int, Dict[str, List[TraceEvent]], Dict[str, set]]] = field(default=None, repr=False)
+    _members: Optional[Tuple[int, Dict[Hashable, List[TraceEvent]], Dict[Hashable, set]]] = field(
+        default=None, repr=False)
+
+    def _kinds(self) -> Tuple[Dict[str, List[TraceEvent]], Dict[str, set]]:
+        if self._index is None or self._index[0] != len(self.events):
+            by_kind: Dict[str, List[TraceEvent]] = {}
+            groups: Dict[str, set] = {}
+            for e in self.events:
+                by_kind.setdefault(e.kind, []).append(e)
+                groups.setdefault(e.kind, set()).update(e.ctx)
+            self._index = (len(self.events), by_kind, groups)
+        return self._index[1], self._index[2]
 
     def of(self, *kinds: str) -> List[TraceEvent]:
+        by_kind = self._kinds()[0]
+        if len(kinds) == 1:
+            return list(by_kind.get(kinds[0], ()))
         return [e for e in self.events if e.kind in kinds]
+
+    def groups_of(self, kind: str) -> set:
+        """The context groups (loops, decisions) that some event of `kind` runs in."""
+        return self._kinds()[1].get(kind, set())
+
+    def members(self, group: Hashable) -> List[TraceEvent]:
+        """The events that run in `group` (a loop body or a decision arm), in order."""
+        return self._member_index()[1].get(group, [])
+
+    def single_branch(self, group: Hashable) -> bool:
+        """Every event that runs in `group` takes the same branch of it: no two events of the
+        trace are exclusive on it."""
+        return len(self._member_index()[2].get(group, ())) <= 1
+
+    def _member_index(self):
+        if self._members is None or self._members[0] != len(self.events):
+            index: Dict[Hashable, List[TraceEvent]] = {}
+            branches: Dict[Hashable, set] = {}
+            for e in self.events:
+                for g, br in e.ctx.items():
+                    index.setdefault(g, []).append(e)
+                    try:
+                        branches.setdefault(g, set()).add(br)
+                    except TypeError:  # an unhashable branch value: count it as another branch
+                        branches.setdefault(g, set()).add(object())
+            self._members = (len(self.events), index, branches)
+        return self._members
 
     def span(self, a: Optional[TraceEvent], b: Optional[TraceEvent]) -> List[TraceEvent]:
         """The events strictly between `a` and `b` (None: the start / the end)."""
@@ -564,6 +608,31 @@ class Events:
                 return False
         return not self.exclusive(c, b) and (a is None or not self.exclusive(c, a))
 
+    def barrier_before(self, trace: Trace, b: TraceEvent, is_barrier: Callable[[TraceEvent], bool],
+                       limit: int = 8) -> Optional[TraceEvent]:
+        """The latest event before `b` that `is_barrier` accepts and that runs on every path to
+        `b` (`mandatory_between(u, None, b)`), looking back at most `limit` accepted events;
+        None when there is none. For any `a` before it that is exclusive with neither it nor
+        `b`, `path_avoiding(trace, a, b, blocks)` is False when `blocks` accepts it: a rule can
+        skip those pairs (linear instead of quadratic pair loops)."""
+        seen = 0
+        events = trace.events
+        for i in range(min(math.ceil(b.order), len(events)) - 1, -1, -1):
+            e = events[i]
+            if e.order >= b.order or not is_barrier(e):
+                continue
+            if self.mandatory_between(e, None, b):
+                return e
+            seen += 1
+            if seen >= limit:
+                return None
+        return None
+
+    def beyond_barrier(self, trace: Trace, barrier: TraceEvent, b: TraceEvent) -> bool:
+        """No event of the trace can be exclusive with `barrier` or `b` (every decision they run
+        in has one branch taken in the trace): every pair (a before `barrier`, `b`) is cut."""
+        return all(trace.single_branch(g) for g in (*b.ctx, *barrier.ctx))
+
     def may_precede(self, trace: Trace, a: TraceEvent, b: TraceEvent) -> bool:
         """Some path runs `a` and later `b`, in one pass of the root (no loop back-edge)."""
         if a.order >= b.order or self.exclusive(a, b):
@@ -592,7 +661,9 @@ class Events:
 
     def first_after(self, trace: Trace, a: TraceEvent, match: Callable[[TraceEvent], bool]) -> Optional[TraceEvent]:
         """The nearest event after `a` that `match` accepts and that `a` may precede."""
-        for e in trace.span(a, None):
+        events = trace.events  # walked by index: no copy of the rest of the trace per call
+        for i in range(math.floor(a.order) + 1, len(events)):
+            e = events[i]
             if match(e) and self.may_precede(trace, a, e):
                 return e
         return None
@@ -601,7 +672,9 @@ class Events:
                     stop: Optional[Callable[[TraceEvent], bool]] = None) -> Optional[TraceEvent]:
         """The nearest event before `b` that `match` accepts and that may precede `b`; the search
         ends at an event `stop` accepts that runs on every path to `b`."""
-        for e in reversed(trace.span(None, b)):
+        events = trace.events
+        for i in range(min(math.ceil(b.order), len(events)) - 1, -1, -1):
+            e = events[i]
             if match(e) and self.may_precede(trace, e, b):
                 return e
             if stop is not None and stop(e) and self.mandatory_between(e, None, b):

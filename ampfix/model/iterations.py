@@ -23,6 +23,7 @@ root functions whose name says they run once per step or epoch (`per_step_name`)
 
 from __future__ import annotations
 
+import functools
 import itertools
 import re
 from dataclasses import dataclass
@@ -73,9 +74,9 @@ class Iterations:
         loops = ev.loops()
         if not loops:
             return None
-        backwards = trace.of(BACKWARD)
+        with_backward = trace.groups_of(BACKWARD)
         for group in reversed(loops):
-            if any(group in b.ctx for b in backwards):
+            if group in with_backward:
                 return group
         return None
 
@@ -83,7 +84,7 @@ class Iterations:
         """The contexts the loop `group` itself runs in (its body adds `group`): in a member's
         contexts, those recorded before the loop's own group (the traces record a caller's
         contexts first, then each function's contexts outermost first)."""
-        member = next(e for e in trace.events if group in e.ctx)
+        member = trace.members(group)[0]
         out: Dict[Group, Hashable] = {}
         for g, br in member.ctx.items():
             if g == group:
@@ -102,7 +103,7 @@ class Iterations:
             exits = [e for e in trace.of(EXIT) if e.event.detail == "return" and not e.frame]
             return [end, *exits]
         frame, (_, loop) = group
-        members = [e for e in trace.events if group in e.ctx]
+        members = trace.members(group)
         ctx = dict(self.loop_context(trace, group))
         ctx[group] = True
         prefix = members[0].path[:len(frame)]
@@ -197,6 +198,15 @@ class Iterations:
         later `if scaler is not None:` is taken (in the trace's names, and in the function's)."""
         if ev is None or ev.scaler is None or ev.event.scaler is None:
             return {}
+        memo = self.__dict__.setdefault("_not_none_memo", {})
+        hit = memo.get(id(ev))
+        if hit is not None and hit[0] is ev:
+            return hit[1]
+        out = self._receiver_not_none_uncached(ev)
+        memo[id(ev)] = (ev, out)
+        return out
+
+    def _receiver_not_none_uncached(self, ev: TraceEvent) -> Dict[Tuple, bool]:
         func = self.function_of(ev.node)
         out: Dict[Tuple, bool] = {}
         for where, key in (((None, None), ev.scaler),
@@ -298,8 +308,8 @@ class Iterations:
             group = self.iteration_of(trace, upd)
             if self.boundaries(trace, upd, group):
                 continue
-            steps = [s for s in trace.of(SCALER_STEP) if s.scaler == upd.scaler
-                     and self.iteration_of(trace, s) == group and not self.exclusive(s, upd)]
+            steps = (s for s in self._steps_by_iteration(trace).get((upd.scaler, group), ())
+                     if not self.exclusive(s, upd))  # lazily: the walk below often stops at the first
             reason: Optional[Misplaced] = None
             for s in steps:
                 mis = next((m for m in out if m.event is s), None)
@@ -316,6 +326,17 @@ class Iterations:
         out.sort(key=lambda m: m.event.order)
         cached[id(trace)] = out
         return out
+
+    def _steps_by_iteration(self, trace: Trace) -> Dict[Tuple, List[TraceEvent]]:
+        """(scaler, iteration group) -> the trace's scaler steps, in order (built once per trace)."""
+        memo = self.__dict__.setdefault("_steps_memo", {})
+        hit = memo.get(id(trace))
+        if hit is None or hit[0] is not trace:
+            index: Dict[Tuple, List[TraceEvent]] = {}
+            for s in trace.of(SCALER_STEP):
+                index.setdefault((s.scaler, self.iteration_of(trace, s)), []).append(s)
+            hit = memo[id(trace)] = (trace, index)
+        return hit[1]
 
     def boundaries(self, trace: Trace, ev: TraceEvent, group: Optional[Group]) -> List[Group]:
         """The accumulation boundaries that guard `ev` within its iteration `group`: decisions
@@ -425,9 +446,13 @@ _SPACE = re.compile(r"\s+")
 _NEGATED = ((cst.IsNot, " is not ", " is "), (cst.NotEqual, " != ", " == "), (cst.NotIn, " not in ", " in "))
 
 
+_AT = re.compile(r"@(\d+)")
+
+
+@functools.lru_cache(maxsize=4096)
 def _canon(text: str) -> str:
     """A trace's test text as Python: a caller-local name `args@123` becomes `args__at_123`."""
-    return re.sub(r"@(\d+)", r"__at_\1", text)
+    return _AT.sub(r"__at_\1", text) if "@" in text else text
 
 
 def _parse(text: str) -> Optional[cst.BaseExpression]:

@@ -281,9 +281,17 @@ class Objects:
             return None
         clipped = self.code(clip.args[0].value)
         scope = self.scope_of(clip)
-        owners = {key for key, entries in self._by_key.items() for stmt, v, s in entries
-                  if s is scope and isinstance(v, cst.Call) and self.is_api(v, "optimizer") and v.args
-                  and v.args[0].keyword is None and self.code(v.args[0].value) == clipped}
+        # scope -> {parameters' code -> optimizer keys}, built once (linear in the file)
+        index = self.__dict__.get("_optimizers_over")
+        if index is None:
+            index = self._optimizers_over = {}
+            for key, entries in self._by_key.items():
+                for stmt, v, s in entries:
+                    if isinstance(v, cst.Call) and self.is_api(v, "optimizer") and v.args \
+                            and v.args[0].keyword is None:
+                        index.setdefault(id(s), (s, {}))[1].setdefault(self.code(v.args[0].value), set()).add(key)
+        hit = index.get(id(scope))
+        owners = set(hit[1].get(clipped, ())) if hit is not None and hit[0] is scope else set()
         return owners.pop() if len(owners) == 1 else None
 
     # ---------------------------------------------------------------- backward calls

@@ -1,0 +1,136 @@
+"""A persistent cache of `ampfix check` results, so that a re-run over an unchanged tree parses
+nothing (ruff-style).
+
+* Where: `$AMPFIX_CACHE_DIR`, else `.ampfix_cache/` next to the pyproject.toml that configures
+  ampfix (else in the current folder). The folder holds a `.gitignore` (`*`) and a
+  `CACHEDIR.TAG`, so that it is never committed nor backed up.
+* Key of an entry: a SHA-256 over the file's content and reported path, ampfix's version and a
+  fingerprint of its own code (the size and mtime of every module of ampfix and of its rules: an
+  edited rule invalidates the cache), the rule codes that apply to the file and the settings.
+* An entry is JSON (never pickle: a cache folder can come with a checkout), written to a
+  temporary file in the same folder and renamed into place, so concurrent runs never read half
+  an entry; an unreadable or malformed entry is a miss.
+* Only checking is cached: `rewrite`, `--add-noqa` and the detailed formats (fix edits) always
+  analyse.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Optional, Sequence
+
+from ampfix import __version__
+from ampfix.engine import Diagnostic, FileError, FileResult, Settings
+
+DIR_NAME = ".ampfix_cache"
+_FINGERPRINT: Optional[str] = None
+
+
+def _code_fingerprint() -> str:
+    """ampfix's version and the size/mtime of its modules and rules (cheap: a few dozen stats)."""
+    global _FINGERPRINT
+    if _FINGERPRINT is None:
+        import ampfix
+        import ampfix.rules as rules_pkg
+
+        h = hashlib.sha256(__version__.encode())
+        for pkg in (ampfix, rules_pkg):
+            for folder in getattr(pkg, "__path__", []):
+                for root, _, names in sorted(os.walk(folder)):
+                    for name in sorted(names):
+                        if name.endswith(".py"):
+                            st = os.stat(os.path.join(root, name))
+                            h.update(f"{root}/{name}:{st.st_size}:{st.st_mtime_ns}\n".encode())
+        _FINGERPRINT = h.hexdigest()
+    return _FINGERPRINT
+
+
+def cache_dir(project_root: Path) -> Path:
+    env = os.environ.get("AMPFIX_CACHE_DIR")
+    return Path(env) if env else project_root / DIR_NAME
+
+
+class Cache:
+    def __init__(self, folder: Path):
+        self.folder = folder
+        self.bucket = folder / ("v" + __version__)
+        self._ready = False
+        self.hits = self.misses = 0
+
+    def key(self, path: str, data: bytes, codes: Sequence[str], settings: Settings) -> str:
+        h = hashlib.sha256()
+        h.update(_code_fingerprint().encode())
+        h.update(json.dumps([path, list(codes), repr(settings)]).encode())
+        h.update(b"\0")
+        h.update(data)
+        return h.hexdigest()
+
+    def _entry(self, key: str) -> Path:
+        return self.bucket / key[:2] / key
+
+    def get(self, key: str, path: str) -> Optional[FileResult]:
+        try:
+            raw = json.loads(self._entry(key).read_bytes())
+            result = FileResult(path=path)
+            for d in raw["diagnostics"]:
+                d["noqa_lines"] = tuple(d.get("noqa_lines", ()))
+                result.diagnostics.append(Diagnostic(**d))
+            if raw.get("error") is not None:
+                result.error = FileError(**raw["error"])
+        except (OSError, ValueError, TypeError, KeyError):
+            self.misses += 1
+            return None
+        self.hits += 1
+        return result
+
+    def put(self, key: str, result: FileResult) -> None:
+        if result.new_source is not None:
+            return
+        entry = {
+            "diagnostics": [{**d.to_json(), "noqa_lines": list(d.noqa_lines)} for d in result.diagnostics],
+            "error": None if result.error is None else result.error.__dict__,
+        }
+        target = self._entry(key)
+        try:
+            self._prepare()
+            target.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=str(target.parent))
+            try:
+                with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                    json.dump(entry, fh)
+                os.replace(tmp, target)
+            except BaseException:
+                try:
+                    os.unlink(tmp)
+                except OSError:
+                    pass
+                raise
+        except OSError:
+            pass  # a cache that cannot be written costs speed, never the check
+
+    def _prepare(self) -> None:
+        if self._ready:
+            return
+        self.folder.mkdir(parents=True, exist_ok=True)
+        for name, text in ((".gitignore", "# created by ampfix\n*\n"),
+                           ("CACHEDIR.TAG", "Signature: 8a477f597d28d172789f06886806bc55\n"
+                                            "# This file is a cache directory tag created by ampfix.\n")):
+            f = self.folder / name
+            if not f.exists():
+                try:
+                    f.write_text(text, encoding="utf-8")
+                except OSError:
+                    pass
+        self._ready = True
+
+
+def cacheable(result: FileResult) -> bool:
+    """Results worth keeping: findings, and errors that depend on the content alone."""
+    if result.error is None:
+        return True
+    return result.error.message.startswith(("syntax error", "cannot decode", "file contains a NUL",
+                                            "cannot determine the encoding", "not analysed: the code is nested"))
