@@ -6,8 +6,6 @@ from __future__ import annotations
 import ast
 import codecs
 import difflib
-import io
-import tokenize
 from dataclasses import dataclass, field, fields
 from typing import Dict, List, Optional, Sequence, Set, Tuple, Type
 
@@ -122,7 +120,7 @@ def decode_source(data: bytes, path: str) -> SourceText:
     """Decode like the interpreter does: BOM, then a PEP 263 cookie, else UTF-8."""
     bom = data.startswith(codecs.BOM_UTF8)
     try:
-        encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
+        encoding = fileio.detect_encoding(data)
     except SyntaxError as exc:
         raise InputError(FileError(path, None, None, f"cannot determine the encoding: {exc}")) from None
     if encoding == "utf-8-sig":
@@ -523,7 +521,8 @@ def fix_text(text: str, path: str, rules: Sequence[Type[Rule]], settings: Settin
 
 
 def transform_text(text: str, path: str, rules: Sequence[Type[Rule]], settings: Settings,
-                   fix: bool = False, stats: Optional[Dict[str, int]] = None) -> Tuple[str, Dict[str, int], List[Diagnostic]]:
+                   fix: bool = False,
+                   stats: Optional[Dict[str, int]] = None) -> Tuple[str, Dict[str, int], List[Diagnostic]]:
     """One decoded text as `process_bytes` treats it: (new text, {what: count}, diagnostics).
     Checking returns the text unchanged; fixing applies the fixes; with `settings.add_noqa` a
     `# noqa: CODE` is added for each finding instead (the diagnostics left are those that could

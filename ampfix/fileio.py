@@ -24,10 +24,12 @@ from __future__ import annotations
 import ast
 import difflib
 import hashlib
+import io
 import os
 import re
 import stat
 import tempfile
+import tokenize
 from dataclasses import dataclass
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
@@ -160,6 +162,18 @@ def _same_program(a: str, b: str) -> bool:
 
 
 # ----------------------------------------------------------------------------- reading
+
+_BYTE_LINES_RE = re.compile(rb"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+$")
+
+
+def detect_encoding(data: bytes) -> str:
+    """The source encoding as the interpreter finds it (BOM, PEP 263 cookie in the first two
+    lines, else UTF-8), with any line break: `tokenize.detect_encoding` alone reads a file with
+    CR-only line breaks as one line and misses its cookie. Raises SyntaxError."""
+    if b"\r" not in data[:4096]:
+        return tokenize.detect_encoding(io.BytesIO(data).readline)[0]
+    lines = iter(_BYTE_LINES_RE.findall(data[:4096]))
+    return tokenize.detect_encoding(lambda: next(lines, b""))[0]
 
 
 @dataclass(frozen=True)
