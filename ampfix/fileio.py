@@ -91,10 +91,10 @@ def restore_layout(original: str, fixed: str) -> str:
     `original`: unchanged lines exactly as they were, line breaks and form feeds kept."""
     old = split_lines(original)
     new = split_lines(fixed)
-    endings = {_ending(line) for line in old if _ending(line)}
-    if "\f" not in original and endings <= {"\n"} and "\r" not in fixed:
-        return fixed
     old_keys = [_key(line) for line in old]
+    endings = {_ending(line) for line in old if _ending(line)}
+    if "\f" not in original and endings <= {"\n"} and "\r" not in fixed and not _libcst_losses(original, old_keys):
+        return fixed
     new_keys = [_key(line) for line in new]
     # common head and tail first: the diff then only looks at the region the fixes touched
     head = 0
@@ -107,6 +107,7 @@ def restore_layout(original: str, fixed: str) -> str:
     out: List[str] = list(old[:head])
     a_keys, b_keys = old_keys[head: len(old) - tail], new_keys[head: len(new) - tail]
     opcodes = difflib.SequenceMatcher(None, a_keys, b_keys, autojunk=False).get_opcodes()
+    lost = _libcst_losses(original, old_keys) if any(t in ("replace", "delete") for t, *_ in opcodes) else set()
     # lines a fix removed, by content: a moved line finds its own line break and form feed
     removed: Dict[str, List[str]] = {}
     for tag, i1, i2, _, _ in opcodes:
@@ -118,6 +119,16 @@ def restore_layout(original: str, fixed: str) -> str:
         if tag == "equal":
             out.extend(old[head + i1: head + i2])
             continue
+        # lines LibCST drops by itself (no fix asked for it) are put back where they were
+        gone = [head + i for i in range(i1, i2) if head + i in lost]
+        lead = []
+        for i in range(head + i1, head + i2):
+            if i not in lost:
+                break
+            lead.append(i)
+        out.extend(old[i] for i in lead)
+        if tag == "replace" and len(gone) == i2 - i1:
+            tag = "insert"
         for k in range(j2 - j1):
             line = new[head + j1 + k]
             source: Optional[str] = None
@@ -135,12 +146,32 @@ def restore_layout(original: str, fixed: str) -> str:
                 ending = _ending(old[before]) if before >= 0 and _ending(old[before]) else dominant
             prefix = _ff_prefix(source) if source is not None and "\f" not in line else ""
             out.append(prefix + _body(line) + ending)
+        out.extend(old[i] for i in gone if i not in lead)
     out.extend(old[len(old) - tail:])
     result = "".join(out)
     # the layout never changes the program: else keep LibCST's text with the usual line break
     if result != fixed and not _same_program(result, fixed):
         return fixed.replace("\n", dominant) if dominant != "\n" else fixed
     return result
+
+
+def _libcst_losses(original: str, old_keys: Sequence[str]) -> set:
+    """The lines of `original` that LibCST's own round trip (parse, render) does not give back
+    (e.g. blank lines before a whitespace-only last line): no fix removed those."""
+    import libcst as cst
+
+    try:
+        rendered = cst.parse_module(working_text(original)).code
+    except Exception:
+        return set()
+    keys = [_key(line) for line in split_lines(rendered)]
+    if keys == list(old_keys):
+        return set()
+    out = set()
+    for tag, i1, i2, _, _ in difflib.SequenceMatcher(None, list(old_keys), keys, autojunk=False).get_opcodes():
+        if tag in ("replace", "delete"):
+            out.update(range(i1, i2))
+    return out
 
 
 def _dominant(lines: Sequence[str]) -> str:

@@ -338,3 +338,13 @@ def test_summary_counts_findings_not_import_edits(tmp_path):
     assert lines[1] == "     2  AMP101  deprecated-amp-api  (+1 follow-up edit)"
     assert "             1  imports of torch.cuda.amp / torch.cpu.amp -> torch.amp" in lines
     assert lines[-1] == "Found 2 findings (2 fixed, 0 remaining)."
+
+
+def test_blank_lines_libcst_drops_by_itself_are_kept(tmp_path):
+    """Found by the property test: LibCST does not give back blank lines before a
+    whitespace-only last line; a rewrite elsewhere in the file must not lose them."""
+    src = BAD_MOVE + "\n\n \n"
+    p = write(tmp_path / "t.py", src.encode())
+    assert rewrite(p)[0] == 0
+    new = p.read_text()
+    assert new.endswith("        scaler.update()\n\n\n \n") and "scaler.scale(loss).backward()" in new
