@@ -29,6 +29,7 @@ import os
 import re
 import stat
 import tempfile
+import time
 import tokenize
 from dataclasses import dataclass
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
@@ -238,9 +239,25 @@ class WriteRefused(Exception):
 CHANGED = "the file changed on disk during the rewrite; nothing was written (run ampfix again)"
 
 
+LOCK_TIMEOUT_S = 60.0
+
+
 def _lock(fd: int) -> None:
-    if fcntl is not None:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+    """Take the file's lock; give up (the file is not written) when another process keeps it."""
+    if fcntl is None:
+        return
+    deadline = time.monotonic() + LOCK_TIMEOUT_S
+    delay = 0.005
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                raise WriteRefused(f"another process has held the file's lock for {LOCK_TIMEOUT_S:.0f} s; "
+                                   "nothing was written (run ampfix again)") from None
+            time.sleep(delay)
+            delay = min(delay * 2, 0.1)
 
 
 def _writable(target: str, st: os.stat_result) -> bool:

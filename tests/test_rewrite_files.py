@@ -88,7 +88,8 @@ def test_cr_file_with_cookie_and_bom(tmp_path):
     latin = ("# -*- coding: latin-1 -*-\n# caf\u00e9\n" + BAD_CLIP).replace("\n", "\r")
     p = write(tmp_path / "latin.py", latin.encode("latin-1"))
     assert rewrite(p)[0] == 0
-    assert p.read_bytes() == ("# -*- coding: latin-1 -*-\n# caf\u00e9\n" + FIXED_CLIP).replace("\n", "\r").encode("latin-1")
+    want = ("# -*- coding: latin-1 -*-\n# caf\u00e9\n" + FIXED_CLIP).replace("\n", "\r")
+    assert p.read_bytes() == want.encode("latin-1")
     bom = b"\xef\xbb\xbf" + ("# \u00fcber\n" + BAD_CLIP).replace("\n", "\r\n").encode()
     q = write(tmp_path / "bom.py", bom)
     assert rewrite(q)[0] == 0
