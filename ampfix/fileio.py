@@ -321,7 +321,10 @@ def write_fixed(path: str, data: bytes, snapshot: Optional[Snapshot]) -> None:
 
     Raises WriteRefused (the file is left as it is) or OSError."""
     target = os.path.realpath(path)  # a symlink: write its target, keep the link
-    fd = os.open(target, os.O_RDONLY)
+    try:
+        fd = os.open(target, os.O_RDONLY)
+    except FileNotFoundError:  # deleted (or renamed) since it was read
+        raise WriteRefused(CHANGED) from None
     try:
         _lock(fd)
         if _before_recheck is not None:

@@ -349,3 +349,16 @@ def test_blank_lines_libcst_drops_by_itself_are_kept(tmp_path):
     assert rewrite(p)[0] == 0
     new = p.read_text()
     assert new.endswith("        scaler.update()\n\n\n \n") and "scaler.scale(loss).backward()" in new
+
+
+def test_file_deleted_before_the_write_is_not_recreated(tmp_path, monkeypatch):
+    p = write(tmp_path / "t.py", BAD_CLIP.encode())
+    monkeypatch.setattr(fileio, "_before_recheck", None)
+    from ampfix import runner
+
+    plan = runner.make_plan(runner.Options(paths=[str(p)], fix=True))
+    result = runner.run(plan)
+    p.unlink()
+    assert runner.write_fixes(result) == [f"{p}: error: {fileio.CHANGED}"]
+    assert not p.exists() and not fileio.temp_files_of(str(tmp_path))
+    assert result.results[0].fixed == {} and result.results[0].new_source is None
