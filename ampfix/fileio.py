@@ -120,14 +120,9 @@ def restore_layout(original: str, fixed: str) -> str:
         if tag == "equal":
             out.extend(old[head + i1: head + i2])
             continue
-        # lines LibCST drops by itself (no fix asked for it) are put back where they were
+        # lines LibCST drops by itself (blank lines before a whitespace-only last line; no fix
+        # asked for it) are put back, after what the fix put there (it follows the statement before)
         gone = [head + i for i in range(i1, i2) if head + i in lost]
-        lead = []
-        for i in range(head + i1, head + i2):
-            if i not in lost:
-                break
-            lead.append(i)
-        out.extend(old[i] for i in lead)
         if tag == "replace" and len(gone) == i2 - i1:
             tag = "insert"
         for k in range(j2 - j1):
@@ -147,7 +142,7 @@ def restore_layout(original: str, fixed: str) -> str:
                 ending = _ending(old[before]) if before >= 0 and _ending(old[before]) else dominant
             prefix = _ff_prefix(source) if source is not None and "\f" not in line else ""
             out.append(prefix + _body(line) + ending)
-        out.extend(old[i] for i in gone if i not in lead)
+        out.extend(old[i] for i in gone)
     out.extend(old[len(old) - tail:])
     result = "".join(out)
     # the layout never changes the program: else keep LibCST's text with the usual line break

@@ -349,6 +349,10 @@ def test_blank_lines_libcst_drops_by_itself_are_kept(tmp_path):
     assert rewrite(p)[0] == 0
     new = p.read_text()
     assert new.endswith("        scaler.update()\n\n\n \n") and "scaler.scale(loss).backward()" in new
+    # a statement the fix appends at the end of the function goes before them
+    original = "def f():\n    step()\n\n\n \n"
+    libcst_fixed = "def f():\n    step()\n    update()\n \n"  # what LibCST renders after the fix
+    assert fileio.restore_layout(original, libcst_fixed) == "def f():\n    step()\n    update()\n\n\n \n"
 
 
 def test_file_deleted_before_the_write_is_not_recreated(tmp_path, monkeypatch):
