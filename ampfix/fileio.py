@@ -108,7 +108,7 @@ def restore_layout(original: str, fixed: str) -> str:
     out: List[str] = list(old[:head])
     a_keys, b_keys = old_keys[head: len(old) - tail], new_keys[head: len(new) - tail]
     opcodes = difflib.SequenceMatcher(None, a_keys, b_keys, autojunk=False).get_opcodes()
-    lost = _libcst_losses(original, old_keys) if any(t in ("replace", "delete") for t, *_ in opcodes) else set()
+    lost = _libcst_losses(original, old_keys) if any(t in ("replace", "delete") for t, *_ in opcodes) else {}
     # lines a fix removed, by content: a moved line finds its own line break and form feed
     removed: Dict[str, List[str]] = {}
     for tag, i1, i2, _, _ in opcodes:
@@ -122,7 +122,11 @@ def restore_layout(original: str, fixed: str) -> str:
             continue
         # lines LibCST drops by itself (blank lines before a whitespace-only last line; no fix
         # asked for it) are put back, after what the fix put there (it follows the statement before)
-        gone = [head + i for i in range(i1, i2) if head + i in lost]
+        gone = []
+        for i in range(head + i1, head + i2):
+            if lost.get(old_keys[i], 0) > 0:  # by content: identical blank lines align either way
+                lost[old_keys[i]] -= 1
+                gone.append(i)
         if tag == "replace" and len(gone) == i2 - i1:
             tag = "insert"
         for k in range(j2 - j1):
@@ -151,22 +155,23 @@ def restore_layout(original: str, fixed: str) -> str:
     return result
 
 
-def _libcst_losses(original: str, old_keys: Sequence[str]) -> set:
-    """The lines of `original` that LibCST's own round trip (parse, render) does not give back
-    (e.g. blank lines before a whitespace-only last line): no fix removed those."""
+def _libcst_losses(original: str, old_keys: Sequence[str]) -> Dict[str, int]:
+    """The lines of `original` (by content) that LibCST's own round trip (parse, render) does
+    not give back (blank lines before a whitespace-only last line): no fix removed those."""
     import libcst as cst
 
     try:
         rendered = cst.parse_module(working_text(original)).code
     except Exception:
-        return set()
+        return {}
     keys = [_key(line) for line in split_lines(rendered)]
     if keys == list(old_keys):
-        return set()
-    out = set()
+        return {}
+    out: Dict[str, int] = {}
     for tag, i1, i2, _, _ in difflib.SequenceMatcher(None, list(old_keys), keys, autojunk=False).get_opcodes():
         if tag in ("replace", "delete"):
-            out.update(range(i1, i2))
+            for key in old_keys[i1:i2]:
+                out[key] = out.get(key, 0) + 1
     return out
 
 

@@ -353,6 +353,9 @@ def test_blank_lines_libcst_drops_by_itself_are_kept(tmp_path):
     original = "def f():\n    step()\n\n\n \n"
     libcst_fixed = "def f():\n    step()\n    update()\n \n"  # what LibCST renders after the fix
     assert fileio.restore_layout(original, libcst_fixed) == "def f():\n    step()\n    update()\n\n\n \n"
+    # two whitespace-only lines at the end: LibCST gives one back
+    original = "def f():\n    step()\ng\n \n \n"
+    assert fileio.restore_layout(original, "def f():\n    update()\ng\n \n") == "def f():\n    update()\ng\n \n \n"
 
 
 def test_file_deleted_before_the_write_is_not_recreated(tmp_path, monkeypatch):
