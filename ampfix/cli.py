@@ -282,11 +282,9 @@ def rewrite(paths, select, ignore, config_file, min_torch_version, stdin_filenam
     out_err = "-" in files and not diff  # stdout carries the code: report on stderr
     out = _Output(output_file, err=out_err)
     changed = 0
-    fixed_total: Counter = Counter()
     for r, f in zip(results, files):
         if r.error is not None or (r.new_source is None and f != "-"):
             continue
-        fixed_total.update(r.fixed)
         changed += r.new_source is not None
         if f == "-" and not diff:
             sys.stdout.buffer.write(r.new_source if r.new_source is not None else (r.old_source or b""))
@@ -300,18 +298,8 @@ def rewrite(paths, select, ignore, config_file, min_torch_version, stdin_filenam
             out.echo(text, nl=False)
     if not quiet:
         say = out.echo if fmt in reporters.TEXT_FORMATS else (lambda t: click.echo(t, err=True))
-        n_fixed = sum(fixed_total.values())
-        verb = "Would fix" if diff else "Fixed"
-        if n_fixed:
-            say(f"{verb} {_plural(n_fixed, 'finding')} in {_plural(changed, 'file')}:")
-            for key, n in sorted(fixed_total.items()):
-                say(f"  {n:>4}  {key}")
-        else:
-            say("Nothing to fix.")
-        if remaining:
-            unsafe = sum(1 for d in remaining if d.fix == "unsafe")
-            extra = f" ({unsafe} fixable with `--unsafe-fixes`)" if unsafe and not unsafe_fixes else ""
-            say(f"{_plural(len(remaining), 'finding')} remaining{extra}.")
+        for line in fix_summary(results, diff, unsafe_fixes):
+            say(line)
     out.close()
     if n_errors:
         sys.exit(EXIT_ERROR)
@@ -320,6 +308,62 @@ def rewrite(paths, select, ignore, config_file, min_torch_version, stdin_filenam
     if remaining or (exit_non_zero_on_fix and changed):
         sys.exit(EXIT_FINDINGS)
     sys.exit(EXIT_CLEAN)
+
+
+def fix_summary(results: Sequence["runner.FileResult"], diff: bool = False, unsafe_fixes: bool = False) -> list:
+    """The summary of a rewrite, ruff-style: the findings fixed per rule (only in files that
+    were written, or with --diff would be), the edits that came with them, what is left.
+
+    A finding counts as fixed when `check` reported it before the rewrite and it is gone
+    after; the other edits are follow-ups (an import rewritten once its last use was)."""
+    rules = all_rules()
+    fixed: Counter = Counter()
+    edits: Counter = Counter()
+    by_what: dict = {}
+    found_total = 0
+    n_files = 0
+    for r in results:
+        left = Counter(d.code for d in r.diagnostics)
+        applied: Counter = Counter()
+        for key, n in (r.fixed if r.new_source is not None else {}).items():
+            code = key.split(":", 1)[0]
+            applied[code] += n
+            what = key.split(": ", 1)[1] if ": " in key else ""
+            by_what.setdefault(code, Counter())[what] += n
+        found = Counter(r.found) if r.found else left + applied
+        found_total += sum(found.values()) if r.new_source is not None or r.found else sum(left.values())
+        file_fixed = 0
+        for code, n in applied.items():
+            k = min(n, max(0, found[code] - left[code]))
+            fixed[code] += k
+            edits[code] += n
+            file_fixed += k
+        n_files += bool(applied)
+    n_fixed = sum(fixed.values())
+    remaining = sum(len(r.diagnostics) for r in results)
+    lines = []
+    verb = "Would fix" if diff else "Fixed"
+    if edits:
+        lines.append(f"{verb} {_plural(n_fixed, 'finding')} in {_plural(n_files, 'file')}:")
+        for code in sorted(edits):
+            extra = edits[code] - fixed[code]
+            more = f"  (+{_plural(extra, 'follow-up edit')})" if extra else ""
+            name = rules[code].name if code in rules else ""
+            lines.append(f"  {fixed[code]:>4}  {code}  {name}{more}")
+            for what, n in sorted(by_what.get(code, {}).items()):
+                if what:
+                    lines.append(f"          {n:>4}  {what}")
+    else:
+        lines.append("Nothing to fix.")
+    if edits or remaining:
+        how = "would be fixed" if diff else "fixed"
+        lines.append(f"Found {_plural(max(found_total, n_fixed + remaining), 'finding')} "
+                     f"({n_fixed} {how}, {remaining} remaining).")
+    if remaining:
+        unsafe = sum(1 for r in results for d in r.diagnostics if d.fix == "unsafe")
+        extra = f" ({unsafe} fixable with `--unsafe-fixes`)" if unsafe and not unsafe_fixes else ""
+        lines.append(f"{_plural(remaining, 'finding')} remaining{extra}.")
+    return lines
 
 
 @main.command(name="rules", context_settings=CONTEXT)

@@ -3,7 +3,9 @@
 Every helper returns the replacements of a `Fix` (node -> new node); the engine applies them.
 Statements inserted take the file's own indentation and newline style (LibCST renders a block
 relative to its parent) and the comments and blank lines of the statement they go before;
-a replaced or removed statement keeps its comment lines and its trailing comment.
+a replaced or removed statement keeps its comment lines and its trailing comment, and the
+comments inside it (a compound statement's header, body and footer) that the new statements
+do not carry become comment lines before them.
 """
 
 from __future__ import annotations
@@ -39,6 +41,37 @@ def _trailing_comment(stmt: cst.BaseStatement) -> Optional[cst.Comment]:
     return None
 
 
+def _comments(node: cst.CSTNode) -> List[str]:
+    """Every comment in `node`, in source order."""
+    found: List[str] = []
+
+    class _Collect(cst.CSTVisitor):
+        def visit_Comment(self, c: cst.Comment) -> None:
+            found.append(c.value)
+
+    node.visit(_Collect())
+    return found
+
+
+def _lost_comments(old: cst.CSTNode, kept: Sequence[cst.CSTNode]) -> List[str]:
+    """The comments of `old` that none of `kept` carries (each counted once per occurrence)."""
+    have: Dict[str, int] = {}
+    for node in kept:
+        for c in _comments(node):
+            have[c] = have.get(c, 0) + 1
+    lost = []
+    for c in _comments(old):
+        if have.get(c, 0):
+            have[c] -= 1
+        else:
+            lost.append(c)
+    return lost
+
+
+def _comment_lines(comments: Sequence[str]) -> List[cst.EmptyLine]:
+    return [cst.EmptyLine(indent=True, whitespace=cst.SimpleWhitespace(""), comment=cst.Comment(c)) for c in comments]
+
+
 def insert_before(module: cst.Module, stmt: cst.BaseStatement, new: Sequence[StatementLike]) -> Replacements:
     """New statements before `stmt`; they take over its blank lines and comment lines."""
     first, *rest = [statement(module, s) for s in new]
@@ -62,6 +95,11 @@ def replace_statement(module: cst.Module, stmt: cst.BaseStatement, new: Sequence
     last = stmts[-1]
     if comment is not None and isinstance(last, cst.SimpleStatementLine) and last.trailing_whitespace.comment is None:
         stmts[-1] = last.with_changes(trailing_whitespace=stmt.trailing_whitespace)
+    # any other comment of the old statement (in a compound statement's header, body or
+    # footer, or a trailing one with no simple line to go on) becomes a comment line before it
+    lost = _lost_comments(stmt, stmts)
+    if lost:
+        stmts[0] = stmts[0].with_changes(leading_lines=[*stmts[0].leading_lines, *_comment_lines(lost)])
     return {stmt: stmts[0] if len(stmts) == 1 else cst.FlattenSentinel(stmts)}
 
 
@@ -80,8 +118,8 @@ def remove_statement(model, stmt: cst.BaseStatement) -> Replacements:
     """Remove `stmt`. Its comments (lines before it, and a trailing one) move to the next
     statement of its block, so nothing the user wrote in prose disappears; when it is the last
     statement they stay behind a `pass`."""
-    trailing = _trailing_comment(stmt)
-    extra = [cst.EmptyLine(indent=True, whitespace=cst.SimpleWhitespace(""), comment=trailing)] if trailing else []
+    kept = [ln for ln in stmt.leading_lines if ln.comment is not None]
+    extra = _comment_lines(_lost_comments(stmt, kept))  # a trailing comment, those inside a compound statement
     if not extra and all(ln.comment is None for ln in stmt.leading_lines):
         return {stmt: cst.RemoveFromParent()}
     block = model.block_of(stmt)

@@ -6,14 +6,13 @@ from __future__ import annotations
 import ast
 import codecs
 import difflib
-import io
-import tokenize
 from dataclasses import dataclass, field, fields
 from typing import Dict, List, Optional, Sequence, Set, Tuple, Type
 
 import libcst as cst
 
 from ampfix import guard
+from ampfix import fileio
 from ampfix.config import DEFAULT_MIN_TORCH
 from ampfix.model import AmpModel
 from ampfix.rule import Applicability, FileContext, Fix, Rule, Violation
@@ -94,7 +93,8 @@ class FileResult:
     error: Optional[FileError] = None
     new_source: Optional[bytes] = None  # set by fixing when the file changed
     old_source: Optional[bytes] = None
-    fixed: Dict[str, int] = field(default_factory=dict)  # "CODE" or "CODE: what" -> findings fixed
+    fixed: Dict[str, int] = field(default_factory=dict)  # "CODE" or "CODE: what" -> fixes applied
+    found: Dict[str, int] = field(default_factory=dict)  # fixing: "CODE" -> findings before any fix
 
 
 class InputError(Exception):
@@ -121,7 +121,7 @@ def decode_source(data: bytes, path: str) -> SourceText:
     """Decode like the interpreter does: BOM, then a PEP 263 cookie, else UTF-8."""
     bom = data.startswith(codecs.BOM_UTF8)
     try:
-        encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
+        encoding = fileio.detect_encoding(data)
     except SyntaxError as exc:
         raise InputError(FileError(path, None, None, f"cannot determine the encoding: {exc}")) from None
     if encoding == "utf-8-sig":
@@ -481,13 +481,15 @@ def _choose(found: List[_Found], model: AmpModel, settings: Settings) -> Tuple[L
     return chosen, list(fixes.values())
 
 
-def fix_text(text: str, path: str, rules: Sequence[Type[Rule]], settings: Settings) -> Tuple[str, Dict[str, int], List[Diagnostic]]:
+def fix_text(text: str, path: str, rules: Sequence[Type[Rule]], settings: Settings,
+             stats: Optional[Dict[str, int]] = None) -> Tuple[str, Dict[str, int], List[Diagnostic]]:
     """Apply fixes until nothing applicable is left.
 
-    Returns (new text, {"CODE: description": fixed count}, remaining diagnostics). Every pass is
+    Returns (new text, {"CODE: description": fixes applied}, remaining diagnostics). Every pass is
     checked: its output must parse (LibCST, and CPython when the input compiled), or the pass is
-    dropped and the file keeps the last good text.
-    """
+    dropped and the file keeps the last good text. `stats`, when given, receives the findings
+    of the text as it was, per code (what `check` reports), to tell fixed findings from the
+    follow-up edits a fix brings (an import rewritten once its last use is)."""
     active = triggered(rules, text)
     fixed: Dict[str, int] = {}
     if not active or _exempt(text):
@@ -499,6 +501,9 @@ def fix_text(text: str, path: str, rules: Sequence[Type[Rule]], settings: Settin
     for _ in range(MAX_FIX_PASSES):
         found, model = _analyze(module, current, path, active, settings, selected)
         remaining = [f.diagnostic for f in found if not f.noqa]
+        if stats is not None and current is text:
+            for d in remaining:
+                stats[d.code] = stats.get(d.code, 0) + 1
         chosen, fixes = _choose(found, model, settings)
         if not chosen:
             return current, fixed, remaining
@@ -529,7 +534,8 @@ def fix_text(text: str, path: str, rules: Sequence[Type[Rule]], settings: Settin
 
 
 def transform_text(text: str, path: str, rules: Sequence[Type[Rule]], settings: Settings,
-                   fix: bool = False) -> Tuple[str, Dict[str, int], List[Diagnostic]]:
+                   fix: bool = False,
+                   stats: Optional[Dict[str, int]] = None) -> Tuple[str, Dict[str, int], List[Diagnostic]]:
     """One decoded text as `process_bytes` treats it: (new text, {what: count}, diagnostics).
     Checking returns the text unchanged; fixing applies the fixes; with `settings.add_noqa` a
     `# noqa: CODE` is added for each finding instead (the diagnostics left are those that could
@@ -552,7 +558,7 @@ def transform_text(text: str, path: str, rules: Sequence[Type[Rule]], settings: 
                 added[d.code] = added.get(d.code, 0) + 1
         return new_text, added, left
     if fix:
-        return fix_text(text, path, rules, settings)
+        return fix_text(text, path, rules, settings, stats)
     diags, _ = check_text(text, path, rules, settings)
     return text, {}, diags
 
@@ -567,8 +573,12 @@ def process_bytes(
     result = FileResult(path=path)
     try:
         src = decode_source(data, path)
-        new_text, fixed, result.diagnostics = transform_text(src.text, path, rules, settings, fix)
+        # fixing works on `\n` line breaks; the original layout is put back (ampfix/fileio.py)
+        editing = fix or settings.add_noqa
+        text = fileio.working_text(src.text) if editing else src.text
+        new_text, fixed, result.diagnostics = transform_text(text, path, rules, settings, fix, stats=result.found)
         result.fixed = fixed
+        new_text = src.text if new_text == text else fileio.restore_layout(src.text, new_text)
         if new_text != src.text:
             result.old_source = data
             result.new_source = src.encode(new_text)

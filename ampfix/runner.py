@@ -9,15 +9,15 @@ import multiprocessing
 import os
 import shutil
 import signal
-import stat
-import sys
 import tempfile
+import sys
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import BinaryIO, Dict, List, Optional, Sequence, Tuple
 
+from ampfix import fileio
 from ampfix.config import Config, ConfigError, parse_size, parse_version, resolve_config
 from ampfix.discovery import discover, matches_any
 from ampfix import guard
@@ -69,6 +69,7 @@ class Run:
     plan: Plan
     results: List[FileResult] = field(default_factory=list)
     warnings: List[str] = field(default_factory=list)  # files skipped, with the reason (exit status unchanged)
+    snapshots: Dict[str, fileio.Snapshot] = field(default_factory=dict)  # path -> as read (for the write)
 
     @property
     def errors(self) -> List[str]:
@@ -288,6 +289,7 @@ def run(plan: Plan, stdin: Optional[BinaryIO] = None) -> Run:
         from ampfix.cache import Cache, cache_dir
 
         store = Cache(cache_dir(plan.config.root))
+    snapshots: Dict[str, fileio.Snapshot] = {}
     for i, f in enumerate(plan.files):
         if f == "-":
             name = plan.options.stdin_filename or "-"
@@ -305,7 +307,7 @@ def run(plan: Plan, stdin: Optional[BinaryIO] = None) -> Run:
                                 f"({_size(plan.max_file_size)}; set `max-file-size` in [tool.ampfix] or "
                                 "--max-file-size to check it)")
                 continue
-            data = Path(f).read_bytes()
+            data, snapshots[f] = fileio.read_file(f)
         except OSError as exc:
             results[i] = FileResult(path=f, error=FileError(f, None, None, f"cannot read: {exc.strerror or exc}"))
             continue
@@ -334,7 +336,7 @@ def run(plan: Plan, stdin: Optional[BinaryIO] = None) -> Run:
         for i, _ in jobs:
             if cacheable(results[i]):
                 store.put(keys[i], results[i])
-    return Run(plan, [results[i] for i in range(len(plan.files))], warnings)
+    return Run(plan, [results[i] for i in range(len(plan.files))], warnings=warnings, snapshots=snapshots)
 
 
 def _size(n: int) -> str:
@@ -348,34 +350,30 @@ def _size(n: int) -> str:
 
 
 def write_atomically(path: str, data: bytes) -> None:
-    """Replace `path` with `data`: temp file in the same folder, same mode, fsync, rename."""
-    target = Path(path)
-    mode = stat.S_IMODE(target.stat().st_mode)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".ampfix.tmp", dir=str(target.parent))
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, target)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    """Replace `path` with `data` safely (see `ampfix.fileio.write_fixed`)."""
+    fileio.write_fixed(path, data, None)
 
 
 def write_fixes(run_: Run) -> List[str]:
-    """Write every changed file back; returns one error line per file that could not be."""
+    """Write every changed file back (re-checked, locked, see ampfix/fileio.py); returns one
+    error line per file that was not written. A file not written counts no fix: its result
+    gets its findings back, as `check` reports them."""
     errors = []
-    for f, r in zip(run_.plan.files, run_.results):
+    fileio.sweep_folders(f for f in run_.plan.files if f != "-")  # temp files a killed run left
+    for i, (f, r) in enumerate(zip(run_.plan.files, run_.results)):
         if f == "-" or r.error is not None or r.new_source is None:
             continue
         try:
-            write_atomically(r.path, r.new_source)
+            fileio.write_fixed(r.path, r.new_source, run_.snapshots.get(f))
+            continue
+        except fileio.WriteRefused as exc:
+            errors.append(f"{r.path}: error: {exc}")
         except OSError as exc:
-            errors.append(f"{r.path}: error: cannot write: {exc.strerror or exc}")
-            r.fixed = {}
+            errors.append(f"{r.path}: error: cannot write: {exc.strerror or exc}; nothing was written")
+        old = r.old_source
+        check_only = replace(run_.plan.settings, add_noqa=False)
+        unfixed = _work((f, codes_for(f, run_.plan), check_only, False, old)) if old is not None else None
+        r.new_source, r.fixed, r.found = None, {}, {}
+        if unfixed is not None and unfixed.error is None:
+            r.diagnostics = unfixed.diagnostics
     return errors

@@ -107,8 +107,8 @@ optimizer.step()
             if fw.precisions is None:
                 message = message.replace("(with fp16", "(its precision is chosen at launch; with fp16")
             elif not fw.scales:
-                message = message.replace(f"(with fp16 the loss is never scaled, yet the wrapped optimizer's step "
-                                          f"unscales it)", f"(with {fw.describe()} Fabric raises at run time)")
+                message = message.replace("(with fp16 the loss is never scaled, yet the wrapped optimizer's step "
+                                          "unscales it)", f"(with {fw.describe()} Fabric raises at run time)")
             yield Violation(call, message=message, fix=self._fix(model, facts, call, loss, key, prepared))
 
     @staticmethod

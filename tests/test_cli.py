@@ -253,6 +253,8 @@ def test_rewrite_in_place_and_idempotent(tmp_path):
     stdout, stderr = out(res)
     assert res.returncode == 0, stdout + stderr
     assert "Fixed 1 finding in 1 file" in stdout
+    assert "     1  AMP003  clip-scaled-gradients" in stdout  # per rule, then what was done
+    assert "Found 1 finding (1 fixed, 0 remaining)." in stdout
     assert p.read_text() == FIXED_CLIP
     assert stat.S_IMODE(p.stat().st_mode) == 0o754
     assert not [f for f in os.listdir(tmp_path) if f.endswith(".tmp")]
@@ -275,6 +277,7 @@ def test_rewrite_reports_remaining_unfixable(tmp_path):
     stdout, _ = out(res)
     assert res.returncode == 1
     assert "2 findings remaining" in stdout
+    assert "Nothing to fix." in stdout and "Found 2 findings (0 fixed, 2 remaining)." in stdout
     assert p.read_text() == src.read_text()
 
 

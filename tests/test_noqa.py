@@ -100,5 +100,5 @@ def test_unused_noqa_rule_is_off_by_default_and_fixes_safely(tmp_path):
     assert run_ampfix("check", p, "--select", "AMP901").returncode == 0
     assert run_ampfix("check", p, "--select", "AMP0,AMP901", "--ignore", "AMP003").returncode == 0
     res = run_ampfix("rewrite", p, "--select", "AMP0,AMP901")
-    assert res.returncode == 0 and "AMP901: stale noqa code removed" in out(res)[0]
+    assert res.returncode == 0 and "AMP901  unused-noqa" in out(res)[0] and "stale noqa code removed" in out(res)[0]
     assert p.read_text() == src.replace("  # noqa: AMP003, E501", "  # noqa: E501")
