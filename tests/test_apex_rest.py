@@ -34,7 +34,8 @@ def test_migrated_runs_without_apex_or_deprecation(tmp_path):
     shutil.copy(SCRIPT, path)
     res = run_ampfix("rewrite", "--select", "AMP1", "--unsafe-fixes", path)
     assert res.returncode == 0, res.stdout.decode() + res.stderr.decode()
-    assert "AMP103: optional apex import removed" in res.stdout.decode()
+    out = res.stdout.decode()
+    assert "AMP103  apex-to-torch" in out and "optional apex import removed" in out, out
     check = run_ampfix("check", "--select", "AMP1", path)
     assert check.returncode == 0, check.stdout.decode()
     source = path.read_text()
