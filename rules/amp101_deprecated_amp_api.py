@@ -15,130 +15,16 @@ How the migration stays correct whatever the import style:
 
 from __future__ import annotations
 
-from typing import Dict, Iterator, List, Optional, Set, Tuple
+from typing import Dict, Iterator, List, Optional, Set
 
 import libcst as cst
 
-from ampfix.edits import first_arg, import_from_elsewhere, keyword_arg, remove_import_alias, string, with_args
+from ampfix.edits import import_from_elsewhere, keyword_arg, remove_import_alias, string, with_args
 from ampfix.migration import Binding, Use, settle
 from ampfix.model import AmpModel, dotted
 from ampfix.rule import SAFE, FileContext, Fix, Rule, Violation
-
-DEP_MODULES = {"torch.cuda.amp": "cuda", "torch.cpu.amp": "cpu"}
-SUBMODULES = ("autocast_mode", "grad_scaler")
-# what torch.amp offers in place of each deprecated module
-MIGRATABLE = {"cuda": ("autocast", "GradScaler", "custom_fwd", "custom_bwd"), "cpu": ("autocast", "GradScaler")}
-# the oldest torch with the replacement (torch.amp.GradScaler: 2.3; device_type= on custom_fwd/bwd: 2.4)
-MIN_TORCH = {"autocast": (1, 10), "GradScaler": (2, 3), "custom_fwd": (2, 4), "custom_bwd": (2, 4)}
-AUTOCAST_POSITIONAL = ("enabled", "dtype", "cache_enabled")
-CLASSES = ("autocast", "GradScaler")
-IMPORT_DESCRIPTION = "imports of torch.cuda.amp / torch.cpu.amp -> torch.amp"
-
-
-def _new_spelling(kind: str, device: str, q: str) -> str:
-    if kind in ("autocast", "GradScaler"):
-        return f"torch.amp.{kind}({q}{device}{q}, ...)"
-    return f"torch.amp.{kind}(device_type={q}{device}{q})"
-
-
-def describe(kind: str, device: str) -> str:
-    """The summary line of one migrated use (grouped and counted by the CLI)."""
-    new = _new_spelling(kind, device, '"').replace(", ...", "")
-    return f"torch.{device}.amp.{kind} -> {new}"
-
-
-def literal_str(node: Optional[cst.CSTNode]) -> bool:
-    return isinstance(node, (cst.SimpleString, cst.ConcatenatedString, cst.FormattedString))
-
-
-def new_call_args(call: cst.Call, kind: str, device: str, q: str) -> Tuple[Optional[List[cst.Arg]], str]:
-    """The migrated argument list of a deprecated call, or (None, why not)."""
-    args = list(call.args)
-    dev = first_arg(call, string(device, q))
-    if kind == "autocast":
-        out = [dev]
-        pos = 0
-        for a in args:
-            if a.star == "*":
-                return None, "it passes `*args`, whose meaning changes (torch.amp.autocast takes device_type first)"
-            if a.keyword is None and not a.star:
-                if pos >= len(AUTOCAST_POSITIONAL):
-                    return None, "it has more positional arguments than torch.cuda.amp.autocast accepts"
-                out.append(keyword_arg(AUTOCAST_POSITIONAL[pos], a.value).with_changes(comma=a.comma))
-                pos += 1
-            else:
-                out.append(a)
-        return out, ""
-    if kind == "GradScaler":
-        return [dev, *args], ""
-    # custom_fwd / custom_bwd: device_type is keyword-only; put it after the positional args
-    if any(a.keyword is not None and a.keyword.value == "device_type" for a in args):
-        return None, "it already passes device_type"
-    n_pos = sum(1 for a in args if a.keyword is None and a.star != "**")
-    return [*args[:n_pos], keyword_arg("device_type", string(device, q)), *args[n_pos:]], ""
-
-
-def looks_migrated(call: cst.Call, kind: str) -> bool:
-    """A call through a not-yet-rewritten imported name whose arguments were already migrated
-    (the first pass rewrites the uses, the next one the import)."""
-    if kind in ("autocast", "GradScaler"):
-        return bool(call.args) and call.args[0].keyword is None and not call.args[0].star \
-            and literal_str(call.args[0].value)
-    return any(a.keyword is not None and a.keyword.value == "device_type" for a in call.args)
-
-
-# ----------------------------------------------------------------------------- bindings
-
-
-def _module_device(module: str) -> Optional[Tuple[str, bool]]:
-    """(device, is_exactly_the_amp_module) for torch.cuda.amp[.submodule]."""
-    for mod, dev in DEP_MODULES.items():
-        if module == mod:
-            return dev, True
-        if module.startswith(mod + ".") and module[len(mod) + 1:] in SUBMODULES:
-            return dev, False
-    return None
-
-
-def _alias_name(alias: cst.ImportAlias) -> str:
-    if alias.asname is not None and isinstance(alias.asname.name, cst.Name):
-        return alias.asname.name.value
-    return dotted(alias.name) or ""
-
-
-def collect_bindings(model: AmpModel) -> List[Binding]:
-    """Names bound by imports of a deprecated module (or of something in it), with their uses."""
-    found: List[Binding] = []
-    for ib in model.import_bindings:
-        stmt = ib.stmt
-        if isinstance(stmt, cst.ImportFrom):
-            if stmt.relative or stmt.module is None or isinstance(stmt.names, cst.ImportStar):
-                continue
-            mod = dotted(stmt.module) or ""
-            md = _module_device(mod)
-            name = dotted(ib.alias.name) or ""
-            if md is not None:
-                kind = name if name in MIGRATABLE[md[0]] else None
-                if kind is None:
-                    continue
-                b = Binding(stmt, ib.alias, ib.name, md[0], kind)
-            elif mod in ("torch.cuda", "torch.cpu") and name == "amp":
-                b = Binding(stmt, ib.alias, ib.name, mod.split(".")[1], None)
-            else:
-                continue
-        else:
-            name = dotted(ib.alias.name) or ""
-            if name not in DEP_MODULES or ib.alias.asname is None:
-                continue
-            b = Binding(stmt, ib.alias, ib.name, DEP_MODULES[name], None)
-        b.refs = ib.refs  # shared by an import written twice (the twins migrate together)
-        if model.binding_is_ambiguous(ib):
-            b.blocked = f"`{ib.name}` is also bound to something else in the same scope"
-        found.append(b)
-    return found
-
-
-# ----------------------------------------------------------------------------- the rule
+from ampfix.torch_amp_api import CLASSES, DEP_MODULES, IMPORT_DESCRIPTION, MIGRATABLE, MIN_TORCH, \
+    new_spelling, collect_bindings, describe, looks_migrated, new_call_args
 
 
 class DeprecatedAmpApi(Rule):
@@ -234,7 +120,7 @@ with autocast("cuda", dtype=torch.float16):
             if use.done:
                 continue
             blocked = use.blocked or (use.binding.blocked if use.binding is not None else None)
-            new = _new_spelling(use.kind, use.device, '"')
+            new = new_spelling(use.kind, use.device, '"')
             msg = (f"`torch.{use.device}.amp.{use.kind}` is deprecated (FutureWarning since torch 2.4): "
                    f"use `{new}`")
             if blocked:
