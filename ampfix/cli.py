@@ -12,8 +12,22 @@ from typing import Optional, Sequence
 import click
 
 from ampfix import __version__, reporters, runner
-from ampfix.engine import Diagnostic
-from ampfix.registry import all_rules, find_rule
+from ampfix.results import Diagnostic
+
+# the registry (the rules, LibCST) is imported where it is needed: a warm `check` (every file a
+# cache hit) never needs it (see ampfix/rulemeta.py)
+
+
+def all_rules():
+    from ampfix.registry import all_rules as rules
+
+    return rules()
+
+
+def find_rule(code):
+    from ampfix.registry import find_rule as find
+
+    return find(code)
 
 EXIT_CLEAN, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2
 
@@ -193,7 +207,9 @@ def check(paths, select, ignore, config_file, min_torch_version, stdin_filename,
     files = plan.files
     out = _Output(output_file)
     if statistics:
-        rules = all_rules()
+        from ampfix import rulemeta
+
+        rules = rulemeta.rule_info(runner._cache_folder(plan.options, plan.config))
         counts = Counter(d.code for d in diags)
         fixable = {d.code for d in diags if d.fix == "safe"}
         for code, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])):
@@ -204,7 +220,7 @@ def check(paths, select, ignore, config_file, min_torch_version, stdin_filename,
         if not quiet:
             _summary(diags, len(files), n_errors, out.echo)
     else:
-        out.echo(reporters.render(fmt, diags, _sarif_rules(plan)), nl=False)
+        out.echo(reporters.render(fmt, diags, _sarif_rules(plan) if fmt == "sarif" else None), nl=False)
     out.close()
     if n_errors:
         sys.exit(EXIT_ERROR)
