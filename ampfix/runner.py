@@ -316,7 +316,7 @@ def run(plan: Plan, stdin: Optional[BinaryIO] = None) -> Run:
     keys: Dict[int, str] = {}
     info = None
     if _uses_cache(plan.options):
-        from ampfix.cache import Cache, cache_dir
+        from ampfix.cache import Cache, cache_dir, cacheable
 
         store = Cache(cache_dir(plan.config.root))
         info = rulemeta.rule_info(store.folder)
@@ -344,23 +344,27 @@ def run(plan: Plan, stdin: Optional[BinaryIO] = None) -> Run:
             continue
         file_codes = codes_for(f, plan)
         if store is not None and not f.lower().endswith(".ipynb"):
-            # the cheap way first: decode, test the triggers as ampfix/rulemeta.py knows them
-            # (without the rules), look the file up in the cache; only a miss loads the rules
-            try:
-                text = decode_source(data, f).text
-            except InputError as exc:
-                results[i] = FileResult(path=f, error=exc.error)
-                continue
-            if not rulemeta.maybe_triggered(file_codes, text, info):
-                results[i] = FileResult(path=f)
-                continue
+            # the cache first (a content hash and one small read): a hit needs neither the
+            # rules nor LibCST; a miss tests the triggers as ampfix/rulemeta.py knows them
+            # (without the rules), and only then loads the rules; every verdict is kept
             keys[i] = store.key(f, data, file_codes, plan.settings)
             hit = store.get(keys[i], f)
             if hit is not None:
                 results[i] = hit
                 continue
+            try:
+                text = decode_source(data, f).text
+            except InputError as exc:
+                results[i] = FileResult(path=f, error=exc.error)
+                if cacheable(results[i]):
+                    store.put(keys[i], results[i])
+                continue
+            if not rulemeta.maybe_triggered(file_codes, text, info):
+                results[i] = FileResult(path=f)
+                store.put(keys[i], results[i])
+                continue
             early = _needs_analysis(f, data, file_codes, risky)
-            if early is not None:  # not triggered after all (a rule's own `triggered_by`): kept too
+            if early is not None:  # not triggered after all (a rule's own `triggered_by`)
                 results[i] = early
                 store.put(keys[i], early)
                 continue
@@ -385,8 +389,6 @@ def run(plan: Plan, stdin: Optional[BinaryIO] = None) -> Run:
         for i, job in jobs:
             results[i] = isolated(job) if job[0] in risky else _work(job)
     if store is not None:
-        from ampfix.cache import cacheable
-
         for i, _ in jobs:
             if cacheable(results[i]):
                 store.put(keys[i], results[i])
