@@ -12,6 +12,10 @@ nothing (ruff-style).
   an entry; an unreadable or malformed entry is a miss.
 * Only checking is cached: `rewrite`, `--add-noqa` and the detailed formats (fix edits) always
   analyse.
+* Every verdict on a file is kept, "no selected rule's trigger" and "cannot decode" included, and
+  the cache is looked up before anything else (`runner.run`): a warm run hashes and reads, and
+  imports neither LibCST nor the rules. What it needs to know of the rules (codes, default set,
+  triggers) is kept here too, as `v<version>/rules-<fingerprint>.json` (`ampfix.rulemeta`).
 """
 
 from __future__ import annotations

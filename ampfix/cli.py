@@ -112,6 +112,13 @@ class _Main(click.Group):
     """The command group: a report that cannot be written (a full disk, `/dev/full`, a closed
     pipe) ends the run with one line on stderr and exit status 2, not a traceback."""
 
+    def list_commands(self, ctx):
+        names = super().list_commands(ctx)
+        return sorted({*names, *(n for n in ("verify",) if _optional_command(n) is not None)})
+
+    def get_command(self, ctx, name):
+        return super().get_command(ctx, name) or _optional_command(name)
+
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
@@ -437,12 +444,13 @@ def server() -> None:
     serve()
 
 
-def _register_optional_commands() -> None:
+def _optional_command(name: str):
+    """`verify`, imported when it is asked for (or listed): the verifier is optional, and
+    check/rewrite never need it."""
+    if name != "verify":
+        return None
     try:
         from ampfix.verify.command import verify
-    except ImportError:  # the verifier is optional; check/rewrite never need it
-        return
-    main.add_command(verify)
-
-
-_register_optional_commands()
+    except ImportError:
+        return None
+    return verify

@@ -5,14 +5,11 @@ and write fixed files back safely. The CLI only parses options and prints report
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import shutil
 import signal
 import tempfile
 import sys
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import BinaryIO, Dict, List, Optional, Sequence, Tuple
@@ -173,6 +170,8 @@ def _work(job: Job) -> FileResult:
 
 def _mp_context():
     """fork where it is safe and cheap (Linux): a child starts in milliseconds."""
+    import multiprocessing  # here: a run that analyses nothing needs no process
+
     if sys.platform.startswith("linux") and "fork" in multiprocessing.get_all_start_methods():
         return multiprocessing.get_context("fork")
     return multiprocessing.get_context()
@@ -239,6 +238,9 @@ def _marked_work(item: Tuple[int, Job]) -> FileResult:
 def _pool(jobs: List[Tuple[int, Job]], n: int, results: Dict[int, FileResult]) -> None:
     """Analyse `jobs` on `n` worker processes. When a worker dies (a native crash), the files
     it was analysing are each re-run alone (`isolated`) and the others in a fresh pool."""
+    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures.process import BrokenProcessPool
+
     pending = list(jobs)
     while pending:
         marks = tempfile.mkdtemp(prefix="ampfix-run-")
