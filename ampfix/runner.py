@@ -345,7 +345,7 @@ def run(plan: Plan, stdin: Optional[BinaryIO] = None) -> Run:
             results[i] = FileResult(path=f, error=FileError(f, None, None, f"cannot read: {exc.strerror or exc}"))
             continue
         file_codes = codes_for(f, plan)
-        if store is not None and not f.lower().endswith(".ipynb"):
+        if store is not None:
             # the cache first (a content hash and one small read): a hit needs neither the
             # rules nor LibCST; a miss tests the triggers as ampfix/rulemeta.py knows them
             # (without the rules), and only then loads the rules; every verdict is kept
@@ -354,21 +354,23 @@ def run(plan: Plan, stdin: Optional[BinaryIO] = None) -> Run:
             if hit is not None:
                 results[i] = hit
                 continue
-            try:
-                text = decode_source(data, f).text
-            except InputError as exc:
-                results[i] = FileResult(path=f, error=exc.error)
-                if cacheable(results[i]):
+            if not f.lower().endswith(".ipynb"):
+                try:
+                    text = decode_source(data, f).text
+                except InputError as exc:
+                    results[i] = FileResult(path=f, error=exc.error)
+                    if cacheable(results[i]):
+                        store.put(keys[i], results[i])
+                    continue
+                if not rulemeta.maybe_triggered(file_codes, text, info):
+                    results[i] = FileResult(path=f)
                     store.put(keys[i], results[i])
-                continue
-            if not rulemeta.maybe_triggered(file_codes, text, info):
-                results[i] = FileResult(path=f)
-                store.put(keys[i], results[i])
-                continue
+                    continue
             early = _needs_analysis(f, data, file_codes, risky)
-            if early is not None:  # not triggered after all (a rule's own `triggered_by`)
+            if early is not None:  # not triggered after all (a rule's own `triggered_by`, a notebook)
                 results[i] = early
-                store.put(keys[i], early)
+                if cacheable(early):
+                    store.put(keys[i], early)
                 continue
             jobs.append((i, (f, file_codes, plan.settings, fix, data)))
             continue
@@ -376,12 +378,6 @@ def run(plan: Plan, stdin: Optional[BinaryIO] = None) -> Run:
         if early is not None:
             results[i] = early
             continue
-        if store is not None:
-            keys[i] = store.key(f, data, file_codes, plan.settings)
-            hit = store.get(keys[i], f)
-            if hit is not None:
-                results[i] = hit
-                continue
         jobs.append((i, (f, file_codes, plan.settings, fix, data)))
     n = workers(plan.options.jobs, len(jobs))
     if n > 1 and sum(len(job[4]) for _, job in jobs) >= PARALLEL_MIN_BYTES:

@@ -51,6 +51,11 @@ def tree(tmp_path):
     (src / "plain.py").write_text("def f(x):\n    return x + 1\n")
     (src / "broken.py").write_text((src / "trainer.py").read_text() + "\nx = (\n")
     (src / "latin.py").write_bytes(b"x = '\xe9'\n")
+    cells = [{"cell_type": "code", "execution_count": None, "id": f"c{i}", "metadata": {}, "outputs": [],
+              "source": text} for i, text in enumerate([(src / "trainer.py").read_text(), "x = 1\n"])]
+    nb = {"cells": cells, "metadata": {"kernelspec": {"language": "python", "name": "python3", "display_name": "P"},
+                                       "language_info": {"name": "python"}}, "nbformat": 4, "nbformat_minor": 5}
+    (src / "train.ipynb").write_text(json.dumps(nb, indent=1) + "\n", encoding="utf-8")
     return tmp_path
 
 
@@ -62,6 +67,7 @@ def test_warm_check_imports_no_libcst_and_reports_the_same(tree, extra):
     assert "libcst" in cold[3]  # the first run analysed the files
     assert cold[0] == 2  # findings, and a syntax error and an undecodable file: errors
     assert "AMP007" in cold[1] and "broken.py" in cold[2] and "latin.py" in cold[2]
+    assert "train.ipynb" in cold[1] or "--statistics" in extra
     for _ in range(2):
         warm = _run(["check", "src", *extra], cache, tree)
         assert warm[3] == [], f"a warm run imported {warm[3]}"
