@@ -34,8 +34,7 @@ sys.exit(code)
 
 
 def _run(args, cache, cwd):
-    env = dict(os.environ, AMPFIX_CACHE_DIR=str(cache))
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    env = dict(os.environ, AMPFIX_CACHE_DIR=str(cache), NO_COLOR="1")  # as tests/conftest.py:run_ampfix
     p = subprocess.run([sys.executable, "-c", WRAPPER, *args], capture_output=True, text=True, env=env, cwd=cwd)
     err, _, heavy = p.stderr.rpartition("\nHEAVY=")
     return p.returncode, p.stdout, err, [m for m in heavy.strip().split(",") if m]
