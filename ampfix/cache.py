@@ -12,6 +12,10 @@ nothing (ruff-style).
   an entry; an unreadable or malformed entry is a miss.
 * Only checking is cached: `rewrite`, `--add-noqa` and the detailed formats (fix edits) always
   analyse.
+* Every verdict on a file is kept, "no selected rule's trigger" and "cannot decode" included, and
+  the cache is looked up before anything else (`runner.run`): a warm run hashes and reads, and
+  imports neither LibCST nor the rules. What it needs to know of the rules (codes, default set,
+  triggers) is kept here too, as `v<version>/rules-<fingerprint>.json` (`ampfix.rulemeta`).
 """
 
 from __future__ import annotations
@@ -24,29 +28,10 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from ampfix import __version__
-from ampfix.engine import Diagnostic, FileError, FileResult, Settings
+from ampfix.results import Diagnostic, FileError, FileResult, Settings
+from ampfix.rulemeta import fingerprint as _code_fingerprint
 
 DIR_NAME = ".ampfix_cache"
-_FINGERPRINT: Optional[str] = None
-
-
-def _code_fingerprint() -> str:
-    """ampfix's version and the size/mtime of its modules and rules (cheap: a few dozen stats)."""
-    global _FINGERPRINT
-    if _FINGERPRINT is None:
-        import ampfix
-        import ampfix.rules as rules_pkg
-
-        h = hashlib.sha256(__version__.encode())
-        for pkg in (ampfix, rules_pkg):
-            for folder in getattr(pkg, "__path__", []):
-                for root, _, names in sorted(os.walk(folder)):
-                    for name in sorted(names):
-                        if name.endswith(".py"):
-                            st = os.stat(os.path.join(root, name))
-                            h.update(f"{root}/{name}:{st.st_size}:{st.st_mtime_ns}\n".encode())
-        _FINGERPRINT = h.hexdigest()
-    return _FINGERPRINT
 
 
 def cache_dir(project_root: Path) -> Path:

@@ -12,8 +12,22 @@ from typing import Optional, Sequence
 import click
 
 from ampfix import __version__, reporters, runner
-from ampfix.engine import Diagnostic
-from ampfix.registry import all_rules, find_rule
+from ampfix.results import Diagnostic
+
+# the registry (the rules, LibCST) is imported where it is needed: a warm `check` (every file a
+# cache hit) never needs it (see ampfix/rulemeta.py)
+
+
+def all_rules():
+    from ampfix.registry import all_rules as rules
+
+    return rules()
+
+
+def find_rule(code):
+    from ampfix.registry import find_rule as find
+
+    return find(code)
 
 EXIT_CLEAN, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2
 
@@ -97,6 +111,13 @@ class _ReportWriteError(Exception):
 class _Main(click.Group):
     """The command group: a report that cannot be written (a full disk, `/dev/full`, a closed
     pipe) ends the run with one line on stderr and exit status 2, not a traceback."""
+
+    def list_commands(self, ctx):
+        names = super().list_commands(ctx)
+        return sorted({*names, *(n for n in ("verify",) if _optional_command(n) is not None)})
+
+    def get_command(self, ctx, name):
+        return super().get_command(ctx, name) or _optional_command(name)
 
     def invoke(self, ctx):
         try:
@@ -193,7 +214,9 @@ def check(paths, select, ignore, config_file, min_torch_version, stdin_filename,
     files = plan.files
     out = _Output(output_file)
     if statistics:
-        rules = all_rules()
+        from ampfix import rulemeta
+
+        rules = rulemeta.rule_info(runner._cache_folder(plan.options, plan.config))
         counts = Counter(d.code for d in diags)
         fixable = {d.code for d in diags if d.fix == "safe"}
         for code, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])):
@@ -204,7 +227,7 @@ def check(paths, select, ignore, config_file, min_torch_version, stdin_filename,
         if not quiet:
             _summary(diags, len(files), n_errors, out.echo)
     else:
-        out.echo(reporters.render(fmt, diags, _sarif_rules(plan)), nl=False)
+        out.echo(reporters.render(fmt, diags, _sarif_rules(plan) if fmt == "sarif" else None), nl=False)
     out.close()
     if n_errors:
         sys.exit(EXIT_ERROR)
@@ -421,12 +444,13 @@ def server() -> None:
     serve()
 
 
-def _register_optional_commands() -> None:
+def _optional_command(name: str):
+    """`verify`, imported when it is asked for (or listed): the verifier is optional, and
+    check/rewrite never need it."""
+    if name != "verify":
+        return None
     try:
         from ampfix.verify.command import verify
-    except ImportError:  # the verifier is optional; check/rewrite never need it
-        return
-    main.add_command(verify)
-
-
-_register_optional_commands()
+    except ImportError:
+        return None
+    return verify

@@ -8,14 +8,16 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Type
+from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Type
 from urllib.parse import quote
 
 import click
 
 from ampfix import __version__
-from ampfix.engine import Diagnostic, FileResult, decode_source, diff_names, unified_diff
-from ampfix.rule import Rule
+from ampfix.results import Diagnostic, FileResult, decode_source, diff_names, unified_diff
+
+if TYPE_CHECKING:  # the rules (and LibCST) are not needed to report
+    from ampfix.rule import Rule
 
 FORMATS = ("concise", "full", "json", "json-lines", "sarif", "github")
 ALIASES = {"text": "concise"}

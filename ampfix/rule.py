@@ -110,6 +110,9 @@ class Rule:
 
     @classmethod
     def triggered_by(cls, text: str, lowered: str) -> bool:
+        # An override may only narrow this test (return False where it returns False): a warm
+        # run tests the triggers without importing the rules (ampfix/rulemeta.py) and looks up
+        # in the cache only the files this default test lets through.
         if not (any(t in text for t in cls.triggers) or any(t in lowered for t in cls.triggers_lower)):
             return False
         return all(any(t in text for t in group) for group in cls.requires)

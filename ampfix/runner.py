@@ -5,14 +5,11 @@ and write fixed files back safely. The CLI only parses options and prints report
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import shutil
 import signal
 import tempfile
 import sys
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import BinaryIO, Dict, List, Optional, Sequence, Tuple
@@ -21,9 +18,12 @@ from ampfix import fileio
 from ampfix.config import Config, ConfigError, parse_size, parse_version, resolve_config
 from ampfix.discovery import discover, matches_any
 from ampfix import guard
-from ampfix.engine import FileError, FileResult, InputError, Settings, decode_source, process_bytes, triggered
-from ampfix.notebook import is_notebook, prefilter, process_notebook
-from ampfix.registry import SelectionError, all_rules, select_rules, validate_selectors
+from ampfix import rulemeta
+from ampfix.results import FileError, FileResult, InputError, Settings, decode_source
+from ampfix.rulemeta import SelectionError
+
+# LibCST, the engine and the rules are imported only when a file must really be analysed (or
+# fixed): a warm run, every file a cache hit, never needs them (see ampfix/rulemeta.py)
 
 PARALLEL_MIN_BYTES = 64 * 1024  # below this a process pool costs more than it saves
 
@@ -97,6 +97,11 @@ def make_plan(options: Options) -> Plan:
         if options.select and not split_codes(options.select):
             raise OptionsError("--select: no rule code given (an empty --select would disable every rule; "
                                "use --select ALL, or a code such as AMP001)")
+        info = rulemeta.rule_info(_cache_folder(options, config))
+
+        def validate_selectors(selectors, option):
+            return rulemeta.validate_selectors(selectors, option, info)
+
         cli_select = validate_selectors(split_codes(options.select), "--select") if options.select else None
         cli_ignore = validate_selectors(split_codes(options.ignore), "--ignore")
         cfg_select = validate_selectors(config.select, f"{config.path}: select") if config.select is not None else None
@@ -110,13 +115,26 @@ def make_plan(options: Options) -> Plan:
     except (ConfigError, SelectionError) as exc:
         raise OptionsError(str(exc)) from None
     selection = cli_select if cli_select is not None else cfg_select
-    rules = select_rules(selection, cfg_ignore + cli_ignore)
+    codes = rulemeta.select_codes(selection, cfg_ignore + cli_ignore, info)
     problems: List[str] = []
     files, missing = discover(paths, config.exclude, config.root, force_exclude=options.force_exclude,
                               problems=problems)
     settings = Settings(min_torch_version=min_version, unsafe_fixes=options.unsafe_fixes, details=options.details,
                         add_noqa=options.add_noqa)
-    return Plan(options, config, tuple(r.code for r in rules), files, missing, settings, max_size, problems)
+    return Plan(options, config, tuple(codes), files, missing, settings, max_size, problems)
+
+
+def _uses_cache(options: Options) -> bool:
+    return not (options.no_cache or options.fix or options.details or options.add_noqa)
+
+
+def _cache_folder(options: Options, config: Config) -> Optional[Path]:
+    """The cache folder when this run reads and writes the cache, else None."""
+    if not _uses_cache(options):
+        return None
+    from ampfix.cache import cache_dir
+
+    return cache_dir(config.root)
 
 
 def codes_for(path: str, plan: Plan) -> Tuple[str, ...]:
@@ -136,6 +154,10 @@ Job = Tuple[str, Tuple[str, ...], Settings, bool, bytes]
 
 def _work(job: Job) -> FileResult:
     path, codes, settings, fix, data = job
+    from ampfix.engine import process_bytes
+    from ampfix.notebook import is_notebook, process_notebook
+    from ampfix.registry import all_rules
+
     rules = all_rules()
     try:
         if is_notebook(path):
@@ -148,6 +170,8 @@ def _work(job: Job) -> FileResult:
 
 def _mp_context():
     """fork where it is safe and cheap (Linux): a child starts in milliseconds."""
+    import multiprocessing  # here: a run that analyses nothing needs no process
+
     if sys.platform.startswith("linux") and "fork" in multiprocessing.get_all_start_methods():
         return multiprocessing.get_context("fork")
     return multiprocessing.get_context()
@@ -214,6 +238,9 @@ def _marked_work(item: Tuple[int, Job]) -> FileResult:
 def _pool(jobs: List[Tuple[int, Job]], n: int, results: Dict[int, FileResult]) -> None:
     """Analyse `jobs` on `n` worker processes. When a worker dies (a native crash), the files
     it was analysing are each re-run alone (`isolated`) and the others in a fresh pool."""
+    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures.process import BrokenProcessPool
+
     pending = list(jobs)
     while pending:
         marks = tempfile.mkdtemp(prefix="ampfix-run-")
@@ -247,6 +274,10 @@ def _needs_analysis(path: str, data: bytes, codes: Sequence[str], risky: Optiona
     """A result right away for a file no selected rule can fire on (or that cannot be
     decoded); None when it must be parsed and analysed (then `path` joins `risky` when the
     parser could crash on it, see `guard.risky`)."""
+    from ampfix.engine import triggered
+    from ampfix.notebook import is_notebook, prefilter
+    from ampfix.registry import all_rules
+
     if is_notebook(path):
         early = prefilter(data, path, [all_rules()[c] for c in codes])
         if early is None and risky is not None and guard.risky(data.decode("utf-8", "replace")):
@@ -285,10 +316,12 @@ def run(plan: Plan, stdin: Optional[BinaryIO] = None) -> Run:
     warnings: List[str] = []
     store = None
     keys: Dict[int, str] = {}
-    if not (plan.options.no_cache or fix or plan.settings.details or plan.settings.add_noqa):
-        from ampfix.cache import Cache, cache_dir
+    info = None
+    if _uses_cache(plan.options):
+        from ampfix.cache import Cache, cache_dir, cacheable
 
         store = Cache(cache_dir(plan.config.root))
+        info = rulemeta.rule_info(store.folder)
     snapshots: Dict[str, fileio.Snapshot] = {}
     for i, f in enumerate(plan.files):
         if f == "-":
@@ -312,16 +345,39 @@ def run(plan: Plan, stdin: Optional[BinaryIO] = None) -> Run:
             results[i] = FileResult(path=f, error=FileError(f, None, None, f"cannot read: {exc.strerror or exc}"))
             continue
         file_codes = codes_for(f, plan)
-        early = _needs_analysis(f, data, file_codes, risky)
-        if early is not None:
-            results[i] = early
-            continue
         if store is not None:
+            # the cache first (a content hash and one small read): a hit needs neither the
+            # rules nor LibCST; a miss tests the triggers as ampfix/rulemeta.py knows them
+            # (without the rules), and only then loads the rules; every verdict is kept
             keys[i] = store.key(f, data, file_codes, plan.settings)
             hit = store.get(keys[i], f)
             if hit is not None:
                 results[i] = hit
                 continue
+            if not f.lower().endswith(".ipynb"):
+                try:
+                    text = decode_source(data, f).text
+                except InputError as exc:
+                    results[i] = FileResult(path=f, error=exc.error)
+                    if cacheable(results[i]):
+                        store.put(keys[i], results[i])
+                    continue
+                if not rulemeta.maybe_triggered(file_codes, text, info):
+                    results[i] = FileResult(path=f)
+                    store.put(keys[i], results[i])
+                    continue
+            early = _needs_analysis(f, data, file_codes, risky)
+            if early is not None:  # not triggered after all (a rule's own `triggered_by`, a notebook)
+                results[i] = early
+                if cacheable(early):
+                    store.put(keys[i], early)
+                continue
+            jobs.append((i, (f, file_codes, plan.settings, fix, data)))
+            continue
+        early = _needs_analysis(f, data, file_codes, risky)
+        if early is not None:
+            results[i] = early
+            continue
         jobs.append((i, (f, file_codes, plan.settings, fix, data)))
     n = workers(plan.options.jobs, len(jobs))
     if n > 1 and sum(len(job[4]) for _, job in jobs) >= PARALLEL_MIN_BYTES:
@@ -331,8 +387,6 @@ def run(plan: Plan, stdin: Optional[BinaryIO] = None) -> Run:
         for i, job in jobs:
             results[i] = isolated(job) if job[0] in risky else _work(job)
     if store is not None:
-        from ampfix.cache import cacheable
-
         for i, _ in jobs:
             if cacheable(results[i]):
                 store.put(keys[i], results[i])

@@ -1,0 +1,160 @@
+"""What a run needs to know about the rules before it analyses anything - their codes, names,
+default set and triggers - without importing them (and LibCST): a warm run, every file a cache
+hit, then never pays for those imports.
+
+The facts are read from the rules once (`ampfix.registry`) and kept in the cache folder as
+JSON, keyed by a fingerprint of ampfix's code (the size and mtime of every module of ampfix and
+of its rules, see `fingerprint`): an edited rule brings a fresh read. Without a cache folder
+(`--no-cache`) they come straight from the registry.
+
+`maybe_triggered` is the triggers' test as `Rule.triggered_by` does it by default; for a rule
+that overrides `triggered_by` it tests the default triggers only (an override may only narrow
+them, see `ampfix.rule.Rule.triggered_by`): it may say yes where the rule says no, never the
+reverse, so a file it lets through is analysed or looked up in the cache.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+
+from ampfix import __version__
+
+_FINGERPRINT: Optional[str] = None
+
+
+def fingerprint() -> str:
+    """ampfix's version and the size/mtime of its modules and rules (cheap: a few dozen stats)."""
+    global _FINGERPRINT
+    if _FINGERPRINT is None:
+        import ampfix
+        import ampfix.rules as rules_pkg
+
+        h = hashlib.sha256(__version__.encode())
+        for pkg in (ampfix, rules_pkg):
+            for folder in getattr(pkg, "__path__", []):
+                for root, _, names in sorted(os.walk(folder)):
+                    for name in sorted(names):
+                        if name.endswith(".py"):
+                            st = os.stat(os.path.join(root, name))
+                            h.update(f"{root}/{name}:{st.st_size}:{st.st_mtime_ns}\n".encode())
+        _FINGERPRINT = h.hexdigest()
+    return _FINGERPRINT
+
+
+@dataclass(frozen=True)
+class RuleInfo:
+    code: str
+    name: str
+    default_enabled: bool
+    triggers: Tuple[str, ...]
+    triggers_lower: Tuple[str, ...]
+    requires: Tuple[Tuple[str, ...], ...]
+
+    def maybe_triggered(self, text: str, lowered: str) -> bool:
+        if not (any(t in text for t in self.triggers) or any(t in lowered for t in self.triggers_lower)):
+            return False
+        return all(any(t in text for t in group) for group in self.requires)
+
+
+_INFO: Dict[Optional[str], Dict[str, RuleInfo]] = {}
+
+
+def _from_registry() -> Dict[str, RuleInfo]:
+    from ampfix.registry import all_rules
+
+    return {code: RuleInfo(code, r.name, bool(r.default_enabled), tuple(r.triggers), tuple(r.triggers_lower),
+                           tuple(tuple(g) for g in r.requires))
+            for code, r in all_rules().items()}
+
+
+def rule_info(folder: Optional[Path] = None) -> Dict[str, RuleInfo]:
+    """code -> RuleInfo for every rule, in code order; read from `folder` (a cache folder) when
+    it holds them for this fingerprint, else from the registry (and then kept there)."""
+    key = None if folder is None else str(folder)
+    if key in _INFO:
+        return _INFO[key]
+    info: Optional[Dict[str, RuleInfo]] = None
+    entry = None if folder is None else folder / ("v" + __version__) / f"rules-{fingerprint()}.json"
+    if entry is not None:
+        try:
+            raw = json.loads(entry.read_bytes())
+            info = {r["code"]: RuleInfo(r["code"], r["name"], bool(r["default_enabled"]), tuple(r["triggers"]),
+                                        tuple(r["triggers_lower"]), tuple(tuple(g) for g in r["requires"]))
+                    for r in raw["rules"]}
+        except (OSError, ValueError, TypeError, KeyError):
+            info = None
+    if info is None:
+        info = _from_registry()
+        if entry is not None:
+            _write(entry, {"rules": [r.__dict__ for r in info.values()]})
+    _INFO[key] = info
+    return info
+
+
+def _write(target: Path, data: dict) -> None:
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=str(target.parent))
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                json.dump(data, fh)
+            os.replace(tmp, target)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
+    except OSError:
+        pass  # a cache that cannot be written costs speed, never the check
+
+
+# ----------------------------------------------------------------------------- selection (as ampfix.registry)
+
+
+class SelectionError(ValueError):
+    pass
+
+
+def _matches(code: str, selector: str) -> bool:
+    return selector == "ALL" or code.startswith(selector)
+
+
+def validate_selectors(selectors: Iterable[str], option: str, info: Dict[str, RuleInfo]) -> List[str]:
+    out = []
+    codes = info.keys()
+    for raw in selectors:
+        sel = raw.strip().upper()
+        if not sel:
+            continue
+        if sel != "ALL" and not any(_matches(c, sel) for c in codes):
+            known = ", ".join(codes)
+            raise SelectionError(f"{option}: unknown rule code or prefix {raw.strip()!r} (known codes: {known})")
+        out.append(sel)
+    return out
+
+
+def select_codes(select: Optional[Sequence[str]], ignore: Sequence[str], info: Dict[str, RuleInfo]) -> List[str]:
+    """`ampfix.registry.select_rules`, as codes."""
+    chosen = []
+    for code, r in info.items():
+        if select is None:
+            wanted = r.default_enabled
+        elif r.default_enabled:
+            wanted = any(_matches(code, s) for s in select)
+        else:
+            wanted = code in select
+        if wanted and not any(_matches(code, s) for s in ignore):
+            chosen.append(code)
+    return chosen
+
+
+def maybe_triggered(codes: Sequence[str], text: str, info: Dict[str, RuleInfo]) -> bool:
+    lowered = text.lower()
+    return any(info[c].maybe_triggered(text, lowered) for c in codes)
