@@ -201,8 +201,7 @@ def markdown(totals: Dict[str, Counter], reported: List[str], per_tree: Dict[str
              "listed in the script, the git trees with their commit below), each file "
              "rewritten with `ampfix rewrite --select AMP1 --unsafe-fixes`. A use is a reference to a name "
              "imported from apex; *migrated*: gone after the rewrite; *reported*: left, with an AMP1xx finding on "
-             "its line; *silent*: left with no finding. AMP102 (apex.amp) is being rewritten in parallel "
-             "(issue 13): the amp.* rows are to be re-run after that merge (the same command).", "",
+             "its line; *silent*: left with no finding.", "",
              "| kind | uses | migrated | reported | silent |", "|---|---|---|---|---|"]
     for kind in KINDS:
         c = totals.get(kind, Counter())
