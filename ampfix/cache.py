@@ -23,13 +23,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Optional, Sequence
 
 from ampfix import __version__
 from ampfix.results import Diagnostic, FileError, FileResult, Settings
-from ampfix.rulemeta import fingerprint as _code_fingerprint
+from ampfix.rulemeta import fingerprint as _code_fingerprint, write_json
 
 DIR_NAME = ".ampfix_cache"
 
@@ -82,20 +81,9 @@ class Cache:
         target = self._entry(key)
         try:
             self._prepare()
-            target.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=str(target.parent))
-            try:
-                with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                    json.dump(entry, fh)
-                os.replace(tmp, target)
-            except BaseException:
-                try:
-                    os.unlink(tmp)
-                except OSError:
-                    pass
-                raise
         except OSError:
-            pass  # a cache that cannot be written costs speed, never the check
+            return  # a cache that cannot be written costs speed, never the check
+        write_json(target, entry)
 
     def _prepare(self) -> None:
         if self._ready:

@@ -71,42 +71,19 @@ def all_rules() -> Dict[str, Type[Rule]]:
     return dict(sorted(found.items()))
 
 
-from ampfix.rulemeta import SelectionError  # noqa: E402  (one class: the light selection raises it too)
-
-
-def _matches(code: str, selector: str) -> bool:
-    return selector == "ALL" or code.startswith(selector)
+from ampfix import rulemeta  # noqa: E402
+from ampfix.rulemeta import SelectionError  # noqa: E402, F401  (re-exported: the light selection raises it too)
 
 
 def validate_selectors(selectors: Iterable[str], option: str) -> List[str]:
-    out = []
-    codes = all_rules().keys()
-    for raw in selectors:
-        sel = raw.strip().upper()
-        if not sel:
-            continue
-        if sel != "ALL" and not any(_matches(c, sel) for c in codes):
-            known = ", ".join(codes)
-            raise SelectionError(f"{option}: unknown rule code or prefix {raw.strip()!r} (known codes: {known})")
-        out.append(sel)
-    return out
+    return rulemeta.validate_selectors(selectors, option, all_rules())
 
 
 def select_rules(select: Optional[Sequence[str]], ignore: Sequence[str]) -> List[Type[Rule]]:
     """Rules chosen by `select` (None: the default set) minus `ignore`. A rule that is off by
     default is chosen only when selected by its own code."""
     rules = all_rules()
-    chosen = []
-    for code, r in rules.items():
-        if select is None:
-            wanted = r.default_enabled
-        elif r.default_enabled:
-            wanted = any(_matches(code, s) for s in select)
-        else:
-            wanted = code in select
-        if wanted and not any(_matches(code, s) for s in ignore):
-            chosen.append(r)
-    return chosen
+    return [rules[code] for code in rulemeta.select_codes(select, ignore, rules)]
 
 
 def find_rule(code: str) -> Optional[Type[Rule]]:

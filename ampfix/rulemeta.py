@@ -92,12 +92,14 @@ def rule_info(folder: Optional[Path] = None) -> Dict[str, RuleInfo]:
     if info is None:
         info = _from_registry()
         if entry is not None:
-            _write(entry, {"rules": [r.__dict__ for r in info.values()]})
+            write_json(entry, {"rules": [r.__dict__ for r in info.values()]})
     _INFO[key] = info
     return info
 
 
-def _write(target: Path, data: dict) -> None:
+def write_json(target: Path, data: dict) -> None:
+    """Write `data` as JSON to `target` atomically (a temporary file, then a rename); a folder
+    that cannot be written is ignored: a cache costs speed, never the check."""
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=str(target.parent))
