@@ -146,6 +146,10 @@ def link_tree(dest: Path, members) -> Dict[str, int]:
 
 def build_trees(selected: List[str], extra: Dict[str, Path]) -> Dict[str, dict]:
     """name -> {"root", "files", "lines", "source"} for the selected trees."""
+    CORPUS.mkdir(parents=True, exist_ok=True)
+    # Fixit (trailrunner) skips whatever the .gitignore of the project root ignores, and bench/.cache/ is
+    # ignored: this file makes bench/.cache/corpus/ the project root, with Fixit's default rules.
+    (CORPUS / "pyproject.toml").write_text("[tool.fixit]\nroot = true\n")
     trees: Dict[str, dict] = {}
     sources: Dict[str, Path] = {}
     need = set(n for n in selected if n in PINS)
@@ -155,7 +159,7 @@ def build_trees(selected: List[str], extra: Dict[str, Path]) -> Dict[str, dict]:
         if name in need:
             sources[name] = bench_check.fetch_sdist(PINS[name])
     for name in PINS:
-        if name in selected:
+        if name in selected and not (name == "timm" and "1x" in selected):  # 1x is timm
             src = sources[name]
             info = link_tree(CORPUS / name, ((f, f.relative_to(src)) for f in py_files(src)))
             trees[name] = dict(info, root=CORPUS / name, source=f"{PINS[name]} (sdist)")
@@ -174,9 +178,11 @@ def build_trees(selected: List[str], extra: Dict[str, Path]) -> Dict[str, dict]:
                 lines += count_lines(f)
             info = link_tree(CORPUS / f"scale-{scale}", members)
             last = members[-1][1].parts[0]
+            used = SCALE_ORDER[:SCALE_ORDER.index(last) + 1]
             trees[scale] = dict(info, root=CORPUS / f"scale-{scale}",
-                                source=f"{scale}: {k} x the lines of timm (first files of "
-                                       f"{' + '.join(SCALE_ORDER[:SCALE_ORDER.index(last) + 1])})")
+                                source=f"{scale}: {PINS['timm']} (sdist)" if k == 1 else
+                                f"{scale}: {k} x the lines of timm: all of {', '.join(used[:-1])} and the first "
+                                f"files (by path) of {used[-1]}")
     for name, path in extra.items():
         files = py_files(path)
         trees[name] = {"root": path, "files": len(files), "lines": sum(count_lines(f) for f in files),
