@@ -180,8 +180,8 @@ def build_trees(selected: List[str], extra: Dict[str, Path]) -> Dict[str, dict]:
             last = members[-1][1].parts[0]
             used = SCALE_ORDER[:SCALE_ORDER.index(last) + 1]
             trees[scale] = dict(info, root=CORPUS / f"scale-{scale}",
-                                source=f"{scale}: {PINS['timm']} (sdist)" if k == 1 else
-                                f"{scale}: {k} x the lines of timm: all of {', '.join(used[:-1])} and the first "
+                                source=f"{PINS['timm']} (sdist)" if k == 1 else
+                                f"{k} x the lines of timm: all of {', '.join(used[:-1])} and the first "
                                 f"files (by path) of {used[-1]}")
     for name, path in extra.items():
         files = py_files(path)
@@ -268,8 +268,10 @@ def run_tree(name: str, info: dict, tools: List[str], repeat: int, peer_timeout:
         results[tool] = {"wall_s": med, "runs_s": [round(r["wall_s"], 3) for r in rs],
                          "maxrss_kib": max(r["maxrss_kib"] for r in rs), "timed_out": any(r["timed_out"] for r in rs),
                          "timeout_s": rs[0]["timeout_s"], "rc": rs[-1]["rc"], "stderr_tail": rs[-1]["stderr_tail"]}
-    return {"tree": name, "source": info["source"], "files": info["files"], "lines": info["lines"],
-            "load_before": [round(x, 2) for x in load_before], "load_after": [round(x, 2) for x in os.getloadavg()],
+    load_after = os.getloadavg()
+    return {"tree": name, "source": info["source"], "root": str(root), "files": info["files"],
+            "lines": info["lines"], "parsed": bench_check.count_parsed(py_files(root)),
+            "load_before": [round(x, 2) for x in load_before], "load_after": [round(x, 2) for x in load_after],
             "tools": results}
 
 
@@ -301,12 +303,15 @@ def markdown(meta: dict, records: List[dict], tools: List[str]) -> str:
            "largest resident set of one process of the run (`ru_maxrss` of the waited-for children). "
            f"TorchFix and Fixit have a {meta['peer_timeout']:.0f} s timeout per run and are not run again on "
            "larger trees once they timed out. Ratio: wall time / ampfix cold. The machine is shared with "
-           "other jobs: the load average (1 min) before/after each tree is shown; compare ratios, not seconds.",
+           "other jobs: the load average (1 min) before/after each tree is shown; compare ratios, not seconds. "
+           "Files ampfix parses: those that contain a rule's trigger; ampfix reads the others without parsing "
+           "them, so its cold time follows these files more than the lines (TorchFix likewise parses only "
+           "the files that mention `torch`).",
            ""]
     names = {"ampfix-cold": "ampfix cold", "ampfix-warm": "ampfix warm", "ruff": "ruff --select ALL",
              "bare-parse": "bare LibCST parse", "torchfix": "TorchFix", "fixit": "Fixit 2"}
-    out += ["| tree | files | lines | load | " + " | ".join(names[t] for t in tools) + " |",
-            "|---|---:|---:|---|" + "---:|" * len(tools)]
+    out += ["| tree | files | lines | files ampfix parses | load | " + " | ".join(names[t] for t in tools) + " |",
+            "|---|---:|---:|---:|---|" + "---:|" * len(tools)]
     for rec in records:
         cold = rec["tools"].get("ampfix-cold")
         cells = []
@@ -316,7 +321,7 @@ def markdown(meta: dict, records: List[dict], tools: List[str]) -> str:
             if t != "ampfix-cold" and r is not None and not r.get("skipped"):
                 cell += f" ({fmt_ratio(r, cold)})"
             cells.append(cell)
-        out.append(f"| {rec['tree']} | {rec['files']} | {rec['lines']} | "
+        out.append(f"| {rec['tree']} | {rec['files']} | {rec['lines']} | {rec.get('parsed', '?')} | "
                    f"{rec['load_before'][0]:.1f}/{rec['load_after'][0]:.1f} | " + " | ".join(cells) + " |")
     out += ["", "Peak memory:", "", "| tree | " + " | ".join(names[t] for t in tools) + " |",
             "|---|" + "---:|" * len(tools)]
@@ -329,7 +334,8 @@ def markdown(meta: dict, records: List[dict], tools: List[str]) -> str:
                 "per line; linear growth keeps the last column flat):", "",
                 "| tool | " + " | ".join(f"{r['tree']} ({r['lines']} lines, {r['lines'] / base['lines']:.2f}x)"
                                       for r in scale) + " |",
-                "|---|" + "---:|" * len(scale)]
+                "|---|" + "---:|" * len(scale),
+                "| files ampfix parses | " + " | ".join(str(r.get("parsed", "?")) for r in scale) + " |"]
         for t in tools:
             cells = []
             b = base["tools"].get(t)
@@ -361,7 +367,17 @@ def main() -> None:
     ap.add_argument("--md-out", type=Path, default=HERE / "CORPUS_RESULTS.md")
     ap.add_argument("--json-out", type=Path)
     ap.add_argument("--install-only", action="store_true", help="create the peers' virtualenvs and stop")
+    ap.add_argument("--render-json", type=Path, metavar="FILE",
+                    help="measure nothing: write the markdown (--md-out) again from a --json-out FILE")
     args = ap.parse_args()
+    if args.render_json:
+        data = json.loads(args.render_json.read_text())
+        for rec in data["trees"]:  # files with a rule trigger, for JSON written before they were counted
+            if "parsed" not in rec:
+                root = Path(rec.get("root") or CORPUS / (f"scale-{rec['tree']}" if rec["tree"] in SCALES else rec["tree"]))
+                rec["parsed"] = bench_check.count_parsed(py_files(root))
+        args.md_out.write_text(markdown(data["meta"], data["trees"], data["meta"]["tools"]))
+        return
     extra = {}
     for spec in args.tree_dir:
         name, sep, path = spec.partition("=")
