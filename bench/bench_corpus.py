@@ -2,6 +2,8 @@
 
     python bench/bench_corpus.py                      # every tool, every tree (about 15-20 min on 2 cores)
     python bench/bench_corpus.py --tools ampfix-cold ampfix-warm ruff --trees 1x 2x 4x
+    python bench/bench_corpus.py --tools ampfix-cold ampfix-warm ruff bare-parse --trees 1x timm-x2 timm-x4 \
+        --md-out bench/CORPUS_GROWTH.md
     python bench/bench_corpus.py --peer-timeout 60 --json-out /tmp/corpus.json
     python bench/bench_corpus.py --tree-dir fixture=tests/some_folder --tools ampfix-cold bare-parse
 
@@ -20,7 +22,8 @@ Trees: the source distributions (pinned, `pip download --no-deps` with bench_che
 of timm, transformers, lightning, ultralytics and accelerate, and the scale corpora 1x, 2x and 4x:
 the files of timm, then ultralytics, lightning, accelerate and transformers (each sorted by path),
 taken in that order until the lines reach 1, 2 and 4 times the lines of timm (so 1x is timm, and
-each corpus holds the one before it). Only `*.py` files are copied (hard links) into
+each corpus holds the one before it), and timm-x2, timm-x4: 2 and 4 copies of timm (growth with the
+content unchanged; the concatenations add files that use AMP more often than timm's). Only `*.py` files are copied (hard links) into
 bench/.cache/corpus/NAME/, so every tool sees the same files and no project's configuration.
 Trees run from the smallest to the largest; TorchFix and Fixit get a per-run timeout
 (--peer-timeout, recorded as "> N s"), and once one timed out it is not run on larger trees.
@@ -66,7 +69,8 @@ PINS = {
 }
 SCALE_ORDER = ["timm", "ultralytics", "lightning", "accelerate", "transformers"]
 SCALES = {"1x": 1, "2x": 2, "4x": 4}
-ALL_TREES = list(PINS) + list(SCALES)
+COPIES = {"timm-x2": 2, "timm-x4": 4}  # the same content again: growth with nothing else changing
+ALL_TREES = list(PINS) + list(SCALES) + list(COPIES)
 ALL_TOOLS = ["ampfix-cold", "ampfix-warm", "ruff", "bare-parse", "torchfix", "fixit"]
 PEERS = {"torchfix": "torchfix", "fixit": "fixit", "ruff": "ruff"}  # tool -> PyPI package
 SLOW = {"bare-parse", "torchfix", "fixit"}
@@ -155,6 +159,8 @@ def build_trees(selected: List[str], extra: Dict[str, Path]) -> Dict[str, dict]:
     need = set(n for n in selected if n in PINS)
     if any(n in SCALES for n in selected):
         need |= set(SCALE_ORDER)
+    if any(n in COPIES for n in selected):
+        need.add("timm")
     for name in SCALE_ORDER:
         if name in need:
             sources[name] = bench_check.fetch_sdist(PINS[name])
@@ -183,6 +189,12 @@ def build_trees(selected: List[str], extra: Dict[str, Path]) -> Dict[str, dict]:
                                 source=f"{PINS['timm']} (sdist)" if k == 1 else
                                 f"{k} x the lines of timm: all of {', '.join(used[:-1])} and the first "
                                 f"files (by path) of {used[-1]}")
+    for name, k in COPIES.items():
+        if name in selected:
+            src = sources["timm"]
+            info = link_tree(CORPUS / name, ((f, Path(f"copy{i + 1}") / f.relative_to(src))
+                                             for i in range(k) for f in py_files(src)))
+            trees[name] = dict(info, root=CORPUS / name, source=f"{k} copies of {PINS['timm']} (sdist)")
     for name, path in extra.items():
         files = py_files(path)
         trees[name] = {"root": path, "files": len(files), "lines": sum(count_lines(f) for f in files),
@@ -327,11 +339,16 @@ def markdown(meta: dict, records: List[dict], tools: List[str]) -> str:
             "|---|" + "---:|" * len(tools)]
     for rec in records:
         out.append(f"| {rec['tree']} | " + " | ".join(fmt_mem(rec["tools"].get(t)) for t in tools) + " |")
-    scale = [r for r in records if r["tree"] in SCALES]
-    if len(scale) > 1:
+    by_name = {r["tree"]: r for r in records}
+    families = [("1x, 2x, 4x the lines of timm: timm, then files of the other trees", list(SCALES)),
+                ("timm, 2 and 4 copies of timm: the same content again", ["1x", *COPIES])]
+    for title, members in families:
+        scale = [by_name[n] for n in members if n in by_name]
+        if len(scale) < 2:
+            continue
         base = scale[0]
-        out += ["", "Growth with the corpus size (time relative to the smallest scale corpus, and microseconds "
-                "per line; linear growth keeps the last column flat):", "",
+        out += ["", f"Growth with the corpus size, {title} (time relative to the first, and microseconds "
+                "per line; linear growth keeps the microseconds per line flat):", "",
                 "| tool | " + " | ".join(f"{r['tree']} ({r['lines']} lines, {r['lines'] / base['lines']:.2f}x)"
                                       for r in scale) + " |",
                 "|---|" + "---:|" * len(scale),
