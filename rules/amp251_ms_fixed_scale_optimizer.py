@@ -106,7 +106,7 @@ model = ms.Model(network, net_loss, net_opt, amp_level="O2", loss_scale_manager=
             message = self.message.format(scale=scale, opt=name, how=how,
                                           factor=factor(want, have and _number(model, have.value)))
             if name in MS_ADAPTIVE:
-                message = message.replace("every update is applied", f"its gradients arrive").replace(
+                message = message.replace("every update is applied", "its gradients arrive").replace(
                     " too large;", f" too large ({name} normalises their size away, but its weight decay and eps "
                                    "act that much weaker);")
             yield Violation(opt, message=message,
