@@ -128,8 +128,6 @@ class Checkpoints:
     def _enabled_scaler(self, values: List[cst.BaseExpression]) -> bool:
         for v in values:
             for leaf in self.possible_values(v):
-                if isinstance(leaf, cst.Call) and self.is_api(leaf, "GradScaler"):
-                    enabled = [a for a in leaf.args if a.keyword is not None and a.keyword.value == "enabled"]
-                    if not enabled or dotted(enabled[0].value) != "False":
-                        return True
+                if isinstance(leaf, cst.Call) and self.is_api(leaf, "GradScaler") and not self.built_disabled(leaf):
+                    return True
         return False

@@ -140,13 +140,14 @@ class Objects:
         values = [v for v in self.possible_values(expr) if v is not expr]
         if not values:
             return False
-        for v in values:
-            if not (isinstance(v, cst.Call) and self.is_api(v, "GradScaler")):
-                return False
-            arg = get_arg(v, None, "enabled")
-            if arg is None or literal_bool(arg.value) is not False:
-                return False
-        return True
+        return all(isinstance(v, cst.Call) and self.is_api(v, "GradScaler") and self.built_disabled(v)
+                   for v in values)
+
+    @staticmethod
+    def built_disabled(call: cst.Call) -> bool:
+        """The GradScaler construction `call` passes a literal `enabled=False`."""
+        arg = get_arg(call, None, "enabled")
+        return arg is not None and literal_bool(arg.value) is False
 
     def scale_sources(self, expr: Optional[cst.CSTNode], depth: int = 0) -> List[cst.Call]:
         """The calls that may have scaled the value of `expr` for a GradScaler: `scaler.scale(x)`
