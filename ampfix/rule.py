@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Callable, ClassVar, Dict, Iterator, Optional, 
 import libcst as cst
 
 from ampfix.config import DEFAULT_MIN_TORCH
+from ampfix.rulemeta import trigger_test
 
 if TYPE_CHECKING:  # pragma: no cover
     from ampfix.model import AmpModel
@@ -113,6 +114,4 @@ class Rule:
         # An override may only narrow this test (return False where it returns False): a warm
         # run tests the triggers without importing the rules (ampfix/rulemeta.py) and looks up
         # in the cache only the files this default test lets through.
-        if not (any(t in text for t in cls.triggers) or any(t in lowered for t in cls.triggers_lower)):
-            return False
-        return all(any(t in text for t in group) for group in cls.requires)
+        return trigger_test(text, lowered, cls.triggers, cls.triggers_lower, cls.requires)

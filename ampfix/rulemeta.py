@@ -57,9 +57,16 @@ class RuleInfo:
     requires: Tuple[Tuple[str, ...], ...]
 
     def maybe_triggered(self, text: str, lowered: str) -> bool:
-        if not (any(t in text for t in self.triggers) or any(t in lowered for t in self.triggers_lower)):
-            return False
-        return all(any(t in text for t in group) for group in self.requires)
+        return trigger_test(text, lowered, self.triggers, self.triggers_lower, self.requires)
+
+
+def trigger_test(text: str, lowered: str, triggers: Sequence[str], triggers_lower: Sequence[str],
+                 requires: Sequence[Sequence[str]]) -> bool:
+    """A rule's default trigger test (`Rule.triggered_by`): one trigger in the text (or one
+    lower-case trigger in the lowered text), and one string of every `requires` group."""
+    if not (any(t in text for t in triggers) or any(t in lowered for t in triggers_lower)):
+        return False
+    return all(any(t in text for t in group) for group in requires)
 
 
 _INFO: Dict[Optional[str], Dict[str, RuleInfo]] = {}
