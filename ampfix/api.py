@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from typing import List, Optional, Sequence
 
-from ampfix import runner
-from ampfix.config import DEFAULT_MIN_TORCH
-from ampfix.engine import Diagnostic, InputError, Settings, check_text, fix_text
-from ampfix.registry import select_rules
+from ampfix.engine import runner
+from ampfix.knowledge.torch_versions import DEFAULT_MIN_TORCH
+from ampfix.engine.analyze import Diagnostic, InputError, Settings, check_text, fix_text
+from ampfix.engine.registry import select_rules
 
 
 class AmpfixError(Exception):

@@ -2,8 +2,8 @@
 
 A rule never parses, resolves names or walks the tree for facts about flow: it queries the
 shared model (`ctx.model`, see `ampfix/model/`) and yields `Violation`s, optionally carrying a
-`Fix` built with the edits layer (`ampfix/edits.py`). The registry checks every rule class
-when it is loaded (`ampfix/registry.py`), so a rule that could never run, or has no docs, fails
+`Fix` built with the edits layer (`ampfix/fixes/edits.py`). The registry checks every rule class
+when it is loaded (`ampfix/engine/registry.py`), so a rule that could never run, or has no docs, fails
 loudly instead of silently.
 """
 
@@ -11,17 +11,16 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, ClassVar, Dict, Iterator, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Callable, ClassVar, Dict, Iterator, Optional, Sequence, Tuple, Union
 
-import libcst as cst
-
-from ampfix.config import DEFAULT_MIN_TORCH
-from ampfix.rulemeta import trigger_test
+from ampfix.knowledge.torch_versions import DEFAULT_MIN_TORCH
 
 if TYPE_CHECKING:  # pragma: no cover
+    import libcst as cst
+
     from ampfix.model import AmpModel
 
-Replacement = Union[cst.CSTNode, cst.RemovalSentinel, cst.FlattenSentinel]
+    from ampfix.fixes.edits import Replacement
 
 
 class Applicability(enum.Enum):
@@ -112,6 +111,15 @@ class Rule:
     @classmethod
     def triggered_by(cls, text: str, lowered: str) -> bool:
         # An override may only narrow this test (return False where it returns False): a warm
-        # run tests the triggers without importing the rules (ampfix/rulemeta.py) and looks up
+        # run tests the triggers without importing the rules (ampfix/engine/rulemeta.py) and looks up
         # in the cache only the files this default test lets through.
         return trigger_test(text, lowered, cls.triggers, cls.triggers_lower, cls.requires)
+
+
+def trigger_test(text: str, lowered: str, triggers: Sequence[str], triggers_lower: Sequence[str],
+                 requires: Sequence[Sequence[str]]) -> bool:
+    """A rule's default trigger test (`Rule.triggered_by`): one trigger in the text (or one
+    lower-case trigger in the lowered text), and one string of every `requires` group."""
+    if not (any(t in text for t in triggers) or any(t in lowered for t in triggers_lower)):
+        return False
+    return all(any(t in text for t in group) for group in requires)

@@ -96,7 +96,7 @@ def uses(text: str, path: str) -> List[Tuple[int, str, str, int]]:
     """(line, kind, qualified name, line of its import) of every reference to a name imported from apex."""
     import libcst as cst
 
-    from ampfix.apex_api import category
+    from ampfix.knowledge.apex_api import category
     from ampfix.model import AmpModel
 
     model = AmpModel(cst.parse_module(text))

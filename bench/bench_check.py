@@ -214,8 +214,8 @@ def bare_parse(files) -> float:
 
 
 def count_parsed(files) -> int:
-    from ampfix.engine import triggered
-    from ampfix.registry import all_rules
+    from ampfix.engine.analyze import triggered
+    from ampfix.engine.registry import all_rules
 
     rules = list(all_rules().values())
     n = 0

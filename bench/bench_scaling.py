@@ -61,8 +61,8 @@ def main() -> None:
             import cProfile
             import pstats
 
-            from ampfix.engine import Settings, check_text
-            from ampfix.registry import select_rules
+            from ampfix.engine.analyze import Settings, check_text
+            from ampfix.engine.registry import select_rules
 
             text = source(args.profile)
             prof = cProfile.Profile()

@@ -6,7 +6,7 @@ from typing import Dict, Iterator, Optional
 
 import libcst as cst
 
-from ampfix.edits import in_block, insert_before
+from ampfix.fixes.edits import in_block, insert_before
 from ampfix.model import AmpModel, TraceEvent
 from ampfix.model.events import BACKWARD, GRAD_READ, SCALER_STEP, UNSCALE, ZERO_GRAD
 from ampfix.rule import SAFE, FileContext, Fix, Rule, Violation

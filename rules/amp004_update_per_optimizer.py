@@ -6,7 +6,7 @@ from typing import Iterator, Optional
 
 import libcst as cst
 
-from ampfix.edits import in_block, move_after, remove_statement
+from ampfix.fixes.edits import in_block, move_after, remove_statement
 from ampfix.model import AmpModel, Trace, TraceEvent, is_expression_statement_of
 from ampfix.model.tree import target_names
 from ampfix.model.events import BACKWARD, SCALER_STEP, UPDATE

@@ -6,7 +6,7 @@ from typing import Iterator, List, Optional
 
 import libcst as cst
 
-from ampfix.edits import hoist_before, in_block, insert_after, remove_statement, replace_statement
+from ampfix.fixes.edits import hoist_before, in_block, insert_after, remove_statement, replace_statement
 from ampfix.model import AmpModel, Trace, TraceEvent, dotted, names_bound, reads_writes, uses_only
 from ampfix.model.events import OPT_NEW, SCALER_NEW, SCALER_STEP, UNSCALE, UPDATE
 from ampfix.rule import SAFE, UNSAFE, FileContext, Fix, Rule, Violation

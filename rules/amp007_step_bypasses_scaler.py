@@ -6,7 +6,7 @@ from typing import Dict, Iterator, List, Optional, Tuple
 
 import libcst as cst
 
-from ampfix.edits import in_block, replace_small_statement
+from ampfix.fixes.edits import in_block, replace_small_statement
 from ampfix.model import AmpModel, Trace, TraceEvent, is_expression_statement_of
 from ampfix.model.events import BACKWARD, OPT_STEP, SCALER_STEP, UNSCALE, UPDATE, ZERO_GRAD
 from ampfix.rule import UNSAFE, FileContext, Fix, Rule, Violation

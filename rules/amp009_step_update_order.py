@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Iterator, List, Optional
 
-from ampfix.edits import in_block, insert_after
+from ampfix.fixes.edits import in_block, insert_after
 from ampfix.model import AmpModel, Trace, TraceEvent, is_expression_statement_of
 from ampfix.model.events import SCALER_STEP, UNSCALE, UPDATE
 from ampfix.rule import SAFE, FileContext, Fix, Rule, Violation

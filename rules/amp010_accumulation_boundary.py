@@ -6,7 +6,7 @@ from typing import Dict, Iterator, List, Optional
 
 import libcst as cst
 
-from ampfix.edits import move_into_block
+from ampfix.fixes.edits import move_into_block
 from ampfix.model import AmpModel, Misplaced, Trace, call_name, names_bound, reads_writes
 from ampfix.model.events import SCALER_STEP, UNSCALE
 from ampfix.rule import SAFE, UNSAFE, FileContext, Fix, Rule, Violation

@@ -7,7 +7,7 @@ from typing import Iterator, List, Optional
 
 import libcst as cst
 
-from ampfix.edits import remove_statement, with_args
+from ampfix.fixes.edits import remove_statement, with_args
 from ampfix.model import AmpModel, call_name, dotted, literal_bool
 from ampfix.model.values import SAME_OBJECT_METHODS
 from ampfix.rule import UNSAFE, FileContext, Fix, Rule, Violation

@@ -6,7 +6,7 @@ from typing import Iterator, Optional
 
 import libcst as cst
 
-from ampfix.edits import comma, in_block, insert_after, string
+from ampfix.fixes.edits import comma, in_block, insert_after, string
 from ampfix.model import AmpModel, method_call
 from ampfix.model.checkpoints import SavedState
 from ampfix.rule import UNSAFE, FileContext, Fix, Rule, Violation

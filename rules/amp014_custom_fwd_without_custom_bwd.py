@@ -6,7 +6,7 @@ from typing import Iterator, Optional
 
 import libcst as cst
 
-from ampfix.edits import clean_commas
+from ampfix.fixes.edits import clean_commas
 from ampfix.model import AmpModel, dotted
 from ampfix.rule import SAFE, FileContext, Fix, Rule, Violation
 

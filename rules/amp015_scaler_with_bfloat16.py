@@ -6,7 +6,7 @@ from typing import Iterator, List, Optional
 
 import libcst as cst
 
-from ampfix.edits import set_keyword
+from ampfix.fixes.edits import set_keyword
 from ampfix.model import AmpModel, Region, dotted, literal_bool
 from ampfix.rule import UNSAFE, FileContext, Fix, Rule, Violation
 

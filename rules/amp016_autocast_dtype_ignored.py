@@ -7,7 +7,7 @@ from typing import Dict, Iterator, List, Optional
 
 import libcst as cst
 
-from ampfix.edits import keyword_arg, with_args
+from ampfix.fixes.edits import keyword_arg, with_args
 from ampfix.model import AmpModel, Region, dotted, literal_string
 from ampfix.rule import SAFE, UNSAFE, FileContext, Fix, Rule, Violation
 

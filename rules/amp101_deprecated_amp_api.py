@@ -19,11 +19,11 @@ from typing import Dict, Iterator, List, Optional, Set
 
 import libcst as cst
 
-from ampfix.edits import import_from_elsewhere, keyword_arg, remove_import_alias, string, with_args
-from ampfix.migration import Binding, Use, settle
+from ampfix.fixes.edits import import_from_elsewhere, keyword_arg, remove_import_alias, string, with_args
+from ampfix.migrations.bindings import Binding, Use, settle
 from ampfix.model import AmpModel, dotted
 from ampfix.rule import SAFE, FileContext, Fix, Rule, Violation
-from ampfix.torch_amp_api import CLASSES, DEP_MODULES, IMPORT_DESCRIPTION, MIGRATABLE, MIN_TORCH, \
+from ampfix.knowledge.torch_amp_api import CLASSES, DEP_MODULES, IMPORT_DESCRIPTION, MIGRATABLE, MIN_TORCH, \
     new_spelling, collect_bindings, describe, looks_migrated, new_call_args
 
 

@@ -1,6 +1,6 @@
 """AMP102 apex-amp: migrate NVIDIA apex.amp training code to native torch.amp.
 
-The migration is one unit, planned by `ampfix.migration_apex`: each apex call is one finding with
+The migration is one unit, planned by `ampfix.migrations.apex`: each apex call is one finding with
 its own fix (the summary counts them), all in one fix group, offered only when every apex use in
 the file can be migrated; otherwise each finding says what is left to do by hand.
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from ampfix.migration_apex import ApexMigration
+from ampfix.migrations.apex import ApexMigration
 from ampfix.rule import UNSAFE, FileContext, Fix, Rule, Violation
 
 MESSAGES = {
@@ -74,7 +74,7 @@ No fix, and a message saying what to do by hand, for: O3 or O2 with `master_weig
 opt_level, several `amp.initialize` calls, a loss computed in another function, steps in
 different branches, a scaler the code using it cannot reach, other `apex.amp` functions.
 The apex semantics assumed are NVIDIA/apex's `amp/frontend.py`, `handle.py` and `scaler.py`
-(see `ampfix/migration_apex.py`).
+(see `ampfix/migrations/apex.py`).
 
 Bad:
 ```python

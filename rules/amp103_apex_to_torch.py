@@ -3,7 +3,7 @@
 Each use of an apex name (whatever the import: `from apex.parallel import
 DistributedDataParallel as DDP`, `import apex`, `from apex import parallel`) is rewritten to the
 fully qualified torch replacement (`torch.nn.parallel.DistributedDataParallel(...)`) with its
-arguments mapped (`ampfix/apex_api.py`); once nothing uses an apex import any more, the import
+arguments mapped (`ampfix/knowledge/apex_api.py`); once nothing uses an apex import any more, the import
 goes in the next pass (a `try:` that only imported apex goes whole when its `except` branch binds
 nothing the file uses). Every fix is unsafe: another library's kernels; each title says what differs.
 """
@@ -14,8 +14,8 @@ from typing import Dict, Iterator, List, Optional, Set, Tuple
 
 import libcst as cst
 
-from ampfix.apex_api import canonical, fallback_targets, first_import, flagged_try, lookup, map_args, try_of
-from ampfix.edits import remove_import_alias, remove_statement, with_args
+from ampfix.knowledge.apex_api import canonical, fallback_targets, first_import, flagged_try, lookup, map_args, try_of
+from ampfix.fixes.edits import remove_import_alias, remove_statement, with_args
 from ampfix.model import AmpModel, ImportBinding, names_bound
 from ampfix.rule import UNSAFE, FileContext, Fix, Rule, Violation
 
@@ -60,7 +60,7 @@ replacement or is reported:
 | `apex.normalization.FusedRMSNorm(shape, ...)` | `torch.nn.RMSNorm(shape, eps=1e-5, ...)` | 2.4 | torch's default eps is the dtype's, apex's 1e-5 |
 | `FusedLAMB`, `FusedNovoGrad`, `MixedFusedLayerNorm`, `LARC`, `apex.fp16_utils`, `apex.contrib`, ... | none | | reported |
 
-The apex signatures assumed (apex master, 2023-2024) are listed in `ampfix/apex_api.py`;
+The apex signatures assumed (apex master, 2023-2024) are listed in `ampfix/knowledge/apex_api.py`;
 the tests compare the kept arguments with torch's own signatures.
 Only the positional arguments whose meaning is the same in both are kept (FusedAdam: `params, lr`);
 a keyword without an equivalent, `*args`, or a replacement newer than `--min-torch-version`

@@ -6,7 +6,7 @@ from typing import Iterator, Optional
 
 import libcst as cst
 
-from ampfix.edits import keyword_arg, with_args
+from ampfix.fixes.edits import keyword_arg, with_args
 from ampfix.model.frameworks import Prepared, frameworks
 from ampfix.model.syntax import call_name, get_arg, method_call
 from ampfix.rule import SAFE, FileContext, Fix, Rule, Violation

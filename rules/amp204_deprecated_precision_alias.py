@@ -6,7 +6,7 @@ from typing import Iterator
 
 import libcst as cst
 
-from ampfix.edits import string
+from ampfix.fixes.edits import string
 from ampfix.model.frameworks import FABRIC_ALIASES, frameworks
 from ampfix.rule import SAFE, FileContext, Fix, Rule, Violation
 

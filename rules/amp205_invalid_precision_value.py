@@ -6,7 +6,7 @@ from typing import Iterator, Optional
 
 import libcst as cst
 
-from ampfix.edits import string
+from ampfix.fixes.edits import string
 from ampfix.model.frameworks import ACCELERATE_SUGGEST, ACCELERATE_VALUES, FABRIC_ALIASES, FABRIC_SILENT_ALIASES, \
     FABRIC_SUGGEST, FABRIC_VALUES, frameworks
 from ampfix.model.syntax import get_arg, literal_bool

@@ -6,7 +6,7 @@ from typing import Iterator, Optional
 
 import libcst as cst
 
-from ampfix.edits import keyword_arg, with_args
+from ampfix.fixes.edits import keyword_arg, with_args
 from ampfix.model.frameworks import MS_ADAPTIVE, MS_LOSS_SCALE_AT, MS_NO_LOSS_SCALE, frameworks, ms_name, ms_trainings
 from ampfix.model.syntax import dotted, get_arg
 from ampfix.rule import SAFE, FileContext, Fix, Rule, Violation

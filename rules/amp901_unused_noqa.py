@@ -11,7 +11,7 @@ from typing import Dict, Iterator, List, Optional, Set, Tuple
 
 import libcst as cst
 
-from ampfix.noqa import NoqaDirective, covers, directives, without_codes
+from ampfix.engine.noqa import NoqaDirective, covers, directives, without_codes
 from ampfix.rule import SAFE, FileContext, Fix, Rule, Violation
 
 
@@ -56,7 +56,7 @@ scaler.step(optimizer)
 """
 
     def check(self, ctx: FileContext) -> Iterator[Violation]:
-        from ampfix.registry import all_rules
+        from ampfix.engine.registry import all_rules
 
         found = directives(ctx.source)
         if not found:

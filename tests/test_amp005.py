@@ -4,8 +4,8 @@ import textwrap
 
 import pytest
 
-from ampfix.engine import Settings, check_text, fix_text
-from ampfix.registry import select_rules
+from ampfix.engine.analyze import Settings, check_text, fix_text
+from ampfix.engine.registry import select_rules
 
 from ampfix.rules.amp005_cuda_visible_devices import _osa_distance, is_misspelling
 

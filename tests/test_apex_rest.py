@@ -60,7 +60,7 @@ def test_mappings_match_torch_signatures():
     """What AMP103 keeps means the same in torch: the leading positional parameters have apex's
     names in apex's order, every kept keyword is a parameter of the torch target, and each
     target exists."""
-    from ampfix.apex_api import APIS
+    from ampfix.knowledge.apex_api import APIS
 
     for key, api in APIS.items():
         obj = _torch_target(api.target)

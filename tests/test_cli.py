@@ -68,7 +68,7 @@ def test_check_clean_exits_zero(tmp_path):
 
 
 def test_check_bundled_fixtures_finds_every_rule():
-    from ampfix.registry import all_rules
+    from ampfix.engine.registry import all_rules
 
     # every rule, the ones off by default (AMP901) too, selected by its code
     res = run_ampfix("check", FIXTURES, "--output-format", "json", "--select", ",".join(all_rules()))
@@ -341,7 +341,7 @@ def test_files_without_triggers_are_not_parsed(tmp_path):
 
 
 def test_rules_and_explain():
-    from ampfix.registry import all_rules
+    from ampfix.engine.registry import all_rules
 
     res = run_ampfix("rules")
     assert res.returncode == 0

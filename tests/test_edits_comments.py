@@ -6,8 +6,8 @@ import textwrap
 
 import libcst as cst
 
-from ampfix import edits
-from ampfix.engine import _ApplyFixes
+from ampfix.fixes import edits
+from ampfix.engine.analyze import _ApplyFixes
 from ampfix.model import AmpModel
 
 SRC = textwrap.dedent(

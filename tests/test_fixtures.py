@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from ampfix.engine import Settings, check_text, fix_text
-from ampfix.registry import all_rules, doc_examples, select_rules
+from ampfix.engine.analyze import Settings, check_text, fix_text
+from ampfix.engine.registry import all_rules, doc_examples, select_rules
 
 from conftest import FIXTURES
 

@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from ampfix.engine import Settings, fix_text
-from ampfix.registry import select_rules
+from ampfix.engine.analyze import Settings, fix_text
+from ampfix.engine.registry import select_rules
 
 FABRIC_SCRIPT = '''\
 import torch

@@ -6,8 +6,8 @@ import ast
 import subprocess
 import sys
 
-from ampfix.engine import Settings, check_text, fix_text
-from ampfix.registry import select_rules
+from ampfix.engine.analyze import Settings, check_text, fix_text
+from ampfix.engine.registry import select_rules
 
 from conftest import FIXTURES, ROOT
 

@@ -3,7 +3,7 @@ AMP901 (a `# noqa: AMPxxx` that silences nothing)."""
 
 import textwrap
 
-from ampfix.noqa import add_noqa, uncommentable_lines
+from ampfix.engine.noqa import add_noqa, uncommentable_lines
 
 from conftest import run_ampfix
 from test_cli import BAD_CLIP, out, write

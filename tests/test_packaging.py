@@ -30,7 +30,7 @@ def wheel(tmp_path_factory):
 
 def test_wheel_layout(wheel):
     names = zipfile.ZipFile(wheel).namelist()
-    from ampfix.registry import all_rules
+    from ampfix.engine.registry import all_rules
 
     rule_modules = sorted(p.name for p in (ROOT / "rules").glob("amp*.py"))
     assert rule_modules and len(rule_modules) == len(all_rules())
@@ -53,7 +53,7 @@ def test_wheel_in_fresh_venv_runs_all_rules(wheel, tmp_path):
     assert res.returncode == 0, res.stderr
     assert _run([str(py), "-c", "import torch"], cwd=tmp_path).returncode != 0, "torch must not be pulled in"
     assert _run([str(py), "-c", "import rules"], cwd=tmp_path).returncode != 0, "no top-level rules package"
-    from ampfix.registry import all_rules
+    from ampfix.engine.registry import all_rules
 
     res = _run([str(venv / "bin" / "ampfix"), "rules"])
     assert res.returncode == 0, res.stderr

@@ -3,8 +3,8 @@
 import re
 from pathlib import Path
 
-from ampfix.cli import rules_table
-from ampfix.registry import all_rules
+from ampfix.frontends.cli import rules_table
+from ampfix.engine.registry import all_rules
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 

@@ -100,7 +100,7 @@ def test_sarif_structure(tmp_path):
     assert log["version"] == "2.1.0" and log["$schema"].endswith("sarif-2.1.0.json")
     (run,) = log["runs"]
     driver = run["tool"]["driver"]
-    from ampfix.registry import all_rules, select_rules
+    from ampfix.engine.registry import all_rules, select_rules
 
     assert [r["id"] for r in driver["rules"]] == [r.code for r in select_rules(None, [])]
     amp003 = next(r for r in driver["rules"] if r["id"] == "AMP003")

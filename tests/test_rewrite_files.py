@@ -1,4 +1,4 @@
-"""What `ampfix rewrite` promises about the files it writes (ampfix/fileio.py): the layout of
+"""What `ampfix rewrite` promises about the files it writes (ampfix/engine/fileio.py): the layout of
 every line no fix names (line breaks, form feeds, encoding), a re-check and a per-file lock
 before replacing, mode, owner, hard links and symlinks kept, read-only files refused, only
 fixes that reached the disk counted, temporary files of killed runs removed."""
@@ -14,7 +14,9 @@ import time
 import pytest
 from click.testing import CliRunner
 
-from ampfix import cli, fileio
+from ampfix.frontends import cli
+
+from ampfix.engine import fileio
 from conftest import run_ampfix
 
 BAD_CLIP = textwrap.dedent(
@@ -304,7 +306,7 @@ def test_killed_rewrite_leaves_a_file_the_next_run_removes(tmp_path):
     """`kill -9` between creating the temporary file and the rename (simulated: the process
     dies in os.replace); the file is intact and the next run removes the leftover."""
     p = write(tmp_path / "t.py", BAD_CLIP.encode())
-    script = ("import os, sys\nfrom ampfix import cli\nos.replace = lambda *a: os.kill(os.getpid(), 9)\n"
+    script = ("import os, sys\nfrom ampfix.frontends import cli\nos.replace = lambda *a: os.kill(os.getpid(), 9)\n"
               f"sys.argv = ['ampfix', 'rewrite', {str(p)!r}]\ncli.main()\n")
     res = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=120)
     assert res.returncode == -9
@@ -361,7 +363,7 @@ def test_blank_lines_libcst_drops_by_itself_are_kept(tmp_path):
 def test_file_deleted_before_the_write_is_not_recreated(tmp_path, monkeypatch):
     p = write(tmp_path / "t.py", BAD_CLIP.encode())
     monkeypatch.setattr(fileio, "_before_recheck", None)
-    from ampfix import runner
+    from ampfix.engine import runner
 
     plan = runner.make_plan(runner.Options(paths=[str(p)], fix=True))
     result = runner.run(plan)

@@ -16,8 +16,8 @@ hypothesmith = pytest.importorskip("hypothesmith")
 from hypothesis import HealthCheck, assume, event, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from ampfix.engine import Settings, process_bytes  # noqa: E402
-from ampfix.registry import all_rules  # noqa: E402
+from ampfix.engine.analyze import Settings, process_bytes  # noqa: E402
+from ampfix.engine.registry import all_rules  # noqa: E402
 
 from conftest import FIXTURES  # noqa: E402
 

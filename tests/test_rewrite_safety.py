@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from ampfix.engine import Settings, fix_text
-from ampfix.registry import all_rules
+from ampfix.engine.analyze import Settings, fix_text
+from ampfix.engine.registry import all_rules
 
 from conftest import FIXTURES
 

@@ -186,7 +186,8 @@ def test_symlink_loops_are_reported_and_the_rest_checked(tmp_path):
 def test_unreadable_folder_in_the_virtualenv_probe(tmp_path, monkeypatch):
     """A folder that cannot be looked into. Tests run as root here, where chmod 000 does not stop
     reading, so the PermissionError of the virtualenv probe is simulated (in process)."""
-    from ampfix import api, discovery
+    from ampfix import api
+    from ampfix.engine import discovery
 
     _tree(tmp_path, n_good=2)
     (tmp_path / "private").mkdir()
@@ -208,7 +209,9 @@ def test_unreadable_folder_and_file(tmp_path, monkeypatch):
     """os.scandir and reading a file fail (simulated: root reads anything)."""
     import os
 
-    from ampfix import api, discovery
+    from ampfix import api
+
+    from ampfix.engine import discovery
 
     _tree(tmp_path, n_good=2)
     (tmp_path / "sub").mkdir()
@@ -227,7 +230,7 @@ def test_unreadable_folder_and_file(tmp_path, monkeypatch):
 
 
 def test_a_file_deleted_during_the_run(tmp_path):
-    from ampfix import runner
+    from ampfix.engine import runner
 
     _tree(tmp_path, n_good=3)
     plan = runner.make_plan(runner.Options(paths=[str(tmp_path)], no_cache=True))
@@ -254,7 +257,7 @@ def test_dev_full_as_stdout(tmp_path):
 
 
 def _count_parses(monkeypatch):
-    from ampfix import engine
+    from ampfix.engine import analyze as engine
 
     calls = []
     real = engine.parse

@@ -24,7 +24,7 @@ TRAIN = os.path.join(ROOT, "fixtures", "train")
 def _verify_argv():
     """`python -m ampfix verify` once the command is registered, else the module shim."""
     try:
-        from ampfix.cli import main
+        from ampfix.frontends.cli import main
 
         if "verify" in getattr(main, "commands", {}):
             return [sys.executable, "-m", "ampfix", "verify"]

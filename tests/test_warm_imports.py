@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from ampfix import rulemeta
-from ampfix.registry import all_rules
+from ampfix.engine import registry, rulemeta
+from ampfix.engine.registry import all_rules
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "fixtures" / "rules"
@@ -27,7 +27,7 @@ try:
     code = 0
 except SystemExit as exc:
     code = exc.code
-heavy = sorted(m for m in sys.modules if m == "libcst" or m.startswith(("libcst.", "ampfix.rules.", "ampfix.engine")))
+heavy = sorted(m for m in sys.modules if m == "libcst" or m.startswith(("libcst.", "ampfix.rules.", "ampfix.engine.analyze")))
 sys.stderr.write("\\nHEAVY=" + ",".join(heavy) + "\\n")
 sys.exit(code)
 """
@@ -85,18 +85,18 @@ def test_warm_check_still_validates_select(tree):
 
 def test_rule_facts_kept_in_the_cache_folder_match_the_registry(tmp_path):
     rulemeta._INFO.clear()
-    first = rulemeta.rule_info(tmp_path)
+    first = rulemeta.rule_info(registry.rule_facts, tmp_path)
     assert list(tmp_path.glob("v*/rules-*.json"))
     rulemeta._INFO.clear()
-    again = rulemeta.rule_info(tmp_path)  # read back from the JSON
+    again = rulemeta.rule_info(registry.rule_facts, tmp_path)  # read back from the JSON
     rulemeta._INFO.clear()
-    assert first == again == rulemeta._from_registry()
+    assert first == again == registry.rule_facts()
     assert list(again) == list(all_rules())
 
 
 def test_overridden_triggers_only_narrow_the_default_test():
     """rulemeta.maybe_triggered must say yes wherever a rule's own `triggered_by` does."""
-    info = rulemeta._from_registry()
+    info = registry.rule_facts()
     texts = [p.read_text(encoding="utf-8", errors="replace") for p in FIXTURES.rglob("*.py")]
     for code, rule in all_rules().items():
         for text in texts:

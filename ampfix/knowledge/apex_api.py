@@ -29,7 +29,7 @@ from typing import Dict, List, Optional, Tuple
 
 import libcst as cst
 
-from ampfix.edits import keyword_arg
+from ampfix.fixes.edits import keyword_arg
 from ampfix.model import AmpModel, names_bound
 
 # keyword -> what to do with it: "keep", "drop" (any value), ("drop-if", literal) (dropped when it

@@ -14,7 +14,7 @@ from urllib.parse import quote
 import click
 
 from ampfix import __version__
-from ampfix.results import Diagnostic, FileResult, decode_source, diff_names, unified_diff
+from ampfix.engine.results import Diagnostic, FileResult, decode_source, diff_names, unified_diff
 
 if TYPE_CHECKING:  # the rules (and LibCST) are not needed to report
     from ampfix.rule import Rule
@@ -206,10 +206,10 @@ def sarif(diags: Sequence[Diagnostic], rules: Dict[str, Type[Rule]]) -> str:
 def file_diff(r: FileResult) -> str:
     """The unified diff `ampfix rewrite --diff` prints for one changed file (for a notebook,
     one diff per changed cell)."""
-    from ampfix.notebook import is_notebook
+    from ampfix.engine.notebook import is_notebook
 
     if is_notebook(r.path):
-        from ampfix.notebook import notebook_diff
+        from ampfix.engine.notebook import notebook_diff
 
         return notebook_diff(r.path, r.old_source or b"", r.new_source or b"")
     old = decode_source(r.old_source or b"", r.path).text
@@ -231,7 +231,7 @@ def render(fmt: str, diags: Sequence[Diagnostic], rules: Optional[Dict[str, Type
         return github(diags)
     if fmt == "sarif":
         if rules is None:
-            from ampfix.registry import all_rules
+            from ampfix.engine.registry import all_rules
 
             rules = all_rules()
         return sarif(diags, rules)

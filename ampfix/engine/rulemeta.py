@@ -2,7 +2,7 @@
 default set and triggers - without importing them (and LibCST): a warm run, every file a cache
 hit, then never pays for those imports.
 
-The facts are read from the rules once (`ampfix.registry`) and kept in the cache folder as
+The facts are read from the rules once (`ampfix.engine.registry`) and kept in the cache folder as
 JSON, keyed by a fingerprint of ampfix's code (the size and mtime of every module of ampfix and
 of its rules, see `fingerprint`): an edited rule brings a fresh read. Without a cache folder
 (`--no-cache`) they come straight from the registry.
@@ -21,9 +21,10 @@ import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from ampfix import __version__
+from ampfix.rule import trigger_test
 
 _FINGERPRINT: Optional[str] = None
 
@@ -60,29 +61,13 @@ class RuleInfo:
         return trigger_test(text, lowered, self.triggers, self.triggers_lower, self.requires)
 
 
-def trigger_test(text: str, lowered: str, triggers: Sequence[str], triggers_lower: Sequence[str],
-                 requires: Sequence[Sequence[str]]) -> bool:
-    """A rule's default trigger test (`Rule.triggered_by`): one trigger in the text (or one
-    lower-case trigger in the lowered text), and one string of every `requires` group."""
-    if not (any(t in text for t in triggers) or any(t in lowered for t in triggers_lower)):
-        return False
-    return all(any(t in text for t in group) for group in requires)
-
-
 _INFO: Dict[Optional[str], Dict[str, RuleInfo]] = {}
 
 
-def _from_registry() -> Dict[str, RuleInfo]:
-    from ampfix.registry import all_rules
-
-    return {code: RuleInfo(code, r.name, bool(r.default_enabled), tuple(r.triggers), tuple(r.triggers_lower),
-                           tuple(tuple(g) for g in r.requires))
-            for code, r in all_rules().items()}
-
-
-def rule_info(folder: Optional[Path] = None) -> Dict[str, RuleInfo]:
+def rule_info(load: Callable[[], Dict[str, RuleInfo]], folder: Optional[Path] = None) -> Dict[str, RuleInfo]:
     """code -> RuleInfo for every rule, in code order; read from `folder` (a cache folder) when
-    it holds them for this fingerprint, else from the registry (and then kept there)."""
+    it holds them for this fingerprint, else from `load` (the registry's `rule_facts`, which
+    imports the rules) and then kept there."""
     key = None if folder is None else str(folder)
     if key in _INFO:
         return _INFO[key]
@@ -97,7 +82,7 @@ def rule_info(folder: Optional[Path] = None) -> Dict[str, RuleInfo]:
         except (OSError, ValueError, TypeError, KeyError):
             info = None
     if info is None:
-        info = _from_registry()
+        info = load()
         if entry is not None:
             write_json(entry, {"rules": [r.__dict__ for r in info.values()]})
     _INFO[key] = info
@@ -124,7 +109,7 @@ def write_json(target: Path, data: dict) -> None:
         pass  # a cache that cannot be written costs speed, never the check
 
 
-# ----------------------------------------------------------------------------- selection (as ampfix.registry)
+# ----------------------------------------------------------------------------- selection (as ampfix.engine.registry)
 
 
 class SelectionError(ValueError):
@@ -150,7 +135,7 @@ def validate_selectors(selectors: Iterable[str], option: str, info: Dict[str, Ru
 
 
 def select_codes(select: Optional[Sequence[str]], ignore: Sequence[str], info: Dict[str, RuleInfo]) -> List[str]:
-    """`ampfix.registry.select_rules`, as codes."""
+    """`ampfix.engine.registry.select_rules`, as codes."""
     chosen = []
     for code, r in info.items():
         if select is None:

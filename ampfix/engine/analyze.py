@@ -10,15 +10,15 @@ from typing import Dict, List, Optional, Sequence, Set, Tuple, Type
 
 import libcst as cst
 
-from ampfix import guard
-from ampfix import fileio
+from ampfix.engine import guard
+from ampfix.engine import fileio
 from ampfix.model import AmpModel
 from ampfix.rule import Applicability, FileContext, Fix, Rule, Violation
 
 MAX_FIX_PASSES = 10
 
-# the results and decoding live in ampfix/results.py (no LibCST needed there); importable from here
-from ampfix.results import (Diagnostic, FileError, FileResult, FixEdit, InputError, Settings, SourceText,  # noqa: F401
+# the results and decoding live in ampfix/engine/results.py (no LibCST needed there); importable from here
+from ampfix.engine.results import (Diagnostic, FileError, FileResult, FixEdit, InputError, Settings, SourceText,  # noqa: F401
                             TextEdit, _NOT_JSON, decode_source, diff_names, unified_diff)  # noqa: E402
 
 
@@ -53,8 +53,8 @@ def parse(text: str, path: str) -> cst.Module:
 
 # ----------------------------------------------------------------------------- noqa
 
-# parsing `# noqa` lives in ampfix/noqa.py; these names stay importable from here
-from ampfix.noqa import NOQA_RE, FileExemption, file_exemption, noqa_lines, suppressed, suppressing  # noqa: E402,F401
+# parsing `# noqa` lives in ampfix/engine/noqa.py; these names stay importable from here
+from ampfix.engine.noqa import NOQA_RE, FileExemption, file_exemption, noqa_lines, suppressed, suppressing  # noqa: E402,F401
 
 
 # ----------------------------------------------------------------------------- analysis
@@ -402,7 +402,7 @@ def transform_text(text: str, path: str, rules: Sequence[Type[Rule]], settings: 
     `# noqa: CODE` is added for each finding instead (the diagnostics left are those that could
     not be silenced)."""
     if settings.add_noqa:
-        from ampfix.noqa import add_noqa
+        from ampfix.engine.noqa import add_noqa
 
         diags, _ = check_text(text, path, rules, settings)
         wanted = [(d.code, [d.line] + sorted(set(d.noqa_lines) - {d.line}, reverse=True)) for d in diags]
@@ -434,7 +434,7 @@ def process_bytes(
     result = FileResult(path=path)
     try:
         src = decode_source(data, path)
-        # fixing works on `\n` line breaks; the original layout is put back (ampfix/fileio.py)
+        # fixing works on `\n` line breaks; the original layout is put back (ampfix/engine/fileio.py)
         editing = fix or settings.add_noqa
         text = fileio.working_text(src.text) if editing else src.text
         new_text, fixed, result.diagnostics = transform_text(text, path, rules, settings, fix, stats=result.found)

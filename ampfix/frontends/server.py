@@ -16,9 +16,11 @@ from lsprotocol import types
 from pygls.lsp.server import LanguageServer
 from pygls.uris import to_fs_path
 
-from ampfix import __version__, runner
-from ampfix.engine import Diagnostic, InputError, Settings, TextEdit, fix_suggestions, fix_text, text_edits
-from ampfix.registry import all_rules
+from ampfix import __version__
+
+from ampfix.engine import runner
+from ampfix.engine.analyze import Diagnostic, InputError, Settings, TextEdit, fix_suggestions, fix_text, text_edits
+from ampfix.engine.registry import all_rules
 
 SOURCE = "ampfix"
 FIX_ALL_KIND = f"{types.CodeActionKind.SourceFixAll.value}.ampfix"
@@ -42,7 +44,7 @@ def _setup(path: Optional[str]) -> Optional[Tuple[list, Settings]]:
     """The rules and settings `ampfix check PATH` would use; None when the configuration
     excludes the file."""
     if path is None:  # an unsaved buffer: the default rules
-        from ampfix.registry import select_rules
+        from ampfix.engine.registry import select_rules
 
         return select_rules(None, []), Settings()
     options = runner.Options(paths=[path], force_exclude=True)
@@ -51,7 +53,7 @@ def _setup(path: Optional[str]) -> Optional[Tuple[list, Settings]]:
     except runner.OptionsError as exc:
         # a broken configuration: say so, and check with the defaults meanwhile
         server.window_show_message(types.ShowMessageParams(type=types.MessageType.Error, message=f"ampfix: {exc}"))
-        from ampfix.registry import select_rules
+        from ampfix.engine.registry import select_rules
 
         return select_rules(None, []), Settings()
     if os.path.isfile(path) and not plan.files:

@@ -14,8 +14,8 @@ from typing import Dict, List, Optional, Sequence, Union
 
 import libcst as cst
 
-from ampfix.rule import Replacement
 
+Replacement = Union[cst.CSTNode, cst.RemovalSentinel, cst.FlattenSentinel]
 Replacements = Dict[cst.CSTNode, Replacement]
 StatementLike = Union[str, cst.BaseStatement]
 

@@ -11,8 +11,8 @@ from typing import List, Optional, Tuple
 
 import libcst as cst
 
-from ampfix.edits import first_arg, keyword_arg, string
-from ampfix.migration import Binding
+from ampfix.fixes.edits import first_arg, keyword_arg, string
+from ampfix.migrations.bindings import Binding
 from ampfix.model import AmpModel, dotted
 
 DEP_MODULES = {"torch.cuda.amp": "cuda", "torch.cpu.amp": "cpu"}

@@ -14,16 +14,16 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import BinaryIO, Dict, List, Optional, Sequence, Tuple
 
-from ampfix import fileio
-from ampfix.config import Config, ConfigError, parse_size, parse_version, resolve_config
-from ampfix.discovery import discover, matches_any
-from ampfix import guard
-from ampfix import rulemeta
-from ampfix.results import FileError, FileResult, InputError, Settings, decode_source
-from ampfix.rulemeta import SelectionError
+from ampfix.engine import fileio
+from ampfix.engine.config import Config, ConfigError, parse_size, parse_version, resolve_config
+from ampfix.engine.discovery import discover, matches_any
+from ampfix.engine import guard
+from ampfix.engine import registry, rulemeta
+from ampfix.engine.results import FileError, FileResult, InputError, Settings, decode_source
+from ampfix.engine.rulemeta import SelectionError
 
 # LibCST, the engine and the rules are imported only when a file must really be analysed (or
-# fixed): a warm run, every file a cache hit, never needs them (see ampfix/rulemeta.py)
+# fixed): a warm run, every file a cache hit, never needs them (see ampfix/engine/rulemeta.py)
 
 PARALLEL_MIN_BYTES = 64 * 1024  # below this a process pool costs more than it saves
 
@@ -97,7 +97,7 @@ def make_plan(options: Options) -> Plan:
         if options.select and not split_codes(options.select):
             raise OptionsError("--select: no rule code given (an empty --select would disable every rule; "
                                "use --select ALL, or a code such as AMP001)")
-        info = rulemeta.rule_info(_cache_folder(options, config))
+        info = rulemeta.rule_info(registry.rule_facts, _cache_folder(options, config))
 
         def validate_selectors(selectors, option):
             return rulemeta.validate_selectors(selectors, option, info)
@@ -132,7 +132,7 @@ def _cache_folder(options: Options, config: Config) -> Optional[Path]:
     """The cache folder when this run reads and writes the cache, else None."""
     if not _uses_cache(options):
         return None
-    from ampfix.cache import cache_dir
+    from ampfix.engine.cache import cache_dir
 
     return cache_dir(config.root)
 
@@ -154,9 +154,9 @@ Job = Tuple[str, Tuple[str, ...], Settings, bool, bytes]
 
 def _work(job: Job) -> FileResult:
     path, codes, settings, fix, data = job
-    from ampfix.engine import process_bytes
-    from ampfix.notebook import is_notebook, process_notebook
-    from ampfix.registry import all_rules
+    from ampfix.engine.analyze import process_bytes
+    from ampfix.engine.notebook import is_notebook, process_notebook
+    from ampfix.engine.registry import all_rules
 
     rules = all_rules()
     try:
@@ -274,9 +274,9 @@ def _needs_analysis(path: str, data: bytes, codes: Sequence[str], risky: Optiona
     """A result right away for a file no selected rule can fire on (or that cannot be
     decoded); None when it must be parsed and analysed (then `path` joins `risky` when the
     parser could crash on it, see `guard.risky`)."""
-    from ampfix.engine import triggered
-    from ampfix.notebook import is_notebook, prefilter
-    from ampfix.registry import all_rules
+    from ampfix.engine.analyze import triggered
+    from ampfix.engine.notebook import is_notebook, prefilter
+    from ampfix.engine.registry import all_rules
 
     if is_notebook(path):
         early = prefilter(data, path, [all_rules()[c] for c in codes])
@@ -318,10 +318,10 @@ def run(plan: Plan, stdin: Optional[BinaryIO] = None) -> Run:
     keys: Dict[int, str] = {}
     info = None
     if _uses_cache(plan.options):
-        from ampfix.cache import Cache, cache_dir, cacheable
+        from ampfix.engine.cache import Cache, cache_dir, cacheable
 
         store = Cache(cache_dir(plan.config.root))
-        info = rulemeta.rule_info(store.folder)
+        info = rulemeta.rule_info(registry.rule_facts, store.folder)
     snapshots: Dict[str, fileio.Snapshot] = {}
     for i, f in enumerate(plan.files):
         if f == "-":
@@ -347,7 +347,7 @@ def run(plan: Plan, stdin: Optional[BinaryIO] = None) -> Run:
         file_codes = codes_for(f, plan)
         if store is not None:
             # the cache first (a content hash and one small read): a hit needs neither the
-            # rules nor LibCST; a miss tests the triggers as ampfix/rulemeta.py knows them
+            # rules nor LibCST; a miss tests the triggers as ampfix/engine/rulemeta.py knows them
             # (without the rules), and only then loads the rules; every verdict is kept
             keys[i] = store.key(f, data, file_codes, plan.settings)
             hit = store.get(keys[i], f)
@@ -404,12 +404,12 @@ def _size(n: int) -> str:
 
 
 def write_atomically(path: str, data: bytes) -> None:
-    """Replace `path` with `data` safely (see `ampfix.fileio.write_fixed`)."""
+    """Replace `path` with `data` safely (see `ampfix.engine.fileio.write_fixed`)."""
     fileio.write_fixed(path, data, None)
 
 
 def write_fixes(run_: Run) -> List[str]:
-    """Write every changed file back (re-checked, locked, see ampfix/fileio.py); returns one
+    """Write every changed file back (re-checked, locked, see ampfix/engine/fileio.py); returns one
     error line per file that was not written. A file not written counts no fix: its result
     gets its findings back, as `check` reports them."""
     errors = []

@@ -11,21 +11,25 @@ from typing import Optional, Sequence
 
 import click
 
-from ampfix import __version__, reporters, runner
-from ampfix.results import Diagnostic
+from ampfix import __version__
+
+from ampfix.formats import reporters
+
+from ampfix.engine import runner
+from ampfix.engine.results import Diagnostic
 
 # the registry (the rules, LibCST) is imported where it is needed: a warm `check` (every file a
-# cache hit) never needs it (see ampfix/rulemeta.py)
+# cache hit) never needs it (see ampfix/engine/rulemeta.py)
 
 
 def all_rules():
-    from ampfix.registry import all_rules as rules
+    from ampfix.engine.registry import all_rules as rules
 
     return rules()
 
 
 def find_rule(code):
-    from ampfix.registry import find_rule as find
+    from ampfix.engine.registry import find_rule as find
 
     return find(code)
 
@@ -214,9 +218,9 @@ def check(paths, select, ignore, config_file, min_torch_version, stdin_filename,
     files = plan.files
     out = _Output(output_file)
     if statistics:
-        from ampfix import rulemeta
+        from ampfix.engine import registry, rulemeta
 
-        rules = rulemeta.rule_info(runner._cache_folder(plan.options, plan.config))
+        rules = rulemeta.rule_info(registry.rule_facts, runner._cache_folder(plan.options, plan.config))
         counts = Counter(d.code for d in diags)
         fixable = {d.code for d in diags if d.fix == "safe"}
         for code, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])):
@@ -438,7 +442,7 @@ def server() -> None:
     and "apply all safe fixes" as a source.fixAll action.
     """
     try:
-        from ampfix.server import main as serve
+        from ampfix.frontends.server import main as serve
     except ImportError as exc:
         raise UsageError(f'the language server needs pygls ({exc}): pip install "ampfix[server]"') from None
     serve()

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from json.decoder import scanstring  # type: ignore[attr-defined]
 from typing import Dict, List, Optional, Sequence, Tuple, Type
 
-from ampfix.engine import (Diagnostic, FileError, FileResult, FixEdit, InputError, Settings, TextEdit, diff_names,
+from ampfix.engine.analyze import (Diagnostic, FileError, FileResult, FixEdit, InputError, Settings, TextEdit, diff_names,
                            transform_text, triggered, unified_diff)
 from ampfix.rule import Rule
 
@@ -285,7 +285,7 @@ def _map_fix(d: Diagnostic, program: Program, cell_no: int, path: str) -> None:
     diffs = "".join(unified_diff(by_index[i].source, new_cells[i], *_cell_names(path, i + 1)) for i in changed)
     edits: Optional[List[TextEdit]] = None
     if changed == [cell_no - 1]:
-        from ampfix.engine import text_edits
+        from ampfix.engine.analyze import text_edits
 
         edits = text_edits(by_index[changed[0]].source, new_cells[changed[0]])
     d.fix_edit = FixEdit(edit.description, edit.applicability, edits, diffs)

@@ -9,12 +9,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from ampfix.knowledge.torch_versions import DEFAULT_MIN_TORCH  # noqa: F401  (re-exported)
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
     import tomli as tomllib
 
-DEFAULT_MIN_TORCH = (2, 4)
 KNOWN_KEYS = {"select", "ignore", "exclude", "extend-exclude", "per-file-ignores", "min-torch-version",
               "max-file-size"}
 DEFAULT_MAX_FILE_SIZE = 4 * 1024 * 1024  # bytes; larger files are skipped (reported), not analysed

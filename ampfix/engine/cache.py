@@ -15,7 +15,7 @@ nothing (ruff-style).
 * Every verdict on a file is kept, "no selected rule's trigger" and "cannot decode" included, and
   the cache is looked up before anything else (`runner.run`): a warm run hashes and reads, and
   imports neither LibCST nor the rules. What it needs to know of the rules (codes, default set,
-  triggers) is kept here too, as `v<version>/rules-<fingerprint>.json` (`ampfix.rulemeta`).
+  triggers) is kept here too, as `v<version>/rules-<fingerprint>.json` (`ampfix.engine.rulemeta`).
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from ampfix import __version__
-from ampfix.results import Diagnostic, FileError, FileResult, Settings
-from ampfix.rulemeta import fingerprint as _code_fingerprint, write_json
+from ampfix.engine.results import Diagnostic, FileError, FileResult, Settings
+from ampfix.engine.rulemeta import fingerprint as _code_fingerprint, write_json
 
 DIR_NAME = ".ampfix_cache"
 

@@ -1,6 +1,6 @@
 """The results of a check (findings, errors, per-file results), the settings, and decoding a
 file: everything a warm run (all cache hits) needs, without importing LibCST or the rules.
-`ampfix.engine` re-exports these names."""
+`ampfix.engine.analyze` re-exports these names."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import difflib
 from dataclasses import dataclass, field, fields
 from typing import Dict, List, Optional, Tuple
 
-from ampfix import fileio
-from ampfix.config import DEFAULT_MIN_TORCH
+from ampfix.engine import fileio
+from ampfix.knowledge.torch_versions import DEFAULT_MIN_TORCH
 
 
 # ----------------------------------------------------------------------------- results

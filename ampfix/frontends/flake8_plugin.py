@@ -18,7 +18,7 @@ from ampfix import __version__
 @lru_cache(maxsize=256)
 def _plan(path: str):
     """What `ampfix check PATH` would use (a file: discovery is one stat)."""
-    from ampfix import runner
+    from ampfix.engine import runner
 
     try:
         return runner.make_plan(runner.Options(paths=[path]))
@@ -35,9 +35,9 @@ class AmpfixChecker:
         self.lines = lines
 
     def _rules(self) -> Tuple[list, object]:
-        from ampfix import runner
-        from ampfix.engine import Settings
-        from ampfix.registry import all_rules, select_rules
+        from ampfix.engine import runner
+        from ampfix.engine.analyze import Settings
+        from ampfix.engine.registry import all_rules, select_rules
 
         real = self.filename not in ("stdin", "-", "") and os.path.exists(self.filename)
         plan = _plan(os.path.abspath(self.filename) if real else os.path.join(os.getcwd(), "stdin.py"))
@@ -48,7 +48,7 @@ class AmpfixChecker:
         return [rules[c] for c in codes], Settings(min_torch_version=plan.settings.min_torch_version)
 
     def run(self) -> Iterator[Tuple[int, int, str, Type["AmpfixChecker"]]]:
-        from ampfix.engine import InputError, check_text
+        from ampfix.engine.analyze import InputError, check_text
 
         rules, settings = self._rules()
         try:

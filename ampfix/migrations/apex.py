@@ -37,7 +37,7 @@ from typing import Dict, List, Optional, Set, Tuple
 import libcst as cst
 
 from ampfix.model import dotted, get_arg, literal_bool, literal_string, reads_writes
-from ampfix.rewrites import Rewrites
+from ampfix.fixes.rewrites import Rewrites
 
 APEX_CALLS = ("initialize", "scale_loss", "master_params", "state_dict", "load_state_dict")
 INIT_KW = {"models", "optimizers", "opt_level", "loss_scale", "keep_batchnorm_fp32", "master_weights",
@@ -251,7 +251,7 @@ class ApexMigration:
     def _remove_alias(self, stmt: cst.CSTNode, alias: cst.ImportAlias) -> None:
         names = [a for a in stmt.names if a is not alias]  # type: ignore[attr-defined]
         if names:
-            from ampfix.edits import clean_commas
+            from ampfix.fixes.edits import clean_commas
             self.rw.add(self.init, stmt, lambda cur, n=names: stmt.with_changes(names=clean_commas(n)))
         else:
             line = self.model.parent(stmt)

@@ -71,8 +71,15 @@ def all_rules() -> Dict[str, Type[Rule]]:
     return dict(sorted(found.items()))
 
 
-from ampfix import rulemeta  # noqa: E402
-from ampfix.rulemeta import SelectionError  # noqa: E402, F401  (re-exported: the light selection raises it too)
+from ampfix.engine import rulemeta  # noqa: E402
+
+
+def rule_facts() -> Dict[str, rulemeta.RuleInfo]:
+    """What the warm path needs to know of every rule (`rulemeta.RuleInfo`), read from the rules."""
+    return {code: rulemeta.RuleInfo(code, r.name, bool(r.default_enabled), tuple(r.triggers),
+                                    tuple(r.triggers_lower), tuple(tuple(g) for g in r.requires))
+            for code, r in all_rules().items()}
+from ampfix.engine.rulemeta import SelectionError  # noqa: E402, F401  (re-exported: the light selection raises it too)
 
 
 def validate_selectors(selectors: Iterable[str], option: str) -> List[str]:

@@ -1,0 +1,2 @@
+"""Output formats: the reports of `check` and `rewrite` (text, json, sarif, github, ...).
+"""
