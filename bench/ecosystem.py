@@ -11,7 +11,8 @@ After ruff's ecosystem check. For each pinned project (PACKAGES below) it
      rewrite changes nothing (idempotence); a fresh `check` of the rewritten tree finds as many
      findings as the rewrite said remain (the `N findings remaining.` line of its summary);
   4. compares every finding with bench/ecosystem_labels.csv
-     (`package,version,path,line,code,verdict,reason`; path relative to the tree root; verdict
+     (`package,version,path,line,code,verdict,reason`; path relative to the tree root, a
+     notebook's with its cell: `nb.ipynb:cell 3`; verdict
      TRUE, FALSE or DEBATABLE; reason: one line written after reading the code) and prints the
      precision of each rule, TRUE / (TRUE + FALSE), with the DEBATABLE count beside it, the
      unlabelled findings, and the labels that match no finding any more (stale; informational).
@@ -118,6 +119,16 @@ PACKAGES: Tuple[Package, ...] = (
     Package("pytorch-ignite", "0.5.5"),
     Package("fastai", "2.8.12"),
     Package("salesforce-lavis", "1.0.2"),
+    Package("simpletransformers", "0.70.8"),
+    Package("allennlp", "2.10.1"),
+    Package("fairscale", "0.4.13"),
+    Package("mmcv-full", "1.7.2", note="mmcv 1.x: apex and native fp16 hooks"),
+    Package("yolox", "0.3.0"),
+    Package("torchdistill", "1.1.5"),
+    Package("trainer", "0.0.36", note="Coqui Trainer: apex and native AMP"),
+    Package("farm", "0.8.0", note="apex amp"),
+    Package("rfdetr", "1.11.2"),
+    Package("super-gradients", "3.7.1", kind="wheel", note="no sdist on PyPI"),
     # known AMP bugs, at the release before their fix
     Package("pytorch-lightning", "1.4.8",
             note="gradient clipping before GradScaler.unscale_ (Lightning-AI/pytorch-lightning#9330, fixed in 1.4.9)"),
@@ -424,8 +435,14 @@ def parse_labels(text: str) -> List[Label]:
     return labels
 
 
+def finding_path(d: dict) -> str:
+    """The path a label names: a notebook finding's cell is part of it (`nb.ipynb:cell 3`, as
+    ampfix prints it), since its line counts from the top of the cell."""
+    return d["path"] if d.get("cell") is None else f"{d['path']}:cell {d['cell']}"
+
+
 def finding_key(package: str, version: str, d: dict) -> Tuple[str, str, str, int, str]:
-    return (package, version, d["path"], int(d["line"]), d["code"])
+    return (package, version, finding_path(d), int(d["line"]), d["code"])
 
 
 @dataclass
@@ -526,7 +543,7 @@ def report(records: List[dict], cmp: Comparison, default: List[str]) -> List[str
     if cmp.unlabelled:
         lines.append(f"\n{len(cmp.unlabelled)} unlabelled findings:")
         for package, version, d in cmp.unlabelled:
-            lines.append(f"  {package},{version},{d['path']},{d['line']},{d['code']}  ({d['message'][:90]})")
+            lines.append(f"  {package},{version},{finding_path(d)},{d['line']},{d['code']}  ({d['message'][:90]})")
     if cmp.false_default:
         lines.append(f"\n{len(cmp.false_default)} FALSE findings of default rules:")
         for lab, d in cmp.false_default:

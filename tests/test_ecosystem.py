@@ -56,6 +56,15 @@ def test_labels_compare_precision_unlabelled_stale(eco):
     assert [lab.line for lab, _ in cmp.false_default] == [20] and cmp.failed
 
 
+def test_notebook_findings_are_keyed_by_cell(eco):
+    labels = eco.parse_labels(HEADER + "p,1.0,nb.ipynb:cell 3,4,AMP102,TRUE,apex is the notebook's only AMP\n")
+    in_cell_3 = {"path": "nb.ipynb", "cell": 3, "line": 4, "code": "AMP102", "message": "m"}
+    in_cell_5 = dict(in_cell_3, cell=5)
+    cmp = eco.compare([("p", "1.0", in_cell_3), ("p", "1.0", in_cell_5)], labels, ["AMP102"])
+    assert cmp.verdicts["AMP102"]["TRUE"] == 1 and [d["cell"] for _, _, d in cmp.unlabelled] == [5]
+    assert not cmp.stale
+
+
 @pytest.mark.parametrize("row, error", [
     ("p,1,a.py,1,AMP001,MAYBE,x\n", "verdict"),
     ("p,1,a.py,1,AMP001,TRUE,\n", "reason"),
