@@ -489,11 +489,11 @@ def compare(findings: Iterable[Tuple[str, str, dict]], labels: Sequence[Label], 
 
 
 def default_codes() -> List[str]:
-    """Rules in the default selection (`ampfix rules --output-format json`). Without a preview
-    concept every rule is default; with one, preview rules are not."""
+    """Rules in the default selection, from `ampfix rules --output-format json`: `default_enabled`
+    (AMP901 is opt-in), and not preview once the CLI has preview rules."""
     out = subprocess.run(_ampfix_cmd("rules", "--output-format", "json"), capture_output=True, text=True,
                          check=True).stdout
-    return [r["code"] for r in json.loads(out) if not r.get("preview", False)]
+    return [r["code"] for r in json.loads(out) if r.get("default_enabled", True) and not r.get("preview", False)]
 
 
 # ----------------------------------------------------------------------------- reporting
@@ -632,7 +632,12 @@ def write_markdown(text: str, path: Path = RESULTS_MD) -> None:
 
 
 def _ampfix_version() -> str:
-    return subprocess.run(_ampfix_cmd("--version"), capture_output=True, text=True).stdout.strip().split()[-1]
+    """ampfix's version, and the last commit that touched the engine or the rules when in a checkout."""
+    version = subprocess.run(_ampfix_cmd("--version"), capture_output=True, text=True).stdout.strip().split()[-1]
+    git = subprocess.run(["git", "log", "-1", "--format=%h", "--", "ampfix", "rules"], cwd=HERE.parent,
+                         capture_output=True, text=True)
+    commit = git.stdout.strip() if git.returncode == 0 else ""
+    return f"{version} (ampfix/ and rules/ at {commit})" if commit else version
 
 
 # ----------------------------------------------------------------------------- main
