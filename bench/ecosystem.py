@@ -24,6 +24,7 @@ Usage:
     python bench/ecosystem.py --fetch-only                 # only download and unpack
     python bench/ecosystem.py --jobs 2 --write-results     # also rewrite the tables in bench/ECOSYSTEM.md
     python bench/ecosystem.py --reuse                      # compare the labels with the last run's results
+    python bench/ecosystem.py --packages yolox --no-rewrite  # check and compare only, no rewrite checks
 
 Exit status: 0 when every finding is labelled and no rule of the default selection has a FALSE
 finding; 1 otherwise (and when a rewrite check fails); 2 when a package could not be fetched
@@ -676,6 +677,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 2 if bad else 0
     results_file = WORK / "results.json"
     if args.reuse:
+        if not results_file.is_file():
+            raise SystemExit(f"--reuse: no results yet ({results_file}); run without --reuse first")
         saved = {(r["package"], r["version"]): r for r in json.loads(results_file.read_text())}
         records = [saved[(p.name, p.version)] for p in pkgs if (p.name, p.version) in saved]
     else:
