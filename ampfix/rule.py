@@ -64,6 +64,9 @@ class Violation:
     node: cst.CSTNode
     message: Optional[str] = None
     fix: Optional[Fix] = None
+    #: code of other modules that is part of the cause, as (path, line, column, note); by
+    #: default the engine names the code of other modules that runs at the reported call
+    related: Tuple[Tuple[str, int, int, str], ...] = ()
 
 
 @dataclass
@@ -95,6 +98,12 @@ class Rule:
     triggers_lower: ClassVar[Tuple[str, ...]] = ()
     #: Further groups of substrings: the file must also contain one of each group.
     requires: ClassVar[Tuple[Tuple[str, ...], ...]] = ()
+    #: With the project read (every run of `check`/`rewrite` over files on disk), a module that
+    #: lacks the triggers is still analysed for this rule when it holds one string of every
+    #: group here and a module of the project it imports, or that imports it, holds the
+    #: triggers: the scaler built in a base class of another module, the loop that calls this
+    #: helper. None: the rule's findings never depend on another module's text.
+    project_requires: ClassVar[Optional[Tuple[Tuple[str, ...], ...]]] = None
     #: "safe", "unsafe", "sometimes" or "none": what `ampfix rules` shows.
     fixable: ClassVar[str] = "none"
     #: One line on what the fix does and when (the README's rule table); default: `fixable`.
@@ -114,6 +123,11 @@ class Rule:
         # run tests the triggers without importing the rules (ampfix/engine/rulemeta.py) and looks up
         # in the cache only the files this default test lets through.
         return trigger_test(text, lowered, cls.triggers, cls.triggers_lower, cls.requires)
+
+    @classmethod
+    def project_candidate(cls, text: str) -> bool:
+        """The text holds what `project_requires` asks (the triggers may be in a related module)."""
+        return cls.project_requires is not None and all(any(t in text for t in g) for g in cls.project_requires)
 
 
 def trigger_test(text: str, lowered: str, triggers: Sequence[str], triggers_lower: Sequence[str],

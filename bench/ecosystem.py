@@ -226,7 +226,7 @@ def fetch_package(pkg: Package) -> Path:
 
 def count_files(root: Path) -> int:
     """The files `ampfix check` would read under root (its own discovery)."""
-    from ampfix.discovery import discover
+    from ampfix.engine.discovery import discover
 
     files, _ = discover([str(root)], [], root)
     return len(files)
@@ -273,7 +273,7 @@ _FIXED_ROW = re.compile(r"^\s+(\d+)\s+(AMP\d{3})\s")
 
 def parse_rewrite_summary(text: str) -> Tuple[int, Dict[str, int]]:
     """(findings remaining, findings fixed per rule) from the summary `ampfix rewrite` prints
-    (ampfix.cli.fix_summary): `N findings remaining.` when some are left, none when none are."""
+    (ampfix.frontends.cli.fix_summary): `N findings remaining.` when some are left, none when none are."""
     remaining = 0
     fixed: Dict[str, int] = {}
     for line in text.splitlines():
@@ -287,7 +287,7 @@ def parse_rewrite_summary(text: str) -> Tuple[int, Dict[str, int]]:
 
 
 def _snapshot(root: Path) -> Dict[str, bytes]:
-    from ampfix.discovery import PY_SUFFIXES
+    from ampfix.engine.discovery import PY_SUFFIXES
 
     return {p.relative_to(root).as_posix(): p.read_bytes() for p in root.rglob("*")
             if p.is_file() and p.name.endswith(PY_SUFFIXES)}

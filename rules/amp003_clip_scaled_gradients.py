@@ -19,6 +19,7 @@ class ClipScaledGradients(Rule):
                "call `scaler.unscale_(optimizer)` first")
     triggers = (".scale(",)
     requires = (("clip_grad", ".grad"), ("backward",))
+    project_requires = (("backward", "clip_grad", ".grad", "unscale_"),)
     fixable = "sometimes"
     fix_note = "safe (`scaler.unscale_(opt)` before the clip) when the optimizer is unambiguous"
     docs = """
@@ -85,7 +86,7 @@ scaler.update()
                         return True
                     return e.kind == UNSCALE and e.scaler == scaler and (owner is None or e.target in (owner, None))
 
-                if not model.path_without(trace, bw, read, covers):
+                if not model.path_without(trace, bw, read, covers) or model.within_one_call(bw, read, *steps):
                     continue
                 shown = model.anchor(bw, read)[1]
                 unscales = [u for u in trace.between(bw, read, UNSCALE) if u.scaler == scaler]
@@ -122,7 +123,7 @@ scaler.update()
         """`scaler.unscale_(opt)` before the statement that clips, written in that function's
         own names (the backward and the step run there too)."""
         frame = model.anchor(bw, read)
-        if bw.node is not frame[0] or any(len(s.path) != len(bw.path) for s in steps):
+        if model.foreign_among(bw, read, *steps) or bw.node is not frame[0] or any(len(s.path) != len(bw.path) for s in steps):
             return None
         opts = {owner} if owner is not None else {s.event.target for s in steps}
         stmt = model.statement_of(shown)

@@ -97,7 +97,8 @@ scaler.update()
             stmt = model.statement_of(upd.node)
             body = loop.body
             fix = None
-            if shown is upd.node and is_expression_statement_of(stmt, upd.node) and isinstance(body, cst.IndentedBlock) \
+            if shown is upd.node and not upd.event.foreign and is_expression_statement_of(stmt, upd.node) \
+                    and isinstance(body, cst.IndentedBlock) \
                     and any(s is stmt for s in body.body) and len(body.body) > 1 and loop.orelse is None \
                     and in_block(model, loop) and all(model.before(s.node, upd.node) for s in steps):
                 new_loop = loop.with_changes(body=body.with_changes(body=[s for s in body.body if s is not stmt]))
@@ -113,7 +114,7 @@ scaler.update()
         earlier = model.last_before(trace, upd, lambda e: same_step(e) and loops <= set(e.loops()),
                                     stop=self._same(UPDATE, upd.scaler))
         later = model.first_after(trace, upd, lambda e: same_step(e) and loops <= set(e.loops()))
-        if earlier is None or later is None:
+        if earlier is None or later is None or model.within_one_call(earlier, upd, later):
             return None
         shown = model.anchor(earlier, upd, later)[1]
         if shown is not upd.node:
@@ -121,7 +122,8 @@ scaler.update()
         last = self._chain_end(model, trace, later, (upd.scaler, frozenset(loops)),
                                lambda e: same_step(e) and loops <= set(e.loops()))
         final = model.first_after(trace, last, self._same(UPDATE, upd.scaler))
-        return Violation(upd.node, fix=self._fix_between(model, upd, last, final))
+        fix = None if model.foreign_among(upd, last, final) else self._fix_between(model, upd, last, final)
+        return Violation(upd.node, fix=fix)
 
     def _chain_end(self, model: AmpModel, trace: Trace, start: TraceEvent, key, match) -> TraceEvent:
         """The last step of this scaler in the iteration: `first_after` from step to step, each
@@ -168,13 +170,16 @@ scaler.update()
         same_update = self._same(UPDATE, upd.scaler)
         if model.last_before(trace, upd, same_update) is None and model.first_after(trace, upd, same_update) is None:
             return None  # this scaler is updated once: only the other one is missing its update
+        if model.within_one_call(prev, upd):
+            return None
         shown = model.anchor(prev, upd)[1]
         other = prev.event.scaler
         message = (f"`{upd.event.scaler}.update()` follows `{other}.step(...)`: `{upd.event.scaler}` is updated twice "
                    f"this iteration and `{other}` never; call `{other}.update()` here" + model.where(upd, shown))
         fix = None
         func = upd.node.func
-        if shown is upd.node and not prev.via and isinstance(func, cst.Attribute) and other:
+        if shown is upd.node and not prev.via and isinstance(func, cst.Attribute) and other \
+                and not model.foreign_among(prev, upd):
             fix = Fix({func.value: cst.parse_expression(other)}, applicability=UNSAFE,
                       description="update() called on the scaler that stepped")
         return Violation(shown, message=message, fix=fix)

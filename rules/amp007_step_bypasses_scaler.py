@@ -21,6 +21,7 @@ class StepBypassesScaler(Rule):
                "call `scaler.step(optimizer)`")
     triggers = (".scale(",)
     requires = ((".step(",), ("backward",))
+    project_requires = ((".step(",),)
     fixable = "unsafe"
     fix_note = "unsafe (`scaler.step(opt)`, plus `scaler.update()` when the scaler is never stepped)"
     docs = """
@@ -112,7 +113,7 @@ for x, y in loader:
                     return True
                 return e.kind in (SCALER_STEP, UNSCALE, OPT_STEP) and e.target == step.target
 
-            if not model.path_without(trace, bw, step, blocks):
+            if not model.path_without(trace, bw, step, blocks) or model.within_one_call(bw, step):
                 continue
             # `scaler.step(opt_d)` then an unscaled `g_loss.backward()`: that backward feeds this step
             consumed = [e for e in trace.between(bw, step, SCALER_STEP) if model.mandatory_between(e, bw, step)]
@@ -127,6 +128,8 @@ for x, y in loader:
         """`scaler.step(opt)` for every step fed by one backward, plus `scaler.update()` after the
         last one when the scaler is never stepped nor updated; all or none."""
         stmts = []
+        if any(model.foreign_among(step, bw) for step, bw, _, _ in group):
+            return [None] * len(group)
         for step, bw, scale, _ in group:
             stmt = model.statement_of(step.node)
             if step.via != bw.via or model.scope_of(scale) is not model.scope_of(step.node) \

@@ -18,6 +18,7 @@ class UnscaledBackward(Rule):
                "divides the gradients by the scale; call `scaler.scale(loss).backward()`")
     triggers = ("GradScaler", ".scale(")
     requires = (("backward",), (".step(",))
+    project_requires = (("backward",),)
     fixable = "sometimes"
     fix_note = "safe (`scaler.scale(loss).backward()`, or the scaled loss already computed); unsafe when the gradients are read before the step"
     docs = """
@@ -83,7 +84,8 @@ for x, y in loader:
                 if model.scaler_disabled(step.node.func.value):  # type: ignore[attr-defined]
                     continue
                 for bw in trace.before(step, BACKWARD):
-                    if id(bw.node) in seen or not self._unscaled(model, trace, bw, step):
+                    if id(bw.node) in seen or not self._unscaled(model, trace, bw, step) \
+                            or model.within_one_call(bw, step):
                         continue
                     seen.add(id(bw.node))
                     shown = model.anchor(bw, step)[0]
@@ -113,7 +115,7 @@ for x, y in loader:
     @staticmethod
     def _fix(model: AmpModel, trace: Trace, bw: TraceEvent, step: TraceEvent, shown: cst.CSTNode) -> Optional[Fix]:
         tensor = model.backward_tensor(bw.node)
-        if shown is not bw.node or bw.via != step.via or tensor is None:
+        if model.foreign_among(bw, step) or shown is not bw.node or bw.via != step.via or tensor is None:
             return None
         scaler = model.code(step.node.func.value)  # type: ignore[attr-defined]
         bare = tensor.with_changes(lpar=[], rpar=[]) if hasattr(tensor, "lpar") else tensor

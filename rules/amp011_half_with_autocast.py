@@ -28,6 +28,7 @@ class HalfWithAutocast(Rule):
                "autocast casts per operation")
     triggers = (".half()", "float16", "torch.half")
     requires = (("autocast", "GradScaler"),)
+    project_requires = ((".half()", "float16", "torch.half"),)
     fixable = "unsafe"
     fix_note = "unsafe (the cast removed)"
     docs = """

@@ -19,6 +19,7 @@ class CheckpointWithoutScaler(Rule):
                "scale restarts at 65536 and the first steps overflow and are skipped; save `scaler.state_dict()`")
     triggers = ("state_dict",)
     requires = (("GradScaler", ".scale("), ("torch.save", "torch.load", "save(", "load("))
+    project_requires = (("save", "checkpoint", "state_dict"),)
     fixable = "unsafe"
     fix_note = "unsafe (a `scaler` entry saved, restored when present)"
     docs = """

@@ -19,6 +19,7 @@ class ScalerWithBfloat16(Rule):
                "check per step); enable it only for float16")
     triggers = ("GradScaler",)
     requires = (("bfloat16", "autocast"),)
+    project_requires = (("GradScaler",),)
     fixable = "unsafe"
     fix_note = "unsafe (`enabled=` tied to the autocast dtype, or `enabled=False`)"
     docs = """

@@ -23,6 +23,7 @@ class AutocastDtypeIgnored(Rule):
                "`{name}` (which may be bfloat16); pass `dtype={expr}`")
     triggers = ("autocast",)
     requires = (("dtype", "GradScaler"),)
+    project_requires = (("autocast",),)
     fixable = "sometimes"
     fix_note = ("safe (`dtype=` the chosen dtype variable) when it holds torch dtypes; unsafe when its values "
                 "are unknown")

@@ -84,7 +84,8 @@ def test_json_schema(tmp_path):
     data = json.loads(res.stdout)
     assert isinstance(data, list) and len(data) == 1
     d = data[0]
-    assert set(d) == {"path", "line", "column", "end_line", "end_column", "code", "name", "message", "fix", "cell"}
+    assert set(d) == {"path", "line", "column", "end_line", "end_column", "code", "name", "message", "fix", "cell",
+                      "related"}
     assert d["cell"] is None
     assert d["code"] == "AMP003" and d["name"] == "clip-scaled-gradients"
     assert (d["line"], d["column"], d["end_line"]) == (6, 5, 6)

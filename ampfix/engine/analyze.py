@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import ast
 import difflib
+import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Set, Tuple, Type
 
 import libcst as cst
@@ -13,13 +15,13 @@ import libcst as cst
 from ampfix.engine import guard
 from ampfix.engine import fileio
 from ampfix.model import AmpModel
-from ampfix.rule import Applicability, FileContext, Fix, Rule, Violation
+from ampfix.rule import Applicability, FileContext, Fix, Rule, Violation, trigger_test
 
 MAX_FIX_PASSES = 10
 
 # the results and decoding live in ampfix/engine/results.py (no LibCST needed there); importable from here
 from ampfix.engine.results import (Diagnostic, FileError, FileResult, FixEdit, InputError, Settings, SourceText,  # noqa: F401
-                            TextEdit, _NOT_JSON, decode_source, diff_names, unified_diff)  # noqa: E402
+                            TextEdit, _NOT_JSON, decode_source, diff_names, file_digest, unified_diff)  # noqa: E402
 
 
 def parse(text: str, path: str) -> cst.Module:
@@ -68,9 +70,25 @@ class _Found:
     noqa: bool
 
 
-def triggered(rules: Sequence[Type[Rule]], text: str) -> List[Type[Rule]]:
+def triggered(rules: Sequence[Type[Rule]], text: str, path: str = "",
+              settings: Optional[Settings] = None) -> List[Type[Rule]]:
+    """The rules whose triggers `text` holds; with the project read, also those whose
+    triggers a related module holds (`Rule.project_requires`)."""
     lowered = text.lower()
-    return [r for r in rules if r.triggered_by(text, lowered)]
+    active = [r for r in rules if r.triggered_by(text, lowered)]
+    if settings is None or not settings.project:
+        return active
+    rest = [r for r in rules if r not in active and r.project_candidate(text)]
+    project = project_for(path, settings) if rest else None
+    if project is None:
+        return active
+    related = project.related_text(os.path.abspath(path))  # type: ignore[attr-defined]
+    if not related:
+        return active
+    both = text + "\n" + related
+    lowered = both.lower()
+    also = {r for r in rest if trigger_test(both, lowered, r.triggers, r.triggers_lower, r.requires)}
+    return [r for r in rules if r in active or r in also]
 
 
 class _Suppression:
@@ -107,15 +125,91 @@ class _Suppression:
         return bool(hits)
 
 
+MAX_RELATED = 3
+
+
+def _related(model: AmpModel, v: Violation, path: str) -> Tuple[Dict[str, object], ...]:
+    """The related locations of a finding: the rule's, else the code of other modules that runs
+    at the reported call. Paths are written as the finding's own is (relative when it is)."""
+    base = os.path.dirname(os.path.abspath(path))
+    rel = not os.path.isabs(path)
+    found = [(p, line, col, note) for p, line, col, note in v.related] or \
+        [(o.path, o.line, o.col, f"`{o.text}` in `{o.function}`") for o in model.related_at(v.node)]
+    out = []
+    for p, line, col, note in found[:MAX_RELATED]:
+        shown = os.path.normpath(os.path.join(os.path.dirname(path), os.path.relpath(p, base))) if rel else p
+        out.append({"path": shown, "line": line, "column": col, "message": note})
+    return tuple(out)
+
+
 def _fix_kind(fix: Optional[Fix]) -> Optional[str]:
     return None if fix is None else fix.applicability.value
+
+
+# ----------------------------------------------------------------------------- the project
+
+_PROJECTS: Dict[Tuple[str, Optional[str]], object] = {}
+
+
+def project_for(path: str, settings: Settings):
+    """The project `path` belongs to (one per root folder and process), or None when the run
+    reads no other module (`settings.project` off, a text with no file)."""
+    if not settings.project or not path or path == "-" or path.startswith("<"):
+        return None
+    from ampfix.project import Project
+    from ampfix.project.layout import find_root
+
+    root = str(find_root(Path(os.path.abspath(path))))
+    key = (root, settings.cache_folder)
+    project = _PROJECTS.get(key)
+    if project is None:
+        store = None
+        if settings.cache_folder:
+            from ampfix.engine.cache import Summaries
+
+            store = Summaries(Path(settings.cache_folder))
+        project = _PROJECTS[key] = Project(Path(root), store=store, parse=_parse_quietly)
+    return project
+
+
+def parse_in_project(text: str, path: str, settings: Settings) -> cst.Module:
+    """`parse`, reusing the parse the project made of this file for its summary, if any."""
+    project = project_for(path, settings)
+    if project is not None:
+        module = project.take_parsed(os.path.abspath(path), text)  # type: ignore[attr-defined]
+        if module is not None:
+            return module
+    try:
+        return parse(text, path)
+    except InputError:
+        if project is not None:
+            project.unreadable(os.path.abspath(path), text)  # type: ignore[attr-defined]
+        raise
+
+
+def _parse_quietly(text: str, path: str) -> Optional[cst.Module]:
+    """A module read for its facts only: one that cannot be parsed is unknown, not an error."""
+    try:
+        return parse(text, path)
+    except InputError:
+        return None
+
+
+def build_model(module: cst.Module, text: str, path: str, settings: Settings) -> AmpModel:
+    """The model of one file, with its project when the run reads other modules."""
+    project = project_for(path, settings)
+    if project is None:
+        return AmpModel(module)
+    full = os.path.abspath(path)
+    project.offer(full, text, module)  # type: ignore[attr-defined]
+    return AmpModel(module, foreign=project, path=full)  # type: ignore[arg-type]
 
 
 def _analyze(
     module: cst.Module, text: str, path: str, rules: Sequence[Type[Rule]], settings: Settings,
     selected: Sequence[str] = (),
 ) -> Tuple[List[_Found], AmpModel]:
-    model = AmpModel(module)
+    model = build_model(module, text, path, settings)
     suppression = _Suppression(text, model)
     ctx = FileContext(path=path, source=text, model=model, min_torch_version=settings.min_torch_version,
                       unsafe_fixes=settings.unsafe_fixes, suppression=suppression)
@@ -140,6 +234,7 @@ def _analyze(
                 name=rule_cls.name,
                 message=v.message or rule_cls.message,
                 fix=_fix_kind(v.fix),
+                related=_related(model, v, path),
                 noqa_lines=tuple(sorted(suppression.lines(v.node))),
             )
             found.append(_Found(rule_cls, v, diag, suppression(v.node, rule_cls.code, record=True)))
@@ -188,10 +283,10 @@ def _exempt(text: str) -> bool:
 def check_text(text: str, path: str, rules: Sequence[Type[Rule]], settings: Settings) -> Tuple[List[Diagnostic], bool]:
     """Diagnostics for `text` (noqa applied) and whether the file was parsed at all. With
     `settings.details`, each diagnostic with a fix carries it as a `FixEdit`."""
-    active = triggered(rules, text)
+    active = triggered(rules, text, path, settings)
     if not active or _exempt(text):
         return [], False
-    module = parse(text, path)
+    module = parse_in_project(text, path, settings)
     found, _ = _analyze(module, text, path, active, settings, [r.code for r in rules])
     if settings.details:
         _attach_fix_edits(found, module, text, path)
@@ -351,14 +446,14 @@ def fix_text(text: str, path: str, rules: Sequence[Type[Rule]], settings: Settin
     dropped and the file keeps the last good text. `stats`, when given, receives the findings
     of the text as it was, per code (what `check` reports), to tell fixed findings from the
     follow-up edits a fix brings (an import rewritten once its last use is)."""
-    active = triggered(rules, text)
+    active = triggered(rules, text, path, settings)
     fixed: Dict[str, int] = {}
     if not active or _exempt(text):
         return text, fixed, []
     selected = [r.code for r in rules]
     original_compiles = None
     current = text
-    module = parse(current, path)
+    module = parse_in_project(current, path, settings)
     for _ in range(MAX_FIX_PASSES):
         found, model = _analyze(module, current, path, active, settings, selected)
         remaining = [f.diagnostic for f in found if not f.noqa]
@@ -432,6 +527,24 @@ def process_bytes(
     fix: bool = False,
 ) -> FileResult:
     result = FileResult(path=path)
+    project = project_for(path, settings)
+    if project is not None:
+        project.begin()  # type: ignore[attr-defined]
+    try:
+        result = _process(data, path, rules, settings, fix, result)
+    finally:
+        if project is not None:
+            own = os.path.abspath(path)
+            deps = project.end()  # type: ignore[attr-defined]
+            if result.error is None:  # an error (a syntax error) depends on the file's own text
+                for dep in deps:
+                    if dep != own:
+                        result.deps[dep] = file_digest(dep) or ""
+    return result
+
+
+def _process(data: bytes, path: str, rules: Sequence[Type[Rule]], settings: Settings, fix: bool,
+             result: FileResult) -> FileResult:
     try:
         src = decode_source(data, path)
         # fixing works on `\n` line breaks; the original layout is put back (ampfix/engine/fileio.py)

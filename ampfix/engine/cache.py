@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from ampfix import __version__
-from ampfix.engine.results import Diagnostic, FileError, FileResult, Settings
+from ampfix.engine.results import Diagnostic, FileError, FileResult, Settings, file_digest
 from ampfix.engine.rulemeta import fingerprint as _code_fingerprint, write_json
 
 DIR_NAME = ".ampfix_cache"
@@ -56,15 +56,29 @@ class Cache:
     def _entry(self, key: str) -> Path:
         return self.bucket / key[:2] / key
 
+    def _fresh(self, path: str, digest: str) -> bool:
+        """A module a cached result depends on still has the content it had (hashed once a run)."""
+        if not isinstance(path, str) or not isinstance(digest, str):
+            return False
+        seen = self.__dict__.setdefault("_digests", {})
+        if path not in seen:
+            seen[path] = file_digest(path) or ""
+        return seen[path] == digest
+
     def get(self, key: str, path: str) -> Optional[FileResult]:
         try:
             raw = json.loads(self._entry(key).read_bytes())
             result = FileResult(path=path)
             for d in raw["diagnostics"]:
                 d["noqa_lines"] = tuple(d.get("noqa_lines", ()))
+                d["related"] = tuple(dict(r) for r in d.get("related", ()))
                 result.diagnostics.append(Diagnostic(**d))
             if raw.get("error") is not None:
                 result.error = FileError(**raw["error"])
+            deps = raw.get("deps") or {}
+            if not isinstance(deps, dict) or not all(self._fresh(p, d) for p, d in deps.items()):
+                raise ValueError("a module this result depends on changed")
+            result.deps = dict(deps)
         except (OSError, ValueError, TypeError, KeyError):
             self.misses += 1
             return None
@@ -77,6 +91,7 @@ class Cache:
         entry = {
             "diagnostics": [{**d.to_json(), "noqa_lines": list(d.noqa_lines)} for d in result.diagnostics],
             "error": None if result.error is None else result.error.__dict__,
+            "deps": result.deps,
         }
         target = self._entry(key)
         try:
@@ -107,3 +122,27 @@ def cacheable(result: FileResult) -> bool:
         return True
     return result.error.message.startswith(("syntax error", "cannot decode", "file contains a NUL",
                                             "cannot determine the encoding", "not analysed: the code is nested"))
+
+
+class Summaries:
+    """Module summaries (`ampfix/model/summary.py`) kept between runs, keyed by the module's
+    path and content hash and by ampfix's own code: the project layer's store."""
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+        self.bucket = folder / ("v" + __version__) / "summaries"
+
+    def _entry(self, path: str, digest: str) -> Path:
+        key = hashlib.sha256(f"{_code_fingerprint()}\0{path}\0{digest}".encode()).hexdigest()
+        return self.bucket / key[:2] / key
+
+    def get(self, path: str, digest: str) -> Optional[dict]:
+        try:
+            raw = json.loads(self._entry(path, digest).read_bytes())
+        except (OSError, ValueError):
+            return None
+        return raw if isinstance(raw, dict) else None
+
+    def put(self, path: str, digest: str, data: dict) -> None:
+        write_json(self._entry(path, digest), data)
+

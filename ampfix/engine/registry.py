@@ -77,7 +77,8 @@ from ampfix.engine import rulemeta  # noqa: E402
 def rule_facts() -> Dict[str, rulemeta.RuleInfo]:
     """What the warm path needs to know of every rule (`rulemeta.RuleInfo`), read from the rules."""
     return {code: rulemeta.RuleInfo(code, r.name, bool(r.default_enabled), tuple(r.triggers),
-                                    tuple(r.triggers_lower), tuple(tuple(g) for g in r.requires))
+                                    tuple(r.triggers_lower), tuple(tuple(g) for g in r.requires),
+                                    None if r.project_requires is None else tuple(tuple(g) for g in r.project_requires))
             for code, r in all_rules().items()}
 from ampfix.engine.rulemeta import SelectionError  # noqa: E402, F401  (re-exported: the light selection raises it too)
 

@@ -28,6 +28,8 @@ class Diagnostic:
     message: str
     fix: Optional[str] = None  # "safe", "unsafe", "display" or None
     cell: Optional[int] = None  # notebooks: the 1-based cell; line and columns are within the cell
+    # code of other modules that is part of the cause: ({"path", "line", "column", "message"}, ...)
+    related: Tuple[Dict[str, object], ...] = ()
     # not part of the JSON report: the lines where a `# noqa` silences the finding, and (when
     # asked for with Settings.details) the fix as edits and the source lines reported
     noqa_lines: Tuple[int, ...] = field(default=(), repr=False, compare=False)
@@ -88,6 +90,20 @@ class FileResult:
     old_source: Optional[bytes] = None
     fixed: Dict[str, int] = field(default_factory=dict)  # "CODE" or "CODE: what" -> fixes applied
     found: Dict[str, int] = field(default_factory=dict)  # fixing: "CODE" -> findings before any fix
+    # the other modules of the project the result depends on: path -> SHA-256 of its bytes (a
+    # cached result is used only while each of them is unchanged)
+    deps: Dict[str, str] = field(default_factory=dict)
+
+
+def file_digest(path: str) -> Optional[str]:
+    """SHA-256 of a file's bytes (None: unreadable)."""
+    import hashlib
+
+    try:
+        with open(path, "rb") as fh:
+            return hashlib.sha256(fh.read()).hexdigest()
+    except OSError:
+        return None
 
 
 class InputError(Exception):
@@ -141,6 +157,10 @@ class Settings:
     unsafe_fixes: bool = False
     details: bool = False  # checking: attach each finding's fix as edits and a diff (FixEdit)
     add_noqa: bool = False  # "fixing" adds `# noqa: CODE` for each finding instead
+    # read the other modules of the file's project (its imports, base classes, helpers, callers);
+    # off for a text with no place on disk (`api.check_source`, tests of one snippet)
+    project: bool = False
+    cache_folder: Optional[str] = None  # where module summaries are kept between runs (None: nowhere)
 
 
 def unified_diff(old: str, new: str, fromfile: str, tofile: str, context: int = 3) -> str:

@@ -56,9 +56,13 @@ class RuleInfo:
     triggers: Tuple[str, ...]
     triggers_lower: Tuple[str, ...]
     requires: Tuple[Tuple[str, ...], ...]
+    project_requires: Optional[Tuple[Tuple[str, ...], ...]] = None
 
-    def maybe_triggered(self, text: str, lowered: str) -> bool:
-        return trigger_test(text, lowered, self.triggers, self.triggers_lower, self.requires)
+    def maybe_triggered(self, text: str, lowered: str, project: bool = False) -> bool:
+        if trigger_test(text, lowered, self.triggers, self.triggers_lower, self.requires):
+            return True
+        return project and self.project_requires is not None and \
+            all(any(t in text for t in g) for g in self.project_requires)
 
 
 _INFO: Dict[Optional[str], Dict[str, RuleInfo]] = {}
@@ -77,7 +81,9 @@ def rule_info(load: Callable[[], Dict[str, RuleInfo]], folder: Optional[Path] = 
         try:
             raw = json.loads(entry.read_bytes())
             info = {r["code"]: RuleInfo(r["code"], r["name"], bool(r["default_enabled"]), tuple(r["triggers"]),
-                                        tuple(r["triggers_lower"]), tuple(tuple(g) for g in r["requires"]))
+                                        tuple(r["triggers_lower"]), tuple(tuple(g) for g in r["requires"]),
+                                        None if r.get("project_requires") is None
+                                        else tuple(tuple(g) for g in r["project_requires"]))
                     for r in raw["rules"]}
         except (OSError, ValueError, TypeError, KeyError):
             info = None
@@ -149,6 +155,6 @@ def select_codes(select: Optional[Sequence[str]], ignore: Sequence[str], info: D
     return chosen
 
 
-def maybe_triggered(codes: Sequence[str], text: str, info: Dict[str, RuleInfo]) -> bool:
+def maybe_triggered(codes: Sequence[str], text: str, info: Dict[str, RuleInfo], project: bool = False) -> bool:
     lowered = text.lower()
-    return any(info[c].maybe_triggered(text, lowered) for c in codes)
+    return any(info[c].maybe_triggered(text, lowered, project) for c in codes)

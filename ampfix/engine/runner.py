@@ -119,8 +119,13 @@ def make_plan(options: Options) -> Plan:
     problems: List[str] = []
     files, missing = discover(paths, config.exclude, config.root, force_exclude=options.force_exclude,
                               problems=problems)
+    summaries = None
+    if not options.no_cache:
+        from ampfix.engine.cache import cache_dir
+
+        summaries = str(cache_dir(config.root))
     settings = Settings(min_torch_version=min_version, unsafe_fixes=options.unsafe_fixes, details=options.details,
-                        add_noqa=options.add_noqa)
+                        add_noqa=options.add_noqa, project=True, cache_folder=summaries)
     return Plan(options, config, tuple(codes), files, missing, settings, max_size, problems)
 
 
@@ -288,7 +293,8 @@ def _needs_analysis(path: str, data: bytes, codes: Sequence[str], risky: Optiona
     except InputError as exc:
         return FileResult(path=path, error=exc.error)
     rules = all_rules()
-    if triggered([rules[c] for c in codes], src.text):
+    chosen = [rules[c] for c in codes]
+    if triggered(chosen, src.text) or any(r.project_candidate(src.text) for r in chosen):
         if risky is not None and guard.risky(src.text):
             risky.add(path)
         return None
@@ -362,7 +368,7 @@ def run(plan: Plan, stdin: Optional[BinaryIO] = None) -> Run:
                     if cacheable(results[i]):
                         store.put(keys[i], results[i])
                     continue
-                if not rulemeta.maybe_triggered(file_codes, text, info):
+                if not rulemeta.maybe_triggered(file_codes, text, info, plan.settings.project):
                     results[i] = FileResult(path=f)
                     store.put(keys[i], results[i])
                     continue

@@ -80,6 +80,8 @@ def full(d: Diagnostic, color: bool = True) -> str:
         out.extend("    " + line for line in edit.diff.splitlines())
     elif d.fix is not None:
         out.append(f"  = {d.fix} fix")
+    for r in d.related:
+        out.append(f"  = related: {r['path']}:{r['line']}:{r['column']}: {r['message']}")
     return "\n".join(out) + "\n"
 
 
@@ -175,6 +177,13 @@ def sarif(diags: Sequence[Diagnostic], rules: Dict[str, Type[Rule]]) -> str:
         }
         if d.cell is not None:
             result["properties"]["cell"] = d.cell
+        if d.related:
+            result["relatedLocations"] = [{
+                "id": i,
+                "physicalLocation": {"artifactLocation": {"uri": _uri(str(r["path"]))},
+                                     "region": {"startLine": r["line"], "startColumn": r["column"]}},
+                "message": {"text": str(r["message"])},
+            } for i, r in enumerate(d.related)]
         if d.cell is None and d.fix_edit is not None and d.fix_edit.edits:
             result["fixes"] = [{
                 "description": {"text": f"{d.fix_edit.description} ({d.fix_edit.applicability} fix)"},

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
 
 from lsprotocol import types
@@ -83,8 +84,14 @@ def _edit(doc, e: TextEdit) -> types.TextEdit:
 def _lsp_diagnostic(doc, d: Diagnostic) -> types.Diagnostic:
     severity = types.DiagnosticSeverity.Error if d.code.startswith("AMP0") else types.DiagnosticSeverity.Warning
     tags = [types.DiagnosticTag.Unnecessary] if d.code == "AMP901" else None
+    related = [types.DiagnosticRelatedInformation(
+        location=types.Location(uri=Path(os.path.abspath(str(r["path"]))).as_uri(), range=types.Range(
+            start=types.Position(line=int(r["line"]) - 1, character=int(r["column"]) - 1),
+            end=types.Position(line=int(r["line"]) - 1, character=int(r["column"]) - 1))),
+        message=str(r["message"])) for r in d.related] or None
     return types.Diagnostic(range=_range(doc, d), message=d.message, severity=severity, code=d.code,
-                            source=SOURCE, tags=tags, data={"fix": d.fix, "name": d.name})
+                            source=SOURCE, tags=tags, data={"fix": d.fix, "name": d.name},
+                            related_information=related)
 
 
 def _findings(doc) -> List[Diagnostic]:

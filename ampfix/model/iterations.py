@@ -106,6 +106,11 @@ class Iterations:
         members = trace.members(group)
         ctx = dict(self.loop_context(trace, group))
         ctx[group] = True
+        if not isinstance(loop, cst.CSTNode):  # a loop of another module's function: ends at its call
+            end = TraceEvent(Event("end", members[-1].node), members[-1].path, members[-1].order + 0.5, ctx, None,
+                             frame=frame)
+            exits = [e for e in trace.of(EXIT) if e.event.detail == "continue" and e.event.loop == group]
+            return [end, *exits]
         prefix = members[0].path[:len(frame)]
         end = TraceEvent(Event("end", loop), prefix + (loop,), members[-1].order + 0.5, ctx, None, frame=frame)
         exits = [e for e in trace.of(EXIT) if e.event.detail == "continue" and e.event.loop is loop

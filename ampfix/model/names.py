@@ -150,6 +150,17 @@ class Names:
             return cached
         result: Set[QualifiedName] = set()
         text = dotted(node)
+        if text is not None and node in self._synthetic:  # type: ignore[attr-defined]
+            # a value materialised from another module: its names are canonical (summary.py)
+            first = text.partition(".")[0]
+            if first.startswith("__") and first.endswith("__"):
+                result = set()
+            elif "." not in text and first in _BUILTINS:
+                result = {QualifiedName(f"builtins.{first}", QualifiedNameSource.BUILTIN)}
+            else:
+                result = {QualifiedName(text, QualifiedNameSource.IMPORT)}
+            self._qname_cache[node] = result
+            return result
         if text is not None:
             first, _, rest = text.partition(".")
             scope, imported = self._resolve_scope(first, self.scope_of(node))

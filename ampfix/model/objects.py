@@ -82,6 +82,8 @@ class Objects:
                             if dotted(arg) in keys and pname not in keys:
                                 keys.add(pname)
                                 changed = True
+            if self.foreign is not None:  # type: ignore[attr-defined]
+                keys |= self._foreign_scalers()
             # duck typing: x.scale(loss).backward() together with x.step and x.update/x.unscale_
             used: Dict[str, Set[str]] = {}
             for call in self.calls:
@@ -95,6 +97,37 @@ class Objects:
                         keys.add(base)
             self._scalers = keys
         return self._scalers
+
+    def _foreign_scalers(self) -> Set[str]:
+        """Keys that hold a GradScaler built in another module: `self.<attr>` of a class whose
+        base (of another module) builds one, a name imported from a module that builds one."""
+        out: Set[str] = set()
+        used = {dotted(c.func.value) for c in self.calls if isinstance(c.func, cst.Attribute)}
+        for key in used:
+            if key is None:
+                continue
+            root, _, rest = key.partition(".")
+            if root == "self" and rest and "." not in rest:
+                for cls in self.nodes_of(cst.ClassDef):
+                    if any(self.constructs_scaler(v) for v in self.inherited_attribute(cls, rest)):  # type: ignore[attr-defined]
+                        out.add(key)
+                        break
+            elif not rest and self.binding_scope(root, self.module) is self.module \
+                    and self._index.imports.get(self.module, {}).get(root):
+                if any(self.constructs_scaler(v) for v in self._imported_values(cst.Name(root))):  # type: ignore[attr-defined]
+                    out.add(key)
+        for call in self.calls:  # a parameter other modules pass a GradScaler to
+            func = call.func
+            if not (isinstance(func, cst.Attribute) and func.attr.value in ("scale", "step", "update", "unscale_")
+                    and isinstance(func.value, cst.Name)) or func.value.value in out:
+                continue
+            name = func.value.value
+            scope = self.function_of(call)
+            if scope is not None and self.is_parameter(scope, name) and \
+                    self.binding_scope(name, self.scope_of(call)) is scope and \
+                    any(self.constructs_scaler(v) for v in self.foreign_argument_values(scope, name)):  # type: ignore[attr-defined]
+                out.add(name)
+        return out
 
     @staticmethod
     def _scaled_backward_base(call: cst.Call) -> Optional[str]:
