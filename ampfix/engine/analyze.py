@@ -24,7 +24,12 @@ from ampfix.engine.results import (Diagnostic, FileError, FileResult, FixEdit, I
                             TextEdit, _NOT_JSON, decode_source, diff_names, file_digest, unified_diff)  # noqa: E402
 
 
+#: counters for `AMPFIX_STATS=1` (this process: run with `-j 1` to see a whole run)
+STATS = {"parsed": 0}
+
+
 def parse(text: str, path: str) -> cst.Module:
+    STATS["parsed"] += 1
     if not guard.UNGUARDED and guard.risky(text):
         # CPython's parser reports what it rejects (e.g. > 200 nested brackets) and gives up
         # cleanly on absurd nesting, where LibCST's could crash or take minutes and gigabytes

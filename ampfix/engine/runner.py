@@ -396,7 +396,23 @@ def run(plan: Plan, stdin: Optional[BinaryIO] = None) -> Run:
         for i, _ in jobs:
             if cacheable(results[i]):
                 store.put(keys[i], results[i])
+    if os.environ.get("AMPFIX_STATS"):
+        _print_stats()
     return Run(plan, [results[i] for i in range(len(plan.files))], warnings=warnings, snapshots=snapshots)
+
+
+def _print_stats() -> None:
+    """`AMPFIX_STATS=1`: what this process parsed (for benchmarks; with -j 1 that is the run)."""
+    if "ampfix.engine.analyze" not in sys.modules:
+        print("ampfix stats: parsed 0, summaries parsed 0, summaries from the cache 0", file=sys.stderr)
+        return
+    from ampfix.engine import analyze
+
+    projects = list(analyze._PROJECTS.values())
+    parsed = sum(len(p.parsed) for p in projects)  # type: ignore[attr-defined]
+    stored = sum(p.from_store for p in projects)  # type: ignore[attr-defined]
+    print(f"ampfix stats: parsed {analyze.STATS['parsed']}, summaries parsed {parsed}, "
+          f"summaries from the cache {stored}", file=sys.stderr)
 
 
 def _size(n: int) -> str:

@@ -614,7 +614,8 @@ class Events:
                         path: Tuple[cst.CSTNode, ...], ctx: Dict[Hashable, Hashable], fframe: Tuple[int, ...],
                         region: Optional[Region], depth: int, stack: Tuple[Hashable, ...], self_cls,
                         bindings: Optional[Dict[str, cst.BaseExpression]] = None, chosen: bool = False) -> None:
-        module_names = set(ff.module.constants) | set(ff.module.imports) | set(ff.module.functions)
+        module = ff.module.summary
+        module_names = set(module.constants) | set(module.imports) | set(module.functions)
 
         def tr(key: Optional[str]) -> Optional[str]:
             if key is None:
@@ -634,6 +635,9 @@ class Events:
                 if depth >= MAX_INLINE_DEPTH or len(trace.events) >= MAX_TRACE_EVENTS:
                     continue
                 target = self._effect_callee(e, ff, self_cls, bindings)
+                if target is not None and not isinstance(target, cst.FunctionDef) \
+                        and not self.foreign.relevant(target):  # type: ignore[attr-defined]
+                    continue  # no AMP code in it
                 slots = dict(e.args)
                 if target is None:
                     method = self._method_on_bound_object(e, tr(slots.get("owner")))
@@ -746,18 +750,16 @@ class Events:
                 if kind == "super":
                     mro = [c for c in mro if c.key != ff.owner.key] if ff.owner is not None else mro
                 for c in mro:
-                    f = c.summary.methods.get(rest)
-                    if f is not None:
+                    if rest in c.summary.methods:
                         from ampfix.model.foreign import ForeignFunction
 
-                        return ForeignFunction(c.path, f"{c.qual}.{rest}", f, c.module, c)
+                        return ForeignFunction(c.module, f"{c.qual}.{rest}", c)
             return None
         if kind == "value":
-            from ampfix.model.foreign import ForeignModule, Synthetic
+            from ampfix.model.foreign import Synthetic
             from ampfix.model.summary import Value
 
-            expr = self.materialize(Value(rest), Synthetic(ForeignModule(ff.path, ff.module), ff.owner,  # type: ignore[attr-defined]
-                                                           bindings or None))
+            expr = self.materialize(Value(rest), Synthetic(ff.module, ff.owner, bindings or None))  # type: ignore[attr-defined]
             if expr is None:
                 return None
             d = self.foreign_definition(expr)  # type: ignore[attr-defined]

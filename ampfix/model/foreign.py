@@ -27,8 +27,8 @@ answer is "unknown": the model then behaves exactly as the one-file model did.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Protocol, Sequence, Tuple, Union
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional, Protocol, Sequence, Tuple, Union
 
 import libcst as cst
 
@@ -46,43 +46,87 @@ KNOWN_BASES = ("object", "builtins.object", "abc.ABC", "typing.Generic", "typing
                "torch.utils.data.dataset.Dataset", "torch.optim.Optimizer", "torch.nn.Sequential")
 
 
-@dataclass(frozen=True, eq=False)
 class ForeignModule:
-    path: str
-    summary: ModuleSummary = field(repr=False)
+    """A module of the project. Its summary is read (from the cache, or by one parse) only when
+    a question needs more than what the module binds: most imports are resolved without it."""
+
+    def __init__(self, path: str, load: Callable[[], ModuleSummary]):
+        self.path = path
+        self._load = load
+        self._summary: Optional[ModuleSummary] = None
+
+    @property
+    def summary(self) -> ModuleSummary:
+        if self._summary is None:
+            self._summary = self._load()
+        return self._summary
+
+    def __repr__(self) -> str:
+        return f"ForeignModule({self.path!r})"
 
 
-@dataclass(frozen=True, eq=False)
 class ForeignClass:
-    path: str
-    qual: str
-    summary: ClassSummary = field(repr=False)
-    module: ModuleSummary = field(repr=False)
+    def __init__(self, module: ForeignModule, qual: str):
+        self.module, self.qual = module, qual
+
+    @property
+    def path(self) -> str:
+        return self.module.path
 
     @property
     def key(self) -> Tuple[str, str]:
-        return (self.path, self.qual)
+        return (self.module.path, self.qual)
+
+    @property
+    def summary(self) -> ClassSummary:
+        found = self.module.summary.classes.get(self.qual)
+        return found if found is not None else ClassSummary(self.qual, 0)
+
+    def __repr__(self) -> str:
+        return f"ForeignClass(path={self.path!r}, qual={self.qual!r})"
 
 
-@dataclass(frozen=True, eq=False)
 class ForeignFunction:
-    path: str
-    qual: str
-    summary: FunctionSummary = field(repr=False)
-    module: ModuleSummary = field(repr=False)
-    owner: Optional[ForeignClass] = None  # the class of a method
+    def __init__(self, module: ForeignModule, qual: str, owner: Optional[ForeignClass] = None):
+        self.module, self.qual, self.owner = module, qual, owner
+
+    @property
+    def path(self) -> str:
+        return self.module.path
 
     @property
     def key(self) -> Tuple[str, str]:
-        return (self.path, self.qual)
+        return (self.module.path, self.qual)
+
+    @property
+    def summary(self) -> FunctionSummary:
+        s = self.module.summary
+        if self.owner is not None:
+            found = self.owner.summary.methods.get(self.qual.rpartition(".")[2])
+        else:
+            found = s.functions.get(self.qual)
+        return found if found is not None else FunctionSummary(self.qual.rpartition(".")[2], 0, opaque=True)
+
+    def __repr__(self) -> str:
+        return f"ForeignFunction(path={self.path!r}, qual={self.qual!r})"
 
 
-@dataclass(frozen=True, eq=False)
 class ForeignConstant:
-    path: str
-    name: str
-    values: Tuple[Value, ...]
-    module: ModuleSummary = field(repr=False)
+    def __init__(self, module: ForeignModule, name: str, values: Optional[Tuple[Value, ...]] = None):
+        self.module, self.name, self._values = module, name, values
+
+    @property
+    def path(self) -> str:
+        return self.module.path
+
+    @property
+    def values(self) -> Tuple[Value, ...]:
+        if self._values is None:
+            self._values = tuple(self.module.summary.constants.get(self.name, ()))
+        return self._values
+
+    def __repr__(self) -> str:
+        return f"ForeignConstant(path={self.path!r}, name={self.name!r})"
 
 
 Definition = Union[ForeignModule, ForeignClass, ForeignFunction, ForeignConstant]
@@ -106,6 +150,10 @@ class ForeignFacts(Protocol):
     def callers(self, path: str, qual: str) -> Optional[List[Tuple[ForeignModule, OutgoingCall]]]:
         """The calls other modules of the project make to the function `qual` of the module
         `path`; None when that cannot be known (too many candidates)."""
+
+    def relevant(self, d: Definition) -> bool:
+        """The code of `d` holds anything AMP code is made of (else it has no effects or values
+        worth reading, and its module's summary is not needed for it)."""
 
 
 @dataclass
@@ -203,8 +251,7 @@ class Foreign:
                         if v is not None]
             return []
         if isinstance(d, ForeignConstant):
-            module = ForeignModule(d.path, d.module)
-            sub = Synthetic(module, None, None, 0, origin.depth)
+            sub = Synthetic(d.module, None, None, 0, origin.depth)
             return [v for val in d.values for v in [self.materialize(val, sub)] if v is not None]
         return [self.definition_node(d)]
 
@@ -355,17 +402,18 @@ class Foreign:
 
     def foreign_attribute(self, cls: ForeignClass, attr: str) -> List[Value]:
         """The values `self.<attr>` may hold for an instance of a class of another module
-        (assigned in it or in its bases)."""
+        (assigned in it or in its bases; a class whose code holds no AMP code gives none)."""
         out: List[Value] = []
         for c in self.foreign_mro(cls):
-            out.extend(c.summary.attributes.get(attr, []))
+            if self.foreign is not None and self.foreign.relevant(c):
+                out.extend(c.summary.attributes.get(attr, []))
         return out
 
     def foreign_method(self, cls: ForeignClass, name: str) -> Optional[ForeignFunction]:
         for c in self.foreign_mro(cls):
             f = c.summary.methods.get(name)
             if f is not None:
-                return ForeignFunction(c.path, f"{c.qual}.{name}", f, c.module, c)
+                return ForeignFunction(c.module, f"{c.qual}.{name}", c)
         return None
 
     def inherited_method(self, cls: cst.ClassDef, name: str) -> Optional[ForeignFunction]:
@@ -399,7 +447,9 @@ class Foreign:
             for b in self.foreign_bases(c):
                 if isinstance(b, ForeignClass):
                     for fc in self.foreign_mro(b):
-                        origin = Synthetic(ForeignModule(fc.path, fc.module), fc)
+                        if self.foreign is None or not self.foreign.relevant(fc):
+                            continue
+                        origin = Synthetic(fc.module, fc)
                         out.extend(v for val in fc.summary.attributes.get(attr, [])
                                    for v in [self.materialize(val, origin)] if v is not None)
             todo.extend(self._bases(c))  # type: ignore[attr-defined]
@@ -427,6 +477,8 @@ class Foreign:
             return memo[call]
         memo[call] = None
         found = self._foreign_callee(call)
+        if found is not None and not self.foreign.relevant(found):
+            found = None  # no AMP code in it: no effects, no value worth following
         memo[call] = found
         return found
 
@@ -470,7 +522,7 @@ class Foreign:
         """What a call to a function of another module returns, materialised with the call's
         arguments bound to its parameters (element `index` of a returned tuple)."""
         bindings = self.bind_foreign_arguments(call, callee)
-        origin = Synthetic(ForeignModule(callee.path, callee.module), callee.owner, bindings)
+        origin = Synthetic(callee.module, callee.owner, bindings)
         out: List[cst.BaseExpression] = []
         for val in callee.summary.returns:
             expr = self.materialize(val, origin)

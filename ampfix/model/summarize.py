@@ -9,6 +9,7 @@ that leave the module as `CALL` effects for the project to compose.
 
 from __future__ import annotations
 
+import re
 from typing import Any, Dict, Hashable, List, Optional, Tuple
 
 import libcst as cst
@@ -20,6 +21,55 @@ from ampfix.model.syntax import call_name, literal_string, method_call
 from ampfix.model.tree import dotted
 
 MAX_TEXT = 2000
+# what a module's (or a function's) text holds when it may do something AMP code is made of, or
+# choose precision: code without any of these has no effects, and values nobody asks about
+AMP_TEXT = re.compile(r"GradScaler|autocast|scaler|\.scale\(|backward|unscale_|\.step\(|\.update\(|zero_grad|"
+                      r"clip_grad|\.grad\b|state_dict|torch\.save|float16|bfloat16|\.half\(|\bhalf\b|fp16|bf16|"
+                      r"precision|dtype|\bamp\b|_amp\b|\bamp_|AMP|[Oo]ptim|Adam|SGD|RMSprop|Lamb|LAMB|Fabric|"
+                      r"Accelerator|parse_args|add_argument|apex")
+_TRIPLE = re.compile(r'"""|\'\'\'')
+_DEF_LINE = re.compile(r"^([ \t]*)(?:async[ \t]+)?(def|class)[ \t]+(\w+)")
+
+
+def def_spans(text: str) -> Dict[str, Tuple[int, int]]:
+    """Where each top-level function and class, and each method, is written: qualified name
+    (`f`, `Cls`, `Cls.method`) -> (start, end) offsets in `text`, read from the indentation
+    (decorators excluded; a nested function is part of its function)."""
+    out: Dict[str, Tuple[int, int]] = {}
+    open_: List[Tuple[int, str, int, str]] = []  # (indent, qualified name, start, "def" | "class")
+    offset = 0
+    quote: Optional[str] = None  # inside a triple-quoted string: its lines say nothing of the code
+    for line in text.splitlines(keepends=True):
+        stripped = line.strip()
+        was_inside = quote is not None
+        for q in _TRIPLE.findall(line):
+            if quote is None:
+                quote = q
+            elif q == quote:
+                quote = None
+        if was_inside:
+            offset += len(line)
+            continue
+        if stripped and not stripped.startswith(("#", "@", ")", "]", "}")):
+            indent = len(line) - len(line.lstrip(" \t"))
+            while open_ and indent <= open_[-1][0]:
+                _, name, start, _ = open_.pop()
+                out.setdefault(name, (start, offset))
+            m = _DEF_LINE.match(line)
+            if m is not None:
+                if not open_:
+                    open_.append((indent, m.group(3), offset, m.group(2)))
+                elif len(open_) == 1 and open_[0][3] == "class" and m.group(2) == "def":
+                    open_.append((indent, f"{open_[0][1]}.{m.group(3)}", offset, "def"))
+        offset += len(line)
+    while open_:
+        _, name, start, _ = open_.pop()
+        out.setdefault(name, (start, offset))
+    return out
+
+
+def relevant_code(text: str) -> bool:
+    return AMP_TEXT.search(text) is not None
 MAX_DEPTH = 4
 # names of libraries whose API the model knows by qualified name: kept as they are, never
 # looked up among the project's modules
@@ -54,6 +104,10 @@ class Canonical:
         return out
 
     def _line(self, node: cst.CSTNode) -> int:
+        """The line of a value, when the module's positions are already computed (its effects
+        need them); else 0: a value's line is a nicety not worth a pass over the file."""
+        if not self.model.positions_known():
+            return 0
         try:
             return self.model.line(node)
         except Exception:  # a node without a position (never for a node of the file)
@@ -223,6 +277,7 @@ class Summarizer:
     def __init__(self, model):
         self.model = model
         self.canon = Canonical(model)
+        self.skip: set = set()  # functions (qualified names) with no AMP code: parameters only
 
     def function(self, func: cst.FunctionDef, is_method: bool) -> FunctionSummary:
         m = self.model
@@ -236,8 +291,12 @@ class Summarizer:
             params.append(Param(p.star_arg.name.value, "star"))
         if isinstance(p.star_kwarg, cst.Param):
             params.append(Param(p.star_kwarg.name.value, "starstar"))
-        summary = FunctionSummary(func.name.value, m.line(func), params, is_method,
+        cls = m.class_of(func)
+        qual = f"{cls.name.value}.{func.name.value}" if cls is not None else func.name.value
+        summary = FunctionSummary(func.name.value, 0, params, is_method,
                                   [v.text for d in func.decorators for v in self.canon.values(d.decorator)])
+        if qual in self.skip:
+            return summary
         summary.effects = self.effects(func)
         for r in m.nodes_of(cst.Return):
             if r.value is not None and m.scope_of(r) is func:
@@ -371,7 +430,7 @@ class Summarizer:
             if dest is None:
                 continue
             out[dest] = [v for e in option_value_set(m, call) for v in
-                         ([Value(UNKNOWN, m.line(call))] if e is None else self.canon.values(e))]
+                         ([Value(UNKNOWN, 0)] if e is None else self.canon.values(e))]
         return out
 
 
@@ -410,10 +469,14 @@ def _entries(node: cst.CSTNode) -> List[Tuple[str, Optional[cst.BaseExpression]]
 # ---------------------------------------------------------------------- module
 
 
-def summarize(model, digest: str = "") -> ModuleSummary:
-    """The summary of the module `model` was built for."""
+def summarize(model, digest: str = "", text: Optional[str] = None) -> ModuleSummary:
+    """The summary of the module `model` was built for. With the module's `text`, a function
+    whose code holds no AMP code (`AMP_TEXT`) keeps only its parameters: nothing asks more of it."""
     m = model
     s = Summarizer(m)
+    if text is not None:
+        spans = def_spans(text)
+        s.skip = {q for q, (a, b) in spans.items() if AMP_TEXT.search(text, a, b) is None}
     summary = ModuleSummary(path=m.path, digest=digest)
     module = m.module
     for name, entries in m._index.imports.get(module, {}).items():
@@ -440,7 +503,7 @@ def summarize(model, digest: str = "") -> ModuleSummary:
 
 
 def _class(m, s: Summarizer, cls: cst.ClassDef) -> ClassSummary:
-    out = ClassSummary(cls.name.value, m.line(cls),
+    out = ClassSummary(cls.name.value, 0,
                        [v for b in cls.bases if b.keyword is None for v in s.canon.values(b.value)])
     for method in m.methods(cls):
         out.methods[method.name.value] = s.function(method, m.is_method(method))
@@ -484,7 +547,7 @@ def _outgoing(m, s: Summarizer) -> List[OutgoingCall]:
         callee = s.canon.text(func, 0)
         if callee is None or not callee.startswith((IMPORTED, LOCAL)):
             continue
-        oc = OutgoingCall(callee, m.line(call))
+        oc = OutgoingCall(callee, s.canon._line(call))
         for a in call.args:
             if a.star:
                 oc.star = True

@@ -188,6 +188,10 @@ class Tree:
             self._positions = MetadataWrapper(self.module, unsafe_skip_copy=True).resolve(PositionProvider)
         return self._positions[node]
 
+    def positions_known(self) -> bool:
+        """The line/column pass has run (asking a position is then free)."""
+        return self._positions is not None
+
     def start(self, node: cst.CSTNode) -> Tuple[int, int]:
         pos = self.position(node).start
         return (pos.line, pos.column)

@@ -182,9 +182,9 @@ class Values:
                 return []
             ff = self.foreign_callee(v) if self.foreign is not None else None  # type: ignore[attr-defined]
             if ff is not None and name in ff.summary.options:
-                from ampfix.model.foreign import ForeignModule, Synthetic
+                from ampfix.model.foreign import Synthetic
 
-                origin = Synthetic(ForeignModule(ff.path, ff.module))
+                origin = Synthetic(ff.module)
                 return [self.materialize(val, origin) or self._unknown_value()  # type: ignore[attr-defined]
                         for val in ff.summary.options[name]]
         return []
@@ -203,7 +203,7 @@ class Values:
         """`obj.attr` where `obj` holds an instance of a class of another module."""
         if self.foreign is None:  # type: ignore[attr-defined]
             return []
-        from ampfix.model.foreign import ForeignModule, Synthetic
+        from ampfix.model.foreign import Synthetic
 
         out: List[cst.BaseExpression] = []
         for v in self.possible_values(head):
@@ -215,7 +215,7 @@ class Values:
                 if passed is not None:  # a dataclass field given to the constructor
                     out.append(passed)
                     continue
-            origin = Synthetic(ForeignModule(fc.path, fc.module), fc)
+            origin = Synthetic(fc.module, fc)
             out.extend(m for val in self.foreign_attribute(fc, attr)  # type: ignore[attr-defined]
                        for m in [self.materialize(val, origin)] if m is not None)  # type: ignore[attr-defined]
         return out

@@ -23,8 +23,9 @@ from typing import Callable, Dict, List, Optional, Protocol, Tuple, Union
 
 import libcst as cst
 
-from ampfix.model.foreign import (Definition, ForeignClass, ForeignConstant, ForeignFunction, ForeignModule)
-from ampfix.model.summary import IMPORTED, LOCAL, ModuleSummary, OutgoingCall
+from ampfix.model.foreign import Definition, ForeignClass, ForeignConstant, ForeignFunction, ForeignModule
+from ampfix.model.summarize import AMP_TEXT, def_spans
+from ampfix.model.summary import IMPORTED, LOCAL, ClassSummary, ModuleSummary, OutgoingCall, Value
 from ampfix.project.layout import Layout, Target
 
 MAX_RESOLVE_DEPTH = 8
@@ -96,10 +97,13 @@ class Project:
         self._bases: Dict[Tuple[str, str], list] = {}
         self._callers: Dict[Tuple[str, str], Optional[list]] = {}
         self._files: Optional[List[str]] = None
+        self._indexes: Dict[str, ModuleIndex] = {}
+        self._spans: Dict[str, Dict[str, Tuple[int, int]]] = {}
         self._imports: Dict[str, List[str]] = {}
         self._importers: Optional[Dict[str, List[str]]] = None
         self._active: List[Tuple[str, str]] = []
         self.parsed: List[str] = []  # modules this project parsed itself (not given by the engine)
+        self.from_store = 0  # summaries read from the store
         self._touched: Optional[set] = None
         self._kept: Dict[str, Tuple[str, cst.Module]] = {}
         self._stats: Dict[str, Optional[Tuple[int, int]]] = {}
@@ -121,7 +125,7 @@ class Project:
 
     def _forget(self) -> None:
         for memo in (self._sources, self._summaries, self._modules, self._members, self._resolved, self._bases,
-                     self._callers, self._imports, self._stats):
+                     self._callers, self._imports, self._stats, self._indexes, self._spans):
             memo.clear()
         self._importers = None
         self._files = None
@@ -155,6 +159,7 @@ class Project:
                 stored = raw.get("unreadable") is True
                 try:
                     summary = None if stored else ModuleSummary.from_json(raw)
+                    self.from_store += 1
                 except (ValueError, TypeError, KeyError):
                     summary = None
         if summary is None and not stored:
@@ -181,7 +186,7 @@ class Project:
                 self._kept.pop(next(iter(self._kept)))
         try:
             model = AmpModel(module, foreign=NO_FACTS, path=path)
-            return summarize(model, source.digest)
+            return summarize(model, source.digest, source.text)
         except (RecursionError, MemoryError, ValueError, KeyError, AttributeError, TypeError):
             return None  # a module the model cannot read costs only its own facts
 
@@ -201,13 +206,53 @@ class Project:
         return None
 
     def module(self, path: str) -> Optional[ForeignModule]:
+        """The module at `path` (its summary read lazily; None: unreadable)."""
         path = os.path.abspath(path)
         cached = self._modules.get(path)
         if cached is None:
-            summary = self.summary(path)
-            if summary is None:
+            if self.index(path) is None:
                 return None
-            cached = self._modules[path] = ForeignModule(path, summary)
+            cached = self._modules[path] = ForeignModule(path, lambda: self._summary_for_facts(path))
+        return cached
+
+    def _summary_for_facts(self, path: str) -> ModuleSummary:
+        """The summary a question about the module's contents reads: an empty one for a module
+        whose text holds nothing AMP code is made of (no parse), else the real one."""
+        text = self.text(path)
+        if text is None:
+            return ModuleSummary(path=path, digest="")
+        if not AMP_TEXT.search(text):
+            return light_summary(path, text, self.index(path))
+        return self.summary(path) or ModuleSummary(path=path, digest="")
+
+    def relevant(self, d: Definition) -> bool:
+        """The code of `d` holds something AMP code is made of (`summarize.AMP_TEXT`): only then
+        do its effects, returns or attributes need its module's summary."""
+        text = self.text(d.path) if d.path.endswith(".py") else None
+        if text is None:
+            return False
+        if isinstance(d, ForeignModule):
+            return AMP_TEXT.search(text) is not None
+        qual = d.qual if isinstance(d, (ForeignFunction, ForeignClass)) else None
+        if qual is None:
+            return AMP_TEXT.search(text) is not None
+        spans = self._spans.get(d.path)
+        if spans is None:
+            spans = self._spans[d.path] = def_spans(text)
+        span = spans.get(qual)
+        if span is None:  # not found by the scan: judge by the module
+            return AMP_TEXT.search(text) is not None
+        return AMP_TEXT.search(text, span[0], span[1]) is not None
+
+    def index(self, path: str) -> Optional["ModuleIndex"]:
+        """What the module binds at its top level, read from its text (no parse)."""
+        path = os.path.abspath(path)
+        cached = self._indexes.get(path)
+        if cached is None:
+            text = self.text(path)
+            if text is None:
+                return None
+            cached = self._indexes[path] = module_index(text)
         return cached
 
     # ------------------------------------------------------------------ resolution
@@ -241,8 +286,12 @@ class Project:
         return None
 
     def _target(self, target: Target, depth: int) -> Optional[Definition]:
-        if not target.path:
-            return ForeignModule(target.folder, ModuleSummary(path=target.folder, digest=""))  # namespace package
+        if not target.path:  # a namespace package: a folder, no file
+            folder = target.folder
+            cached = self._modules.get(folder)
+            if cached is None:
+                cached = self._modules[folder] = ForeignModule(folder, lambda: ModuleSummary(path=folder, digest=""))
+            return cached
         module = self.module(target.path)
         if module is None:
             return None
@@ -254,12 +303,11 @@ class Project:
         if isinstance(d, ForeignModule):
             return self._member(d, name, depth)
         if isinstance(d, ForeignClass):
-            f = d.summary.methods.get(name)
-            if f is not None:
-                return ForeignFunction(d.path, f"{d.qual}.{name}", f, d.module, d)
+            if name in d.summary.methods:
+                return ForeignFunction(d.module, f"{d.qual}.{name}", d)
             inner = d.summary.attributes.get(name)
             if inner:
-                return ForeignConstant(d.path, f"{d.qual}.{name}", tuple(inner), d.module)
+                return ForeignConstant(d.module, f"{d.qual}.{name}", tuple(inner))
         return None
 
     def member(self, module: ForeignModule, name: str) -> Optional[Definition]:
@@ -280,25 +328,22 @@ class Project:
         return found
 
     def _lookup(self, module: ForeignModule, name: str, depth: int) -> Optional[Definition]:
-        s = module.summary
-        if name in s.classes:
-            return ForeignClass(module.path, name, s.classes[name], s)
-        if name in s.functions:
-            return ForeignFunction(module.path, name, s.functions[name], s)
-        if name in s.imports:
-            qualified = s.imports[name][-1]
-            found = self._resolve(module.path, qualified, depth + 1)
-            if found is not None:
-                return found
-            return None
-        if name in s.constants:
-            return ForeignConstant(module.path, name, tuple(s.constants[name]), s)
+        index = self.index(module.path) if module.path.endswith(".py") else None
+        kind = index.names.get(name) if index is not None else None
+        if kind == "class":
+            return ForeignClass(module, name)
+        if kind == "function":
+            return ForeignFunction(module, name)
+        if kind == "import" and index is not None:
+            return self._resolve(module.path, index.imports[name][-1], depth + 1)
+        if kind == "constant":
+            return ForeignConstant(module, name)
         if module.path.endswith("__init__.py") or not module.path.endswith(".py"):
             sub = self.layout.submodule(Target(module.path if module.path.endswith(".py") else "",
                                                folder="" if module.path.endswith(".py") else module.path), name)
             if sub is not None:
                 return self._target(sub, depth + 1)
-        for star in s.star_imports:
+        for star in index.stars if index is not None else ():
             d = self._resolve(module.path, star, depth + 1)
             if isinstance(d, ForeignModule):
                 found = self._member(d, name, depth + 1)
@@ -438,8 +483,113 @@ class Project:
         return found
 
 
+_TOP_RE = re.compile(r"^(?:async[ \t]+)?def[ \t]+(\w+)|^class[ \t]+(\w+)|^(\w+)[ \t]*(?::[^=\n]*)?=(?!=)", re.MULTILINE)
+
+
+@dataclass
+class ModuleIndex:
+    """What a module binds at its top level, read from its text without a parse: enough to
+    resolve imports and re-exports; a question about the contents reads the summary."""
+
+    names: Dict[str, str]  # name -> "function" | "class" | "constant" | "import" (the last binding wins)
+    imports: Dict[str, List[str]]  # name -> the qualified names it is imported as
+    stars: List[str]
+
+
+def module_index(text: str) -> ModuleIndex:
+    found: List[Tuple[int, str, str]] = []
+    for m in _TOP_RE.finditer(text):
+        if m.group(1):
+            found.append((m.start(), m.group(1), "function"))
+        elif m.group(2):
+            found.append((m.start(), m.group(2), "class"))
+        elif m.group(3) and m.group(3) not in ("if", "else", "elif", "try", "except", "finally", "with", "for", "while"):
+            found.append((m.start(), m.group(3), "constant"))
+    imports: Dict[str, List[str]] = {}
+    stars: List[str] = []
+    for pos, bound, qualified in module_imports(text):
+        if bound == "*":
+            stars.append(qualified)
+            continue
+        imports.setdefault(bound, []).append(qualified)
+        found.append((pos, bound, "import"))
+    names: Dict[str, str] = {}
+    for _, name, kind in sorted(found):
+        names[name] = kind
+    return ModuleIndex(names, imports, stars)
+
+
+_CLASS_RE = re.compile(r"^class[ \t]+(\w+)[ \t]*(?:\(([^)]*)\))?[ \t]*:", re.MULTILINE)
+_LIBRARY_PREFIXES = ("torch", "lightning", "pytorch_lightning", "accelerate", "apex", "transformers", "abc", "enum",
+                     "typing", "builtins")
+
+
+def light_summary(path: str, text: str, index: Optional[ModuleIndex]) -> ModuleSummary:
+    """The summary of a module whose text holds nothing AMP code is made of: its classes and
+    their bases (a class hierarchy may pass through it), nothing else, and no parse."""
+    out = ModuleSummary(path=path, digest="")
+    imports = index.imports if index is not None else {}
+    for m in _CLASS_RE.finditer(text):
+        bases = []
+        for raw in (m.group(2) or "").split(","):
+            base = raw.strip()
+            if not base or "=" in base:
+                continue
+            head, _, rest = base.partition(".")
+            if head in imports:
+                q = imports[head][-1] + (f".{rest}" if rest else "")
+                bases.append(Value(q if q.split(".")[0] in _LIBRARY_PREFIXES else f'__imported__("{q}")'))
+            elif all(part.isidentifier() for part in base.split(".")):
+                bases.append(Value(f"__local__.{base}" if head not in ("object",) else base))
+            else:
+                bases.append(Value("__unknown__"))
+        out.classes[m.group(1)] = ClassSummary(m.group(1), text.count("\n", 0, m.start()) + 1, bases)
+    return out
+
+
 _FROM_RE = re.compile(r"^[ \t]*from[ \t]+(\.*[\w.]*)[ \t]+import[ \t]+(\([^)]*\)|[^\n#;]+)", re.MULTILINE)
 _IMPORT_RE = re.compile(r"^[ \t]*import[ \t]+([^\n#;]+)", re.MULTILINE)
+
+
+_TOP_IMPORT_RE = re.compile(
+    r"^(?P<indent>[ \t]*)(?:from[ \t]+(?P<base>\.*[\w.]*)[ \t]+import[ \t]+(?P<names>\([^)]*\)|[^\n#;]+)"
+    r"|import[ \t]+(?P<mods>[^\n#;]+))", re.MULTILINE)
+_BLOCK_RE = re.compile(r"^(?:try|except|else|finally|if|elif)\b", re.MULTILINE)
+
+
+def module_imports(text: str) -> List[Tuple[int, str, str]]:
+    """(offset, bound name, qualified) for the imports a module runs at its top level: at the
+    left margin, or in a top-level `try`/`if` block (`try: from .x import y`)."""
+    out: List[Tuple[int, str, str]] = []
+    if "import" not in text:
+        return out
+    for m in _TOP_IMPORT_RE.finditer(text):
+        if m.group("indent"):
+            line_start = text.rfind("\n", 0, m.start()) + 1
+            block = None
+            for line in reversed(text[:line_start].splitlines()[-12:]):  # the top-level line above it
+                if line and not line[0].isspace():
+                    block = line
+                    break
+            if block is None or not _BLOCK_RE.match(block):
+                continue
+        if m.group("mods"):
+            for part in m.group("mods").split(","):
+                name, _, alias = part.strip().partition(" as ")
+                name, alias = name.strip(), alias.strip()
+                if name and all(p.isidentifier() for p in name.split(".")):
+                    out.append((m.start(), alias or name.split(".")[0], name if alias else name.split(".")[0]))
+            continue
+        base = m.group("base")
+        for part in m.group("names").strip("()").replace("\\\n", " ").split(","):
+            name, _, alias = part.strip().partition(" as ")
+            name, alias = name.strip(), alias.strip()
+            if name == "*":
+                out.append((m.start(), "*", base))
+            elif name.isidentifier():
+                qualified = f"{base}.{name}" if base and not base.endswith(".") else f"{base}{name}"
+                out.append((m.start(), alias or name, qualified))
+    return out
 
 
 def import_lines(text: str) -> List[str]:
@@ -477,6 +627,9 @@ class _NoFacts:
 
     def bases(self, cls):
         return []
+
+    def relevant(self, d):
+        return False
 
     def callers(self, path, qual):
         return None
