@@ -65,6 +65,7 @@ class Cache:
                 result.diagnostics.append(Diagnostic(**d))
             if raw.get("error") is not None:
                 result.error = FileError(**raw["error"])
+            result.notes = [FileError(**n) for n in raw.get("notes", ())]
         except (OSError, ValueError, TypeError, KeyError):
             self.misses += 1
             return None
@@ -77,6 +78,7 @@ class Cache:
         entry = {
             "diagnostics": [{**d.to_json(), "noqa_lines": list(d.noqa_lines)} for d in result.diagnostics],
             "error": None if result.error is None else result.error.__dict__,
+            "notes": [n.__dict__ for n in result.notes],
         }
         target = self._entry(key)
         try:

@@ -477,7 +477,7 @@ def process_notebook(data: bytes, path: str, rules: Sequence[Type[Rule]], settin
             if err.line is not None:
                 cell, line = program.locate(err.line)
                 if cell is not None:
-                    raise _error(f"{path}:cell {cell.number}", err.message, line, err.column) from None
+                    raise InputError(FileError(path, line, err.column, err.message, cell=cell.number)) from None
             raise
         new_sources = None
         if new_text != program.text:
