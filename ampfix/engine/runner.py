@@ -68,6 +68,7 @@ class Plan:
     settings: Settings
     max_file_size: int = 0
     problems: List[str] = field(default_factory=list)  # paths that could not be read while discovering
+    notes: List[FileError] = field(default_factory=list)  # warnings about the paths (a folder with no Python file)
 
 
 @dataclass
@@ -78,8 +79,9 @@ class Run:
 
     @property
     def warnings(self) -> List[str]:
-        """Files and notebook cells skipped, with the reason (the exit status is not changed)."""
-        return [str(n) for r in self.results for n in r.notes]
+        """Folders with nothing to check, files and notebook cells skipped, with the reason (the
+        exit status is not changed)."""
+        return [str(n) for n in self.plan.notes] + [str(n) for r in self.results for n in r.notes]
 
     @property
     def errors(self) -> List[str]:
@@ -91,7 +93,7 @@ class Run:
     def error_objects(self, more: Sequence[str] = ()) -> List[FileError]:
         """The errors (and, after them, the warnings) as FileErrors, for the machine formats;
         `more`: error lines of the writing step."""
-        return error_objects(self.plan.missing, self.plan.problems, self.results, more)
+        return error_objects(self.plan.missing, self.plan.problems, self.results, more) + list(self.plan.notes)
 
     @property
     def n_checked(self) -> int:
@@ -157,7 +159,24 @@ def make_plan(options: Options) -> Plan:
                               problems=problems)
     settings = Settings(min_torch_version=min_version, unsafe_fixes=options.unsafe_fixes, details=options.details,
                         add_noqa=options.add_noqa)
-    return Plan(options, config, tuple(codes), files, missing, settings, max_size, problems)
+    notes = [FileError(p, None, None, "no Python files found under this folder (*.py, *.pyi, *.ipynb, after "
+                                      "exclude and .gitignore)", level="warning")
+             for p in _empty_folders(paths, files)]
+    return Plan(options, config, tuple(codes), files, missing, settings, max_size, problems, notes)
+
+
+def _empty_folders(paths: Sequence[str], files: Sequence[str]) -> List[str]:
+    """The folders among `paths` under which discovery found no file to check."""
+    found = [os.path.normpath(f) for f in files if f != "-"]
+    out = []
+    for p in paths:
+        if p == "-" or not os.path.isdir(p):
+            continue
+        d = os.path.normpath(p)
+        prefix = os.path.join(d, "")
+        if not any(f.startswith(prefix) or (d == "." and not os.path.isabs(f)) for f in found):
+            out.append(p)
+    return out
 
 
 def _uses_cache(options: Options) -> bool:
