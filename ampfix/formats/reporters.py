@@ -162,7 +162,7 @@ def json_error(e: FileError) -> dict:
 
 
 def _objects(diags: Sequence[Diagnostic], errors: Sequence[FileError]) -> List[dict]:
-    return [json_error(e) for e in errors] + [json_object(d) for d in diags]
+    return [json_error(e) for e in errors if e.level != "note"] + [json_object(d) for d in diags]
 
 
 def json_report(diags: Sequence[Diagnostic], errors: Sequence[FileError] = ()) -> str:
@@ -188,9 +188,12 @@ def github(diags: Sequence[Diagnostic], errors: Sequence[FileError] = ()) -> str
     """One `::error` workflow command per finding: GitHub Actions shows it on the file and line
     in the pull request. A notebook finding is shown on the line of the notebook's JSON that
     holds the cell's line, when ampfix knows it (`Diagnostic.file_region`), else on the file.
-    Input errors are `::error` commands too, files skipped `::warning`."""
+    Input errors are `::error` commands too, files skipped `::warning` (notebook cells skipped
+    are left to stderr and SARIF)."""
     out = []
     for e in errors:
+        if e.level == "note":  # a notebook cell skipped: information, not an annotation on the pull request
+            continue
         props = [f"title={_gh_prop(f'ampfix ({e.kind})')}", f"file={_gh_prop(e.path)}"]
         if e.line is not None and e.cell is None:
             props += [f"line={e.line}"] + ([f"col={e.column}"] if e.column is not None else [])
