@@ -36,7 +36,7 @@ def _fp32_identical(doc):
 
 def test_step_bypassing_scaler_diverges_and_unsafe_rewrite_trains(torch_available):
     # opt.step() after scaler.scale(loss).backward(): SGD applies 65536x gradients -> NaN.
-    p, doc = run_json(fx("buggy_step_bypasses_scaler.py"), *FAST, "--unsafe", "--", "--lr", "0.1", expect=0)
+    p, doc = run_json(fx("buggy_step_bypasses_scaler.py"), *FAST, "--unsafe-fixes", "--", "--lr", "0.1", expect=0)
     assert doc["rewritten"] is True
     orig = doc["original_vs_fp32"]
     assert orig["status"] == "FAIL" and "non-finite" in orig["detail"], orig
