@@ -180,7 +180,7 @@ def _empty_folders(paths: Sequence[str], files: Sequence[str]) -> List[str]:
 
 
 def _uses_cache(options: Options) -> bool:
-    return not (options.no_cache or options.fix or options.details or options.add_noqa)
+    return not (options.no_cache or options.fix or options.add_noqa)
 
 
 def _cache_folder(options: Options, config: Config) -> Optional[Path]:
