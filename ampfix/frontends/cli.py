@@ -520,7 +520,7 @@ def rules_cmd(output_format: str) -> None:
         click.echo(rules_table(rules.values()), nl=False)
         return
     for r in rules.values():
-        off = "" if r.default_enabled else " (off by default)"
+        off = "" if r.default_enabled else f" (off by default: --select {r.code}, or ALL)"
         click.echo(f"{r.code}  {r.name:<34} fix: {r.fixable:<9} {r.message}{off}")
 
 
@@ -530,7 +530,7 @@ def rules_table(rules) -> str:
     for r in rules:
         note = (r.fix_note or r.fixable).replace("|", "\\|")
         if not r.default_enabled:
-            note += f"; off by default: select it as `{r.code}`"
+            note += f"; off by default: select it as `{r.code}` (or `ALL`)"
         lines.append(f"| {r.code} | {r.name} | {note} |")
     return "\n".join(lines) + "\n"
 
