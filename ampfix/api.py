@@ -6,7 +6,7 @@
 
 from __future__ import annotations
 
-from typing import List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from ampfix.engine import runner
 from ampfix.knowledge.torch_versions import DEFAULT_MIN_TORCH
@@ -51,6 +51,26 @@ def fix_source(
     except InputError as exc:
         raise AmpfixError(str(exc.error)) from None
     return text
+
+
+def fix_source_report(
+    source: str,
+    path: str = "<string>",
+    unsafe: bool = False,
+    select: Optional[Sequence[str]] = None,
+    ignore: Sequence[str] = (),
+    min_torch_version=DEFAULT_MIN_TORCH,
+) -> Tuple[str, List[Diagnostic], Dict[str, int]]:
+    """`fix_source`, with what was fixed: (fixed source, the findings of `source` as `check`
+    reports them, {"CODE: what the fix did": times applied})."""
+    rules = _rules(select, ignore)
+    settings = Settings(min_torch_version=min_torch_version, unsafe_fixes=unsafe)
+    try:
+        before, _ = check_text(source, path, rules, settings)
+        text, fixed, _ = fix_text(source, path, rules, settings)
+    except InputError as exc:
+        raise AmpfixError(str(exc.error)) from None
+    return text, before, fixed
 
 
 def check_paths(paths: Sequence[str], **options) -> runner.Run:

@@ -121,6 +121,8 @@ class _Suppression:
         if not self.possible:
             return False
         if self.exemption.covers(code):
+            if record:
+                self.used.update(self.exemption.covering(code))
             return True
         if self._noqa is None:
             self._noqa = noqa_lines(self.text)

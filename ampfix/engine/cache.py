@@ -10,8 +10,9 @@ nothing (ruff-style).
 * An entry is JSON (never pickle: a cache folder can come with a checkout), written to a
   temporary file in the same folder and renamed into place, so concurrent runs never read half
   an entry; an unreadable or malformed entry is a miss.
-* Only checking is cached: `rewrite`, `--add-noqa` and the detailed formats (fix edits) always
-  analyse.
+* Only checking is cached: `rewrite` and `--add-noqa` always analyse. A report that carries the
+  fixes (`json`, `sarif`, `full`) keeps them in its entries (their settings differ, so they are
+  entries of their own).
 * Every verdict on a file is kept, "no selected rule's trigger" and "cannot decode" included, and
   the cache is looked up before anything else (`runner.run`): a warm run hashes and reads, and
   imports neither LibCST nor the rules. What it needs to know of the rules (codes, default set,
@@ -27,7 +28,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from ampfix import __version__
-from ampfix.engine.results import Diagnostic, FileError, FileResult, Settings, file_digest
+from ampfix.engine.results import Diagnostic, FileError, FileResult, FixEdit, Settings, TextEdit, file_digest
 from ampfix.engine.rulemeta import fingerprint as _code_fingerprint, write_json
 
 DIR_NAME = ".ampfix_cache"
@@ -72,9 +73,18 @@ class Cache:
             for d in raw["diagnostics"]:
                 d["noqa_lines"] = tuple(d.get("noqa_lines", ()))
                 d["related"] = tuple(dict(r) for r in d.get("related", ()))
+                d["source_lines"] = tuple(d.get("source_lines", ()))
+                if d.get("cell_region") is not None:
+                    d["cell_region"] = tuple(d["cell_region"])
+                fix = d.get("fix_edit")
+                if fix is not None:
+                    edits = fix["edits"]
+                    d["fix_edit"] = FixEdit(fix["description"], fix["applicability"],
+                                            None if edits is None else [TextEdit(*e) for e in edits], fix["diff"])
                 result.diagnostics.append(Diagnostic(**d))
             if raw.get("error") is not None:
                 result.error = FileError(**raw["error"])
+            result.notes = [FileError(**n) for n in raw.get("notes", ())]
             deps = raw.get("deps") or {}
             if not isinstance(deps, dict) or not all(self._fresh(p, d) for p, d in deps.items()):
                 raise ValueError("a module this result depends on changed")
@@ -89,8 +99,10 @@ class Cache:
         if result.new_source is not None:
             return
         entry = {
-            "diagnostics": [{**d.to_json(), "noqa_lines": list(d.noqa_lines)} for d in result.diagnostics],
+            "diagnostics": [{**d.to_json(), "noqa_lines": list(d.noqa_lines), "source_lines": list(d.source_lines),
+                             "fix_edit": _fix_json(d.fix_edit)} for d in result.diagnostics],
             "error": None if result.error is None else result.error.__dict__,
+            "notes": [n.__dict__ for n in result.notes],
             "deps": result.deps,
         }
         target = self._entry(key)
@@ -114,6 +126,14 @@ class Cache:
                 except OSError:
                     pass
         self._ready = True
+
+
+def _fix_json(fix: Optional[FixEdit]) -> Optional[dict]:
+    if fix is None:
+        return None
+    edits = None if fix.edits is None else [[e.start_line, e.start_column, e.end_line, e.end_column, e.text]
+                                            for e in fix.edits]
+    return {"description": fix.description, "applicability": fix.applicability, "edits": edits, "diff": fix.diff}
 
 
 def cacheable(result: FileResult) -> bool:

@@ -16,8 +16,8 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-KNOWN_KEYS = {"select", "ignore", "exclude", "extend-exclude", "per-file-ignores", "min-torch-version",
-              "max-file-size"}
+KNOWN_KEYS = {"select", "extend-select", "ignore", "exclude", "extend-exclude", "per-file-ignores",
+              "min-torch-version", "max-file-size"}
 DEFAULT_MAX_FILE_SIZE = 4 * 1024 * 1024  # bytes; larger files are skipped (reported), not analysed
 _UNITS = {"": 1, "b": 1, "kb": 1000, "kib": 1024, "mb": 1000 ** 2, "mib": 1024 ** 2, "gb": 1000 ** 3,
           "gib": 1024 ** 3}
@@ -31,6 +31,7 @@ class ConfigError(Exception):
 class Config:
     path: Optional[Path] = None  # the pyproject.toml it came from
     select: Optional[List[str]] = None
+    extend_select: List[str] = field(default_factory=list)
     ignore: List[str] = field(default_factory=list)
     exclude: List[str] = field(default_factory=list)
     per_file_ignores: Dict[str, List[str]] = field(default_factory=dict)
@@ -137,6 +138,7 @@ def load_config(path: Optional[Path]) -> Config:
     cfg = Config(path=path)
     if "select" in table:
         cfg.select = _str_list(table["select"], "select", where)
+    cfg.extend_select = _str_list(table.get("extend-select", []), "extend-select", where)
     cfg.ignore = _str_list(table.get("ignore", []), "ignore", where)
     cfg.exclude = _str_list(table.get("exclude", []), "exclude", where) + _str_list(
         table.get("extend-exclude", []), "extend-exclude", where)

@@ -89,7 +89,7 @@ def validate_selectors(selectors: Iterable[str], option: str) -> List[str]:
 
 def select_rules(select: Optional[Sequence[str]], ignore: Sequence[str]) -> List[Type[Rule]]:
     """Rules chosen by `select` (None: the default set) minus `ignore`. A rule that is off by
-    default is chosen only when selected by its own code."""
+    default is chosen only when selected by its own code or by ALL."""
     rules = all_rules()
     return [rules[code] for code in rulemeta.select_codes(select, ignore, rules)]
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import codecs
 import difflib
 from dataclasses import dataclass, field, fields
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from ampfix.engine import fileio
 from ampfix.knowledge.torch_versions import DEFAULT_MIN_TORCH
@@ -30,6 +30,9 @@ class Diagnostic:
     cell: Optional[int] = None  # notebooks: the 1-based cell; line and columns are within the cell
     # code of other modules that is part of the cause: ({"path", "line", "column", "message"}, ...)
     related: Tuple[Dict[str, object], ...] = ()
+    #: notebooks: (line, column, end line, end column) in the notebook's JSON text of the
+    #: source lines reported (SARIF regions, GitHub annotations); None when unknown
+    cell_region: Optional[Tuple[int, int, int, int]] = None
     # not part of the JSON report: the lines where a `# noqa` silences the finding, and (when
     # asked for with Settings.details) the fix as edits and the source lines reported
     noqa_lines: Tuple[int, ...] = field(default=(), repr=False, compare=False)
@@ -41,6 +44,18 @@ class Diagnostic:
 
 
 _NOT_JSON = ("noqa_lines", "fix_edit", "source_lines")
+
+
+def error_objects(missing: Sequence[str], problems: Sequence[str], results: Sequence["FileResult"],
+                  more: Sequence[str] = ()) -> List["FileError"]:
+    """Every input error of a run as a FileError (for the formats that carry them), then the
+    notes (files or cells skipped) as warnings."""
+    out = [FileError(m, None, None, "no such file or directory") for m in missing]
+    out.extend(FileError.parse(p) for p in problems)
+    out.extend(r.error for r in results if r.error is not None)
+    out.extend(FileError.parse(p) for p in more)
+    out.extend(n for r in results for n in r.notes)
+    return out
 
 
 @dataclass
@@ -71,14 +86,40 @@ class FileError:
     line: Optional[int]
     column: Optional[int]
     message: str
+    cell: Optional[int] = None  # notebooks: the 1-based cell the line is in
+    level: str = "error"  # or "warning": a file skipped (the exit status is not changed by it)
 
     def __str__(self) -> str:
         where = self.path
+        if self.cell is not None:
+            where += f":cell {self.cell}"
         if self.line is not None:
             where += f":{self.line}"
             if self.column is not None:
                 where += f":{self.column}"
-        return f"{where}: error: {self.message}"
+        return f"{where}: {self.level}: {self.message}"
+
+    @classmethod
+    def parse(cls, line: str, level: str = "error") -> "FileError":
+        """A `PATH: error: MESSAGE` line (as discovery and writing report them) as a FileError."""
+        path, sep, message = line.partition(f": {level}: ")
+        return cls(path, None, None, message) if sep else cls("", None, None, line, level=level)
+
+    @property
+    def kind(self) -> str:
+        """What went wrong, as a code for the machine formats (ruff's `invalid-syntax` and
+        `io-error`; `invalid-input` for a file ampfix cannot read as Python or as a notebook;
+        `internal-error` for ampfix's own failure; `skipped` for a warning)."""
+        m = self.message
+        if self.level != "error":
+            return "skipped"
+        if m.startswith("syntax error"):
+            return "invalid-syntax"
+        if m.startswith(("cannot read", "no such file", "cannot write", "the file changed on disk")):
+            return "io-error"
+        if m.startswith(("internal error", "not analysed: the parser crashed")):
+            return "internal-error"
+        return "invalid-input"
 
 
 @dataclass
@@ -90,6 +131,8 @@ class FileResult:
     old_source: Optional[bytes] = None
     fixed: Dict[str, int] = field(default_factory=dict)  # "CODE" or "CODE: what" -> fixes applied
     found: Dict[str, int] = field(default_factory=dict)  # fixing: "CODE" -> findings before any fix
+    notes: List[FileError] = field(default_factory=list)  # parts skipped (a notebook cell that is not Python)
+    skipped: bool = False  # not analysed at all (over max-file-size, stdin's name excluded): not counted as checked
     # the other modules of the project the result depends on: path -> SHA-256 of its bytes (a
     # cached result is used only while each of them is unchanged)
     deps: Dict[str, str] = field(default_factory=dict)

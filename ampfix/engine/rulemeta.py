@@ -140,16 +140,25 @@ def validate_selectors(selectors: Iterable[str], option: str, info: Dict[str, Ru
     return out
 
 
-def select_codes(select: Optional[Sequence[str]], ignore: Sequence[str], info: Dict[str, RuleInfo]) -> List[str]:
-    """`ampfix.engine.registry.select_rules`, as codes."""
+def _selects(code: str, default_enabled: bool, selectors: Sequence[str]) -> bool:
+    """Whether `selectors` choose a rule: a rule on by default by its code, a prefix or ALL; a
+    rule off by default (AMP901) only by its own code or by ALL (as ruff's ALL is every rule)."""
+    if default_enabled:
+        return any(_matches(code, s) for s in selectors)
+    return code in selectors or "ALL" in selectors
+
+
+def select_codes(select: Optional[Sequence[str]], ignore: Sequence[str], info: Dict[str, RuleInfo],
+                 extend: Sequence[str] = ()) -> List[str]:
+    """`ampfix.engine.registry.select_rules`, as codes: `select` (None: the default set) plus
+    `extend` (`extend-select`), minus `ignore`."""
     chosen = []
     for code, r in info.items():
         if select is None:
             wanted = r.default_enabled
-        elif r.default_enabled:
-            wanted = any(_matches(code, s) for s in select)
         else:
-            wanted = code in select
+            wanted = _selects(code, r.default_enabled, select)
+        wanted = wanted or _selects(code, r.default_enabled, extend)
         if wanted and not any(_matches(code, s) for s in ignore):
             chosen.append(code)
     return chosen
