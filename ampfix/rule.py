@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, ClassVar, Dict, Iterator, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Callable, ClassVar, Dict, Iterator, Optional, Sequence, Tuple
 
 from ampfix.knowledge.torch_versions import DEFAULT_MIN_TORCH
 

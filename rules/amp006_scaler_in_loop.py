@@ -86,7 +86,7 @@ for x, y in loader:
         stmt = model.statement_of(new.node)
         target = _assigned(stmt, new.node)
         local_key = dotted(target)
-        if local_key is None or model.scaler_call_disabled(new.node) or model.guarded_by_test_of(new.node, local_key):
+        if local_key is None or model.built_disabled(new.node) or model.guarded_by_test_of(new.node, local_key):
             return None
         key = model.root_key(new, local_key)
         uses = [e for e in trace.after(new, SCALER_STEP, UPDATE, UNSCALE) if e.scaler == key

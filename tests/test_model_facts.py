@@ -259,3 +259,18 @@ def test_command_line_options_hold_their_default_and_choices_or_anything():
     assert m.dtype_values(call.args[0].value) == frozenset({"bfloat16", "float16"})
     assert any(m.is_synthetic(v) for v in m.possible_values(call.args[1].value))  # anything the user passes
     assert sorted(m.code(v) for v in m.possible_values(call.args[2].value)) == ["False", "True"]
+
+
+def test_a_scaler_disabled_by_position_is_disabled():
+    m = model("""
+        import torch
+
+        new = torch.amp.GradScaler("cuda", 65536.0, 2.0, 0.5, 2000, False)
+        old = torch.cuda.amp.GradScaler(65536.0, 2.0, 0.5, 2000, False)
+        on = torch.amp.GradScaler("cuda", 65536.0, 2.0, 0.5, 2000)
+        new.update()
+        old.update()
+        on.update()
+        """)
+    for name, disabled in (("new", True), ("old", True), ("on", False)):
+        assert m.scaler_disabled(call_named(m, f"{name}.update()").func.value) is disabled, name

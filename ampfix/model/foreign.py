@@ -28,7 +28,7 @@ answer is "unknown": the model then behaves exactly as the one-file model did.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Protocol, Sequence, Tuple, Union
+from typing import Callable, Dict, List, Optional, Protocol, Tuple, Union
 
 import libcst as cst
 

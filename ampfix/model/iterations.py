@@ -32,7 +32,7 @@ from typing import Callable, Dict, Hashable, List, Optional, Tuple
 import libcst as cst
 
 from ampfix.model.events import BACKWARD, EXIT, SCALER_STEP, UNSCALE, UPDATE, ZERO_GRAD, Event, Trace, TraceEvent
-from ampfix.model.syntax import call_name, get_arg, literal_bool
+from ampfix.model.syntax import call_name
 from ampfix.model.tree import LOOP_TYPES, dotted
 
 Group = Hashable
@@ -406,15 +406,7 @@ class Iterations:
         if key is None:
             return False
         calls = [v for _, v in self.assignments_to(key) if isinstance(v, cst.Call) and self.is_api(v, "GradScaler")]
-        return bool(calls) and all(self.scaler_call_disabled(c) for c in calls)
-
-    def scaler_call_disabled(self, call: cst.Call) -> bool:
-        """`GradScaler(..., enabled=False)` with a literal False (torch.amp.GradScaler takes
-        `enabled` sixth, after the device; torch.cuda.amp.GradScaler fifth)."""
-        api = self.api_of(call)
-        position = 5 if api is not None and api.device is None else 4
-        arg = get_arg(call, position, "enabled")
-        return arg is not None and literal_bool(arg.value) is False
+        return bool(calls) and all(self.built_disabled(c) for c in calls)  # type: ignore[attr-defined]
 
     def per_step_name(self, func: cst.CSTNode) -> Optional[str]:
         """"step"/"epoch" when a function's name or parameters say one call is one training step

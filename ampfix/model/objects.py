@@ -176,11 +176,19 @@ class Objects:
         return all(isinstance(v, cst.Call) and self.is_api(v, "GradScaler") and self.built_disabled(v)
                    for v in values)
 
-    @staticmethod
-    def built_disabled(call: cst.Call) -> bool:
-        """The GradScaler construction `call` passes a literal `enabled=False`."""
-        arg = get_arg(call, None, "enabled")
-        return arg is not None and literal_bool(arg.value) is False
+    def scaler_enabled(self, call: cst.Call) -> Optional[cst.BaseExpression]:
+        """The `enabled` argument of a GradScaler construction, by keyword or by position
+        (`torch.amp.GradScaler(device, init_scale, growth_factor, backoff_factor,
+        growth_interval, enabled)`; the deprecated `torch.cuda.amp.GradScaler` has no device);
+        None when it is not given (so True)."""
+        api = self.api_of(call)
+        arg = get_arg(call, 4 if api is not None and api.device is not None else 5, "enabled")
+        return arg.value if arg is not None else None
+
+    def built_disabled(self, call: cst.Call) -> bool:
+        """The GradScaler construction `call` passes a literal False for `enabled` (the one
+        test of "this scaler is built disabled": every rule and fact asks it here)."""
+        return literal_bool(self.scaler_enabled(call)) is False
 
     def scale_sources(self, expr: Optional[cst.CSTNode], depth: int = 0) -> List[cst.Call]:
         """The calls that may have scaled the value of `expr` for a GradScaler: `scaler.scale(x)`

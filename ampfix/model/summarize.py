@@ -115,7 +115,6 @@ class Canonical:
 
     def text(self, expr: cst.CSTNode, depth: int) -> Optional[str]:
         """The canonical text of `expr`, None when unknown."""
-        m = self.model
         if depth > MAX_DEPTH:
             return None
         if isinstance(expr, (cst.Integer, cst.Float, cst.Imaginary, cst.SimpleString)):
@@ -180,7 +179,6 @@ class Canonical:
         return UNKNOWN if text is None else text
 
     def _call(self, call: cst.Call, depth: int) -> Optional[str]:
-        m = self.model
         func = self.text(call.func, depth + 1)
         if func is None:
             return None
@@ -198,7 +196,6 @@ class Canonical:
                 return None
             value = self._part(a.value, depth)
             args.append(f"{a.keyword.value}={value}" if a.keyword is not None else value)
-        del m
         return f"{func}({', '.join(args)})"
 
     def _name(self, expr: cst.CSTNode, depth: int) -> Optional[str]:
