@@ -9,7 +9,7 @@ import libcst as cst
 from ampfix.fixes.edits import in_block, move_after, remove_statement
 from ampfix.model import AmpModel, Trace, TraceEvent, is_expression_statement_of
 from ampfix.model.tree import target_names
-from ampfix.model.events import BACKWARD, SCALER_STEP, UPDATE
+from ampfix.model.events import BACKWARD, SCALER_STEP, UPDATE, ZERO_GRAD
 from ampfix.rule import SAFE, UNSAFE, FileContext, Fix, Rule, Violation
 
 
@@ -33,7 +33,10 @@ With several scalers, each must be updated once after its own steps: `scaler_g.u
 `scaler_d.step(...)` leaves one scaler never updated and the other updated twice.
 
 A path that leaves the iteration early (`continue` after its own `update()`) is a separate
-iteration, not a second update. The fix removes the extra `update()` calls (or moves the one
+iteration, not a second update; so is a step whose gradients are all made after the update (a
+backward runs between them, and it steps the same optimizer again, or an optimizer whose
+gradients were zeroed after the first backward): a step-and-update helper called twice runs
+two iterations. The fix removes the extra `update()` calls (or moves the one
 in a `for opt in optimizers:` loop after the loop), leaving one update after the last step;
 for the wrong scaler it renames the receiver (unsafe). No fix when the update is in a helper.
 
@@ -113,7 +116,7 @@ scaler.update()
         earlier = model.last_before(trace, upd, lambda e: same_step(e) and loops <= set(e.loops()),
                                     stop=self._same(UPDATE, upd.scaler))
         later = model.first_after(trace, upd, lambda e: same_step(e) and loops <= set(e.loops()))
-        if earlier is None or later is None:
+        if earlier is None or later is None or self._next_iteration(model, trace, earlier, upd, later):
             return None
         shown = model.anchor(earlier, upd, later)[1]
         if shown is not upd.node:
@@ -122,6 +125,24 @@ scaler.update()
                                lambda e: same_step(e) and loops <= set(e.loops()))
         final = model.first_after(trace, last, self._same(UPDATE, upd.scaler))
         return Violation(upd.node, fix=self._fix_between(model, upd, last, final))
+
+    @staticmethod
+    def _next_iteration(model: AmpModel, trace: Trace, earlier: TraceEvent, upd: TraceEvent,
+                        later: TraceEvent) -> bool:
+        """`later` steps gradients made entirely after `upd`: a backward runs on every path between
+        them, and `later` steps the optimizer `earlier` stepped (two whole iterations, e.g. a
+        step-and-update helper called twice) or that optimizer's gradients were zeroed after
+        `earlier`'s backward. Its gradients were then scaled with the scale `upd` set: this is
+        the next iteration, not a second optimizer of this one."""
+        backwards = [b for b in trace.between(upd, later, BACKWARD) if model.mandatory_between(b, upd, later)]
+        if not backwards:
+            return False
+        if later.target is not None and later.target == earlier.target:
+            return True
+        first = backwards[0]
+        start = max([earlier, *(b for b in trace.between(earlier, upd, BACKWARD))], key=lambda e: e.order)
+        return any(z.target == later.target and model.mandatory_between(z, start, first)
+                   for z in trace.between(start, first, ZERO_GRAD))
 
     def _chain_end(self, model: AmpModel, trace: Trace, start: TraceEvent, key, match) -> TraceEvent:
         """The last step of this scaler in the iteration: `first_after` from step to step, each
