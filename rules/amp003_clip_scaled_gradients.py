@@ -25,8 +25,10 @@ class ClipScaledGradients(Rule):
 After `scaler.scale(loss).backward()` every `.grad` is multiplied by the current scale
 (e.g. 65536). Clipping then compares the norm against a threshold that is effectively 65536x
 too small, so nearly every step is clipped hard and training stalls; reading `.grad` values
-for a decision (a gradient-norm threshold that skips steps, logging) sees scaled values. Unscale
-first: `scaler.step()` knows the gradients were unscaled already.
+for a decision (a gradient-norm threshold that skips steps, a clipping coefficient computed by
+hand) sees scaled values. Unscale first: `scaler.step()` knows the gradients were unscaled
+already. A `.grad` value that is only printed, logged, stored or returned is not reported: it
+decides nothing in training (the logged number is scaled, the training is not affected).
 
 The check follows the step through helpers and methods (`self.clip_gradients(...)`, a loss
 scaler's `__call__`), and through branches: an `unscale_` that runs only when logging is on
@@ -69,6 +71,8 @@ scaler.update()
         for trace in model.traces():
             shared: Dict[int, Optional[Fix]] = {}  # one unscale_ serves every read after the same backward
             for read in trace.of(GRAD_READ):
+                if read.event.detail == "read" and not self._decides(model, read.node):
+                    continue  # `.grad` read to be printed or logged: no training decision sees it
                 bw = model.last_before(trace, read, lambda e: e.kind == BACKWARD and e.event.detail == "scaled")
                 if bw is None:
                     continue
@@ -97,6 +101,12 @@ scaler.update()
                         shared[id(bw.node)] = self._fix(model, shown, bw, read, local_owner, steps)
                     fix = shared[id(bw.node)]
                 yield Violation(shown, message=self._message(model, read, shown, local_owner, owner, unscales), fix=fix)
+
+    def _decides(self, model: AmpModel, node: cst.CSTNode) -> bool:
+        memo = self.__dict__.setdefault("_decides_memo", {})
+        if id(node) not in memo:
+            memo[id(node)] = model.feeds_decision(node)
+        return memo[id(node)]
 
     @staticmethod
     def _message(model: AmpModel, read: TraceEvent, shown: cst.CSTNode, local_owner: Optional[str],
@@ -129,6 +139,7 @@ scaler.update()
         if len(opts) != 1 or None in opts or not isinstance(stmt, cst.SimpleStatementLine) or not in_block(model, stmt):
             return None
         (opt,) = opts
+        what = "clipping" if read.event.detail == "clip" else "reading the gradients"
         return Fix(insert_before(model.module, stmt, [f"{bw.event.scaler}.unscale_({opt})"]), applicability=SAFE,
-                   description="scaler.unscale_(optimizer) inserted before clipping")
+                   description=f"scaler.unscale_(optimizer) inserted before {what}")
 
