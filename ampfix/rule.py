@@ -72,6 +72,9 @@ class FileContext:
     source: str
     model: "AmpModel"
     min_torch_version: Tuple[int, ...] = DEFAULT_MIN_TORCH
+    #: where min_torch_version comes from: "--min-torch-version", "min-torch-version in
+    #: pyproject.toml", "`torch>=1.13` in setup.py" (the project's metadata), "" (the default)
+    min_torch_source: str = ""
     unsafe_fixes: bool = False
     #: set by the engine: (node, code) -> suppressed by `# noqa` on its line
     suppression: Optional[Callable[[cst.CSTNode, str], bool]] = None

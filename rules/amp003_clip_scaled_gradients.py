@@ -100,7 +100,8 @@ scaler.update()
                     if id(bw.node) not in shared:
                         shared[id(bw.node)] = self._fix(model, shown, bw, read, local_owner, steps)
                     fix = shared[id(bw.node)]
-                yield Violation(shown, message=self._message(model, read, shown, local_owner, owner, unscales), fix=fix)
+                yield Violation(shown, message=self._message(model, read, shown, local_owner, owner, unscales, later,
+                                                             steps, fix), fix=fix)
 
     def _decides(self, model: AmpModel, node: cst.CSTNode) -> bool:
         memo = self.__dict__.setdefault("_decides_memo", {})
@@ -110,8 +111,20 @@ scaler.update()
 
     @staticmethod
     def _message(model: AmpModel, read: TraceEvent, shown: cst.CSTNode, local_owner: Optional[str],
-                 owner: Optional[str], unscales: list) -> Optional[str]:
+                 owner: Optional[str], unscales: list, later: list, steps: list, fix: Optional[Fix]) -> Optional[str]:
         what = "clipped" if read.event.detail == "clip" else "read"
+        if later and not unscales:
+            u = later[0]
+            call = model.code(u.node) if u.via == read.via else "`unscale_`"
+            call = f"`{call}`" if not call.startswith("`") else call
+            return (f"gradients are {what} while still scaled: {call} on line {model.line(u.node)} runs after this; "
+                    "call it before" + model.where(read, shown))
+        targets = sorted({s.event.target for s in steps if s.event.target})
+        if fix is None and not unscales and owner is None and len(targets) > 1:
+            names = ", ".join(f"`{t}`" for t in targets)
+            return (f"gradients are {what} while still scaled by the GradScaler; call `scaler.unscale_(...)` first for "
+                    f"the optimizer of these parameters (not fixed: the scaler steps {names}, which one owns them is "
+                    "not known)" + model.where(read, shown))
         if unscales and owner is not None and all(u.target not in (owner, None) for u in unscales):
             owner = local_owner
             return (f"gradients of `{owner}`'s parameters are clipped while still scaled: `unscale_` was called for "

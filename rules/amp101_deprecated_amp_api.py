@@ -63,8 +63,13 @@ Uses inside `except ImportError/AttributeError/TypeError:` are fallbacks for an 
 (`try: torch.amp.GradScaler("cuda") except AttributeError: torch.cuda.amp.GradScaler()`) and are
 left alone, and so are uses in a branch that picks between torch versions (`x = torch.amp.GradScaler("cuda")
 if TORCH_2_4 else torch.cuda.amp.GradScaler()`, or an `if` whose test names a version). A name whose uses cannot all be migrated (passed around as a value, `*args`, a `# noqa` on one
-use, or a replacement newer than `--min-torch-version`: torch.amp.GradScaler needs 2.3,
-`device_type=` on custom_fwd/custom_bwd 2.4) is reported without a fix.
+use, or a replacement newer than the oldest torch the project supports: torch.amp.GradScaler
+needs 2.3, `device_type=` on custom_fwd/custom_bwd 2.4) is reported without a fix. The oldest
+supported torch is `min-torch-version`, else the project's own requirement on torch
+(`torch>=1.13` in pyproject.toml, setup.py, setup.cfg or requirements.txt), else 2.4. A shim that
+already prefers `torch.amp` and keeps the old name only for an old torch (`if hasattr(torch.amp,
+"GradScaler"): ... else: from torch.cuda.amp import GradScaler`, `getattr(torch.amp,
+"custom_fwd", None) or torch.cuda.amp.custom_fwd`) is left alone.
 
 Bad:
 ```python
@@ -88,7 +93,8 @@ with autocast("cuda", dtype=torch.float16):
     def check(self, ctx: FileContext) -> Iterator[Violation]:
         model = ctx.model
         q = model.quote()
-        bindings = [b for b in collect_bindings(model) if not model.in_fallback(b.stmt)]
+        bindings = [b for b in collect_bindings(model)
+                    if not model.in_fallback(b.stmt) and not model.has_modern_alternative(b.stmt)]
         by_ref: Dict[int, Binding] = {id(r): b for b in bindings for r in b.refs}
         uses: List[Use] = []
         seen: Set[int] = set()
@@ -145,7 +151,7 @@ with autocast("cuda", dtype=torch.float16):
         if tuple(ctx.min_torch_version) < need:
             have = ".".join(map(str, ctx.min_torch_version))
             return (f"its replacement needs torch >= {need[0]}.{need[1]} and the oldest supported torch is "
-                    f"{have} (--min-torch-version)")
+                    f"{have} ({ctx.min_torch_source or 'min-torch-version'})")
         return None
 
     def _migrate(self, model: AmpModel, expr: cst.CSTNode, new_func: Optional[cst.BaseExpression], kind: str,

@@ -224,7 +224,7 @@ model = torch.nn.parallel.DistributedDataParallel(model)
             reason = f"`{model.code(node)}` may also be bound to something else here (an optional import?)"
         elif tuple(ctx.min_torch_version) < api.min_torch:
             reason = (f"torch.{target} needs torch >= {_ver(api.min_torch)} and the oldest supported torch is "
-                      f"{_ver(ctx.min_torch_version)}")
+                      f"{_ver(ctx.min_torch_version)} ({ctx.min_torch_source or 'min-torch-version'})")
         elif torch is None and first_import(model) is None:
             reason = "the file has no module-level import before which `import torch` could go"
         elif role == "call":

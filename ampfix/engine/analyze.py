@@ -120,7 +120,8 @@ def _analyze(
     model = AmpModel(module)
     suppression = _Suppression(text, model)
     ctx = FileContext(path=path, source=text, model=model, min_torch_version=settings.min_torch_version,
-                      unsafe_fixes=settings.unsafe_fixes, suppression=suppression)
+                      min_torch_source=settings.min_torch_source, unsafe_fixes=settings.unsafe_fixes,
+                      suppression=suppression)
     # how many fix passes of this rewrite changed the text already (0: the text as it was): a
     # migration's follow-up edits (an import its fixed uses left unused) exist only after one
     ctx.extra["rewrite_pass"] = rewrite_pass

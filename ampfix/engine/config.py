@@ -35,6 +35,7 @@ class Config:
     exclude: List[str] = field(default_factory=list)
     per_file_ignores: Dict[str, List[str]] = field(default_factory=dict)
     min_torch_version: Tuple[int, ...] = DEFAULT_MIN_TORCH
+    min_torch_configured: bool = False  # `min-torch-version` was set (else it may be inferred)
     max_file_size: int = DEFAULT_MAX_FILE_SIZE
 
     @property
@@ -147,6 +148,7 @@ def load_config(path: Optional[Path]) -> Config:
     cfg.per_file_ignores = {k: _str_list(v, f"per-file-ignores.{k}", where) for k, v in pfi.items()}
     if "min-torch-version" in table:
         cfg.min_torch_version = parse_version(table["min-torch-version"], where)
+        cfg.min_torch_configured = True
     if "max-file-size" in table:
         cfg.max_file_size = parse_size(table["max-file-size"], where)
     return cfg

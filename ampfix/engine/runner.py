@@ -108,8 +108,7 @@ def make_plan(options: Options) -> Plan:
         cfg_ignore = validate_selectors(config.ignore, f"{config.path}: ignore")
         for glob, codes in config.per_file_ignores.items():
             validate_selectors(codes, f"{config.path}: per-file-ignores {glob!r}")
-        min_version = (parse_version(options.min_torch_version, "--min-torch-version")
-                       if options.min_torch_version else config.min_torch_version)
+        min_version, min_source = _min_torch(options, config, paths)
         max_size = (parse_size(options.max_file_size, "--max-file-size", "--max-file-size")
                     if options.max_file_size else config.max_file_size)
     except (ConfigError, SelectionError) as exc:
@@ -119,9 +118,32 @@ def make_plan(options: Options) -> Plan:
     problems: List[str] = []
     files, missing = discover(paths, config.exclude, config.root, force_exclude=options.force_exclude,
                               problems=problems)
-    settings = Settings(min_torch_version=min_version, unsafe_fixes=options.unsafe_fixes, details=options.details,
-                        add_noqa=options.add_noqa)
+    settings = Settings(min_torch_version=min_version, min_torch_source=min_source, unsafe_fixes=options.unsafe_fixes,
+                        details=options.details, add_noqa=options.add_noqa)
     return Plan(options, config, tuple(codes), files, missing, settings, max_size, problems)
+
+
+def _min_torch(options: Options, config: Config, paths: Sequence[str]) -> Tuple[Tuple[int, ...], str]:
+    """The oldest torch the checked code supports, and where that comes from: `--min-torch-version`,
+    else `min-torch-version` in the configuration, else the project's own requirements on torch
+    (`ampfix/engine/requirements.py`), else the default."""
+    if options.min_torch_version:
+        return parse_version(options.min_torch_version, "--min-torch-version"), "--min-torch-version"
+    if config.min_torch_configured:
+        return config.min_torch_version, f"min-torch-version in {config.path.name if config.path else 'the config'}"
+    from ampfix.engine.requirements import infer_min_torch
+
+    real = [p for p in paths if p != "-"]
+    if options.stdin_filename and not real:
+        real = [options.stdin_filename]
+    try:
+        start = Path(os.path.commonpath([os.path.abspath(p) for p in real])) if real else Path.cwd()
+    except ValueError:
+        start = Path.cwd()
+    found = infer_min_torch(start)
+    if found is not None:
+        return found.version, found.where
+    return config.min_torch_version, ""
 
 
 def _uses_cache(options: Options) -> bool:

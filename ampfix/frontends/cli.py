@@ -171,7 +171,8 @@ def _common(f):
     f = click.option("--config", "config_file", type=click.Path(dir_okay=False), default=None,
                      help="Use this pyproject.toml instead of the nearest one.")(f)
     f = click.option("--min-torch-version", default=None, metavar="X.Y",
-                     help="Oldest torch the code must support (default: config, else 2.4).")(f)
+                     help="Oldest torch the code must support (default: min-torch-version in the config, else "
+                          "the project's requirement on torch, else 2.4).")(f)
     f = click.option("--stdin-filename", default=None, help="The name to report for `-` (stdin).")(f)
     f = click.option("--force-exclude", is_flag=True,
                      help="Apply `exclude` to paths named on the command line too (for pre-commit).")(f)
