@@ -36,9 +36,8 @@ per run (in `main()`, in a function called once, in `__init__`), lazily (`if sel
 None:`), in a loop that also builds the optimizer (a loop over folds, trials or runs: each is a
 new run), or disabled (`enabled=False`: a no-op whatever its age).
 
-On this CPU with bf16 the mistake changes nothing (nothing overflows, the losses are
-bit-identical); with fp16 it does, on CUDA and on the CPU (`fixtures/train/buggy_scaler_in_loop_fp16.py`:
-every step skipped).
+With bfloat16 the mistake rarely shows (bfloat16 has float32's range: its gradients hardly
+ever overflow, so the scale hardly matters); with float16 it does, on CUDA and on the CPU alike.
 
 The fix moves the construction before the loop (safe when its arguments read nothing the loop
 binds and call nothing; unsafe when they call something); a per-step method's scaler moves into

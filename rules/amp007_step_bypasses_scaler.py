@@ -41,10 +41,10 @@ only a literal `False` counts), `scaler.step(optimizer)` on a project's own scal
 `optimizer.step()`), and a step that runs only where the scaler is None (`if self.scaler is None:
 optimizer.step()`): after `scaler.scale(loss)` the scaler is not None.
 
-Measured on the CPU (bf16 autocast, the GradScaler enabled, SGD with momentum:
-`fixtures/train/buggy_step_bypasses_scaler.py`): the loss is NaN within 40 steps; the rewrite
-trains like fp32 (max gap 0.02%). With Adam the damage is smaller (its update is nearly
-invariant to a constant gradient scale), but no step is ever skipped on an overflow.
+With SGD (with or without momentum) every update is the scale times too large (65536x at
+first) and the loss diverges within a few steps. With Adam the damage is smaller (its update is
+nearly invariant to a constant gradient scale, though its `eps` and weight decay are not), but
+no step is ever skipped on an overflow, so inf/NaN gradients reach the weights.
 
 The fix replaces `optimizer.step()` with `scaler.step(optimizer)`, and adds `scaler.update()`
 when the scaler is never stepped nor updated (only when the scaled backward runs on every path

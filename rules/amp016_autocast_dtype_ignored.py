@@ -50,8 +50,8 @@ unsafe when its values are unknown (a config attribute could be a string like `"
 string option (`--dtype bfloat16`) is passed as `dtype=getattr(torch, args.dtype)`: safe when its
 `choices=` are all torch dtype names, unsafe when only its default is known.
 
-On this CPU the mistake is invisible (CPU autocast is bfloat16 by default, the chosen dtype
-here); it shows on CUDA.
+On the CPU the mistake cannot happen (CPU autocast defaults to bfloat16); it is a CUDA
+mistake.
 
 Bad:
 ```python
