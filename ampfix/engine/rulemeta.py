@@ -56,6 +56,7 @@ class RuleInfo:
     triggers: Tuple[str, ...]
     triggers_lower: Tuple[str, ...]
     requires: Tuple[Tuple[str, ...], ...]
+    preview: bool = False  # runs only with preview on (`Rule.in_preview`)
 
     def maybe_triggered(self, text: str, lowered: str) -> bool:
         return trigger_test(text, lowered, self.triggers, self.triggers_lower, self.requires)
@@ -77,7 +78,8 @@ def rule_info(load: Callable[[], Dict[str, RuleInfo]], folder: Optional[Path] = 
         try:
             raw = json.loads(entry.read_bytes())
             info = {r["code"]: RuleInfo(r["code"], r["name"], bool(r["default_enabled"]), tuple(r["triggers"]),
-                                        tuple(r["triggers_lower"]), tuple(tuple(g) for g in r["requires"]))
+                                        tuple(r["triggers_lower"]), tuple(tuple(g) for g in r["requires"]),
+                                        bool(r["preview"]))
                     for r in raw["rules"]}
         except (OSError, ValueError, TypeError, KeyError):
             info = None
@@ -134,10 +136,15 @@ def validate_selectors(selectors: Iterable[str], option: str, info: Dict[str, Ru
     return out
 
 
-def select_codes(select: Optional[Sequence[str]], ignore: Sequence[str], info: Dict[str, RuleInfo]) -> List[str]:
-    """`ampfix.engine.registry.select_rules`, as codes."""
+def select_codes(select: Optional[Sequence[str]], ignore: Sequence[str], info: Dict[str, RuleInfo],
+                 preview: bool = False) -> List[str]:
+    """`ampfix.engine.registry.select_rules`, as codes. A preview rule is chosen only with
+    `preview` on (then as any other rule), whatever selects it: a prefix, ALL or its own code
+    (`preview_warnings` tells the user about the last)."""
     chosen = []
     for code, r in info.items():
+        if r.preview and not preview:
+            continue
         if select is None:
             wanted = r.default_enabled
         elif r.default_enabled:
@@ -147,6 +154,16 @@ def select_codes(select: Optional[Sequence[str]], ignore: Sequence[str], info: D
         if wanted and not any(_matches(code, s) for s in ignore):
             chosen.append(code)
     return chosen
+
+
+def preview_warnings(select: Optional[Sequence[str]], info: Dict[str, RuleInfo], preview: bool) -> List[str]:
+    """As ruff: selecting a preview rule by its exact code without preview on does nothing, and
+    says so."""
+    if preview or not select:
+        return []
+    return [f"warning: selection `{code}` has no effect because preview is not enabled ({code} is a preview "
+            "rule: add --preview, or `preview = true` in [tool.ampfix])"
+            for code in dict.fromkeys(select) if code in info and info[code].preview]
 
 
 def maybe_triggered(codes: Sequence[str], text: str, info: Dict[str, RuleInfo]) -> bool:

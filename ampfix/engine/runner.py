@@ -48,6 +48,7 @@ class Options:
     add_noqa: bool = False  # add `# noqa: CODE` to each finding's line instead of fixing
     max_file_size: Optional[str] = None  # --max-file-size (else the config's, else 4 MiB)
     no_cache: bool = False  # --no-cache
+    preview: Optional[bool] = None  # --preview / --no-preview (None: the config's `preview`)
 
 
 @dataclass
@@ -62,6 +63,8 @@ class Plan:
     settings: Settings
     max_file_size: int = 0
     problems: List[str] = field(default_factory=list)  # paths that could not be read while discovering
+    warnings: List[str] = field(default_factory=list)  # about the options (a preview rule selected without preview)
+    preview: bool = False
 
 
 @dataclass
@@ -114,13 +117,15 @@ def make_plan(options: Options) -> Plan:
     except (ConfigError, SelectionError) as exc:
         raise OptionsError(str(exc)) from None
     selection = cli_select if cli_select is not None else cfg_select
-    codes = rulemeta.select_codes(selection, cfg_ignore + cli_ignore, info)
+    preview = options.preview if options.preview is not None else config.preview
+    codes = rulemeta.select_codes(selection, cfg_ignore + cli_ignore, info, preview)
+    warnings = rulemeta.preview_warnings(selection, info, preview)
     problems: List[str] = []
     files, missing = discover(paths, config.exclude, config.root, force_exclude=options.force_exclude,
                               problems=problems)
     settings = Settings(min_torch_version=min_version, min_torch_source=min_source, unsafe_fixes=options.unsafe_fixes,
                         details=options.details, add_noqa=options.add_noqa)
-    return Plan(options, config, tuple(codes), files, missing, settings, max_size, problems)
+    return Plan(options, config, tuple(codes), files, missing, settings, max_size, problems, warnings, preview)
 
 
 def _min_torch(options: Options, config: Config, paths: Sequence[str]) -> Tuple[Tuple[int, ...], str]:
@@ -335,7 +340,7 @@ def run(plan: Plan, stdin: Optional[BinaryIO] = None) -> Run:
     jobs: List[Tuple[int, Job]] = []
     results: Dict[int, FileResult] = {}
     risky: set = set()  # parsed in a child process even when the run is sequential
-    warnings: List[str] = []
+    warnings: List[str] = list(plan.warnings)
     store = None
     keys: Dict[int, str] = {}
     info = None
