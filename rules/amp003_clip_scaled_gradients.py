@@ -89,8 +89,8 @@ scaler.update()
                         return True
                     return e.kind == UNSCALE and e.scaler == scaler and (owner is None or e.target in (owner, None))
 
-                if not model.path_without(trace, bw, read, covers):
-                    continue
+                if not model.path_without(trace, bw, read, covers, not_none=scaler):
+                    continue  # (`if scaler: scaler.unscale_(opt)` after `scaler.scale(loss)` runs: it is not None)
                 shown = model.anchor(bw, read)[1]
                 unscales = [u for u in trace.between(bw, read, UNSCALE) if u.scaler == scaler]
                 partial = [u for u in unscales if covers(u)]  # they run on some paths only

@@ -605,16 +605,19 @@ class Events:
         such an event is not reached from it: `if self.scaler is None: optimizer.step()`."""
         if key is None:
             return False
-        for group, branch in ev.ctx.items():
-            cond = _cond_of(group)
-            if cond is None:
-                continue
-            text, frame, func = cond
-            for suffix, none_when in ((" is None", True), (" == None", True), ("", False)):
-                if branch is none_when and text.endswith(suffix) \
-                        and self._names_key(ev, text[: len(text) - len(suffix)], frame, func, key):
-                    return True
-        return False
+        return any(self._none_branch(ev, group, key) is branch for group, branch in ev.ctx.items())
+
+    def _none_branch(self, ev: TraceEvent, group: Hashable, key: str) -> Optional[bool]:
+        """When `group` (a decision `ev` runs in) tests whether `key` is None (`key is None`,
+        `key is not None`, `key`, `not key`): the branch value on which `key` is None; else None."""
+        cond = _cond_of(group)
+        if cond is None:
+            return None
+        text, frame, func = cond
+        for suffix, none_when in ((" is None", True), (" == None", True), ("", False)):
+            if text.endswith(suffix) and self._names_key(ev, text[: len(text) - len(suffix)], frame, func, key):
+                return none_when
+        return None
 
     def _names_key(self, ev: TraceEvent, name: str, frame: Tuple[int, ...], func: Optional[cst.CSTNode],
                    key: str) -> bool:
@@ -650,14 +653,19 @@ class Events:
                 return True
         return False
 
-    def mandatory_between(self, c: TraceEvent, a: Optional[TraceEvent], b: TraceEvent) -> bool:
+    def mandatory_between(self, c: TraceEvent, a: Optional[TraceEvent], b: TraceEvent,
+                          not_none: Optional[str] = None) -> bool:
         """Every path that runs `a` (None: the start of the trace) and then `b` runs `c` between.
         A loop body is taken to run at least once: a loop over the optimizers or parameters that
-        runs zero times is not a training step anyone writes on purpose."""
+        runs zero times is not a training step anyone writes on purpose. `not_none`: an object
+        known not to be None on these paths (a scaler whose `scale()` ran): a decision on it
+        (`if scaler:`, `if scaler is not None:`) takes its not-None branch."""
         if (a is not None and c.order <= a.order) or c.order >= b.order:
             return False
         for g, br in c.ctx.items():
             if b.ctx.get(g) != br and (a is None or a.ctx.get(g) != br) and not _loop_group(g):
+                if not_none is not None and self._none_branch(c, g, not_none) is (not br):
+                    continue  # `if scaler:` after `scaler.scale(loss)`: taken
                 return False
         return not self.exclusive(c, b) and (a is None or not self.exclusive(c, a))
 
@@ -705,12 +713,12 @@ class Events:
         return loop is not None and (e.frame, ("loop", loop)) in b.ctx
 
     def path_without(self, trace: Trace, a: Optional[TraceEvent], b: TraceEvent,
-                     blocks: Callable[[TraceEvent], bool]) -> bool:
+                     blocks: Callable[[TraceEvent], bool], not_none: Optional[str] = None) -> bool:
         """Some path runs `a` (None: from the start) then `b` with no event `blocks` accepts
-        in between."""
+        in between (`not_none`: see `mandatory_between`)."""
         if a is not None and not self.may_precede(trace, a, b):
             return False
-        return not any(blocks(e) and self.mandatory_between(e, a, b) for e in trace.span(a, b))
+        return not any(blocks(e) and self.mandatory_between(e, a, b, not_none) for e in trace.span(a, b))
 
     def first_after(self, trace: Trace, a: TraceEvent, match: Callable[[TraceEvent], bool]) -> Optional[TraceEvent]:
         """The nearest event after `a` that `match` accepts and that `a` may precede."""
