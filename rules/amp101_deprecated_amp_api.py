@@ -27,6 +27,10 @@ from ampfix.knowledge.torch_amp_api import CLASSES, DEP_MODULES, IMPORT_DESCRIPT
     new_spelling, collect_bindings, describe, looks_migrated, new_call_args
 
 
+USED_MODULES = "AMP101: deprecated modules in use"  # in the rewrite's memo: set by the first pass
+DEP_MODULES_SET = set(DEP_MODULES)
+
+
 class DeprecatedAmpApi(Rule):
     code = "AMP101"
     name = "deprecated-amp-api"
@@ -236,8 +240,8 @@ with autocast("cuda", dtype=torch.float16):
             if any(b.pending for b in bs if b.blocked is None):
                 continue  # uses first; the import follows in the next pass
             movable = [b for b in bs if b.blocked is None]
-            if not movable:
-                continue
+            if not movable or not any(b.refs for b in bs):
+                continue  # nothing uses the names: an availability probe or a dead import (no warning fires)
             fix = self._import_fix(model, stmt, movable)
             if fix is None:
                 continue
@@ -246,7 +250,7 @@ with autocast("cuda", dtype=torch.float16):
             yield Violation(stmt, message=f"import from deprecated {old}: its uses are migrated, import from torch.amp",
                             fix=fix)
         # `import torch.cuda.amp` with no alias: binds `torch`; once nothing uses torch.cuda.amp, import torch
-        yield from self._plain_imports(model, uses)
+        yield from self._plain_imports(model, uses, ctx)
 
     @staticmethod
     def _import_fix(model: AmpModel, stmt: cst.CSTNode, movable: List[Binding]) -> Optional[Fix]:
@@ -255,7 +259,11 @@ with autocast("cuda", dtype=torch.float16):
         return Fix(import_from_elsewhere(model, stmt, [b.alias for b in movable], target), applicability=SAFE,
                    description=IMPORT_DESCRIPTION)
 
-    def _plain_imports(self, model: AmpModel, uses: List[Use]) -> Iterator[Violation]:
+    def _plain_imports(self, model: AmpModel, uses: List[Use], ctx: FileContext) -> Iterator[Violation]:
+        """`import torch.cuda.amp` once the rewrite migrated every use of torch.cuda.amp: only in a
+        later pass of a rewrite, and only when the file used torch.cuda.amp before it (an
+        `import torch.cuda.amp` nothing used is an availability probe or a dead import: importing
+        warns nothing)."""
         # anything still reached through torch.cuda.amp (a use not migrated yet, torch.cuda.amp.common)?
         still: Set[str] = set()
         text_users = [qn.name for n in model.nodes_of(cst.Attribute) if not model.in_import(n)
@@ -263,6 +271,11 @@ with autocast("cuda", dtype=torch.float16):
         for dev_mod in DEP_MODULES:
             if any(name == dev_mod or name.startswith(dev_mod + ".") for name in text_users):
                 still.add(dev_mod)
+        memo = ctx.extra.setdefault("rewrite_memo", {})
+        if not ctx.extra.get("rewrite_pass"):
+            memo[USED_MODULES] = set(still)
+            return
+        still |= DEP_MODULES_SET - memo.get(USED_MODULES, set())  # never used: not this rewrite's to remove
         plain_torch = model.torch_alias() == "torch"
         for stmt in model.nodes_of(cst.Import):
             for alias in stmt.names:

@@ -118,7 +118,8 @@ factory that offers several apex optimizers in its branches is one finding, at t
 Only the positional arguments whose meaning is the same in both are kept (FusedAdam: `params, lr`);
 a keyword without an equivalent, `*args`, or a replacement newer than `--min-torch-version`
 is reported. `isinstance`/annotation uses of the classes this file builds map to the torch class;
-an apex class subclassed or bound to a name the file calls is reported. Once the rewrite has
+an apex class bound to a name the file calls is reported; a subclass of an apex class (which
+extends apex's internals) is not. Once the rewrite has
 migrated every use of an apex import it is removed
 (a `try:` that only imports apex goes whole when its `except ImportError:` branch raises or
 binds nothing the file uses; next to an availability flag it is left, and the finding of its
@@ -242,7 +243,7 @@ model = torch.nn.parallel.DistributedDataParallel(model)
             reason = (f"a type check: `{short}` becomes a torch class that depends on its arguments; change the "
                       "check with the code that builds them")
         else:
-            reason = "it is bound to another name or subclassed here: its uses cannot be followed"
+            reason = "it is bound to another name here, which this file calls: migrate that name by hand"
         if new is None:
             return _Use(shown, f"{msg}; not migrated: {reason}", None, qualified, call)
         if torch is None:  # `import torch` goes before the file's first import, with this use
@@ -254,12 +255,10 @@ model = torch.nn.parallel.DistributedDataParallel(model)
 
     @staticmethod
     def _constructed_elsewhere(model: AmpModel, node: cst.CSTNode) -> bool:
-        """An apex class used as a value that this file still builds or extends: bound to a name
-        the file calls (`LayerNorm = FusedLayerNorm if has_apex else nn.LayerNorm`, then
-        `LayerNorm(...)`), or a base class of a class defined here."""
-        parent = model.parent(node)
-        if isinstance(parent, cst.Arg) and isinstance(model.parent(parent), cst.ClassDef):
-            return True
+        """An apex class used as a value that this file still builds: bound to a name the file
+        calls (`LayerNorm = FusedLayerNorm if has_apex else nn.LayerNorm`, then `LayerNorm(...)`).
+        A subclass of an apex class (a base class here) extends apex's internals: replacing its
+        base by torch's class is no migration, and it is not reported."""
         value: cst.CSTNode = node
         while isinstance(model.parent(value), (cst.IfExp, cst.BooleanOperation)):
             value = model.parent(value)
@@ -315,6 +314,8 @@ model = torch.nn.parallel.DistributedDataParallel(model)
         """`try: <apex imports>` / `except ImportError: <the same names bound again>`."""
         out: Dict[cst.Try, List[ImportBinding]] = {}
         for b in binds:
+            if lookup(b.qualified)[0] is None:
+                continue  # `nccl_allocator = None` as the fallback of an apex module torch has nothing for
             tr = try_of(model, b.stmt)
             if tr is not None and b.name in names_bound([s for h in tr.handlers for s in h.body.body]):
                 out.setdefault(tr, []).append(b)

@@ -110,6 +110,12 @@ class Guards:
             api = self.api_of(n)
             if api is not None and api.kind in MODERN_KINDS and not api.deprecated and self.is_ancestor(subtree, n):
                 return True
+        # `from torch.amp import GradScaler` (its name may also be bound to the old class elsewhere)
+        for imp in self._nodes_in(subtree, cst.ImportFrom):
+            if imp.module is not None and not imp.relative and dotted(imp.module) == "torch.amp" and (
+                    isinstance(imp.names, cst.ImportStar)
+                    or any(dotted(a.name) in MODERN_KINDS for a in imp.names)):  # type: ignore[union-attr]
+                return True
         # `getattr(torch.amp, "custom_fwd", None)`: the modern name, looked up
         for call in self._nodes_in(subtree, cst.Call):
             if isinstance(call.func, cst.Name) and call.func.value == "getattr" and len(call.args) > 1 \
