@@ -119,12 +119,29 @@ scaler.update()
         if earlier is None or later is None or self._next_iteration(model, trace, earlier, upd, later):
             return None
         shown = model.anchor(earlier, upd, later)[1]
+        message = self._between_message(model, earlier, upd, later) + model.where(upd, shown)
         if shown is not upd.node:
-            return Violation(shown, message=self.message + model.where(upd, shown))
+            return Violation(shown, message=message)
         last = self._chain_end(model, trace, later, (upd.scaler, frozenset(loops)),
                                lambda e: same_step(e) and loops <= set(e.loops()))
         final = model.first_after(trace, last, self._same(UPDATE, upd.scaler))
-        return Violation(upd.node, fix=self._fix_between(model, upd, last, final))
+        return Violation(upd.node, message=message, fix=self._fix_between(model, upd, last, final))
+
+    @staticmethod
+    def _between_message(model: AmpModel, earlier: TraceEvent, upd: TraceEvent, later: TraceEvent) -> str:
+        """Names what runs, as the reported function shows it: "`scaler.step(opt0)` (line 16) steps,
+        `scaler.update()` (line 17) updates, then `scaler.step(opt1)` (line 18) steps ..."."""
+        a, u, b = model.anchor(earlier, upd, later)
+
+        def shown(node: cst.CSTNode) -> str:
+            text = " ".join(model.code(node).split())
+            return f"`{text if len(text) <= 60 else text[:57] + '...'}` (line {model.line(node)})"
+
+        first = f"{shown(a)} steps and updates the scaler" if a is u else \
+            f"{shown(a)} steps, {shown(u)} updates the scaler"
+        return (f"the scaler is updated between two optimizer steps of one iteration: {first}, then {shown(b)} steps, "
+                "unscaling with the new scale gradients made (at least in part) at the old one; step every optimizer "
+                "first, then call `update()` once")
 
     @staticmethod
     def _next_iteration(model: AmpModel, trace: Trace, earlier: TraceEvent, upd: TraceEvent,
