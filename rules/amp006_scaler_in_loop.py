@@ -168,8 +168,8 @@ for x, y in loader:
             return None  # reads the method's locals or parameters
         text = dotted(target) or ""
         attr = text if text.startswith("self.") else f"self.{text}"
-        if "." in attr[5:] or (attr != text and model.attribute_values(cls, attr[5:])):
-            return None
+        if "." in attr[5:] or (attr != text and (model.attribute_values(cls, attr[5:]) or model.has_unseen_bases(cls))):
+            return None  # assigned already, or maybe by a base class in another module
         built = model.code(stmt.body[0].value)
         last = init.body.body[-1]
         fix = insert_after(model.module, last, [f"{attr} = {built}"])
