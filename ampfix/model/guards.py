@@ -111,14 +111,15 @@ class Guards:
             if api is not None and api.kind in MODERN_KINDS and not api.deprecated and self.is_ancestor(subtree, n):
                 return True
         # `from torch.amp import GradScaler` (its name may also be bound to the old class elsewhere)
-        for imp in self._nodes_in(subtree, cst.ImportFrom):
-            if imp.module is not None and not imp.relative and dotted(imp.module) == "torch.amp" and (
+        for imp in self.nodes_of(cst.ImportFrom):
+            if (imp is subtree or self.is_ancestor(subtree, imp)) and imp.module is not None and not imp.relative and dotted(imp.module) == "torch.amp" and (
                     isinstance(imp.names, cst.ImportStar)
                     or any(dotted(a.name) in MODERN_KINDS for a in imp.names)):  # type: ignore[union-attr]
                 return True
         # `getattr(torch.amp, "custom_fwd", None)`: the modern name, looked up
-        for call in self._nodes_in(subtree, cst.Call):
+        for call in self.calls:
             if isinstance(call.func, cst.Name) and call.func.value == "getattr" and len(call.args) > 1 \
+                    and (call is subtree or self.is_ancestor(subtree, call)) \
                     and "torch.amp" in self.qualnames(call.args[0].value) \
                     and literal_string(call.args[1].value) in MODERN_KINDS:
                 return True
