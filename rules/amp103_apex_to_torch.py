@@ -68,6 +68,20 @@ def _alternatives(model: AmpModel, a: Optional[cst.CSTNode], b: Optional[cst.CST
     return False
 
 
+def _thin_wrapper(model: AmpModel, cls: cst.ClassDef) -> bool:
+    """Every method `cls` defines calls the same method of `super()` (and it defines one)."""
+    methods = [f for f in model.nodes_of(cst.FunctionDef) if model.class_of(f) is cls]
+    if not methods:
+        return False
+    for f in methods:
+        name = f.name.value
+        if not any(isinstance(c.func, cst.Attribute) and c.func.attr.value == name
+                   and isinstance(c.func.value, cst.Call) and isinstance(c.func.value.func, cst.Name)
+                   and c.func.value.func.value == "super" and model.function_of(c) is f for c in model.calls):
+            return False
+    return True
+
+
 def _ends_in_exit(block: cst.BaseSuite) -> bool:
     body = getattr(block, "body", None)
     if not isinstance(body, (list, tuple)) or not body:
@@ -118,8 +132,8 @@ factory that offers several apex optimizers in its branches is one finding, at t
 Only the positional arguments whose meaning is the same in both are kept (FusedAdam: `params, lr`);
 a keyword without an equivalent, `*args`, or a replacement newer than `--min-torch-version`
 is reported. `isinstance`/annotation uses of the classes this file builds map to the torch class;
-an apex class bound to a name the file calls is reported; a subclass of an apex class (which
-extends apex's internals) is not. Once the rewrite has
+an apex class bound to a name the file calls, or wrapped by a thin subclass the file builds (its
+methods only add to `super()`'s), is reported; a subclass that extends apex's internals is not. Once the rewrite has
 migrated every use of an apex import it is removed
 (a `try:` that only imports apex goes whole when its `except ImportError:` branch raises or
 binds nothing the file uses; next to an availability flag it is left, and the finding of its
@@ -242,6 +256,8 @@ model = torch.nn.parallel.DistributedDataParallel(model)
         elif role == "type":
             reason = (f"a type check: `{short}` becomes a torch class that depends on its arguments; change the "
                       "check with the code that builds them")
+        elif isinstance(model.parent(node), cst.Arg):
+            reason = "a class of this file wraps it (as its base): give that class torch's base by hand"
         else:
             reason = "it is bound to another name here, which this file calls: migrate that name by hand"
         if new is None:
@@ -256,9 +272,17 @@ model = torch.nn.parallel.DistributedDataParallel(model)
     @staticmethod
     def _constructed_elsewhere(model: AmpModel, node: cst.CSTNode) -> bool:
         """An apex class used as a value that this file still builds: bound to a name the file
-        calls (`LayerNorm = FusedLayerNorm if has_apex else nn.LayerNorm`, then `LayerNorm(...)`).
-        A subclass of an apex class (a base class here) extends apex's internals: replacing its
-        base by torch's class is no migration, and it is not reported."""
+        calls (`LayerNorm = FusedLayerNorm if has_apex else nn.LayerNorm`, then `LayerNorm(...)`),
+        or the base of a thin wrapper the file builds (every method of the subclass calls the
+        same method of `super()`: fairseq's FusedLayerNorm). A subclass that does more extends
+        apex's internals (fairseq's FusedAdamV2): replacing its base is no migration, and it is
+        not reported."""
+        parent = model.parent(node)
+        if isinstance(parent, cst.Arg) and isinstance(model.parent(parent), cst.ClassDef):
+            cls = model.parent(parent)
+            assert isinstance(cls, cst.ClassDef)
+            built = any(isinstance(c.func, cst.Name) and c.func.value == cls.name.value for c in model.calls)
+            return built and _thin_wrapper(model, cls)
         value: cst.CSTNode = node
         while isinstance(model.parent(value), (cst.IfExp, cst.BooleanOperation)):
             value = model.parent(value)
