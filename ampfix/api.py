@@ -18,8 +18,8 @@ class AmpfixError(Exception):
     """The source could not be analysed (syntax error, ...)."""
 
 
-def _rules(select: Optional[Sequence[str]], ignore: Sequence[str]):
-    return select_rules(list(select) if select is not None else None, list(ignore))
+def _rules(select: Optional[Sequence[str]], ignore: Sequence[str], preview: bool = False):
+    return select_rules(list(select) if select is not None else None, list(ignore), preview)
 
 
 def check_source(
@@ -28,9 +28,10 @@ def check_source(
     select: Optional[Sequence[str]] = None,
     ignore: Sequence[str] = (),
     min_torch_version=DEFAULT_MIN_TORCH,
+    preview: bool = False,
 ) -> List[Diagnostic]:
     try:
-        diags, _ = check_text(source, path, _rules(select, ignore), Settings(min_torch_version=min_torch_version))
+        diags, _ = check_text(source, path, _rules(select, ignore, preview), Settings(min_torch_version=min_torch_version))
     except InputError as exc:
         raise AmpfixError(str(exc.error)) from None
     return diags
@@ -43,11 +44,12 @@ def fix_source(
     select: Optional[Sequence[str]] = None,
     ignore: Sequence[str] = (),
     min_torch_version=DEFAULT_MIN_TORCH,
+    preview: bool = False,
 ) -> str:
     """`source` with ampfix's fixes applied (safe ones; unsafe ones too when `unsafe`)."""
     settings = Settings(min_torch_version=min_torch_version, unsafe_fixes=unsafe)
     try:
-        text, _, _ = fix_text(source, path, _rules(select, ignore), settings)
+        text, _, _ = fix_text(source, path, _rules(select, ignore, preview), settings)
     except InputError as exc:
         raise AmpfixError(str(exc.error)) from None
     return text

@@ -75,6 +75,9 @@ class FileContext:
     source: str
     model: "AmpModel"
     min_torch_version: Tuple[int, ...] = DEFAULT_MIN_TORCH
+    #: where min_torch_version comes from: "--min-torch-version", "min-torch-version in
+    #: pyproject.toml", "`torch>=1.13` in setup.py" (the project's metadata), "" (the default)
+    min_torch_source: str = ""
     unsafe_fixes: bool = False
     #: set by the engine: (node, code) -> suppressed by `# noqa` on its line
     suppression: Optional[Callable[[cst.CSTNode, str], bool]] = None
@@ -113,9 +116,20 @@ class Rule:
     docs: ClassVar[str] = ""
     #: Off unless selected explicitly (by its code, not by a prefix or ALL).
     default_enabled: ClassVar[bool] = True
+    #: A preview rule runs only with preview on (`--preview`, `preview = true` in [tool.ampfix]),
+    #: as ruff's preview rules do. A rule measured below the precision threshold on the
+    #: ecosystem check is preview too (`ampfix/knowledge/precision.py`): see `in_preview`.
+    preview: ClassVar[bool] = False
 
     def check(self, ctx: FileContext) -> Iterator[Violation]:  # pragma: no cover - abstract
         raise NotImplementedError
+
+    @classmethod
+    def in_preview(cls) -> bool:
+        """Marked preview, or measured below the precision threshold: runs only with preview on."""
+        from ampfix.knowledge.precision import below_threshold
+
+        return bool(cls.preview) or below_threshold(cls.code)
 
     @classmethod
     def triggered_by(cls, text: str, lowered: str) -> bool:

@@ -26,8 +26,10 @@ class ClipScaledGradients(Rule):
 After `scaler.scale(loss).backward()` every `.grad` is multiplied by the current scale
 (e.g. 65536). Clipping then compares the norm against a threshold that is effectively 65536x
 too small, so nearly every step is clipped hard and training stalls; reading `.grad` values
-for a decision (a gradient-norm threshold that skips steps, logging) sees scaled values. Unscale
-first: `scaler.step()` knows the gradients were unscaled already.
+for a decision (a gradient-norm threshold that skips steps, a clipping coefficient computed by
+hand) sees scaled values. Unscale first: `scaler.step()` knows the gradients were unscaled
+already. A `.grad` value that is only printed, logged, stored or returned is not reported: it
+decides nothing in training (the logged number is scaled, the training is not affected).
 
 The check follows the step through helpers and methods (`self.clip_gradients(...)`, a loss
 scaler's `__call__`), and through branches: an `unscale_` that runs only when logging is on
@@ -70,6 +72,8 @@ scaler.update()
         for trace in model.traces():
             shared: Dict[int, Optional[Fix]] = {}  # one unscale_ serves every read after the same backward
             for read in trace.of(GRAD_READ):
+                if read.event.detail == "read" and not self._decides(model, read.node):
+                    continue  # `.grad` read to be printed or logged: no training decision sees it
                 bw = model.last_before(trace, read, lambda e: e.kind == BACKWARD and e.event.detail == "scaled")
                 if bw is None:
                     continue
@@ -86,8 +90,9 @@ scaler.update()
                         return True
                     return e.kind == UNSCALE and e.scaler == scaler and (owner is None or e.target in (owner, None))
 
-                if not model.path_without(trace, bw, read, covers) or model.within_one_call(bw, read, *steps):
-                    continue
+                if not model.path_without(trace, bw, read, covers, not_none=scaler) \
+                        or model.within_one_call(bw, read, *steps):
+                    continue  # (`if scaler: scaler.unscale_(opt)` after `scaler.scale(loss)` runs: it is not None)
                 shown = model.anchor(bw, read)[1]
                 unscales = [u for u in trace.between(bw, read, UNSCALE) if u.scaler == scaler]
                 partial = [u for u in unscales if covers(u)]  # they run on some paths only
@@ -97,12 +102,31 @@ scaler.update()
                     if id(bw.node) not in shared:
                         shared[id(bw.node)] = self._fix(model, shown, bw, read, local_owner, steps)
                     fix = shared[id(bw.node)]
-                yield Violation(shown, message=self._message(model, read, shown, local_owner, owner, unscales), fix=fix)
+                yield Violation(shown, message=self._message(model, read, shown, local_owner, owner, unscales, later,
+                                                             steps, fix), fix=fix)
+
+    def _decides(self, model: AmpModel, node: cst.CSTNode) -> bool:
+        memo = self.__dict__.setdefault("_decides_memo", {})
+        if id(node) not in memo:
+            memo[id(node)] = model.feeds_decision(node)
+        return memo[id(node)]
 
     @staticmethod
     def _message(model: AmpModel, read: TraceEvent, shown: cst.CSTNode, local_owner: Optional[str],
-                 owner: Optional[str], unscales: list) -> Optional[str]:
+                 owner: Optional[str], unscales: list, later: list, steps: list, fix: Optional[Fix]) -> Optional[str]:
         what = "clipped" if read.event.detail == "clip" else "read"
+        if later and not unscales:
+            u = later[0]
+            call = model.code(u.node) if u.via == read.via else "`unscale_`"
+            call = f"`{call}`" if not call.startswith("`") else call
+            return (f"gradients are {what} while still scaled: {call} on line {model.line(u.node)} runs after this; "
+                    "call it before" + model.where(read, shown))
+        targets = sorted({s.event.target for s in steps if s.event.target})
+        if fix is None and not unscales and owner is None and len(targets) > 1:
+            names = ", ".join(f"`{t}`" for t in targets)
+            return (f"gradients are {what} while still scaled by the GradScaler; call `scaler.unscale_(...)` first for "
+                    f"the optimizer of these parameters (not fixed: the scaler steps {names}, which one owns them is "
+                    "not known)" + model.where(read, shown))
         if unscales and owner is not None and all(u.target not in (owner, None) for u in unscales):
             owner = local_owner
             return (f"gradients of `{owner}`'s parameters are clipped while still scaled: `unscale_` was called for "
@@ -130,6 +154,7 @@ scaler.update()
         if len(opts) != 1 or None in opts or not isinstance(stmt, cst.SimpleStatementLine) or not in_block(model, stmt):
             return None
         (opt,) = opts
+        what = "clipping" if read.event.detail == "clip" else "reading the gradients"
         return Fix(insert_before(model.module, stmt, [f"{bw.event.scaler}.unscale_({opt})"]), applicability=SAFE,
-                   description="scaler.unscale_(optimizer) inserted before clipping")
+                   description=f"scaler.unscale_(optimizer) inserted before {what}")
 

@@ -36,13 +36,16 @@ Not reported: `optimizer.step()` in the non-AMP branch of `if use_amp:` (correla
 separate statements count as one decision), an optimizer whose gradients were unscaled with
 `scaler.unscale_(optimizer)` first (only the inf/NaN skip is lost), a step after `zero_grad()`
 or after the scaler's `update()` (a later, unscaled backward feeds it), a loop with no scaler,
-`lr_scheduler.step()`, and a `GradScaler(enabled=False)` (its `scale()` returns the loss as it is;
-only a literal `False` counts).
+`lr_scheduler.step()`, a `GradScaler(enabled=False)` (its `scale()` returns the loss as it is;
+only a literal `False` counts), `scaler.step(optimizer)` on a project's own scaler class (one with
+`scale` and `step` methods, such as a no-op scaler for fp32 runs whose `step()` calls
+`optimizer.step()`), and a step that runs only where the scaler is None (`if self.scaler is None:
+optimizer.step()`): after `scaler.scale(loss)` the scaler is not None.
 
-Measured on the CPU (bf16 autocast, the GradScaler enabled, SGD with momentum:
-`fixtures/train/buggy_step_bypasses_scaler.py`): the loss is NaN within 40 steps; the rewrite
-trains like fp32 (max gap 0.02%). With Adam the damage is smaller (its update is nearly
-invariant to a constant gradient scale), but no step is ever skipped on an overflow.
+With SGD (with or without momentum) every update is the scale times too large (65536x at
+first) and the loss diverges within a few steps. With Adam the damage is smaller (its update is
+nearly invariant to a constant gradient scale, though its `eps` and weight decay are not), but
+no step is ever skipped on an overflow, so inf/NaN gradients reach the weights.
 
 The fix replaces `optimizer.step()` with `scaler.step(optimizer)`, and adds `scaler.update()`
 when the scaler is never stepped nor updated (only when the scaled backward runs on every path
@@ -107,6 +110,8 @@ for x, y in loader:
             if not scales or model.scaler_disabled(scales[0].func.value):
                 continue
             key = model.scaler_of_scale(bw, scales[0])
+            if model.runs_only_without(step, key):
+                continue  # `if self.scaler is None: optimizer.step()`: the scale() above proves it is not
 
             def blocks(e: TraceEvent) -> bool:
                 if e.kind == ZERO_GRAD or (e.kind == UPDATE and e.scaler == key):

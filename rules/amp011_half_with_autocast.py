@@ -49,10 +49,6 @@ AMP is off (`if args.half: model.half()` as an alternative to autocast), and cas
 
 The fix (unsafe: the model's dtype changes) removes the cast.
 
-On this CPU (float16 autocast and GradScaler work on the CPU) the mistake raises at the first
-`scaler.step`: `fixtures/train/buggy_half_with_scaler.py` fails under `ampfix verify`, its rewrite
-trains like float32.
-
 Bad:
 ```python
 import torch

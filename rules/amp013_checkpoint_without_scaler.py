@@ -37,8 +37,8 @@ of a `save_checkpoint(state, ...)` helper. The fix (unsafe: it changes the check
 adds a `"scaler"` entry, and on the load side restores it when the checkpoint has one, so older
 checkpoints still load.
 
-On this CPU with bfloat16 the mistake makes no difference (nothing overflows, the scale never
-moves); with float16 a resume shows as skipped steps.
+With bfloat16 the mistake rarely shows (its gradients hardly ever overflow, so the scale hardly
+matters); with float16 a resume shows as skipped steps.
 
 Bad:
 ```python

@@ -215,11 +215,18 @@ def build_model(module: cst.Module, text: str, path: str, settings: Settings) ->
 def _analyze(
     module: cst.Module, text: str, path: str, rules: Sequence[Type[Rule]], settings: Settings,
     selected: Sequence[str] = (),
+    rewrite_pass: int = 0,
+    memo: Optional[dict] = None,
 ) -> Tuple[List[_Found], AmpModel]:
     model = build_model(module, text, path, settings)
     suppression = _Suppression(text, model)
     ctx = FileContext(path=path, source=text, model=model, min_torch_version=settings.min_torch_version,
-                      unsafe_fixes=settings.unsafe_fixes, suppression=suppression)
+                      min_torch_source=settings.min_torch_source, unsafe_fixes=settings.unsafe_fixes,
+                      suppression=suppression)
+    # how many fix passes of this rewrite changed the text already (0: the text as it was): a
+    # migration's follow-up edits (an import its fixed uses left unused) exist only after one
+    ctx.extra["rewrite_pass"] = rewrite_pass
+    ctx.extra["rewrite_memo"] = {} if memo is None else memo  # kept across the passes of one rewrite
     found: List[_Found] = []
     # a rule that judges the `# noqa` directives themselves (AMP901) runs after the others,
     # told which directives silenced something and which codes were selected for this file
@@ -461,8 +468,9 @@ def fix_text(text: str, path: str, rules: Sequence[Type[Rule]], settings: Settin
     original_compiles = None
     current = text
     module = parse_in_project(current, path, settings)
-    for _ in range(MAX_FIX_PASSES):
-        found, model = _analyze(module, current, path, active, settings, selected)
+    memo: dict = {}
+    for n_pass in range(MAX_FIX_PASSES):
+        found, model = _analyze(module, current, path, active, settings, selected, rewrite_pass=n_pass, memo=memo)
         remaining = [f.diagnostic for f in found if not f.noqa]
         if stats is not None and current is text:
             for d in remaining:
@@ -489,7 +497,7 @@ def fix_text(text: str, path: str, rules: Sequence[Type[Rule]], settings: Settin
             key = f"{f.diagnostic.code}: {f.violation.fix.description}"  # type: ignore[union-attr]
             fixed[key] = fixed.get(key, 0) + 1
         current, module = new_text, reparsed
-    found, _ = _analyze(module, current, path, active, settings, selected)
+    found, _ = _analyze(module, current, path, active, settings, selected, rewrite_pass=MAX_FIX_PASSES, memo=memo)
     return current, fixed, [f.diagnostic for f in found if not f.noqa]
 
 

@@ -17,7 +17,7 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 KNOWN_KEYS = {"select", "extend-select", "ignore", "exclude", "extend-exclude", "per-file-ignores",
-              "min-torch-version", "max-file-size"}
+              "min-torch-version", "max-file-size", "preview"}
 DEFAULT_MAX_FILE_SIZE = 4 * 1024 * 1024  # bytes; larger files are skipped (reported), not analysed
 _UNITS = {"": 1, "b": 1, "kb": 1000, "kib": 1024, "mb": 1000 ** 2, "mib": 1024 ** 2, "gb": 1000 ** 3,
           "gib": 1024 ** 3}
@@ -36,7 +36,9 @@ class Config:
     exclude: List[str] = field(default_factory=list)
     per_file_ignores: Dict[str, List[str]] = field(default_factory=dict)
     min_torch_version: Tuple[int, ...] = DEFAULT_MIN_TORCH
+    min_torch_configured: bool = False  # `min-torch-version` was set (else it may be inferred)
     max_file_size: int = DEFAULT_MAX_FILE_SIZE
+    preview: bool = False  # preview rules run too
 
     @property
     def root(self) -> Path:
@@ -149,8 +151,14 @@ def load_config(path: Optional[Path]) -> Config:
     cfg.per_file_ignores = {k: _str_list(v, f"per-file-ignores.{k}", where) for k, v in pfi.items()}
     if "min-torch-version" in table:
         cfg.min_torch_version = parse_version(table["min-torch-version"], where)
+        cfg.min_torch_configured = True
     if "max-file-size" in table:
         cfg.max_file_size = parse_size(table["max-file-size"], where)
+    if "preview" in table:
+        if not isinstance(table["preview"], bool):
+            raise ConfigError(f"{where}: `preview` in [tool.ampfix] must be a boolean (true or false), "
+                              f"got {_type_name(table['preview'])}")
+        cfg.preview = table["preview"]
     return cfg
 
 

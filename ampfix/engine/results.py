@@ -197,6 +197,8 @@ def decode_source(data: bytes, path: str) -> SourceText:
 @dataclass
 class Settings:
     min_torch_version: Tuple[int, ...] = DEFAULT_MIN_TORCH
+    #: where min_torch_version comes from, for messages ("" = the default)
+    min_torch_source: str = ""
     unsafe_fixes: bool = False
     details: bool = False  # checking: attach each finding's fix as edits and a diff (FixEdit)
     add_noqa: bool = False  # "fixing" adds `# noqa: CODE` for each finding instead

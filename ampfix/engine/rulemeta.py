@@ -57,6 +57,7 @@ class RuleInfo:
     triggers_lower: Tuple[str, ...]
     requires: Tuple[Tuple[str, ...], ...]
     project_requires: Optional[Tuple[Tuple[str, ...], ...]] = None
+    preview: bool = False  # runs only with preview on (`Rule.in_preview`)
 
     def maybe_triggered(self, text: str, lowered: str, project: bool = False) -> bool:
         if trigger_test(text, lowered, self.triggers, self.triggers_lower, self.requires):
@@ -83,7 +84,8 @@ def rule_info(load: Callable[[], Dict[str, RuleInfo]], folder: Optional[Path] = 
             info = {r["code"]: RuleInfo(r["code"], r["name"], bool(r["default_enabled"]), tuple(r["triggers"]),
                                         tuple(r["triggers_lower"]), tuple(tuple(g) for g in r["requires"]),
                                         None if r.get("project_requires") is None
-                                        else tuple(tuple(g) for g in r["project_requires"]))
+                                        else tuple(tuple(g) for g in r["project_requires"]),
+                                        bool(r["preview"]))
                     for r in raw["rules"]}
         except (OSError, ValueError, TypeError, KeyError):
             info = None
@@ -149,11 +151,15 @@ def _selects(code: str, default_enabled: bool, selectors: Sequence[str]) -> bool
 
 
 def select_codes(select: Optional[Sequence[str]], ignore: Sequence[str], info: Dict[str, RuleInfo],
-                 extend: Sequence[str] = ()) -> List[str]:
+                 extend: Sequence[str] = (), preview: bool = False) -> List[str]:
     """`ampfix.engine.registry.select_rules`, as codes: `select` (None: the default set) plus
-    `extend` (`extend-select`), minus `ignore`."""
+    `extend` (`extend-select`), minus `ignore`. A preview rule is chosen only with `preview` on
+    (then as any other rule), whatever selects it: a prefix, ALL or its own code
+    (`preview_warnings` tells the user about the last)."""
     chosen = []
     for code, r in info.items():
+        if r.preview and not preview:
+            continue
         if select is None:
             wanted = r.default_enabled
         else:
@@ -162,6 +168,16 @@ def select_codes(select: Optional[Sequence[str]], ignore: Sequence[str], info: D
         if wanted and not any(_matches(code, s) for s in ignore):
             chosen.append(code)
     return chosen
+
+
+def preview_warnings(select: Optional[Sequence[str]], info: Dict[str, RuleInfo], preview: bool) -> List[str]:
+    """As ruff: selecting a preview rule by its exact code without preview on does nothing, and
+    says so."""
+    if preview or not select:
+        return []
+    return [f"warning: selection `{code}` has no effect because preview is not enabled ({code} is a preview "
+            "rule: add --preview, or `preview = true` in [tool.ampfix])"
+            for code in dict.fromkeys(select) if code in info and info[code].preview]
 
 
 def maybe_triggered(codes: Sequence[str], text: str, info: Dict[str, RuleInfo], project: bool = False) -> bool:

@@ -54,6 +54,7 @@ class Options:
     add_noqa: bool = False  # add `# noqa: CODE` to each finding's line instead of fixing
     max_file_size: Optional[str] = None  # --max-file-size (else the config's, else 4 MiB)
     no_cache: bool = False  # --no-cache
+    preview: Optional[bool] = None  # --preview / --no-preview (None: the config's `preview`)
 
 
 @dataclass
@@ -69,6 +70,8 @@ class Plan:
     max_file_size: int = 0
     problems: List[str] = field(default_factory=list)  # paths that could not be read while discovering
     notes: List[FileError] = field(default_factory=list)  # warnings about the paths (a folder with no Python file)
+    warnings: List[str] = field(default_factory=list)  # about the options (a preview rule selected without preview)
+    preview: bool = False
 
 
 @dataclass
@@ -81,7 +84,8 @@ class Run:
     def warnings(self) -> List[str]:
         """Folders with nothing to check, files and notebook cells skipped, with the reason (the
         exit status is not changed)."""
-        return [str(n) for n in self.plan.notes] + [str(n) for r in self.results for n in r.notes]
+        return list(self.plan.warnings) + [str(n) for n in self.plan.notes] + \
+            [str(n) for r in self.results for n in r.notes]
 
     @property
     def errors(self) -> List[str]:
@@ -139,8 +143,7 @@ def make_plan(options: Options) -> Plan:
         for glob, codes in config.per_file_ignores.items():
             validate_selectors(codes, f"{config.path}: per-file-ignores {glob!r}")
         in_config = False
-        min_version = (parse_version(options.min_torch_version, "--min-torch-version")
-                       if options.min_torch_version else config.min_torch_version)
+        min_version, min_source = _min_torch(options, config, paths)
         max_size = (parse_size(options.max_file_size, "--max-file-size", "--max-file-size")
                     if options.max_file_size else config.max_file_size)
     except ConfigError as exc:
@@ -153,7 +156,9 @@ def make_plan(options: Options) -> Plan:
         selection, extend = cli_select, cli_extend
     else:
         selection, extend = cfg_select, cfg_extend + cli_extend
-    codes = rulemeta.select_codes(selection, cfg_ignore + cli_ignore, info, extend)
+    preview = options.preview if options.preview is not None else config.preview
+    codes = rulemeta.select_codes(selection, cfg_ignore + cli_ignore, info, extend, preview)
+    warnings = rulemeta.preview_warnings(selection, info, preview)
     problems: List[str] = []
     files, missing = discover(paths, config.exclude, config.root, force_exclude=options.force_exclude,
                               problems=problems)
@@ -162,12 +167,12 @@ def make_plan(options: Options) -> Plan:
         from ampfix.engine.cache import cache_dir
 
         summaries = str(cache_dir(config.root))
-    settings = Settings(min_torch_version=min_version, unsafe_fixes=options.unsafe_fixes, details=options.details,
-                        add_noqa=options.add_noqa, project=True, cache_folder=summaries)
+    settings = Settings(min_torch_version=min_version, min_torch_source=min_source, unsafe_fixes=options.unsafe_fixes,
+                        details=options.details, add_noqa=options.add_noqa, project=True, cache_folder=summaries)
     notes = [FileError(p, None, None, "no Python files found under this folder (*.py, *.pyi, *.ipynb, after "
                                       "exclude and .gitignore)", level="warning")
              for p in _empty_folders(paths, files)]
-    return Plan(options, config, tuple(codes), files, missing, settings, max_size, problems, notes)
+    return Plan(options, config, tuple(codes), files, missing, settings, max_size, problems, notes, warnings, preview)
 
 
 def _empty_folders(paths: Sequence[str], files: Sequence[str]) -> List[str]:
@@ -182,6 +187,29 @@ def _empty_folders(paths: Sequence[str], files: Sequence[str]) -> List[str]:
         if not any(f.startswith(prefix) or (d == "." and not os.path.isabs(f)) for f in found):
             out.append(p)
     return out
+
+
+def _min_torch(options: Options, config: Config, paths: Sequence[str]) -> Tuple[Tuple[int, ...], str]:
+    """The oldest torch the checked code supports, and where that comes from: `--min-torch-version`,
+    else `min-torch-version` in the configuration, else the project's own requirements on torch
+    (`ampfix/engine/requirements.py`), else the default."""
+    if options.min_torch_version:
+        return parse_version(options.min_torch_version, "--min-torch-version"), "--min-torch-version"
+    if config.min_torch_configured:
+        return config.min_torch_version, f"min-torch-version in {config.path.name if config.path else 'the config'}"
+    from ampfix.engine.requirements import infer_min_torch
+
+    real = [p for p in paths if p != "-"]
+    if options.stdin_filename and not real:
+        real = [options.stdin_filename]
+    try:
+        start = Path(os.path.commonpath([os.path.abspath(p) for p in real])) if real else Path.cwd()
+    except ValueError:
+        start = Path.cwd()
+    found = infer_min_torch(start)
+    if found is not None:
+        return found.version, found.where
+    return config.min_torch_version, ""
 
 
 def _uses_cache(options: Options) -> bool:

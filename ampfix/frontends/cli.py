@@ -51,7 +51,7 @@ def _plan(paths, select, ignore, config_file, min_torch, force_exclude, stdin_fi
                              min_torch_version=min_torch, force_exclude=force_exclude,
                              stdin_filename=stdin_filename, fix=fix, unsafe_fixes=unsafe, jobs=jobs,
                              details=details, add_noqa=add_noqa, max_file_size=meta.get("ampfix.max_file_size"),
-                             no_cache=bool(meta.get("ampfix.no_cache")))
+                             no_cache=bool(meta.get("ampfix.no_cache")), preview=meta.get("ampfix.preview"))
     try:
         return runner.make_plan(options)
     except runner.OptionsError as exc:
@@ -196,7 +196,8 @@ def _common(f):
     f = click.option("--config", "config_file", type=click.Path(dir_okay=False), default=None,
                      help="Use this pyproject.toml instead of the nearest one.")(f)
     f = click.option("--min-torch-version", default=None, metavar="X.Y",
-                     help="Oldest torch the code must support (default: config, else 2.4).")(f)
+                     help="Oldest torch the code must support (default: min-torch-version in the config, else "
+                          "the project's requirement on torch, else 2.4).")(f)
     f = click.option("--stdin-filename", default=None, metavar="NAME",
                      help="The name of the code read from stdin (`-` among the paths): reported, matched by "
                           "per-file-ignores and, with --force-exclude, by exclude.")(f)
@@ -212,6 +213,9 @@ def _common(f):
                           "[tool.ampfix], else 4MiB).")(f)
     f = click.option("--no-cache", is_flag=True, expose_value=False, callback=_store_param,
                      help="Neither read nor write the cache (.ampfix_cache/, or AMPFIX_CACHE_DIR).")(f)
+    f = click.option("--preview/--no-preview", "preview", default=None, expose_value=False, callback=_store_param,
+                     help="Also run the preview rules: new ones, and those whose measured precision on real "
+                          "projects is below 0.95 (default: `preview` in [tool.ampfix], else off).")(f)
     f = click.argument("paths", nargs=-1, type=click.Path(allow_dash=True))(f)
     return f
 
@@ -511,27 +515,40 @@ def fix_summary(results: Sequence["runner.FileResult"], diff: bool = False, unsa
 @click.option("--output-format", type=click.Choice(["text", "json", "markdown"]), default="text", show_default=True)
 def rules_cmd(output_format: str) -> None:
     """List the rules (`markdown`: the README's rule table)."""
+    from ampfix.knowledge import precision
+
     rules = all_rules()
     if output_format == "json":
-        click.echo(json.dumps([{"code": r.code, "name": r.name, "fix": r.fixable, "message": r.message,
-                                "default_enabled": r.default_enabled} for r in rules.values()], indent=2))
+        out = []
+        for r in rules.values():
+            m = precision.measured(r.code)
+            out.append({"code": r.code, "name": r.name, "fix": r.fixable, "message": r.message,
+                        "default_enabled": r.default_enabled, "preview": r.in_preview(),
+                        "precision": None if m is None else {"value": round(m.precision, 4), "true": m.true,
+                                                             "false": m.false, "debatable": m.debatable,
+                                                             "source": m.source}})
+        click.echo(json.dumps(out, indent=2))
         return
     if output_format == "markdown":
         click.echo(rules_table(rules.values()), nl=False)
         return
     for r in rules.values():
         off = "" if r.default_enabled else f" (off by default: --select {r.code}, or ALL)"
+        off += " (preview)" if r.in_preview() else ""
         click.echo(f"{r.code}  {r.name:<34} fix: {r.fixable:<9} {r.message}{off}")
 
 
 def rules_table(rules) -> str:
     """The README's rule table, generated from the rules (a test keeps the README in step)."""
-    lines = ["| code | name | fix |", "|---|---|---|"]
+    from ampfix.knowledge import precision
+
+    lines = ["| code | name | fix | precision (judged findings) |", "|---|---|---|---|"]
     for r in rules:
         note = (r.fix_note or r.fixable).replace("|", "\\|")
         if not r.default_enabled:
             note += f"; off by default: select it as `{r.code}` (or `ALL`)"
-        lines.append(f"| {r.code} | {r.name} | {note} |")
+        measured = precision.short(r.code) + (", preview" if r.in_preview() else "")
+        lines.append(f"| {r.code} | {r.name} | {note} | {measured} |")
     return "\n".join(lines) + "\n"
 
 
@@ -542,8 +559,13 @@ def explain(code: str) -> None:
     rule = find_rule(code)
     if rule is None:
         raise UsageError(f"unknown rule {code!r}; `ampfix rules` lists them")
+    from ampfix.knowledge import precision
+
     click.echo(f"# {rule.code} {rule.name}\n")
     click.echo(f"Fix: {rule.fixable}\n")
+    click.echo(f"Measured: {precision.note(rule.code)}\n")
+    if rule.in_preview():
+        click.echo("Preview: runs only with `--preview` (or `preview = true` in [tool.ampfix]).\n")
     click.echo(f"{rule.message}\n")
     click.echo(rule.docs.strip("\n"))
 

@@ -223,6 +223,18 @@ def _loop_group(group: Hashable) -> bool:
         and group[1][0] in ("loop", "comp")
 
 
+def _cond_of(group: Hashable) -> Optional[Tuple[str, Tuple[int, ...], Optional[cst.CSTNode]]]:
+    """For a trace's decision on a stable test (see `flow.py`): (the test's text in its positive
+    form, the frame of a decision on a call's locals (empty: on the root's names), the function
+    of a local decision); None for other groups."""
+    if isinstance(group, tuple) and len(group) == 4 and group[0] == "cond" and group[1] is None:
+        return group[2], (), None  # a test on parameters, `self` or globals: in the root's names
+    if isinstance(group, tuple) and len(group) == 2 and isinstance(group[1], tuple) and len(group[1]) == 5 \
+            and group[1][0] == "cond":
+        return group[1][2], group[0], group[1][1]
+    return None
+
+
 def _grad_expr(expr: cst.CSTNode) -> bool:
     """`p.grad`, `p.grad.data`, `p.grad.detach()`."""
     while True:
@@ -285,7 +297,7 @@ class Events:
         if worker is not None:
             return Event(THREAD_RUN, call, target=self.code(worker))
         callees = self.callees(call)
-        if callees:
+        if callees and not self.scaler_method_call(call):  # a scaler class's own methods are scaler calls
             return Event(CALL, call, callees=tuple(callees))
         func = call.func
         if isinstance(func, cst.Attribute):
@@ -911,6 +923,50 @@ class Events:
         return out
 
     # ---------------------------------------------------------------- path queries on traces
+    def runs_only_without(self, ev: TraceEvent, key: Optional[str]) -> bool:
+        """`ev` runs only where the object `key` (in the names of `ev`'s trace root) is None:
+        under `if key is None:` / `if not key:`, or in the `else` of `if key is not None:` /
+        `if key:`. After `key.scale(loss)` ran, `key` is not None (else that call raised), so
+        such an event is not reached from it: `if self.scaler is None: optimizer.step()`."""
+        if key is None:
+            return False
+        return any(self._none_branch(ev, group, key) is branch for group, branch in ev.ctx.items())
+
+    def _none_branch(self, ev: TraceEvent, group: Hashable, key: str) -> Optional[bool]:
+        """When `group` (a decision `ev` runs in) tests whether `key` is None (`key is None`,
+        `key is not None`, `key`, `not key`): the branch value on which `key` is None; else None."""
+        cond = _cond_of(group)
+        if cond is None:
+            return None
+        text, frame, func = cond
+        for suffix, none_when in ((" is None", True), (" == None", True), ("", False)):
+            if text.endswith(suffix) and self._names_key(ev, text[: len(text) - len(suffix)], frame, func, key):
+                return none_when
+        return None
+
+    def _names_key(self, ev: TraceEvent, name: str, frame: Tuple[int, ...], func: Optional[cst.CSTNode],
+                   key: str) -> bool:
+        """`name`, written in a decision of `ev`'s trace, is the object `key` of the root's names."""
+        if name == key:
+            return True
+        if frame and f"{name}@{frame[-1]}" == key:  # a local of that call, as `_subst` writes it
+            return True
+        alias = self._local_alias(func, name)  # `scaler = self.scaler` in that function
+        if alias is None:
+            return False
+        if not frame:
+            return alias == key
+        return func is self.function_of(ev.node) and self._subst(alias, ev.subst, ev.frame, ev.node) == key
+
+    def _local_alias(self, func: Optional[cst.CSTNode], name: str) -> Optional[str]:
+        """`self.scaler` for `scaler` when `func` assigns `scaler = self.scaler` once."""
+        if func is None or "." in name:
+            return None
+        entries = [v for _, v, s in self._by_key.get(name, []) if s is func]
+        if len(entries) == 1 and isinstance(entries[0], (cst.Name, cst.Attribute)):
+            return dotted(entries[0])
+        return None
+
     def exclusive(self, a, b) -> bool:
         """`a` and `b` (trace events, or two nodes of one function) never run in the same pass."""
         ca = a.ctx if isinstance(a, TraceEvent) else dict(self.contexts(a))
@@ -922,14 +978,19 @@ class Events:
                 return True
         return False
 
-    def mandatory_between(self, c: TraceEvent, a: Optional[TraceEvent], b: TraceEvent) -> bool:
+    def mandatory_between(self, c: TraceEvent, a: Optional[TraceEvent], b: TraceEvent,
+                          not_none: Optional[str] = None) -> bool:
         """Every path that runs `a` (None: the start of the trace) and then `b` runs `c` between.
         A loop body is taken to run at least once: a loop over the optimizers or parameters that
-        runs zero times is not a training step anyone writes on purpose."""
+        runs zero times is not a training step anyone writes on purpose. `not_none`: an object
+        known not to be None on these paths (a scaler whose `scale()` ran): a decision on it
+        (`if scaler:`, `if scaler is not None:`) takes its not-None branch."""
         if (a is not None and c.order <= a.order) or c.order >= b.order:
             return False
         for g, br in c.ctx.items():
             if b.ctx.get(g) != br and (a is None or a.ctx.get(g) != br) and not _loop_group(g):
+                if not_none is not None and self._none_branch(c, g, not_none) is (not br):
+                    continue  # `if scaler:` after `scaler.scale(loss)`: taken
                 return False
         return not self.exclusive(c, b) and (a is None or not self.exclusive(c, a))
 
@@ -981,12 +1042,12 @@ class Events:
         return loop is not None and (e.frame, ("loop", loop)) in b.ctx
 
     def path_without(self, trace: Trace, a: Optional[TraceEvent], b: TraceEvent,
-                     blocks: Callable[[TraceEvent], bool]) -> bool:
+                     blocks: Callable[[TraceEvent], bool], not_none: Optional[str] = None) -> bool:
         """Some path runs `a` (None: from the start) then `b` with no event `blocks` accepts
-        in between."""
+        in between (`not_none`: see `mandatory_between`)."""
         if a is not None and not self.may_precede(trace, a, b):
             return False
-        return not any(blocks(e) and self.mandatory_between(e, a, b) for e in trace.span(a, b))
+        return not any(blocks(e) and self.mandatory_between(e, a, b, not_none) for e in trace.span(a, b))
 
     def first_after(self, trace: Trace, a: TraceEvent, match: Callable[[TraceEvent], bool]) -> Optional[TraceEvent]:
         """The nearest event after `a` that `match` accepts and that `a` may precede."""

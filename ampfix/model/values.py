@@ -307,6 +307,23 @@ class Values:
         self._related[cls] = found
         return found
 
+    def has_unseen_bases(self, cls: cst.ClassDef) -> bool:
+        """`cls` (or a class related to it here) derives from a class this file does not define
+        and that is not torch's, the standard library's `object`/`abc`/`typing` ones: a base in
+        another module, which may set any `self.` attribute. `attribute_values` then knows only
+        this file's assignments: an attribute it does not see is unknown, not unassigned."""
+        for c in self.related_classes(cls):
+            for b in c.bases:
+                if b.keyword is not None or self.class_named(b.value) is not None:
+                    continue
+                names = self.qualnames(b.value)  # type: ignore[attr-defined]
+                text = dotted(b.value) or ""
+                if text in ("object", "ABC", "Generic", "Protocol", "NamedTuple", "Exception") or any(
+                        n.startswith(("torch.", "abc.", "typing.", "builtins.", "enum.")) for n in names):
+                    continue
+                return True
+        return False
+
     def attribute_values(self, cls: cst.ClassDef, attr: str) -> List[cst.BaseExpression]:
         """Values of `self.<attr>` for instances of `cls` (assigned in the methods of related
         classes, or in their class bodies)."""
