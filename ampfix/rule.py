@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, ClassVar, Dict, Iterator, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Callable, ClassVar, Dict, Iterator, Optional, Tuple
 
 from ampfix.knowledge.torch_versions import DEFAULT_MIN_TORCH
+from ampfix.triggers import trigger_test  # noqa: F401  (a run tests triggers without this module: ampfix/engine/rulemeta.py)
 
 if TYPE_CHECKING:  # pragma: no cover
     import libcst as cst
@@ -142,12 +143,3 @@ class Rule:
     def project_candidate(cls, text: str) -> bool:
         """The text holds what `project_requires` asks (the triggers may be in a related module)."""
         return cls.project_requires is not None and all(any(t in text for t in g) for g in cls.project_requires)
-
-
-def trigger_test(text: str, lowered: str, triggers: Sequence[str], triggers_lower: Sequence[str],
-                 requires: Sequence[Sequence[str]]) -> bool:
-    """A rule's default trigger test (`Rule.triggered_by`): one trigger in the text (or one
-    lower-case trigger in the lowered text), and one string of every `requires` group."""
-    if not (any(t in text for t in triggers) or any(t in lowered for t in triggers_lower)):
-        return False
-    return all(any(t in text for t in group) for group in requires)

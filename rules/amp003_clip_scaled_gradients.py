@@ -19,7 +19,7 @@ class ClipScaledGradients(Rule):
                "call `scaler.unscale_(optimizer)` first")
     triggers = (".scale(",)
     requires = (("clip_grad", ".grad"), ("backward",))
-    project_requires = (("backward", "clip_grad", ".grad", "unscale_"),)
+    project_requires = (("backward", "clip_grad", ".grad", "unscale_", "scaler", "Scaler"),)
     fixable = "sometimes"
     fix_note = "safe (`scaler.unscale_(opt)` before the clip) when the optimizer is unambiguous"
     docs = """

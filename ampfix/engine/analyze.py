@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import ast
 import difflib
+import gc
 import os
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Set, Tuple, Type
+from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple, Type
 
 import libcst as cst
 
@@ -26,6 +28,21 @@ from ampfix.engine.results import (Diagnostic, FileError, FileResult, FixEdit, I
 
 #: counters for `AMPFIX_STATS=1` (this process: run with `-j 1` to see a whole run)
 STATS = {"parsed": 0}
+
+
+@contextmanager
+def gc_paused():
+    """The cyclic garbage collector off while one file is parsed and analysed: a tree and its
+    model are tens of thousands of objects, and the collections their allocation triggers
+    (each traversing everything alive) cost about a fifth of the work; they are acyclic, so
+    reference counting frees them all the same (measured in bench/SPEED.md)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def parse(text: str, path: str) -> cst.Module:
@@ -219,6 +236,7 @@ def _analyze(
     memo: Optional[dict] = None,
 ) -> Tuple[List[_Found], AmpModel]:
     model = build_model(module, text, path, settings)
+    model.source_text = text  # type: ignore[attr-defined]  # `module.code`, without generating it
     suppression = _Suppression(text, model)
     ctx = FileContext(path=path, source=text, model=model, min_torch_version=settings.min_torch_version,
                       min_torch_source=settings.min_torch_source, unsafe_fixes=settings.unsafe_fixes,
@@ -301,10 +319,47 @@ def check_text(text: str, path: str, rules: Sequence[Type[Rule]], settings: Sett
     if not active or _exempt(text):
         return [], False
     module = parse_in_project(text, path, settings)
-    found, _ = _analyze(module, text, path, active, settings, [r.code for r in rules])
+    found, model = _analyze(module, text, path, active, settings, [r.code for r in rules])
     if settings.details:
-        _attach_fix_edits(found, module, text, path)
+        _attach_fix_edits(found, module, text, path, model=model)
     return [f.diagnostic for f in found if not f.noqa], True
+
+
+class Analysis:
+    """One analysis of a text, kept to answer later questions about it without analysing it
+    again (the language server: diagnostics first, each finding's fix only when a code action
+    asks for it). `diagnostics` are `check_text`'s (noqa applied); `fix_edits(wanted)` gives the
+    diagnostics `wanted` selects their `fix_edit`, as `fix_suggestions` computes it."""
+
+    def __init__(self, text: str, path: str, rules: Sequence[Type[Rule]], settings: Settings):
+        self.text, self.path = text, path
+        self._module: Optional[cst.Module] = None
+        self._model: Optional[AmpModel] = None
+        self._found: List[_Found] = []
+        self._done: Set[int] = set()  # id() of the findings whose fix edit was computed
+        active = triggered(rules, text)
+        if not active or _exempt(text):
+            self.diagnostics: List[Diagnostic] = []
+            return
+        with gc_paused():
+            self._module = parse(text, path)
+            self._found, self._model = _analyze(self._module, text, path, active, settings, [r.code for r in rules])
+        self.diagnostics = [f.diagnostic for f in self._found if not f.noqa]
+
+    def without_fix_edit(self) -> List[Diagnostic]:
+        """The diagnostics with a fix whose fix edit has not been computed yet."""
+        return [f.diagnostic for f in self._found
+                if not f.noqa and f.violation.fix is not None and id(f) not in self._done]
+
+    def fix_edits(self, wanted: Callable[[Diagnostic], bool] = lambda d: True) -> List[Diagnostic]:
+        """The diagnostics, those `wanted` selects with their fix edits (computed once each)."""
+        todo = [f for f in self._found if not f.noqa and id(f) not in self._done and wanted(f.diagnostic)]
+        if todo and self._module is not None:
+            with gc_paused():
+                _attach_fix_edits(self._found, self._module, self.text, self.path, only=todo,
+                                  model=self._model)
+            self._done.update(id(f) for f in todo)
+        return self.diagnostics
 
 
 def fix_suggestions(text: str, path: str, rules: Sequence[Type[Rule]], settings: Settings) -> List[Diagnostic]:
@@ -338,7 +393,9 @@ def text_edits(old: str, new: str) -> List[TextEdit]:
     return out
 
 
-def _attach_fix_edits(found: List[_Found], module: cst.Module, text: str, path: str) -> None:
+def _attach_fix_edits(found: List[_Found], module: cst.Module, text: str, path: str,
+                      only: Optional[Sequence[_Found]] = None, model: Optional[AmpModel] = None) -> None:
+    """Give each finding (or each of `only`) with a fix its `fix_edit`."""
     members: Dict[Tuple[str, str], List[_Found]] = {}
     for f in found:
         key = _group_key(f)
@@ -346,19 +403,21 @@ def _attach_fix_edits(found: List[_Found], module: cst.Module, text: str, path: 
             members.setdefault(key, []).append(f)
     compiles: Optional[bool] = None
     fromfile, tofile = diff_names(path)
-    for f in found:
+    for f in (found if only is None else only):
         fix = f.violation.fix
         if f.noqa or fix is None:
             continue
         key = _group_key(f)
         group = members[key] if key is not None else [f]
         replacements: Dict[int, object] = {}
+        replaced: List[cst.CSTNode] = []
         for m in group:
             if m.violation.fix is not None:
                 for node, new in m.violation.fix.replacements.items():
                     replacements[id(node)] = new
+                    replaced.append(node)
         try:
-            new_text = module.visit(_ApplyFixes(replacements)).code
+            new_text = module.visit(_ApplyFixes(replacements, _paths(model, replaced))).code
             cst.parse_module(new_text)
         except Exception:
             continue
@@ -377,13 +436,34 @@ def _attach_fix_edits(found: List[_Found], module: cst.Module, text: str, path: 
 
 
 class _ApplyFixes(cst.CSTTransformer):
-    def __init__(self, replacements: Dict[int, object]):
+    """Replace nodes by identity. With `paths` (the id() of every ancestor of a replaced node)
+    it enters only those: a subtree without a replaced node comes out as it went in, so it is
+    kept instead of rebuilt (the same tree, without rebuilding the whole file per fix)."""
+
+    def __init__(self, replacements: Dict[int, object], paths: Optional[Set[int]] = None):
         super().__init__()
         self.replacements = replacements
+        self.paths = paths
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        return self.paths is None or id(node) in self.paths
 
     def on_leave(self, original_node, updated_node):  # type: ignore[override]
         r = self.replacements.get(id(original_node))
         return updated_node if r is None else r
+
+
+def _paths(model: Optional[AmpModel], nodes: Sequence[cst.CSTNode]) -> Optional[Set[int]]:
+    """id() of every ancestor of `nodes` in the model's tree (None without a model: enter all)."""
+    if model is None:
+        return None
+    out: Set[int] = set()
+    for node in nodes:
+        for anc in model.ancestors(node):
+            if id(anc) in out:
+                break
+            out.add(id(anc))
+    return out
 
 
 Range = Tuple[Tuple[int, int], Tuple[int, int]]
@@ -482,7 +562,8 @@ def fix_text(text: str, path: str, rules: Sequence[Type[Rule]], settings: Settin
         for fix in fixes:
             for node, new in fix.replacements.items():
                 replacements[id(node)] = new
-        new_text = module.visit(_ApplyFixes(replacements)).code
+        paths = _paths(model, [node for fix in fixes for node in fix.replacements])
+        new_text = module.visit(_ApplyFixes(replacements, paths)).code
         if new_text == current:
             return current, fixed, remaining
         try:
@@ -541,6 +622,11 @@ def process_bytes(
     settings: Settings,
     fix: bool = False,
 ) -> FileResult:
+    with gc_paused():
+        return _process_bytes(data, path, rules, settings, fix)
+
+
+def _process_bytes(data: bytes, path: str, rules: Sequence[Type[Rule]], settings: Settings, fix: bool) -> FileResult:
     result = FileResult(path=path)
     project = project_for(path, settings)
     if project is not None:

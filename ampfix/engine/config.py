@@ -11,10 +11,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from ampfix.knowledge.torch_versions import DEFAULT_MIN_TORCH  # noqa: F401  (re-exported)
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
+# tomllib is imported when a configuration file is read (`_read_toml`): a run without one never needs it
 
 KNOWN_KEYS = {"select", "extend-select", "ignore", "exclude", "extend-exclude", "per-file-ignores",
               "min-torch-version", "max-file-size", "preview"}
@@ -89,6 +86,10 @@ def parse_size(value, where: str, key: str = "max-file-size") -> int:
 
 
 def _read_toml(path: Path) -> dict:
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover
+        import tomli as tomllib
     try:
         return tomllib.loads(path.read_text(encoding="utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:

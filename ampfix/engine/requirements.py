@@ -27,11 +27,6 @@ import sys
 from pathlib import Path
 from typing import Iterable, List, Optional, Tuple
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
-
 PROJECT_FILES = ("pyproject.toml", "setup.py", "setup.cfg")
 MAX_BYTES = 1024 * 1024  # metadata larger than this is not read
 # a requirement on torch: the name (PEP 503 normalised: case-insensitive), extras, then specifiers
@@ -97,6 +92,10 @@ def _from_pyproject(path: Path) -> Iterable[str]:
     text = _read(path)
     if text is None:
         return []
+    if sys.version_info >= (3, 11):  # imported here: a run over files with no AMP code never needs it
+        import tomllib
+    else:  # pragma: no cover
+        import tomli as tomllib
     try:
         data = tomllib.loads(text)
     except (tomllib.TOMLDecodeError, RecursionError):

@@ -5,7 +5,6 @@ file: everything a warm run (all cache hits) needs, without importing LibCST or 
 from __future__ import annotations
 
 import codecs
-import difflib
 from dataclasses import dataclass, field, fields
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -209,6 +208,8 @@ class Settings:
 
 
 def unified_diff(old: str, new: str, fromfile: str, tofile: str, context: int = 3) -> str:
+    import difflib  # only reports with diffs need it
+
     lines = difflib.unified_diff(old.splitlines(keepends=True), new.splitlines(keepends=True),
                                  fromfile=fromfile, tofile=tofile, n=context)
     return "".join(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n" for line in lines)

@@ -6,9 +6,6 @@ and write fixed files back safely. The CLI only parses options and prints report
 from __future__ import annotations
 
 import os
-import shutil
-import signal
-import tempfile
 import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -128,7 +125,7 @@ def make_plan(options: Options) -> Plan:
         if options.select and not split_codes(options.select):
             raise OptionsError("--select: no rule code given (an empty --select would disable every rule; "
                                "use --select ALL, or a code such as AMP001)")
-        info = rulemeta.rule_info(registry.rule_facts, _cache_folder(options, config))
+        info = rulemeta.rule_info(_rule_facts, _cache_folder(options, config))
 
         def validate_selectors(selectors, option):
             return rulemeta.validate_selectors(selectors, option, info)
@@ -212,6 +209,12 @@ def _min_torch(options: Options, config: Config, paths: Sequence[str]) -> Tuple[
     return config.min_torch_version, ""
 
 
+def _rule_facts() -> Dict[str, rulemeta.RuleInfo]:
+    from ampfix.engine import registry  # imports the rules (and LibCST): only when no table will do
+
+    return registry.rule_facts()
+
+
 def _uses_cache(options: Options) -> bool:
     return not (options.no_cache or options.fix or options.add_noqa)
 
@@ -272,6 +275,8 @@ def _mp_context():
 
 
 def _crashed(path: str, exitcode: Optional[int]) -> FileResult:
+    import signal
+
     if exitcode is not None and exitcode < 0:
         try:
             how = f"{signal.Signals(-exitcode).name}"
@@ -332,6 +337,8 @@ def _marked_work(item: Tuple[int, Job]) -> FileResult:
 def _pool(jobs: List[Tuple[int, Job]], n: int, results: Dict[int, FileResult]) -> None:
     """Analyse `jobs` on `n` worker processes. When a worker dies (a native crash), the files
     it was analysing are each re-run alone (`isolated`) and the others in a fresh pool."""
+    import shutil
+    import tempfile
     from concurrent.futures import ProcessPoolExecutor
     from concurrent.futures.process import BrokenProcessPool
 
@@ -410,12 +417,11 @@ def run(plan: Plan, stdin: Optional[BinaryIO] = None) -> Run:
     risky: set = set()  # parsed in a child process even when the run is sequential
     store = None
     keys: Dict[int, str] = {}
-    info = None
     if _uses_cache(plan.options):
         from ampfix.engine.cache import Cache, cache_dir, cacheable
 
         store = Cache(cache_dir(plan.config.root))
-        info = rulemeta.rule_info(registry.rule_facts, store.folder)
+    info = rulemeta.rule_info(_rule_facts, store.folder if store is not None else None)
     snapshots: Dict[str, fileio.Snapshot] = {}
     for i, f in enumerate(plan.files):
         if f == "-":
@@ -471,6 +477,16 @@ def run(plan: Plan, stdin: Optional[BinaryIO] = None) -> Run:
                 continue
             jobs.append((i, (f, file_codes, plan.settings, fix, data)))
             continue
+        if not f.lower().endswith(".ipynb"):
+            # the triggers as ampfix/engine/rulemeta.py knows them first: a file that holds none
+            # needs neither the rules nor LibCST (a decoding error is `_needs_analysis`'s to report)
+            try:
+                text = decode_source(data, f).text
+            except InputError:
+                text = None
+            if text is not None and not rulemeta.maybe_triggered(file_codes, text, info, plan.settings.project):
+                results[i] = FileResult(path=f)
+                continue
         early = _needs_analysis(f, data, file_codes, risky)
         if early is not None:
             results[i] = early

@@ -406,9 +406,7 @@ class Events:
             ev = self.classify(call)
             if ev is not None:
                 found.append((post[call], ev))
-        for stmt in self.nodes_of(cst.SimpleStatementLine):
-            if self.scope_of(stmt) is not scope:
-                continue
+        for stmt in self.nodes_in_scope(scope, cst.SimpleStatementLine):
             kind = self.exit_kind(stmt)
             if kind is not None:
                 loop = self.loop_of(stmt) if kind in ("continue", "break") else None
