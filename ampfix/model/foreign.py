@@ -27,6 +27,7 @@ answer is "unknown": the model then behaves exactly as the one-file model did.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Protocol, Tuple, Union
 
@@ -37,6 +38,10 @@ from ampfix.model.summary import (IMPORTED, LOCAL, PARAM, SELF, UNKNOWN, ClassSu
 from ampfix.model.tree import dotted
 
 MAX_FOREIGN_DEPTH = 4
+# parameters whose values the rules ask about (a scaler, an optimizer, a framework object, the
+# precision and its configuration): only those are looked up at the calls of other modules
+AMP_OBJECT_PARAM = re.compile(r"scaler|optim|^opt|fabric|accelerat|dtype|precision|amp|fp16|bf16|half|"
+                              r"^cfg|config|^conf$|^args$|^opts?$|hparams|^hp$|settings", re.IGNORECASE)
 MARKERS = (IMPORTED, LOCAL, PARAM, SELF, UNKNOWN)
 # bases a class may have and still hold no attribute it does not show: the object model and
 # the library classes whose instances carry no AMP object of their own
@@ -562,6 +567,8 @@ class Foreign:
         function of this file): materialised argument values (empty: unknown or none)."""
         if self.foreign is None or self.class_of(func) is not None:  # type: ignore[attr-defined]
             return []
+        if not AMP_OBJECT_PARAM.search(param):
+            return []  # only the objects AMP questions are about are looked for in other modules
         if self.function_of(func) is not None:  # type: ignore[attr-defined]
             return []  # a nested function: not importable
         calls = self.foreign.callers(self.path, func.name.value)

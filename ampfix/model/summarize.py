@@ -224,7 +224,8 @@ class Canonical:
             return f"{PARAM}.{root}{tail}"
         if not rest and isinstance(expr, cst.Name):
             values = m.values_of(expr)
-            if len(values) == 1 and values[0] is not expr and not _contains(values[0], expr):
+            if len(values) == 1 and isinstance(values[0], cst.CSTNode) and values[0] is not expr \
+                    and not _contains(values[0], expr):
                 return self.text(values[0], depth + 1)
         return None
 
@@ -275,6 +276,66 @@ class Summarizer:
         self.model = model
         self.canon = Canonical(model)
         self.skip: set = set()  # functions (qualified names) with no AMP code: parameters only
+        self.text: Optional[str] = None  # the module's text, when known: where effects are, without positions
+        self.spans: Dict[str, Tuple[int, int]] = {}
+        self._located: Dict[cst.CSTNode, Tuple[int, int]] = {}
+        self._same: Dict[tuple, list] = {}
+
+    def locate(self, node: cst.CSTNode) -> Tuple[int, int]:
+        """(line, 0-based column) of `node`, found in the text of the top-level function or
+        method that holds it: the k-th place its code shows there for the k-th node with that
+        code (in text order), so a module's summary needs no position pass. The position pass
+        when the text does not tell (the code also shows in a comment or a string)."""
+        hit = self._located.get(node)
+        if hit is not None:
+            return hit
+        found = self._find(node)
+        hit = self._located[node] = found if found is not None else self.model.start(node)
+        return hit
+
+    def _find(self, node: cst.CSTNode) -> Optional[Tuple[int, int]]:
+        m, text = self.model, self.text
+        if text is None:
+            return None
+        qual, owner = self._owner(node)
+        span = self.spans.get(qual) if qual is not None else None
+        if span is None or owner is None:
+            return None
+        needle = self._needle(node)
+        key = (qual, needle, type(node))
+        same = self._same.get(key)
+        if same is None:
+            kind = cst.Call if isinstance(node, cst.Call) else cst.SimpleStatementLine
+            if not isinstance(node, kind):
+                return None
+            same = [n for n in m.nodes_of(kind) if self._owner(n)[0] == qual and self._needle(n) == needle]
+            self._same[key] = same
+        places = []
+        pos = text.find(needle, span[0], span[1])
+        while pos >= 0:
+            places.append(pos)
+            pos = text.find(needle, pos + 1, span[1])
+        if len(places) != len(same) or not any(n is node for n in same):
+            return None
+        pos = places[next(i for i, n in enumerate(same) if n is node)]
+        return text.count("\n", 0, pos) + 1, pos - (text.rfind("\n", 0, pos) + 1)
+
+    def _owner(self, node: cst.CSTNode) -> Tuple[Optional[str], Optional[cst.FunctionDef]]:
+        m = self.model
+        func = m.function_of(node)
+        while func is not None:  # the top-level function or method that holds it (the spans know those)
+            cls = m.class_of(func)
+            qual = f"{cls.name.value}.{func.name.value}" if cls is not None else func.name.value
+            if qual in self.spans:
+                return qual, func
+            func = m.function_of(func)
+        return None, None
+
+    def _needle(self, node: cst.CSTNode) -> str:
+        if isinstance(node, cst.SimpleStatementLine) and node.body:
+            node = node.body[0]  # not its leading comment lines
+        code = self.model.code(node.func if isinstance(node, cst.Call) else node)
+        return code.splitlines()[0] if code else ""
 
     def function(self, func: cst.FunctionDef, is_method: bool) -> FunctionSummary:
         m = self.model
@@ -310,7 +371,7 @@ class Summarizer:
         for te in m.local_trace(func).events:
             ev = te.event
             node = ev.node
-            line, col = m.start(node)
+            line, col = self.locate(node)
             ctx = tuple((groups.group(g), groups.branch(b)) for g, b in te.ctx.items())
             loop = None
             if ev.kind == EXIT and ev.loop is not None:
@@ -400,12 +461,12 @@ class Summarizer:
                     text = self.canon.text(receiver, 0)
                     if text is not None:
                         what[key] += f"|{text}"
-            out.append({"keys": list(state.keys), "state": what, "line": m.line(state.save),
+            out.append({"keys": list(state.keys), "state": what, "line": self.locate(state.save)[0],
                         "opaque": state.opaque, "scaler_state": state.scaler_state})
         for call in m.calls:  # `torch.save(state, path)` of a dict the caller builds
             if m.scope_of(call) is func and m.is_api(call, "save") and call.args \
                     and isinstance(call.args[0].value, cst.Name) and m.is_parameter(func, call.args[0].value.value):
-                out.append({"param": call.args[0].value.value, "line": m.line(call)})
+                out.append({"param": call.args[0].value.value, "line": self.locate(call)[0]})
         return out
 
     def options(self, func: cst.FunctionDef) -> Dict[str, List[Value]]:
@@ -474,6 +535,7 @@ def summarize(model, digest: str = "", text: Optional[str] = None) -> ModuleSumm
     if text is not None:
         spans = def_spans(text)
         s.skip = {q for q, (a, b) in spans.items() if AMP_TEXT.search(text, a, b) is None}
+        s.text, s.spans = text, spans
     summary = ModuleSummary(path=m.path, digest=digest)
     module = m.module
     for name, entries in m._index.imports.get(module, {}).items():

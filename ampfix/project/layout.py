@@ -104,6 +104,7 @@ class Layout:
         self.root = str(Path(os.path.abspath(root)))
         src = os.path.join(self.root, "src")
         self._roots = [src, self.root] if _is_dir(src) else [self.root]
+        self._memo: dict = {}
 
     def search_path(self, importer: str) -> List[str]:
         """Where an absolute import written in `importer` is looked for, in order."""
@@ -124,7 +125,15 @@ class Layout:
     def resolve(self, importer: str, qualified: str) -> Optional[Target]:
         """What the import binding `qualified` (as the model records it: `pkg.mod`,
         `pkg.mod.name`, `..utils.helper`) written in the file `importer` refers to; None when
-        it is not one of the project's files."""
+        it is not one of the project's files. (It depends on the importer's folder only:
+        memoised per folder.)"""
+        key = (os.path.dirname(importer), qualified)
+        if key in self._memo:
+            return self._memo[key]
+        found = self._memo[key] = self._resolve(importer, qualified)
+        return found
+
+    def _resolve(self, importer: str, qualified: str) -> Optional[Target]:
         level = len(qualified) - len(qualified.lstrip("."))
         parts = tuple(p for p in qualified[level:].split(".") if p)
         if level:
