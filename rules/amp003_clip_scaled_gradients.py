@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Dict, Iterator, Optional
+from typing import Dict, Iterator, Optional, Tuple
 
 import libcst as cst
 
-from ampfix.fixes.edits import in_block, insert_before
+from ampfix.fixes.edits import guarded, in_block, insert_before, statement
 from ampfix.model import AmpModel, TraceEvent
-from ampfix.model.events import BACKWARD, GRAD_READ, SCALER_STEP, UNSCALE, ZERO_GRAD
+from ampfix.model.events import BACKWARD, EXIT, Event, GRAD_READ, SCALER_STEP, UNSCALE, UPDATE, ZERO_GRAD
 from ampfix.rule import SAFE, FileContext, Fix, Rule, Violation
 
 
@@ -91,12 +91,15 @@ scaler.update()
                 unscales = [u for u in trace.between(bw, read, UNSCALE) if u.scaler == scaler]
                 partial = [u for u in unscales if covers(u)]  # they run on some paths only
                 later = [u for u in trace.after(read, UNSCALE) if covers(u)]
-                fix = None
+                fix, why = None, None
                 if not partial and not later:
                     if id(bw.node) not in shared:
-                        shared[id(bw.node)] = self._fix(model, shown, bw, read, local_owner, steps)
-                    fix = shared[id(bw.node)]
-                yield Violation(shown, message=self._message(model, read, shown, local_owner, owner, unscales), fix=fix)
+                        shared[id(bw.node)] = self._fix(model, trace, shown, bw, read, local_owner, steps)
+                    fix, why = shared[id(bw.node)]
+                message = self._message(model, read, shown, local_owner, owner, unscales)
+                if why is not None:
+                    message = f"{message or self.message} (not fixed: {why})"
+                yield Violation(shown, message=message, fix=fix)
 
     @staticmethod
     def _message(model: AmpModel, read: TraceEvent, shown: cst.CSTNode, local_owner: Optional[str],
@@ -117,18 +120,50 @@ scaler.update()
         return None if not suffix else ClipScaledGradients.message + suffix
 
     @staticmethod
-    def _fix(model: AmpModel, shown: cst.CSTNode, bw: TraceEvent, read: TraceEvent, owner: Optional[str],
-             steps: list) -> Optional[Fix]:
+    def _fix(model: AmpModel, trace, shown: cst.CSTNode, bw: TraceEvent, read: TraceEvent, owner: Optional[str],
+             steps: list) -> Tuple[Optional[Fix], Optional[str]]:
         """`scaler.unscale_(opt)` before the statement that clips, written in that function's
-        own names (the backward and the step run there too)."""
+        own names (the backward and the step run there too), and (fix, None) only when it cannot
+        break the run: every path from there updates the scaler before the iteration ends (else
+        the next iteration's `unscale_` raises), and the scaler is assigned and not None there
+        (else the fix moves under the test the scaled backward runs under, or is not offered)."""
         frame = model.anchor(bw, read)
         if bw.node is not frame[0] or any(len(s.path) != len(bw.path) for s in steps):
-            return None
+            return None, None
         opts = {owner} if owner is not None else {s.event.target for s in steps}
         stmt = model.statement_of(shown)
         if len(opts) != 1 or None in opts or not isinstance(stmt, cst.SimpleStatementLine) or not in_block(model, stmt):
-            return None
+            return None, None
         (opt,) = opts
-        return Fix(insert_before(model.module, stmt, [f"{bw.event.scaler}.unscale_({opt})"]), applicability=SAFE,
-                   description="scaler.unscale_(optimizer) inserted before clipping")
-
+        code = f"{bw.event.scaler}.unscale_({opt})"
+        new = [statement(model.module, code)]
+        problem = model.insertion_problem(new, stmt)
+        description = "scaler.unscale_(optimizer) inserted before clipping"
+        extra: dict = {}
+        if problem is not None:
+            # under the test the scaled backward runs under (`if self.scaler is not None:`): the
+            # gradients are scaled exactly when it holds
+            bw_stmt = model.statement_of(bw.node)
+            tests = model.branch_tests(bw_stmt, stmt) if bw_stmt is not None else None
+            if not tests:
+                return None, f"{problem}: an `unscale_` there could raise"
+            new = [statement(model.module, guarded(model, tests, code))]
+            if model.insertion_problem(new, stmt) is not None:
+                return None, f"{problem}: an `unscale_` there could raise"
+            description += ", under the test the scaled backward runs under"
+            extra = {g: br for g, br in bw.ctx.items() if g not in read.ctx}
+        # every path from the new `unscale_` updates the scaler before the iteration ends
+        point = TraceEvent(Event(UNSCALE, shown, scaler=bw.event.scaler, target=opt), bw.path[:-1] + (shown,),
+                           read.order - 0.5, {**read.ctx, **extra}, read.region, scaler=bw.scaler, target=opt,
+                           frame=read.frame, subst=read.subst)
+        end = model.leaves_iteration_without(trace, point, model.iteration_of(trace, read),
+                                             lambda e: e.kind == UPDATE and e.scaler == bw.scaler)
+        if end is not None:
+            exits = [e for e in trace.of(EXIT) if e.order > point.order and e.event.detail in ("return", "continue", "break")
+                     and model.may_precede(trace, point, e)]
+            leaving = end if end.kind == EXIT else (exits[0] if exits else None)
+            how = (f"the `{leaving.event.detail}` on line {model.line(leaving.node)} leaves" if leaving is not None
+                   else "a path ends the iteration")
+            return None, (f"{how} without `scaler.update()` after this point, so an `unscale_` here would make the next "
+                          "`unscale_` raise RuntimeError; update the scaler on that path too, then unscale")
+        return Fix(insert_before(model.module, stmt, new), applicability=SAFE, description=description), None

@@ -155,21 +155,10 @@ def unsafe_reads(old_model, new_model, ops: Opcodes) -> List[Trouble]:
 
 
 def _check(model, stmt, reads: Set[str], derefs: Set[str], created: Set[str]) -> Optional[str]:
-    state = model.state_at(stmt)
-    if state is None:
-        return None
-    walker = model._walker(model._bound_scope(stmt))
-    later_reads, later_derefs = model._later_uses(stmt, False)
-    later_reads, later_derefs = set(later_reads), set(later_derefs)
-    for key in sorted(derefs | reads, key=lambda k: (k not in derefs, k)):
-        tags = walker.get(state, key)
-        deref = key in derefs
-        if deref and key in later_derefs or not deref and key in later_reads | later_derefs:
-            continue
-        for t in tags:
-            if t.kind == NONE and deref or (t.kind == UNBOUND and key not in created):
-                kind = "may be None" if t.kind == NONE else "may not be assigned"
-                return f"the fix makes line {model.line(stmt)} use `{key}`, which {kind} there"
+    for p in model.head_problems(stmt):
+        if p.kind == NONE and p.key in derefs or p.kind == UNBOUND and p.key in reads | derefs and p.key not in created:
+            kind = "may be None" if p.kind == NONE else "may not be assigned"
+            return f"the fix makes line {model.line(stmt)} use `{p.key}`, which {kind} there"
     return None
 
 

@@ -198,6 +198,40 @@ def move_into_block(first: Sequence[cst.BaseStatement], target: cst.BaseCompound
     return out
 
 
+def negated(model, test: cst.BaseExpression) -> str:
+    """The source of `not test`, written the way people write it (`x is not None` for `x is
+    None`, `flag` for `not flag`)."""
+    if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+        return model.code(test.expression)
+    if isinstance(test, cst.Comparison) and len(test.comparisons) == 1:
+        target = test.comparisons[0]
+        swap = {cst.Is: " is not ", cst.IsNot: " is ", cst.Equal: " != ", cst.NotEqual: " == ",
+                cst.In: " not in ", cst.NotIn: " in "}
+        for op, text in swap.items():
+            if isinstance(target.operator, op):
+                return f"{model.code(test.left)}{text}{model.code(target.comparator)}"
+    if isinstance(test, (cst.Name, cst.Attribute, cst.Call, cst.Subscript)):
+        return f"not {model.code(test)}"
+    return f"not ({model.code(test)})"
+
+
+def guard_test(model, tests) -> str:
+    """The test of an `if` that holds exactly when each (test, value) has that value."""
+    parts = []
+    for test, value in tests:
+        text = model.code(test) if value else negated(model, test)
+        if value and isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.Or) and len(tests) > 1:
+            text = f"({text})"
+        parts.append(text)
+    return " and ".join(parts)
+
+
+def guarded(model, tests, code: str) -> str:
+    """`code` (one statement) under `if <tests>:` (see `guard_test`), in the file's indentation."""
+    indent = model.module.default_indent
+    return f"if {guard_test(model, tests)}:\n{indent}{code}"
+
+
 # ----------------------------------------------------------------------------- arguments
 
 

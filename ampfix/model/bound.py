@@ -62,7 +62,7 @@ Cond = Tuple[str, FrozenSet[str]]
 class Tag:
     kind: str  # UNBOUND, NONE or VALUE
     conds: FrozenSet[Tuple[Cond, bool]] = frozenset()
-    origin: Optional[cst.CSTNode] = field(default=None, compare=False, hash=False)
+    origin: Optional[cst.CSTNode] = field(default=None, compare=False, hash=False, repr=False)
 
 
 State = Dict[str, FrozenSet[Tag]]
@@ -237,19 +237,38 @@ class _Walker:
             if e is not None:
                 _uses(e, reads, derefs, unconditional=True)
         if self.checking:
-            all_reads: List[str] = []
-            all_derefs: List[str] = []
             for e in exprs:
                 if e is not None:
-                    _uses(e, all_reads, all_derefs, unconditional=False)
-            for key in dict.fromkeys(all_reads):
-                self._check(state, key, deref=False)
-            for key in dict.fromkeys(all_derefs):
-                self._check(state, key, deref=True)
+                    self._check_expr(state, e)
         for key in reads:
             self._refine(state, key, drop=(UNBOUND,))
         for key in derefs:
             self._refine(state, key, drop=(UNBOUND, NONE))
+
+    def _check_expr(self, state: State, expr: cst.CSTNode) -> None:
+        """Check every read and dereference of `expr`; the right of `and`/`or` and the branches
+        of an `if`-expression in the state their test leaves (`resume and "scaler" in ckpt`)."""
+        if isinstance(expr, cst.BooleanOperation):
+            self._check_expr(state, expr.left)
+            right = self.refine_test(state, expr.left, isinstance(expr.operator, cst.And))
+            self._check_expr(right if right is not None else state, expr.right)
+            return
+        if isinstance(expr, cst.IfExp):
+            self._check_expr(state, expr.test)
+            for branch, value in ((expr.body, True), (expr.orelse, False)):
+                sub = self.refine_test(state, expr.test, value)
+                self._check_expr(sub if sub is not None else state, branch)
+            return
+        nested: List[cst.CSTNode] = []
+        reads: List[str] = []
+        derefs: List[str] = []
+        _uses(expr, reads, derefs, unconditional=False, nested=nested)
+        for key in dict.fromkeys(reads):
+            self._check(state, key, deref=False)
+        for key in dict.fromkeys(derefs):
+            self._check(state, key, deref=True)
+        for n in nested:
+            self._check_expr(state, n)
 
     def _check(self, state: State, key: str, deref: bool) -> None:
         for t in self.get(state, key):
@@ -276,8 +295,11 @@ class _Walker:
             test, value = test.expression, not value
         if isinstance(test, cst.BooleanOperation):
             if isinstance(test.operator, cst.And) and value or isinstance(test.operator, cst.Or) and not value:
-                self._refine_into(state, test.left, value)
-                self._refine_into(state, test.right, value)
+                for operand in (test.left, test.right):  # each operand has that value too
+                    self._refine_into(state, operand, value)
+                    assumed = self.assume(state, self.model._stable_cond(operand, value))
+                    if assumed is not None:
+                        state.update(assumed)
             return
         if isinstance(test, cst.Comparison) and len(test.comparisons) == 1:
             op, right = test.comparisons[0].operator, test.comparisons[0].comparator
@@ -586,13 +608,19 @@ def _pattern_names(pattern: cst.CSTNode) -> List[str]:
     return out
 
 
-def _uses(expr: cst.CSTNode, reads: List[str], derefs: List[str], unconditional: bool) -> None:
+def _uses(expr: cst.CSTNode, reads: List[str], derefs: List[str], unconditional: bool,
+          nested: Optional[List[cst.CSTNode]] = None) -> None:
     """Keys read and keys dereferenced (`k.attr`, `k[...]`) by evaluating `expr`; with
     `unconditional`, only the parts that always run (not an `if`-expression's branches, the
-    right of `and`/`or`, lambdas and comprehension bodies)."""
+    right of `and`/`or`, lambdas and comprehension bodies). With `nested`, the `and`/`or` and
+    `if`-expressions inside are not walked but handed back there (to be checked with their
+    tests' refinements)."""
     stack = [expr]
     while stack:
         node = stack.pop()
+        if nested is not None and node is not expr and isinstance(node, (cst.BooleanOperation, cst.IfExp)):
+            nested.append(node)
+            continue
         if isinstance(node, (cst.Lambda, cst.FunctionDef, cst.ClassDef)):
             continue
         if isinstance(node, (cst.ListComp, cst.SetComp, cst.GeneratorExp, cst.DictComp)):
@@ -734,6 +762,29 @@ class Bound:
         problems = sorted(checker.problems, key=lambda p: (p.kind != NONE, p.key.startswith("self.")))
         return self._explain(problems[0], stmt, scope)
 
+    def head_problems(self, stmt: cst.CSTNode) -> List[Problem]:
+        """What may fail in what the statement `stmt` evaluates first (a simple line, or a compound
+        statement's test / iterable / context managers) where it stands: reads of names that may be
+        unassigned, dereferences of things that may be None (reads the code after it makes anyway
+        excepted, as in `insertion_problem`)."""
+        scope = self._bound_scope(stmt)
+        state = self.state_at(stmt)
+        if state is None:
+            return []
+        walker = self._walker(scope)
+        checker = _Walker(self, scope)
+        checker._initial = dict(walker._initial)
+        state = dict(state)
+        reads, derefs = self._later_uses(stmt, False)
+        later = set(derefs)
+        for key in reads:
+            checker._refine(state, key, drop=(UNBOUND,))
+        for key in derefs:
+            checker._refine(state, key, drop=(UNBOUND, NONE))
+        checker.checking = True
+        checker.evaluate(state, *_head_expressions(stmt))
+        return [p for p in checker.problems if not (p.kind == NONE and p.key in later)]
+
     def _later_uses(self, stmt: cst.CSTNode, after: bool) -> Tuple[List[str], List[str]]:
         """Keys the original code reads / dereferences unconditionally from the point before (or
         after) `stmt` on, in its block, before anything assigns them and before a statement that
@@ -790,6 +841,40 @@ class Bound:
             return self.line(node)  # type: ignore[attr-defined]
         except KeyError:  # a node of the code being inserted
             return None
+
+    def branch_tests(self, node: cst.CSTNode, point: cst.CSTNode) -> Optional[List[Tuple[cst.BaseExpression, bool]]]:
+        """The decisions `node` runs under that the statement `point` (later in the same
+        function, outside them) does not: [(an `if`'s test, the value it has when `node` runs)],
+        outermost first. None when one of them is not an `if` with a stable test (a loop body,
+        an `except`, a test that calls something): then no guard can say when `node` ran."""
+        out: List[Tuple[cst.BaseExpression, bool]] = []
+        child = node
+        for anc in self.ancestors(node):  # type: ignore[attr-defined]
+            if isinstance(anc, (cst.FunctionDef, cst.Lambda, cst.ClassDef, cst.Module)):
+                break
+            if anc is point or self.is_ancestor(anc, point):  # type: ignore[attr-defined]
+                # a block that holds both: what runs before `point` in it is common ground
+                if isinstance(anc, (cst.If, cst.IfExp)) and (child is anc.body or child is anc.orelse):
+                    if self.is_ancestor(child, point) or child is point:  # type: ignore[attr-defined]
+                        child = anc
+                        continue
+                    return None  # `node` and `point` in different branches: never both
+                child = anc
+                continue
+            if isinstance(anc, cst.If) and (child is anc.body or child is anc.orelse):
+                if self._stable_cond(anc.test) is None:
+                    return None
+                out.append((anc.test, child is anc.body))
+            elif isinstance(anc, (cst.For, cst.While, cst.ExceptHandler, cst.IfExp, cst.BooleanOperation,
+                                  cst.MatchCase, cst.Else)) or isinstance(anc, (cst.ListComp, cst.SetComp, cst.DictComp,
+                                                                               cst.GeneratorExp)):
+                if isinstance(anc, cst.Else):
+                    child = anc
+                    continue  # the `else:` of an if is handled at the `if`
+                return None
+            child = anc
+        out.reverse()
+        return out
 
     # ---------------------------------------------------------------- stable conditions
     def _stable_cond(self, test: cst.BaseExpression, value: bool = True) -> Optional[Tuple[Cond, bool]]:
