@@ -148,14 +148,14 @@ def unsafe_reads(old_model, new_model, ops: Opcodes) -> List[Trouble]:
             new_derefs = derefs - old_derefs
             if not new_reads and not new_derefs:
                 continue
-            problem = _check(new_model, stmt, new_reads, new_derefs, created)
+            problem = _check(new_model, stmt, new_reads, new_derefs, created, changed)
             if problem is not None:
                 out.append(Trouble((lo, hi), problem, line))
     return out
 
 
-def _check(model, stmt, reads: Set[str], derefs: Set[str], created: Set[str]) -> Optional[str]:
-    for p in model.head_problems(stmt):
+def _check(model, stmt, reads: Set[str], derefs: Set[str], created: Set[str], changed: Set[int]) -> Optional[str]:
+    for p in model.head_problems(stmt, lambda s: model.line(s) in changed):
         if p.kind == NONE and p.key in derefs or p.kind == UNBOUND and p.key in reads | derefs and p.key not in created:
             kind = "may be None" if p.kind == NONE else "may not be assigned"
             return f"the fix makes line {model.line(stmt)} use `{p.key}`, which {kind} there"

@@ -41,7 +41,7 @@ from __future__ import annotations
 import builtins
 import re
 from dataclasses import dataclass, field
-from typing import Dict, FrozenSet, List, Optional, Sequence, Set, Tuple
+from typing import Callable, Dict, FrozenSet, List, Optional, Sequence, Set, Tuple
 
 import libcst as cst
 
@@ -762,11 +762,12 @@ class Bound:
         problems = sorted(checker.problems, key=lambda p: (p.kind != NONE, p.key.startswith("self.")))
         return self._explain(problems[0], stmt, scope)
 
-    def head_problems(self, stmt: cst.CSTNode) -> List[Problem]:
+    def head_problems(self, stmt: cst.CSTNode, new: Optional[Callable[[cst.CSTNode], bool]] = None) -> List[Problem]:
         """What may fail in what the statement `stmt` evaluates first (a simple line, or a compound
         statement's test / iterable / context managers) where it stands: reads of names that may be
         unassigned, dereferences of things that may be None (reads the code after it makes anyway
-        excepted, as in `insertion_problem`)."""
+        excepted, as in `insertion_problem`; `new` tells the statements that are not the original
+        code's, whose reads prove nothing)."""
         scope = self._bound_scope(stmt)
         state = self.state_at(stmt)
         if state is None:
@@ -775,7 +776,7 @@ class Bound:
         checker = _Walker(self, scope)
         checker._initial = dict(walker._initial)
         state = dict(state)
-        reads, derefs = self._later_uses(stmt, False)
+        reads, derefs = self._later_uses(stmt, True, new)
         later = set(derefs)
         for key in reads:
             checker._refine(state, key, drop=(UNBOUND,))
@@ -785,7 +786,8 @@ class Bound:
         checker.evaluate(state, *_head_expressions(stmt))
         return [p for p in checker.problems if not (p.kind == NONE and p.key in later)]
 
-    def _later_uses(self, stmt: cst.CSTNode, after: bool) -> Tuple[List[str], List[str]]:
+    def _later_uses(self, stmt: cst.CSTNode, after: bool, new: Optional[Callable[[cst.CSTNode], bool]] = None
+                    ) -> Tuple[List[str], List[str]]:
         """Keys the original code reads / dereferences unconditionally from the point before (or
         after) `stmt` on, in its block, before anything assigns them and before a statement that
         may leave the block."""
@@ -800,6 +802,8 @@ class Bound:
         derefs: List[str] = []
         assigned: Set[str] = set()
         for s in body[index + 1 if after else index:]:
+            if new is not None and new(s):
+                break  # code the fix brings: it proves nothing
             r: List[str] = []
             d: List[str] = []
             for e in _head_expressions(s):
