@@ -14,6 +14,7 @@ from ampfix.engine import guard
 from ampfix.engine import fileio
 from ampfix.engine import fixcheck
 from ampfix.model import AmpModel
+from ampfix.model.tree import dotted as _dotted
 from ampfix.rule import Applicability, FileContext, Fix, Rule, Violation
 
 MAX_FIX_PASSES = 10
@@ -144,6 +145,7 @@ def _analyze(
                 noqa_lines=tuple(sorted(suppression.lines(v.node))),
             )
             found.append(_Found(rule_cls, v, diag, suppression(v.node, rule_cls.code, record=True)))
+    _prove_fixes(found, model)
     _block_suppressed_groups(found)
     # one finding per code and place: a rule may reach the same node twice
     seen: Set[Tuple[str, int, int]] = set()
@@ -155,6 +157,101 @@ def _analyze(
             unique.append(f)
     unique.sort(key=lambda f: (f.diagnostic.line, f.diagnostic.column, f.diagnostic.code))
     return unique, model
+
+
+def _prove_fixes(found: List[_Found], model: AmpModel) -> None:
+    """Every fix, before it is offered: the code it puts in place of a statement must not fail
+    where the statement would not (a name read that may be unassigned there, a method called on
+    something that may be None: `ampfix.model.bound`). A fix that cannot be proven is not offered,
+    with the whole of its group, and its finding says why."""
+    created: Dict[Optional[Tuple[str, str]], Set[str]] = {}
+    for f in found:
+        if f.violation.fix is not None:
+            key = _group_key(f) or ("", str(id(f)))
+            created.setdefault(key, set()).update(_created_attributes(f.violation.fix))
+    blocked: Dict[Tuple[str, str], str] = {}
+    for f in found:
+        fix = f.violation.fix
+        if fix is None:
+            continue
+        key = _group_key(f) or ("", str(id(f)))
+        why = _fix_problem(fix, model, created.get(key, set()))
+        if why is not None:
+            blocked.setdefault(key, why)
+    if not blocked:
+        return
+    for f in found:
+        fix = f.violation.fix
+        key = _group_key(f) or ("", str(id(f)))
+        if fix is not None and key in blocked:
+            f.violation.fix = None
+            f.diagnostic.fix = None
+            f.diagnostic.message += f" (not fixed: {blocked[key]})"
+
+
+def _fix_problem(fix: Fix, model: AmpModel, created: Set[str]) -> Optional[str]:
+    for node, new in fix.replacements.items():
+        stmt = node if isinstance(node, cst.BaseStatement) else model.statement_of(node)
+        if stmt is None or not isinstance(stmt, cst.BaseStatement):
+            continue
+        if node is stmt:
+            if isinstance(new, cst.FlattenSentinel):
+                stmts = [n for n in new.nodes if isinstance(n, cst.BaseStatement)]
+            elif isinstance(new, cst.BaseStatement):
+                stmts = [new]
+            else:
+                continue  # removed
+        elif isinstance(new, cst.CSTNode):
+            try:
+                replaced = stmt.deep_replace(node, new)
+            except Exception:  # pragma: no cover - a replacement LibCST cannot place: checked when applied
+                continue
+            if not isinstance(replaced, cst.BaseStatement):
+                continue
+            stmts = [replaced]
+        else:
+            continue
+        try:
+            why = model.replacement_problem(stmt, stmts, created)
+        except (RecursionError, KeyError):  # pragma: no cover - odd shapes: the pass check still applies
+            continue
+        if why is not None:
+            return f"{why}, so the fixed code could raise there"
+    return None
+
+
+def _created_attributes(fix: Fix) -> Set[str]:
+    """What the fix's new code binds (a scaler it creates, a name it imports): where that is
+    read, the fix answers for it (and the check of the applied pass sees the real flow)."""
+    out: Set[str] = set()
+
+    class V(cst.CSTVisitor):
+        def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
+            key = _dotted(node.target)
+            if key is not None:
+                out.add(key)
+
+        def visit_ImportAlias(self, node: cst.ImportAlias) -> None:
+            if node.asname is not None and isinstance(node.asname.name, cst.Name):
+                out.add(node.asname.name.value)
+            else:
+                name = _dotted(node.name) or ""
+                out.add(name.split(".")[0] if isinstance(self_parent.get(id(node)), cst.Import) else name)
+
+    self_parent: Dict[int, cst.CSTNode] = {}
+
+    class P(cst.CSTVisitor):
+        def visit_Import(self, node: cst.Import) -> None:
+            for a in node.names:
+                self_parent[id(a)] = node
+
+    for new in fix.replacements.values():
+        nodes = new.nodes if isinstance(new, cst.FlattenSentinel) else [new]
+        for n in nodes:
+            if isinstance(n, cst.CSTNode):
+                n.visit(P())
+                n.visit(V())
+    return out
 
 
 def _group_key(f: _Found) -> Optional[Tuple[str, str]]:

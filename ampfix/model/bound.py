@@ -376,7 +376,7 @@ class _Walker:
                     self.bind_target(state, i.asname.name, _tags(VALUE, origin=i))
             return self.suite(stmt.body, state)
         if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):
-            self.evaluate(state, *[d.decorator for d in stmt.decorators])
+            self.evaluate(state, *_definition_expressions(stmt))
             self.assign(state, stmt.name.value, _tags(VALUE, origin=stmt))
             return state
         if isinstance(stmt, cst.Match):
@@ -638,6 +638,14 @@ def _uses(expr: cst.CSTNode, reads: List[str], derefs: List[str], unconditional:
         if isinstance(node, cst.Name):
             reads.append(node.value)
             continue
+        if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) \
+                and (dotted(node.func) or "").count(".") == 1 and dotted(node.func.value) == "self":
+            # `self.method(...)`: a method of the class or of a base class (another module's,
+            # perhaps), not an attribute some code must have assigned
+            reads.append("self")
+            derefs.append("self")
+            stack.extend(reversed(node.args))
+            continue
         if isinstance(node, cst.Attribute):
             key = dotted(node)
             if key is not None:
@@ -761,6 +769,43 @@ class Bound:
             return None
         problems = sorted(checker.problems, key=lambda p: (p.kind != NONE, p.key.startswith("self.")))
         return self._explain(problems[0], stmt, scope)
+
+    def replacement_problem(self, old: cst.CSTNode, new: Sequence[cst.BaseStatement],
+                            created: Set[str] = frozenset()) -> Optional[str]:  # type: ignore[assignment]
+        """Why the statements `new`, in place of the statement `old` (a statement of a block),
+        could fail where `old` would not: what may fail in `new` (a read of a name that may be
+        unassigned, a dereference of something that may be None) and does not in `old`, walked
+        from the same state (what the code after it reads anyway counts as proven, as in
+        `insertion_problem`). Keys in `created` (attributes the fix itself creates) are the
+        fix's own business."""
+        if self.block_of(old) is None:  # type: ignore[attr-defined]
+            return None  # a one-line suite: nothing to place the proof on
+        scope = self._bound_scope(old)
+        walker = self._walker(scope)
+        start = self.state_at(old)
+        if start is None:
+            return None
+        reads, derefs = self._later_uses(old, True)
+
+        def problems(stmts) -> List[Problem]:
+            checker = _Walker(self, scope)
+            checker._initial = dict(walker._initial)
+            state = dict(start)  # type: ignore[arg-type]
+            for key in reads:
+                checker._refine(state, key, drop=(UNBOUND,))
+            for key in derefs:
+                checker._refine(state, key, drop=(UNBOUND, NONE))
+            checker.checking = True
+            checker.block(list(stmts), state)
+            return checker.problems
+
+        before = {(p.key, p.kind) for p in problems([old])}
+        after = [p for p in problems(new) if (p.key, p.kind) not in before
+                 and not (p.kind == UNBOUND and p.key in created)]
+        if not after:
+            return None
+        after.sort(key=lambda p: (p.kind != NONE, p.key.startswith("self.")))
+        return self._explain(after[0], old, scope)
 
     def head_problems(self, stmt: cst.CSTNode, new: Optional[Callable[[cst.CSTNode], bool]] = None) -> List[Problem]:
         """What may fail in what the statement `stmt` evaluates first (a simple line, or a compound
@@ -1075,6 +1120,37 @@ def _head_expressions(stmt: cst.CSTNode) -> List[cst.CSTNode]:
     if isinstance(stmt, cst.With):
         return [i.item for i in stmt.items]
     return []
+
+
+def _all_expressions(stmt: cst.CSTNode) -> List[cst.CSTNode]:
+    """Every expression a statement (and the statements inside it) evaluates; of a `def` or
+    `class`, what runs when it is defined (decorators, defaults, bases)."""
+    if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):
+        return _definition_expressions(stmt)
+    out: List[cst.CSTNode] = []
+
+    class V(cst.CSTVisitor):
+        def on_visit(self, node: cst.CSTNode) -> bool:
+            if isinstance(node, cst.BaseExpression):
+                out.append(node)
+                return False
+            if isinstance(node, (cst.FunctionDef, cst.ClassDef)):
+                out.extend(_definition_expressions(node))
+                return False
+            return True
+
+    stmt.visit(V())
+    return out
+
+
+def _definition_expressions(node: cst.CSTNode) -> List[cst.CSTNode]:
+    out: List[cst.CSTNode] = [d.decorator for d in node.decorators]  # type: ignore[attr-defined]
+    if isinstance(node, cst.FunctionDef):
+        p = node.params
+        out += [x.default for x in (*p.posonly_params, *p.params, *p.kwonly_params) if x.default is not None]
+    elif isinstance(node, cst.ClassDef):
+        out += [a.value for a in (*node.bases, *node.keywords)]
+    return out
 
 
 def _assigned_keys(stmt: cst.CSTNode) -> Set[str]:
