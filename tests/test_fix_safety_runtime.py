@@ -50,6 +50,12 @@ CASES = {
     "AMP009/bad_fix_none_scaler.py": (
         [], lambda t: t.replace("            opt.zero_grad()\n", "            opt.zero_grad()\n        scaler.update()\n", 1),
         "AttributeError: 'NoneType' object has no attribute 'update'"),
+    "AMP016/bad_fix_dtype_in_branch.py": (
+        [], lambda t: t.replace('torch.autocast("cuda", enabled=args.amp)', 'torch.autocast("cuda", enabled=args.amp, dtype=amp_dtype)'),
+        "UnboundLocalError: cannot access local variable 'amp_dtype'"),
+    "AMP201/bad_fix_optional_fabric.py": (
+        [], lambda t: t.replace("loss.backward()  # expect: AMP201@9", "fabric.backward(loss)"),
+        "AttributeError: 'NoneType' object has no attribute 'backward'"),
     "AMP013/bad_fix_scaler_created_later.py": (
         ["--unsafe-fixes"],
         lambda t: _insert(t.replace('"step": start + 3}', '"step": start + 3, "scaler": scaler.state_dict()}'), "after",

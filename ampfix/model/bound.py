@@ -875,12 +875,13 @@ class Bound:
             owner = f"`{cls.name.value}`" if cls is not None else "the class"
             return (f"`{p.key}` is not assigned in `__init__` or the class body of {owner} (nor before {where} "
                     "on every path)")
-        if origin_line is None and isinstance(scope, cst.FunctionDef) and \
+        if origin_line is None and isinstance(scope, (cst.FunctionDef, cst.Module)) and \
                 p.key in self._index.local_names.get(scope, ()):  # type: ignore[attr-defined]
-            earlier = any(self.before(n, stmt) for n, _, s in self._by_key.get(p.key, []) if s is scope)  # type: ignore[attr-defined]
-            if not earlier:
-                return (f"`{p.key}` is not assigned yet at {where} (it is assigned later in "
-                        f"`{scope.name.value}`)")
+            later = [n for n, _, s in self._by_key.get(p.key, []) if s is scope]  # type: ignore[attr-defined]
+            if later and not any(self.before(n, stmt) for n in later):  # type: ignore[attr-defined]
+                owner = f"in `{scope.name.value}`" if isinstance(scope, cst.FunctionDef) else \
+                    f"on line {self.line(later[0])}"  # type: ignore[attr-defined]
+                return f"`{p.key}` is not assigned yet at {where} (it is assigned later {owner})"
         return f"`{p.key}` is not assigned on every path that reaches {where}{origin}"
 
     def _line_or_none(self, node: Optional[cst.CSTNode]) -> Optional[int]:
