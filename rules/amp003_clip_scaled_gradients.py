@@ -20,7 +20,8 @@ class ClipScaledGradients(Rule):
     triggers = (".scale(",)
     requires = (("clip_grad", ".grad"), ("backward",))
     fixable = "sometimes"
-    fix_note = "safe (`scaler.unscale_(opt)` before the clip) when the optimizer is unambiguous"
+    fix_note = ("safe (`scaler.unscale_(opt)` before the clip; under the scaled backward's test where the scaler may be "
+                "None) when the optimizer is unambiguous and every path after it updates the scaler")
     docs = """
 After `scaler.scale(loss).backward()` every `.grad` is multiplied by the current scale
 (e.g. 65536). Clipping then compares the norm against a threshold that is effectively 65536x
@@ -38,7 +39,11 @@ is not among those unscaled.
 
 The fix inserts `scaler.unscale_(optimizer)` before the clip (or the call that leads to it)
 when the optimizer that the scaler steps next (or that owns the clipped parameters) is
-unambiguous and no `unscale_` runs on some other path in between.
+unambiguous and no `unscale_` runs on some other path in between. It is not offered when some
+path from there leaves the step without `scaler.update()` (a helper that returns early to skip
+a step: the next `unscale_` would raise RuntimeError). Where the scaler may be None at the clip
+(`self.scaler = GradScaler() if amp else None`) the `unscale_` goes under the test the scaled
+backward runs under (`if self.scaler is not None:`), or is not offered.
 
 Bad:
 ```python

@@ -22,7 +22,8 @@ class StepBypassesScaler(Rule):
     triggers = (".scale(",)
     requires = ((".step(",), ("backward",))
     fixable = "unsafe"
-    fix_note = "unsafe (`scaler.step(opt)`, plus `scaler.update()` when the scaler is never stepped)"
+    fix_note = ("unsafe (`scaler.step(opt)`, plus `scaler.update()` when the scaler is never stepped; under the scaled "
+                "backward's test where the scaler may be None)")
     docs = """
 After `scaler.scale(loss).backward()` every `.grad` is the true gradient times the scale
 (65536 by default). `scaler.step(optimizer)` divides them back and skips the step when they

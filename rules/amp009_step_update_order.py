@@ -25,7 +25,8 @@ class StepUpdateOrder(Rule):
     triggers = (".scale(",)
     requires = ((".step(", ".unscale_("),)
     fixable = "sometimes"
-    fix_note = "safe (`update()` after the iteration's last step) when the iteration has none; otherwise none"
+    fix_note = ("safe (`update()` after the iteration's last step; under the step's test where the scaler may be None) when "
+                "the iteration has none; otherwise none")
     docs = """
 Each iteration of a GradScaler is `scale(loss).backward()`, at most one `unscale_(opt)` and one
 `step(opt)` per optimizer, then ONE `update()`. `update()` adapts the scale and resets the

@@ -20,7 +20,8 @@ class CheckpointWithoutScaler(Rule):
     triggers = ("state_dict",)
     requires = (("GradScaler", ".scale("), ("torch.save", "torch.load", "save(", "load("))
     fixable = "unsafe"
-    fix_note = "unsafe (a `scaler` entry saved, restored when present)"
+    fix_note = ("unsafe (a `scaler` entry saved, restored when present: every save and load of the file, or none; a load "
+                "only when a save holds the scaler)")
     docs = """
 A GradScaler's scale adapts during training (it backs off after overflows and grows after
 2000 clean steps). A checkpoint meant for resuming that stores the model and optimizer state but
@@ -34,7 +35,10 @@ Only checkpoints that hold an optimizer's state count (a weights-only
 GradScaler is reachable or a run that saves also steps one, and the dict may be built where `torch.save` is called or by the caller
 of a `save_checkpoint(state, ...)` helper. The fix (unsafe: it changes the checkpoint format)
 adds a `"scaler"` entry, and on the load side restores it when the checkpoint has one, so older
-checkpoints still load.
+checkpoints still load: every save and load of the file together, or none (a format saved on
+one side only breaks resuming). A load is fixed only when a checkpoint of the file saves the
+scaler; where the scaler is created after the restore, its restore goes after it, under the
+resume's own test.
 
 On this CPU with bfloat16 the mistake makes no difference (nothing overflows, the scale never
 moves); with float16 a resume shows as skipped steps.
