@@ -254,3 +254,23 @@ def test_cli_summary_agrees_with_a_fresh_check(tmp_path: Path):
     found, fixed, remaining = int(words[1]), int(words[3]), int(words[5])
     assert (found, remaining) == (n_before, n_after), (summary, n_before, n_after)
     assert found == fixed + remaining, summary
+
+
+@pytest.mark.parametrize("before,after", [
+    ('{\n    "model": m,  # weights\n    "saved_at": now(),  # noqa: DTZ005\n}',
+     '{\n    "model": m,  # weights\n    "saved_at": now(),  # noqa: DTZ005\n    "scaler": s.state_dict(),\n}'),
+    ('{\n    "model": m,  # weights\n    "saved_at": now()  # noqa: DTZ005\n}',
+     '{\n    "model": m,  # weights\n    "saved_at": now(),  # noqa: DTZ005\n    "scaler": s.state_dict()\n}'),
+    ('{"model": m, "optimizer": o}', '{"model": m, "optimizer": o, "scaler": s.state_dict()}'),
+    ('{"model": m,\n "optimizer": o}', '{"model": m,\n "optimizer": o,\n "scaler": s.state_dict()}'),
+    ('{"model": m, "optimizer": o,}', '{"model": m, "optimizer": o, "scaler": s.state_dict(),}'),
+    ('{\n    "optimizer": o,  # last\n\n    # closing remark\n}',
+     '{\n    "optimizer": o,  # last\n    "scaler": s.state_dict(),\n\n    # closing remark\n}'),
+    ('{  # head\n    "optimizer": o,  # only\n}', '{  # head\n    "optimizer": o,  # only\n    "scaler": s.state_dict(),\n}'),
+], ids=["trailing-comma", "no-trailing-comma", "one-line", "aligned", "one-line-trailing", "closing-comment", "one-entry"])
+def test_amp013_dict_entry_keeps_the_layout_and_every_comment(before, after):
+    from ampfix.rules.amp013_checkpoint_without_scaler import add_dict_entry
+
+    node = cst.parse_expression(before)
+    new = add_dict_entry(node, cst.SimpleString('"scaler"'), cst.parse_expression("s.state_dict()"))
+    assert cst.Module([]).code_for_node(new) == after

@@ -168,7 +168,7 @@ def _prove_fixes(found: List[_Found], model: AmpModel) -> None:
     for f in found:
         if f.violation.fix is not None:
             key = _group_key(f) or ("", str(id(f)))
-            created.setdefault(key, set()).update(_created_attributes(f.violation.fix))
+            created.setdefault(key, set()).update(_bound_by_fix(f.violation.fix))
     blocked: Dict[Tuple[str, str], str] = {}
     for f in found:
         fix = f.violation.fix
@@ -205,22 +205,19 @@ def _fix_problem(fix: Fix, model: AmpModel, created: Set[str]) -> Optional[str]:
             try:
                 replaced = stmt.deep_replace(node, new)
             except Exception:  # pragma: no cover - a replacement LibCST cannot place: checked when applied
-                continue
+                return "ampfix could not prove this fix (its replacement does not fit its statement)"
             if not isinstance(replaced, cst.BaseStatement):
                 continue
             stmts = [replaced]
         else:
             continue
-        try:
-            why = model.replacement_problem(stmt, stmts, created)
-        except (RecursionError, KeyError):  # pragma: no cover - odd shapes: the pass check still applies
-            continue
+        why = model.replacement_problem(stmt, stmts, created)
         if why is not None:
             return f"{why}, so the fixed code could raise there"
     return None
 
 
-def _created_attributes(fix: Fix) -> Set[str]:
+def _bound_by_fix(fix: Fix) -> Set[str]:
     """What the fix's new code binds (a scaler it creates, a name it imports): where that is
     read, the fix answers for it (and the check of the applied pass sees the real flow)."""
     out: Set[str] = set()
@@ -576,8 +573,11 @@ class _FixLoop:
                 d = f.diagnostic
                 troubles.append(fixcheck.Trouble(fixcheck.old_range(ops, d.line),
                                                  f"it would add {d.code} on line {d.line}: {d.message}", d.line))
-        troubles += fixcheck.unsafe_reads(cur.model, nxt.model, ops)
-        troubles += fixcheck.comment_troubles(cur.text, new_text, ops)
+        try:
+            troubles += fixcheck.unsafe_reads(cur.model, nxt.model, ops)
+            troubles += fixcheck.comment_troubles(cur.text, new_text, ops)
+        except Exception as exc:  # a check that cannot run keeps nothing it could not check
+            troubles.append(fixcheck.Trouble((1, 1 << 30), f"ampfix could not check this fix ({type(exc).__name__})"))
         return troubles, nxt, mapping
 
     def refuse(self, unit: _Unit, model: AmpModel, reason: str) -> None:

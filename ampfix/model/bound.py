@@ -52,6 +52,7 @@ BUILTINS = set(dir(builtins)) | {"__name__", "__file__", "__doc__", "__spec__", 
                                  "__builtins__", "__path__", "__debug__"}
 MAX_CONDS = 4  # conditions a tag remembers (more: dropped, which only loses precision)
 MAX_LOOP_PASSES = 5
+MAX_STATEMENTS = 100_000  # statement visits per walk: past it, loops get one pass (less precise, never slow)
 _SPACE = re.compile(r"\s+")
 
 # a stable condition: (normalised test text, the keys it reads)
@@ -101,6 +102,7 @@ class _Walker:
         self.checking = False
         self.problems: List[Problem] = []
         self._initial: Dict[str, FrozenSet[Tag]] = {}
+        self.visits = 0
 
     # ---------------------------------------------------------------- states
     def initial(self, key: str) -> FrozenSet[Tag]:
@@ -336,6 +338,7 @@ class _Walker:
 
     # ---------------------------------------------------------------- statements
     def block(self, body: Sequence[cst.CSTNode], state: Optional[State]) -> Optional[State]:
+        self.visits += len(body)
         for stmt in body:
             self.record(self.before, stmt, state)
             if state is not None:
@@ -482,6 +485,8 @@ class _Walker:
             if new_head == head:
                 break
             head = new_head
+            if self.visits > MAX_STATEMENTS:
+                break
         if isinstance(stmt, cst.For):
             normal = head
         else:
@@ -732,13 +737,33 @@ class Bound:
             scope = self.scope_of(scope)  # type: ignore[attr-defined]
         return scope
 
+    # ---------------------------------------------------------------- the queries, never raising
+    def insertion_problem(self, new: Sequence[cst.BaseStatement], stmt: cst.CSTNode, after: bool = False,
+                          ) -> Optional[str]:
+        """Why the statements `new`, inserted before (or after) `stmt`, could fail on some path
+        that reaches them, or None when every read is proven (see `_insertion_problem`). A shape
+        the analysis cannot follow is a reason too: an unproven fix is not offered."""
+        try:
+            return self._insertion_problem(new, stmt, after)
+        except Exception as exc:  # never let a proof crash the check
+            return f"ampfix could not prove this fix ({type(exc).__name__})"
+
+    def replacement_problem(self, old: cst.CSTNode, new: Sequence[cst.BaseStatement],
+                            created: Set[str] = frozenset()) -> Optional[str]:  # type: ignore[assignment]
+        """Why the statements `new`, in place of the statement `old`, could fail where `old` would
+        not (see `_replacement_problem`); a shape the analysis cannot follow is a reason too."""
+        try:
+            return self._replacement_problem(old, new, created)
+        except Exception as exc:  # never let a proof crash the check
+            return f"ampfix could not prove this fix ({type(exc).__name__})"
+
     def usable(self, key: str, stmt: cst.CSTNode, after: bool = False, deref: bool = True) -> Optional[str]:
         """None when `key` is assigned on every path that reaches the point before (or after)
         `stmt` and, with `deref`, is not None on any of them (a method can be called on it);
         else why not, in a sentence for a finding's message."""
         return self.insertion_problem([_expr_statement(key, deref)], stmt, after)
 
-    def insertion_problem(self, new: Sequence[cst.BaseStatement], stmt: cst.CSTNode, after: bool = False,
+    def _insertion_problem(self, new: Sequence[cst.BaseStatement], stmt: cst.CSTNode, after: bool = False,
                           ) -> Optional[str]:
         """Why the statements `new`, inserted before (or after) `stmt`, could fail on some path
         that reaches them: a name they read may be unassigned there, or an object they call a
@@ -770,7 +795,7 @@ class Bound:
         problems = sorted(checker.problems, key=lambda p: (p.kind != NONE, p.key.startswith("self.")))
         return self._explain(problems[0], stmt, scope)
 
-    def replacement_problem(self, old: cst.CSTNode, new: Sequence[cst.BaseStatement],
+    def _replacement_problem(self, old: cst.CSTNode, new: Sequence[cst.BaseStatement],
                             created: Set[str] = frozenset()) -> Optional[str]:  # type: ignore[assignment]
         """Why the statements `new`, in place of the statement `old` (a statement of a block),
         could fail where `old` would not: what may fail in `new` (a read of a name that may be
