@@ -274,3 +274,48 @@ def test_amp013_dict_entry_keeps_the_layout_and_every_comment(before, after):
     node = cst.parse_expression(before)
     new = add_dict_entry(node, cst.SimpleString('"scaler"'), cst.parse_expression("s.state_dict()"))
     assert cst.Module([]).code_for_node(new) == after
+
+
+class AddsACall(Rule):
+    """A fix that brings code another rule reports (with a fix of its own)."""
+
+    code, name = "AMP960", "adds-a-call"
+    message = "adds a call"
+    triggers = ("x = 1",)
+    fixable = "safe"
+    docs = NaiveUnscale.docs
+
+    def check(self, ctx):
+        from ampfix.fixes.edits import insert_after
+
+        body = list(ctx.model.module.body)
+        for i, stmt in enumerate(body):
+            if ctx.model.code(stmt) == "x = 1" and not (i + 1 < len(body) and "trigger_b" in ctx.model.code(body[i + 1])):
+                yield Violation(stmt, fix=Fix(insert_after(ctx.model.module, stmt, ["trigger_b()"]),
+                                              applicability=SAFE, description="call added"))
+
+
+class BreaksTheCall(Rule):
+    """A fix that the pass check refuses (its result does not compile)."""
+
+    code, name = "AMP961", "breaks-the-call"
+    message = "reported call"
+    triggers = ("trigger_b",)
+    fixable = "safe"
+    docs = NaiveUnscale.docs
+
+    def check(self, ctx):
+        for stmt in ctx.model.nodes_of(cst.SimpleStatementLine):
+            if ctx.model.code(stmt) == "trigger_b()":
+                yield Violation(stmt, fix=Fix({stmt: cst.parse_statement("return 1\n")}, applicability=SAFE,
+                                              description="breaks it"))
+
+
+def test_a_finding_added_by_a_fix_and_never_fixed_refuses_that_fix():
+    """A fix may bring a finding that a later pass fixes (an import rewritten once its last use
+    is); when that later fix is refused, the finding would stay: the first fix is refused too."""
+    src = "def trigger_b():\n    pass\n\n\nx = 1\n"
+    new, fixed, remaining = fix_text(src, "t.py", [AddsACall, BreaksTheCall], Settings())
+    assert new == src and not fixed
+    (d,) = remaining
+    assert d.code == "AMP960" and d.fix is None and "(not fixed: it would add AMP961: reported call)" in d.message
