@@ -41,8 +41,10 @@ def ampfix(env_root: Optional[Path], *args: str, cwd: Optional[Path] = None) -> 
     env = dict(os.environ, NO_COLOR="1", AMPFIX_WORKERS="1")
     if env_root is not None:
         env["PYTHONPATH"] = str(env_root)
-    return subprocess.run([sys.executable, "-m", "ampfix", *args], cwd=cwd, capture_output=True, text=True,
-                          env=env, timeout=3600)
+    # `python -m` puts the working folder first on sys.path: never this checkout's, or the base
+    # run would import this checkout's ampfix
+    return subprocess.run([sys.executable, "-m", "ampfix", *args], cwd=cwd or tempfile.gettempdir(),
+                          capture_output=True, text=True, env=env, timeout=3600)
 
 
 def findings(env_root: Optional[Path], tree: Path) -> List[dict]:
@@ -78,12 +80,20 @@ def one_run(env_root: Optional[Path], tree: Path, unsafe: bool) -> dict:
         key = lambda d: (d["path"], d["line"], d["column"], d["code"])  # noqa: E731
         refused = [(d["code"], NOT_FIXED.search(d["message"]).group(1)) for d in reported
                    if NOT_FIXED.search(d["message"])]
+        left = {(d["path"].replace(str(copy), ""), d["code"], _norm(d["message"])) for d in reported}
+        fixed = sorted({(d["path"].replace(str(copy), ""), d["line"], d["code"]) for d in before
+                        if (d["path"].replace(str(copy), ""), d["code"], _norm(d["message"])) not in left})
         return {
             "before": len(before), "changed_files": len(changed), "remaining": len(reported),
             "fresh": len(fresh), "agrees": sorted(map(key, reported)) == sorted(map(key, fresh)),
             "summary": summary[-1] if summary else "", "second_rewrite_changes": len(second),
-            "compile_errors": broken, "refused": refused,
+            "compile_errors": broken, "refused": refused, "fixed": fixed,
         }
+
+
+def _norm(message: str) -> str:
+    """A finding's message without line numbers and without the reason a fix was not applied."""
+    return re.sub(r"\d+", "#", NOT_FIXED.sub("", message)).strip()
 
 
 def check_times(roots: Dict[str, Optional[Path]], tree: Path, reps: int) -> Dict[str, List[float]]:
@@ -144,6 +154,14 @@ def render(results: Dict[str, dict], roots) -> str:
             t = entry["check_seconds"]
             b, h = statistics.median(t["base"]), statistics.median(t["this"])
             lines.append(f"| {tree} | {b:.2f} | {h:.2f} | {h / b:.2f}x |")
+    if "base" in roots:
+        lines += ["", "Findings the base checkout fixes and this one leaves (with --unsafe-fixes), and the reverse:", ""]
+        for tree, entry in results.items():
+            b, h = set(map(tuple, entry["base-unsafe"]["fixed"])), set(map(tuple, entry["this-unsafe"]["fixed"]))
+            for path, line, code in sorted(b - h):
+                lines.append(f"- {tree}: not fixed any more: {code} {path}:{line}")
+            for path, line, code in sorted(h - b):
+                lines.append(f"- {tree}: fixed now: {code} {path}:{line}")
     lines += ["", "Refused fixes (this checkout, --unsafe-fixes): code and reason", ""]
     for tree, entry in results.items():
         for code, why in entry.get("this-unsafe", {}).get("refused", []):

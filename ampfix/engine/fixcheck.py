@@ -32,6 +32,7 @@ from ampfix.model.bound import NONE, UNBOUND, head_expressions as _head_expressi
 Opcodes = List[Tuple[str, int, int, int, int]]
 _DIGITS = re.compile(r"\d+")
 _NOQA = re.compile(r"#\s*noqa", re.IGNORECASE)
+_CELL_MARKER = re.compile(r"^# ampfix-cell: \d+$")  # the notebook layer's own (it checks them itself)
 
 
 @dataclass
@@ -191,7 +192,7 @@ def _comments(text: str) -> List[Tuple[int, str, str]]:
     lines = text.split("\n")
     try:
         for tok in tokenize.generate_tokens(io.StringIO(text).readline):
-            if tok.type == tokenize.COMMENT:
+            if tok.type == tokenize.COMMENT and not _CELL_MARKER.match(tok.string):
                 line = tok.start[0]
                 code = lines[line - 1][: tok.start[1]].strip() if line <= len(lines) else ""
                 out.append((line, code, tok.string.rstrip()))

@@ -923,6 +923,9 @@ class ApexMigration:
                 or any(isinstance(n, cst.Name) and n.value in self.avail | self.none_names
                        for st in inside for n in self._names(st)):
             raise _Blocked("the forward pass of the scaled loss holds other apex code: migrate by hand")
+        # every statement keeps its own comment lines (the first one's blank lines go to what
+        # now comes first); the statements moved from later lines are dropped there, not removed
+        # with their comments handed on (they come back here with them)
         body = [stmts[i] for i in deps]
         lead = stmts[first].leading_lines
         body[0] = body[0].with_changes(leading_lines=())
@@ -930,11 +933,13 @@ class ApexMigration:
         region = cst.With(items=[cst.WithItem(item=cst.parse_expression(
             f"{self.torch}.autocast({self.q}cuda{self.q}{enabled})"))], body=cst.IndentedBlock(body=body))
         seq: List[cst.BaseStatement] = [*before, region, *after]
-        seq = [s.with_changes(leading_lines=()) for s in seq]
-        seq[0] = seq[0].with_changes(leading_lines=lead)
-        self.rw.replace(use, stmts[first], seq)
+        own = [] if seq[0] is region else list(seq[0].leading_lines)
+        while own and own[0].comment is None:
+            own.pop(0)  # its blank lines: `lead` has the first statement's
+        seq[0] = seq[0].with_changes(leading_lines=[*lead, *own])
+        self.rw.add(use, stmts[first], lambda cur, seq=seq: seq)
         for i in range(first + 1, last + 1):
-            self.rw.remove(use, stmts[i])
+            self.rw.add(use, stmts[i], lambda cur: [])
 
     def _steps(self, use: ApexUse, with_node: cst.With, opt_names: List[str]) -> None:
         model = self.model
