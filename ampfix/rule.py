@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, ClassVar, Dict, Iterator, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Callable, ClassVar, Dict, Iterator, Optional, Tuple
 
 from ampfix.knowledge.torch_versions import DEFAULT_MIN_TORCH
+from ampfix.triggers import trigger_test  # noqa: F401  (a run tests triggers without this module: ampfix/engine/rulemeta.py)
 
 if TYPE_CHECKING:  # pragma: no cover
     import libcst as cst
@@ -64,6 +65,9 @@ class Violation:
     node: cst.CSTNode
     message: Optional[str] = None
     fix: Optional[Fix] = None
+    #: code of other modules that is part of the cause, as (path, line, column, note); by
+    #: default the engine names the code of other modules that runs at the reported call
+    related: Tuple[Tuple[str, int, int, str], ...] = ()
 
 
 @dataclass
@@ -72,6 +76,9 @@ class FileContext:
     source: str
     model: "AmpModel"
     min_torch_version: Tuple[int, ...] = DEFAULT_MIN_TORCH
+    #: where min_torch_version comes from: "--min-torch-version", "min-torch-version in
+    #: pyproject.toml", "`torch>=1.13` in setup.py" (the project's metadata), "" (the default)
+    min_torch_source: str = ""
     unsafe_fixes: bool = False
     #: set by the engine: (node, code) -> suppressed by `# noqa` on its line
     suppression: Optional[Callable[[cst.CSTNode, str], bool]] = None
@@ -95,6 +102,12 @@ class Rule:
     triggers_lower: ClassVar[Tuple[str, ...]] = ()
     #: Further groups of substrings: the file must also contain one of each group.
     requires: ClassVar[Tuple[Tuple[str, ...], ...]] = ()
+    #: With the project read (every run of `check`/`rewrite` over files on disk), a module that
+    #: lacks the triggers is still analysed for this rule when it holds one string of every
+    #: group here and a module of the project it imports, or that imports it, holds the
+    #: triggers: the scaler built in a base class of another module, the loop that calls this
+    #: helper. None: the rule's findings never depend on another module's text.
+    project_requires: ClassVar[Optional[Tuple[Tuple[str, ...], ...]]] = None
     #: "safe", "unsafe", "sometimes" or "none": what `ampfix rules` shows.
     fixable: ClassVar[str] = "none"
     #: One line on what the fix does and when (the README's rule table); default: `fixable`.
@@ -104,9 +117,20 @@ class Rule:
     docs: ClassVar[str] = ""
     #: Off unless selected explicitly (by its code, not by a prefix or ALL).
     default_enabled: ClassVar[bool] = True
+    #: A preview rule runs only with preview on (`--preview`, `preview = true` in [tool.ampfix]),
+    #: as ruff's preview rules do. A rule measured below the precision threshold on the
+    #: ecosystem check is preview too (`ampfix/knowledge/precision.py`): see `in_preview`.
+    preview: ClassVar[bool] = False
 
     def check(self, ctx: FileContext) -> Iterator[Violation]:  # pragma: no cover - abstract
         raise NotImplementedError
+
+    @classmethod
+    def in_preview(cls) -> bool:
+        """Marked preview, or measured below the precision threshold: runs only with preview on."""
+        from ampfix.knowledge.precision import below_threshold
+
+        return bool(cls.preview) or below_threshold(cls.code)
 
     @classmethod
     def triggered_by(cls, text: str, lowered: str) -> bool:
@@ -115,11 +139,7 @@ class Rule:
         # in the cache only the files this default test lets through.
         return trigger_test(text, lowered, cls.triggers, cls.triggers_lower, cls.requires)
 
-
-def trigger_test(text: str, lowered: str, triggers: Sequence[str], triggers_lower: Sequence[str],
-                 requires: Sequence[Sequence[str]]) -> bool:
-    """A rule's default trigger test (`Rule.triggered_by`): one trigger in the text (or one
-    lower-case trigger in the lowered text), and one string of every `requires` group."""
-    if not (any(t in text for t in triggers) or any(t in lowered for t in triggers_lower)):
-        return False
-    return all(any(t in text for t in group) for group in requires)
+    @classmethod
+    def project_candidate(cls, text: str) -> bool:
+        """The text holds what `project_requires` asks (the triggers may be in a related module)."""
+        return cls.project_requires is not None and all(any(t in text for t in g) for g in cls.project_requires)

@@ -22,6 +22,8 @@ committed. For each tree it measures in one run, so the ratios are comparable on
   * a bare LibCST parse of every file (one process), the floor for a LibCST-based tool
     (--skip-bare-parse leaves it out: it takes minutes on the large trees);
 and reports how many files were parsed at all and every finding (to review for precision).
+--interleave-bare-parse times the bare parse in a child process after each ampfix run instead
+(median), so that on a loaded machine the ratio to it compares runs made under the same load.
 --json-out FILE also writes the raw findings, errors, timings and source of every tree as JSON.
 --baseline-python PYTHON also runs `PYTHON -m ampfix check` (a second venv holding a reference
 ampfix, e.g. an older commit installed with `pip install -e`), alternating with the current one,
@@ -172,16 +174,18 @@ def fetch_tree(name: str, path: Path, rev: str = "HEAD") -> Path:
     return dest
 
 
-def timed(cmd, repeat):
+def timed(cmd, repeat, between=None):
     times, last = [], None
     for _ in range(repeat):
         t0 = time.perf_counter()
         last = subprocess.run(cmd, capture_output=True, text=True)
         times.append(time.perf_counter() - t0)
+        if between is not None:
+            between()
     return statistics.median(times), last, times
 
 
-def timed_pair(cmd, base_cmd, repeat):
+def timed_pair(cmd, base_cmd, repeat, between=None):
     """Time `cmd` and `base_cmd` alternately (cmd, base, cmd, base, ...), so machine noise hits both.
 
     `base_cmd` runs from bench/.cache/, not from the checkout: `python -m ampfix` puts the working
@@ -194,6 +198,8 @@ def timed_pair(cmd, base_cmd, repeat):
         t0 = time.perf_counter()
         base_last = subprocess.run(base_cmd, capture_output=True, text=True, cwd=CACHE)
         base_times.append(time.perf_counter() - t0)
+        if between is not None:
+            between()
     return (statistics.median(times), last, times), (statistics.median(base_times), base_last, base_times)
 
 
@@ -211,6 +217,19 @@ def bare_parse(files) -> float:
         except Exception:
             pass
     return time.perf_counter() - t0
+
+
+def bare_parse_child(files) -> float:
+    """`bare_parse` in a child process (the parse loop's own time, imports excluded), so that it
+    can run between the ampfix runs: on a shared machine the load then hits both alike."""
+    with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as fh:
+        fh.write("\n".join(str(f) for f in files))
+    try:
+        out = subprocess.run([sys.executable, __file__, "--bare-parse-worker", fh.name], capture_output=True,
+                             text=True, check=True).stdout
+    finally:
+        os.unlink(fh.name)
+    return float(out.strip().splitlines()[-1])
 
 
 def count_parsed(files) -> int:
@@ -249,11 +268,18 @@ def main() -> None:
                     help="an extracted folder, or a git directory whose HEAD (or REV) is extracted (repeatable)")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--skip-bare-parse", action="store_true", help="leave out the bare LibCST parse")
+    ap.add_argument("--interleave-bare-parse", action="store_true",
+                    help="time the bare parse in a child process after each ampfix run (median of --repeat), "
+                         "instead of once at the end: the ratio to it then holds on a loaded machine")
+    ap.add_argument("--bare-parse-worker", metavar="LIST", help=argparse.SUPPRESS)
     ap.add_argument("--json-out", type=Path, help="write raw findings and timings of every tree here")
     ap.add_argument("--baseline-python", metavar="PYTHON",
                     help="also time `PYTHON -m ampfix check` (a venv with a reference ampfix, e.g. an older "
                          "commit), interleaved with the current one; print the time ratio and the findings diff")
     args = ap.parse_args()
+    if args.bare_parse_worker:
+        print(bare_parse([Path(line) for line in Path(args.bare_parse_worker).read_text().splitlines() if line]))
+        return
     if args.packages is None:
         args.packages = [] if (args.sdists or args.tree) else ["timm", "transformers"]
     ampfix = [sys.executable, "-m", "ampfix", "check", "--output-format", "json", "--exit-zero", "--no-cache"]
@@ -271,11 +297,14 @@ def main() -> None:
         stamp = tree / "WHEEL_NAME"
         label = stamp.read_text().strip() if stamp.is_file() else f"{spec} ({tree})"
         base = None
+        bare_times: list = []
+        between = ((lambda: bare_times.append(bare_parse_child(files)))
+                   if args.interleave_bare_parse and not args.skip_bare_parse else None)
         if args.baseline_python:
-            base_cmd = [args.baseline_python, *[a for a in ampfix[1:] if a != "--no-cache"], str(tree)]
-            (t_par, res, t_all), base = timed_pair([*ampfix, str(tree)], base_cmd, args.repeat)
+            base_cmd = [args.baseline_python, *ampfix[1:], str(tree)]  # cold too: --no-cache
+            (t_par, res, t_all), base = timed_pair([*ampfix, str(tree)], base_cmd, args.repeat, between)
         else:
-            t_par, res, t_all = timed([*ampfix, str(tree)], args.repeat)
+            t_par, res, t_all = timed([*ampfix, str(tree)], args.repeat, between)
         findings = json.loads(res.stdout)
         errors = [line for line in res.stderr.splitlines() if ": error:" in line]
         env = dict(os.environ, AMPFIX_WORKERS="1")
@@ -292,14 +321,19 @@ def main() -> None:
                 subprocess.run(warm_cmd, capture_output=True, env=warm_env)
                 t_warm_all.append(time.perf_counter() - t0)
             t_warm = statistics.median(t_warm_all)
-        t_parse = None if args.skip_bare_parse else bare_parse(files)
+        if bare_times:
+            t_parse = statistics.median(bare_times)
+        else:
+            t_parse = None if args.skip_bare_parse else bare_parse(files)
         parsed = count_parsed(files)
         print(f"## {label}: {len(files)} files, {parsed} contain a rule trigger and are parsed")
         print(f"ampfix check (parallel, {os.cpu_count()} cores, median of {args.repeat}): {t_par:.2f} s")
         print(f"ampfix check (1 worker):                       {t_serial:.2f} s")
         print(f"ampfix check warm (cache, median of {args.repeat}):      {t_warm:.2f} s")
         if t_parse is not None:
-            print(f"bare LibCST parse of every file (1 process):  {t_parse:.2f} s")
+            how = f", interleaved, median of {len(bare_times)}" if bare_times else ""
+            print(f"bare LibCST parse of every file (1 process{how}):  {t_parse:.2f} s; "
+                  f"ampfix check is {t_parse / t_par:.2f}x faster")
         base_record = None
         if base is not None:
             t_base, base_res, base_all = base
@@ -328,6 +362,7 @@ def main() -> None:
             "check_parallel_s": round(t_par, 3), "check_parallel_runs_s": [round(t, 3) for t in t_all],
             "check_serial_s": round(t_serial, 3), "check_warm_s": round(t_warm, 3),
             "bare_parse_s": None if t_parse is None else round(t_parse, 3),
+            "bare_parse_runs_s": [round(t, 3) for t in bare_times],
             "errors": errors,
             "findings": [dict(d, path=os.path.relpath(d["path"], tree)) for d in findings],
             "baseline": base_record,

@@ -23,6 +23,7 @@ class BackwardInAutocast(Rule):
     )
     triggers = ("autocast",)
     requires = (("backward",),)
+    project_requires = (("with",),)
     fixable = "sometimes"
     fix_note = "safe when only backward/step/zero_grad/scaler calls move, else unsafe"
     docs = """

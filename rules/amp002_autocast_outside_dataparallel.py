@@ -24,6 +24,7 @@ class AutocastOutsideDataParallel(Rule):
                "region's dtype: they run float16; enable autocast inside the module's `forward`")
     triggers = ("DataParallel", "parallel_apply", "data_parallel", "Thread")
     requires = (("autocast",),)
+    project_requires = (("DataParallel", "parallel_apply", "data_parallel", "Thread"),)
     fixable = "sometimes"
     fix_note = "unsafe (autocast on the module's `forward`)"
     docs = """

@@ -19,6 +19,7 @@ class ClipScaledGradients(Rule):
                "call `scaler.unscale_(optimizer)` first")
     triggers = (".scale(",)
     requires = (("clip_grad", ".grad"), ("backward",))
+    project_requires = (("backward", "clip_grad", ".grad", "unscale_", "scaler", "Scaler"),)
     fixable = "sometimes"
     fix_note = ("safe (`scaler.unscale_(opt)` before the clip; under the scaled backward's test where the scaler may be "
                 "None) when the optimizer is unambiguous and every path after it updates the scaler")
@@ -26,8 +27,10 @@ class ClipScaledGradients(Rule):
 After `scaler.scale(loss).backward()` every `.grad` is multiplied by the current scale
 (e.g. 65536). Clipping then compares the norm against a threshold that is effectively 65536x
 too small, so nearly every step is clipped hard and training stalls; reading `.grad` values
-for a decision (a gradient-norm threshold that skips steps, logging) sees scaled values. Unscale
-first: `scaler.step()` knows the gradients were unscaled already.
+for a decision (a gradient-norm threshold that skips steps, a clipping coefficient computed by
+hand) sees scaled values. Unscale first: `scaler.step()` knows the gradients were unscaled
+already. A `.grad` value that is only printed, logged, stored or returned is not reported: it
+decides nothing in training (the logged number is scaled, the training is not affected).
 
 The check follows the step through helpers and methods (`self.clip_gradients(...)`, a loss
 scaler's `__call__`), and through branches: an `unscale_` that runs only when logging is on
@@ -72,8 +75,10 @@ scaler.update()
     def check(self, ctx: FileContext) -> Iterator[Violation]:
         model = ctx.model
         for trace in model.traces():
-            shared: Dict[int, Optional[Fix]] = {}  # one unscale_ serves every read after the same backward
+            shared: Dict[int, Tuple[Optional[Fix], Optional[str]]] = {}  # one unscale_ serves every read after the same backward
             for read in trace.of(GRAD_READ):
+                if read.event.detail == "read" and not self._decides(model, read.node):
+                    continue  # `.grad` read to be printed or logged: no training decision sees it
                 bw = model.last_before(trace, read, lambda e: e.kind == BACKWARD and e.event.detail == "scaled")
                 if bw is None:
                     continue
@@ -90,8 +95,9 @@ scaler.update()
                         return True
                     return e.kind == UNSCALE and e.scaler == scaler and (owner is None or e.target in (owner, None))
 
-                if not model.path_without(trace, bw, read, covers):
-                    continue
+                if not model.path_without(trace, bw, read, covers, not_none=scaler) \
+                        or model.within_one_call(bw, read, *steps):
+                    continue  # (`if scaler: scaler.unscale_(opt)` after `scaler.scale(loss)` runs: it is not None)
                 shown = model.anchor(bw, read)[1]
                 unscales = [u for u in trace.between(bw, read, UNSCALE) if u.scaler == scaler]
                 partial = [u for u in unscales if covers(u)]  # they run on some paths only
@@ -101,15 +107,33 @@ scaler.update()
                     if id(bw.node) not in shared:
                         shared[id(bw.node)] = self._fix(model, trace, shown, bw, read, local_owner, steps)
                     fix, why = shared[id(bw.node)]
-                message = self._message(model, read, shown, local_owner, owner, unscales)
+                message = self._message(model, read, shown, local_owner, owner, unscales, later, steps, fix)
                 if why is not None:
                     message = f"{message or self.message} (not fixed: {why})"
                 yield Violation(shown, message=message, fix=fix)
 
+    def _decides(self, model: AmpModel, node: cst.CSTNode) -> bool:
+        memo = self.__dict__.setdefault("_decides_memo", {})
+        if id(node) not in memo:
+            memo[id(node)] = model.feeds_decision(node)
+        return memo[id(node)]
+
     @staticmethod
     def _message(model: AmpModel, read: TraceEvent, shown: cst.CSTNode, local_owner: Optional[str],
-                 owner: Optional[str], unscales: list) -> Optional[str]:
+                 owner: Optional[str], unscales: list, later: list, steps: list, fix: Optional[Fix]) -> Optional[str]:
         what = "clipped" if read.event.detail == "clip" else "read"
+        if later and not unscales:
+            u = later[0]
+            call = model.code(u.node) if u.via == read.via else "`unscale_`"
+            call = f"`{call}`" if not call.startswith("`") else call
+            return (f"gradients are {what} while still scaled: {call} on line {model.line(u.node)} runs after this; "
+                    "call it before" + model.where(read, shown))
+        targets = sorted({s.event.target for s in steps if s.event.target})
+        if fix is None and not unscales and owner is None and len(targets) > 1:
+            names = ", ".join(f"`{t}`" for t in targets)
+            return (f"gradients are {what} while still scaled by the GradScaler; call `scaler.unscale_(...)` first for "
+                    f"the optimizer of these parameters (not fixed: the scaler steps {names}, which one owns them is "
+                    "not known)" + model.where(read, shown))
         if unscales and owner is not None and all(u.target not in (owner, None) for u in unscales):
             owner = local_owner
             return (f"gradients of `{owner}`'s parameters are clipped while still scaled: `unscale_` was called for "
@@ -133,7 +157,7 @@ scaler.update()
         the next iteration's `unscale_` raises), and the scaler is assigned and not None there
         (else the fix moves under the test the scaled backward runs under, or is not offered)."""
         frame = model.anchor(bw, read)
-        if bw.node is not frame[0] or any(len(s.path) != len(bw.path) for s in steps):
+        if model.foreign_among(bw, read, *steps) or bw.node is not frame[0] or any(len(s.path) != len(bw.path) for s in steps):
             return None, None
         opts = {owner} if owner is not None else {s.event.target for s in steps}
         stmt = model.statement_of(shown)
@@ -143,7 +167,8 @@ scaler.update()
         code = f"{bw.event.scaler}.unscale_({opt})"
         new = [statement(model.module, code)]
         problem = model.insertion_problem(new, stmt)
-        description = "scaler.unscale_(optimizer) inserted before clipping"
+        what = "clipping" if read.event.detail == "clip" else "reading the gradients"
+        description = f"scaler.unscale_(optimizer) inserted before {what}"
         extra: dict = {}
         if problem is not None:
             # under the test the scaled backward runs under (`if self.scaler is not None:`): the

@@ -9,7 +9,7 @@ import libcst as cst
 from ampfix.fixes.edits import in_block, move_after, remove_statement
 from ampfix.model import AmpModel, Trace, TraceEvent, is_expression_statement_of
 from ampfix.model.tree import target_names
-from ampfix.model.events import BACKWARD, SCALER_STEP, UPDATE
+from ampfix.model.events import BACKWARD, SCALER_STEP, UPDATE, ZERO_GRAD
 from ampfix.rule import SAFE, UNSAFE, FileContext, Fix, Rule, Violation
 
 
@@ -33,7 +33,10 @@ With several scalers, each must be updated once after its own steps: `scaler_g.u
 `scaler_d.step(...)` leaves one scaler never updated and the other updated twice.
 
 A path that leaves the iteration early (`continue` after its own `update()`) is a separate
-iteration, not a second update. The fix removes the extra `update()` calls (or moves the one
+iteration, not a second update; so is a step whose gradients are all made after the update (a
+backward runs between them, and it steps the same optimizer again, or an optimizer whose
+gradients were zeroed after the first backward): a step-and-update helper called twice runs
+two iterations. The fix removes the extra `update()` calls (or moves the one
 in a `for opt in optimizers:` loop after the loop), leaving one update after the last step;
 for the wrong scaler it renames the receiver (unsafe). No fix when the update is in a helper.
 
@@ -97,7 +100,8 @@ scaler.update()
             stmt = model.statement_of(upd.node)
             body = loop.body
             fix = None
-            if shown is upd.node and is_expression_statement_of(stmt, upd.node) and isinstance(body, cst.IndentedBlock) \
+            if shown is upd.node and not upd.event.foreign and is_expression_statement_of(stmt, upd.node) \
+                    and isinstance(body, cst.IndentedBlock) \
                     and any(s is stmt for s in body.body) and len(body.body) > 1 and loop.orelse is None \
                     and in_block(model, loop) and all(model.before(s.node, upd.node) for s in steps):
                 new_loop = loop.with_changes(body=body.with_changes(body=[s for s in body.body if s is not stmt]))
@@ -113,15 +117,52 @@ scaler.update()
         earlier = model.last_before(trace, upd, lambda e: same_step(e) and loops <= set(e.loops()),
                                     stop=self._same(UPDATE, upd.scaler))
         later = model.first_after(trace, upd, lambda e: same_step(e) and loops <= set(e.loops()))
-        if earlier is None or later is None:
+        if earlier is None or later is None or model.within_one_call(earlier, upd, later) \
+                or self._next_iteration(model, trace, earlier, upd, later):
             return None
         shown = model.anchor(earlier, upd, later)[1]
+        message = self._between_message(model, earlier, upd, later) + model.where(upd, shown)
         if shown is not upd.node:
-            return Violation(shown, message=self.message + model.where(upd, shown))
+            return Violation(shown, message=message)
         last = self._chain_end(model, trace, later, (upd.scaler, frozenset(loops)),
                                lambda e: same_step(e) and loops <= set(e.loops()))
         final = model.first_after(trace, last, self._same(UPDATE, upd.scaler))
-        return Violation(upd.node, fix=self._fix_between(model, upd, last, final))
+        fix = None if model.foreign_among(upd, last, final) else self._fix_between(model, upd, last, final)
+        return Violation(upd.node, message=message, fix=fix)
+
+    @staticmethod
+    def _between_message(model: AmpModel, earlier: TraceEvent, upd: TraceEvent, later: TraceEvent) -> str:
+        """Names what runs, as the reported function shows it: "`scaler.step(opt0)` (line 16) steps,
+        `scaler.update()` (line 17) updates, then `scaler.step(opt1)` (line 18) steps ..."."""
+        a, u, b = model.anchor(earlier, upd, later)
+
+        def shown(node: cst.CSTNode) -> str:
+            text = " ".join(model.code(node).split())
+            return f"`{text if len(text) <= 60 else text[:57] + '...'}` (line {model.line(node)})"
+
+        first = f"{shown(a)} steps and updates the scaler" if a is u else \
+            f"{shown(a)} steps, {shown(u)} updates the scaler"
+        return (f"the scaler is updated between two optimizer steps of one iteration: {first}, then {shown(b)} steps, "
+                "unscaling with the new scale gradients made (at least in part) at the old one; step every optimizer "
+                "first, then call `update()` once")
+
+    @staticmethod
+    def _next_iteration(model: AmpModel, trace: Trace, earlier: TraceEvent, upd: TraceEvent,
+                        later: TraceEvent) -> bool:
+        """`later` steps gradients made entirely after `upd`: a backward runs on every path between
+        them, and `later` steps the optimizer `earlier` stepped (two whole iterations, e.g. a
+        step-and-update helper called twice) or that optimizer's gradients were zeroed after
+        `earlier`'s backward. Its gradients were then scaled with the scale `upd` set: this is
+        the next iteration, not a second optimizer of this one."""
+        backwards = [b for b in trace.between(upd, later, BACKWARD) if model.mandatory_between(b, upd, later)]
+        if not backwards:
+            return False
+        if later.target is not None and later.target == earlier.target:
+            return True
+        first = backwards[0]
+        start = max([earlier, *(b for b in trace.between(earlier, upd, BACKWARD))], key=lambda e: e.order)
+        return any(z.target == later.target and model.mandatory_between(z, start, first)
+                   for z in trace.between(start, first, ZERO_GRAD))
 
     def _chain_end(self, model: AmpModel, trace: Trace, start: TraceEvent, key, match) -> TraceEvent:
         """The last step of this scaler in the iteration: `first_after` from step to step, each
@@ -168,13 +209,16 @@ scaler.update()
         same_update = self._same(UPDATE, upd.scaler)
         if model.last_before(trace, upd, same_update) is None and model.first_after(trace, upd, same_update) is None:
             return None  # this scaler is updated once: only the other one is missing its update
+        if model.within_one_call(prev, upd):
+            return None
         shown = model.anchor(prev, upd)[1]
         other = prev.event.scaler
         message = (f"`{upd.event.scaler}.update()` follows `{other}.step(...)`: `{upd.event.scaler}` is updated twice "
                    f"this iteration and `{other}` never; call `{other}.update()` here" + model.where(upd, shown))
         fix = None
         func = upd.node.func
-        if shown is upd.node and not prev.via and isinstance(func, cst.Attribute) and other:
+        if shown is upd.node and not prev.via and isinstance(func, cst.Attribute) and other \
+                and not model.foreign_among(prev, upd):
             fix = Fix({func.value: cst.parse_expression(other)}, applicability=UNSAFE,
                       description="update() called on the scaler that stepped")
         return Violation(shown, message=message, fix=fix)

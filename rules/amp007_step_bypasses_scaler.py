@@ -21,6 +21,7 @@ class StepBypassesScaler(Rule):
                "call `scaler.step(optimizer)`")
     triggers = (".scale(",)
     requires = ((".step(",), ("backward",))
+    project_requires = ((".step(",),)
     fixable = "unsafe"
     fix_note = ("unsafe (`scaler.step(opt)`, plus `scaler.update()` when the scaler is never stepped; under the scaled "
                 "backward's test where the scaler may be None)")
@@ -36,13 +37,16 @@ Not reported: `optimizer.step()` in the non-AMP branch of `if use_amp:` (correla
 separate statements count as one decision), an optimizer whose gradients were unscaled with
 `scaler.unscale_(optimizer)` first (only the inf/NaN skip is lost), a step after `zero_grad()`
 or after the scaler's `update()` (a later, unscaled backward feeds it), a loop with no scaler,
-`lr_scheduler.step()`, and a `GradScaler(enabled=False)` (its `scale()` returns the loss as it is;
-only a literal `False` counts).
+`lr_scheduler.step()`, a `GradScaler(enabled=False)` (its `scale()` returns the loss as it is;
+only a literal `False` counts), `scaler.step(optimizer)` on a project's own scaler class (one with
+`scale` and `step` methods, such as a no-op scaler for fp32 runs whose `step()` calls
+`optimizer.step()`), and a step that runs only where the scaler is None (`if self.scaler is None:
+optimizer.step()`): after `scaler.scale(loss)` the scaler is not None.
 
-Measured on the CPU (bf16 autocast, the GradScaler enabled, SGD with momentum:
-`fixtures/train/buggy_step_bypasses_scaler.py`): the loss is NaN within 40 steps; the rewrite
-trains like fp32 (max gap 0.02%). With Adam the damage is smaller (its update is nearly
-invariant to a constant gradient scale), but no step is ever skipped on an overflow.
+With SGD (with or without momentum) every update is the scale times too large (65536x at
+first) and the loss diverges within a few steps. With Adam the damage is smaller (its update is
+nearly invariant to a constant gradient scale, though its `eps` and weight decay are not), but
+no step is ever skipped on an overflow, so inf/NaN gradients reach the weights.
 
 The fix replaces `optimizer.step()` with `scaler.step(optimizer)`, and adds `scaler.update()`
 when the scaler is never stepped nor updated (only when the scaled backward runs on every path
@@ -109,13 +113,15 @@ for x, y in loader:
             if not scales or model.scaler_disabled(scales[0].func.value):
                 continue
             key = model.scaler_of_scale(bw, scales[0])
+            if model.runs_only_without(step, key):
+                continue  # `if self.scaler is None: optimizer.step()`: the scale() above proves it is not
 
             def blocks(e: TraceEvent) -> bool:
                 if e.kind == ZERO_GRAD or (e.kind == UPDATE and e.scaler == key):
                     return True
                 return e.kind in (SCALER_STEP, UNSCALE, OPT_STEP) and e.target == step.target
 
-            if not model.path_without(trace, bw, step, blocks):
+            if not model.path_without(trace, bw, step, blocks) or model.within_one_call(bw, step):
                 continue
             # `scaler.step(opt_d)` then an unscaled `g_loss.backward()`: that backward feeds this step
             consumed = [e for e in trace.between(bw, step, SCALER_STEP) if model.mandatory_between(e, bw, step)]
@@ -132,6 +138,8 @@ for x, y in loader:
         scaler may be unassigned or None (`if self.scaler is None: optimizer.step()`): (fixes,
         why not)."""
         stmts = []
+        if any(model.foreign_among(step, bw) for step, bw, _, _ in group):
+            return [None] * len(group), None
         conditional = False  # the scaled backward runs only under a test the step is not under
         for step, bw, scale, _ in group:
             stmt = model.statement_of(step.node)

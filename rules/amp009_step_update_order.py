@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Iterator, List, Optional, Tuple
 
+import libcst as cst
+
 from ampfix.fixes.edits import guarded, in_block, insert_after, statement
 from ampfix.model import AmpModel, Trace, TraceEvent, is_expression_statement_of
 from ampfix.model.events import SCALER_STEP, UNSCALE, UPDATE
@@ -24,6 +26,7 @@ class StepUpdateOrder(Rule):
                "RuntimeError and the scale never adapts; call `scaler.update()` after the last step")
     triggers = (".scale(",)
     requires = ((".step(", ".unscale_("),)
+    project_requires = ((".scale(", ".step(", ".update(", "unscale_"),)
     fixable = "sometimes"
     fix_note = ("safe (`update()` after the iteration's last step; under the step's test where the scaler may be None) when "
                 "the iteration has none; otherwise none")
@@ -110,8 +113,8 @@ for x, y in loader:
                                                                     and e.target == ev.target))
 
             end = model.leaves_iteration_without(trace, ev, group, blocks)
-            if end is None:
-                continue
+            if end is None or (ev.event.foreign and group is not None and not isinstance(group[1][1], cst.CSTNode)):
+                continue  # the iteration of a helper of another module: reported there
             updates = [u for u in trace.of(UPDATE) if u.scaler == scaler and model.in_iteration(u, group)
                        and model.may_precede(trace, ev, u)]
             if not updates and not (self._never_updated(model, ev)
@@ -149,8 +152,10 @@ for x, y in loader:
     @staticmethod
     def _built_here(model: AmpModel, ev: TraceEvent) -> bool:
         """The scaler is a GradScaler built in this file (not one handed in by a caller)."""
+        if ev.event.foreign:
+            return False
         receiver = ev.node.func.value  # type: ignore[attr-defined]
-        return any(model.constructs_scaler(v) for v in model.values_of(receiver))
+        return any(model.constructs_scaler(v) and not model.is_synthetic(v) for v in model.values_of(receiver))
 
     @staticmethod
     def _never_updated(model: AmpModel, ev: TraceEvent) -> bool:
@@ -171,7 +176,7 @@ for x, y in loader:
         step of the scaler in the iteration comes before it; under the test the step runs under
         where the scaler may be None after it (`if scaler is not None: scaler.step(opt)` in a loop
         over the optimizers), not offered where even that is not proven: (fix, why not)."""
-        if ev.kind != SCALER_STEP:
+        if ev.kind != SCALER_STEP or ev.event.foreign:
             return None, None
         frame = group[0] if group is not None else ()
         if ev.frame != frame:
@@ -222,7 +227,7 @@ for x, y in loader:
                         break
                     if not model.exclusive(first, second) and not model.exclusive(first, barrier):
                         continue
-                if self._disabled(model, second) or not model.path_avoiding(
+                if self._disabled(model, second) or model.within_one_call(first, second) or not model.path_avoiding(
                         trace, first, second, lambda e: e.kind == UPDATE and e.scaler == first.scaler):
                     continue
                 shown = model.anchor(first, second)[1]
@@ -246,7 +251,7 @@ for x, y in loader:
             later = [s for s in trace.after(upd, SCALER_STEP) if s.scaler == upd.scaler
                      and model.in_iteration(s, group) and model.may_precede(trace, upd, s)
                      and all(s.ctx.get(g) == br for g, br in own.items())]
-            if not later:
+            if not later or model.within_one_call(upd, later[0]):
                 continue
             if not model.path_avoiding(trace, None, upd, lambda e: e.kind in (SCALER_STEP, UNSCALE)
                                       and e.scaler == upd.scaler and model.in_iteration(e, group)):

@@ -89,7 +89,8 @@ for i, (x, y) in enumerate(loader):
         shown_at = set()
         for trace in model.traces():
             found = [m for m in model.accumulation_misplaced(trace)
-                     if not model.scaler_always_disabled(m.event.event.scaler)]
+                     if not model.scaler_always_disabled(m.event.event.scaler)
+                     and not model.within_one_call(m.event, m.guarded)]
             fixes = self._fixes(model, trace, found)
             for m in found:
                 shown = model.anchor(m.event, m.guarded)[0]
@@ -126,7 +127,8 @@ for i, (x, y) in enumerate(loader):
         for m in found:
             by_boundary.setdefault(m.boundary, []).append(m)
         for boundary, ms in by_boundary.items():
-            fix = _move_fix(model, trace, ms)
+            foreign = any(model.foreign_among(m.event, m.guarded) for m in ms)
+            fix = None if foreign else _move_fix(model, trace, ms)
             for m in ms:
                 out[id(m)] = fix
         return out

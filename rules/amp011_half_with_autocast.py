@@ -28,6 +28,7 @@ class HalfWithAutocast(Rule):
                "autocast casts per operation")
     triggers = (".half()", "float16", "torch.half")
     requires = (("autocast", "GradScaler"),)
+    project_requires = ((".half()", "float16", "torch.half"),)
     fixable = "unsafe"
     fix_note = "unsafe (the cast removed)"
     docs = """
@@ -47,10 +48,6 @@ the training in the same function, under a condition unrelated to AMP or in the 
 AMP is off (`if args.half: model.half()` as an alternative to autocast), and casts of tensors.
 
 The fix (unsafe: the model's dtype changes) removes the cast.
-
-On this CPU (float16 autocast and GradScaler work on the CPU) the mistake raises at the first
-`scaler.step`: `fixtures/train/buggy_half_with_scaler.py` fails under `ampfix verify`, its rewrite
-trains like float32.
 
 Bad:
 ```python

@@ -39,12 +39,11 @@ Reported:
   into a loss that is then backpropagated with `scaler.scale(...)`: the penalty's own gradients
   are not scaled and may underflow to zero in float16.
 
-Measured on the CPU (bf16 autocast, the GradScaler enabled, an L2 penalty of weight 0.01 on
-the parameter gradients: `fixtures/train/buggy_gradient_penalty.py`): the first penalty is
-19095 instead of 0.29, the scaler skips 35 of 40 steps on inf gradients and the loss turns NaN;
-the recipe (`fixed_gradient_penalty.py`) trains like fp32. The second kind (underflow of
-unscaled float16 gradients) cannot happen with bfloat16, so it does not show on the CPU; it is
-not reported for bfloat16 regions either.
+A penalty on the norm of the gradients is then the scale times too large (65536x at first; its
+square for a squared norm): it dominates the loss, its own gradients overflow, the scaler skips
+step after step and the loss can turn NaN. The second kind (underflow of unscaled float16
+gradients) cannot happen with bfloat16 (float32's range), so it is not reported for bfloat16
+regions.
 
 Not reported: the documented recipe (`inv_scale = 1. / scaler.get_scale()`, or
 `g / scaler.get_scale()`, with or without an epsilon), gradients used only through `.sign()`

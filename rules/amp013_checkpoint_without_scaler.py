@@ -19,6 +19,7 @@ class CheckpointWithoutScaler(Rule):
                "scale restarts at 65536 and the first steps overflow and are skipped; save `scaler.state_dict()`")
     triggers = ("state_dict",)
     requires = (("GradScaler", ".scale("), ("torch.save", "torch.load", "save(", "load("))
+    project_requires = (("save", "checkpoint", "state_dict"),)
     fixable = "unsafe"
     fix_note = ("unsafe (a `scaler` entry saved, restored when present: every save and load of the file, or none; a load "
                 "only when a save holds the scaler)")
@@ -40,8 +41,8 @@ one side only breaks resuming). A load is fixed only when a checkpoint of the fi
 scaler; where the scaler is created after the restore, its restore goes after it, under the
 resume's own test.
 
-On this CPU with bfloat16 the mistake makes no difference (nothing overflows, the scale never
-moves); with float16 a resume shows as skipped steps.
+With bfloat16 the mistake rarely shows (its gradients hardly ever overflow, so the scale hardly
+matters); with float16 a resume shows as skipped steps.
 
 Bad:
 ```python

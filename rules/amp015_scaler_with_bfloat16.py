@@ -19,6 +19,7 @@ class ScalerWithBfloat16(Rule):
                "check per step); enable it only for float16")
     triggers = ("GradScaler",)
     requires = (("bfloat16", "autocast"),)
+    project_requires = (("GradScaler",),)
     fixable = "unsafe"
     fix_note = "unsafe (`enabled=` tied to the autocast dtype, or `enabled=False`)"
     docs = """
@@ -39,10 +40,10 @@ The fix (unsafe: a disabled scaler saves an empty state and takes a plain `optim
 sets `enabled=<dtype> == torch.float16` when every region takes its dtype from one variable that
 the scaler's code can read, else `enabled=False`.
 
-On this CPU the mistake changes nothing measurable: multiplying by a power of two is exact, no
-bfloat16 gradient overflows, so the scale never moves and the losses are bit-identical with and
-without the scaler (`fixtures/train/scaler_with_bf16.py` under `ampfix verify --unsafe`); it
-costs time only.
+The results do not change: multiplying by a power of two is exact and bfloat16 gradients have
+float32's range, so they overflow no more than float32 ones and the scale stays where it is.
+The scaler costs time only: a multiply, an inf/NaN check and an unscale of every gradient, each
+step.
 
 Bad:
 ```python

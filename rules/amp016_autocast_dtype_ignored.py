@@ -23,6 +23,7 @@ class AutocastDtypeIgnored(Rule):
                "`{name}` (which may be bfloat16); pass `dtype={expr}`")
     triggers = ("autocast",)
     requires = (("dtype", "GradScaler"),)
+    project_requires = (("autocast",),)
     fixable = "sometimes"
     fix_note = ("safe (`dtype=` the chosen dtype variable) when it holds torch dtypes; unsafe when its values "
                 "are unknown")
@@ -43,15 +44,16 @@ nested in another region (a nested region inherits its dtype), when a chosen dty
 there and is not provably float16; a region in a function (or `nn.Module.forward`) that this
 file runs inside another region inherits that region's dtype and is left alone. CPU autocast
 defaults to bfloat16, which is what people choose there, so a CPU-only region is left alone.
-A file that changes autocast's default (`torch.set_autocast_dtype`) is left alone.
+A file that changes autocast's default (`torch.set_autocast_dtype`) is left alone, and so is a
+region opened with `**kwargs` (the dict may pass `dtype`).
 
 The fix passes `dtype=<the variable>`: safe when it provably holds torch dtypes (not strings),
 unsafe when its values are unknown (a config attribute could be a string like `"bf16"`). A
 string option (`--dtype bfloat16`) is passed as `dtype=getattr(torch, args.dtype)`: safe when its
 `choices=` are all torch dtype names, unsafe when only its default is known.
 
-On this CPU the mistake is invisible (CPU autocast is bfloat16 by default, the chosen dtype
-here); it shows on CUDA.
+On the CPU the mistake cannot happen (CPU autocast defaults to bfloat16); it is a CUDA
+mistake.
 
 Bad:
 ```python
@@ -81,6 +83,8 @@ with torch.autocast("cuda", dtype=amp_dtype):
             if region.dtype is not None or region.call is None or model.region_of(region.node) is not None \
                     or id(region.call) in seen:
                 continue
+            if any(a.star == "**" for a in region.call.args):
+                continue  # `torch.autocast(**autocast_kwargs)`: the dict may hold `dtype`
             seen.add(id(region.call))
             func = region.node if isinstance(region.node, cst.FunctionDef) else model.function_of(region.node)
             if func is not None and _called_in_region(model, func):

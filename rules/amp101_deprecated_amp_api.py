@@ -27,6 +27,10 @@ from ampfix.knowledge.torch_amp_api import CLASSES, DEP_MODULES, IMPORT_DESCRIPT
     new_spelling, collect_bindings, describe, looks_migrated, new_call_args
 
 
+USED_MODULES = "AMP101: deprecated modules in use"  # in the rewrite's memo: set by the first pass
+DEP_MODULES_SET = set(DEP_MODULES)
+
+
 class DeprecatedAmpApi(Rule):
     code = "AMP101"
     name = "deprecated-amp-api"
@@ -63,8 +67,13 @@ Uses inside `except ImportError/AttributeError/TypeError:` are fallbacks for an 
 (`try: torch.amp.GradScaler("cuda") except AttributeError: torch.cuda.amp.GradScaler()`) and are
 left alone, and so are uses in a branch that picks between torch versions (`x = torch.amp.GradScaler("cuda")
 if TORCH_2_4 else torch.cuda.amp.GradScaler()`, or an `if` whose test names a version). A name whose uses cannot all be migrated (passed around as a value, `*args`, a `# noqa` on one
-use, or a replacement newer than `--min-torch-version`: torch.amp.GradScaler needs 2.3,
-`device_type=` on custom_fwd/custom_bwd 2.4) is reported without a fix.
+use, or a replacement newer than the oldest torch the project supports: torch.amp.GradScaler
+needs 2.3, `device_type=` on custom_fwd/custom_bwd 2.4) is reported without a fix. The oldest
+supported torch is `min-torch-version`, else the project's own requirement on torch
+(`torch>=1.13` in pyproject.toml, setup.py, setup.cfg or requirements.txt), else 2.4. A shim that
+already prefers `torch.amp` and keeps the old name only for an old torch (`if hasattr(torch.amp,
+"GradScaler"): ... else: from torch.cuda.amp import GradScaler`, `getattr(torch.amp,
+"custom_fwd", None) or torch.cuda.amp.custom_fwd`) is left alone.
 
 Bad:
 ```python
@@ -88,7 +97,8 @@ with autocast("cuda", dtype=torch.float16):
     def check(self, ctx: FileContext) -> Iterator[Violation]:
         model = ctx.model
         q = model.quote()
-        bindings = [b for b in collect_bindings(model) if not model.in_fallback(b.stmt)]
+        bindings = [b for b in collect_bindings(model)
+                    if not model.in_fallback(b.stmt) and not model.has_modern_alternative(b.stmt)]
         by_ref: Dict[int, Binding] = {id(r): b for b in bindings for r in b.refs}
         uses: List[Use] = []
         seen: Set[int] = set()
@@ -145,7 +155,7 @@ with autocast("cuda", dtype=torch.float16):
         if tuple(ctx.min_torch_version) < need:
             have = ".".join(map(str, ctx.min_torch_version))
             return (f"its replacement needs torch >= {need[0]}.{need[1]} and the oldest supported torch is "
-                    f"{have} (--min-torch-version)")
+                    f"{have} ({ctx.min_torch_source or 'min-torch-version'})")
         return None
 
     def _migrate(self, model: AmpModel, expr: cst.CSTNode, new_func: Optional[cst.BaseExpression], kind: str,
@@ -230,8 +240,8 @@ with autocast("cuda", dtype=torch.float16):
             if any(b.pending for b in bs if b.blocked is None):
                 continue  # uses first; the import follows in the next pass
             movable = [b for b in bs if b.blocked is None]
-            if not movable:
-                continue
+            if not movable or not any(b.refs for b in bs):
+                continue  # nothing uses the names: an availability probe or a dead import (no warning fires)
             fix = self._import_fix(model, stmt, movable)
             if fix is None:
                 continue
@@ -240,7 +250,7 @@ with autocast("cuda", dtype=torch.float16):
             yield Violation(stmt, message=f"import from deprecated {old}: its uses are migrated, import from torch.amp",
                             fix=fix)
         # `import torch.cuda.amp` with no alias: binds `torch`; once nothing uses torch.cuda.amp, import torch
-        yield from self._plain_imports(model, uses)
+        yield from self._plain_imports(model, uses, ctx)
 
     @staticmethod
     def _import_fix(model: AmpModel, stmt: cst.CSTNode, movable: List[Binding]) -> Optional[Fix]:
@@ -249,7 +259,11 @@ with autocast("cuda", dtype=torch.float16):
         return Fix(import_from_elsewhere(model, stmt, [b.alias for b in movable], target), applicability=SAFE,
                    description=IMPORT_DESCRIPTION)
 
-    def _plain_imports(self, model: AmpModel, uses: List[Use]) -> Iterator[Violation]:
+    def _plain_imports(self, model: AmpModel, uses: List[Use], ctx: FileContext) -> Iterator[Violation]:
+        """`import torch.cuda.amp` once the rewrite migrated every use of torch.cuda.amp: only in a
+        later pass of a rewrite, and only when the file used torch.cuda.amp before it (an
+        `import torch.cuda.amp` nothing used is an availability probe or a dead import: importing
+        warns nothing)."""
         # anything still reached through torch.cuda.amp (a use not migrated yet, torch.cuda.amp.common)?
         still: Set[str] = set()
         text_users = [qn.name for n in model.nodes_of(cst.Attribute) if not model.in_import(n)
@@ -257,6 +271,11 @@ with autocast("cuda", dtype=torch.float16):
         for dev_mod in DEP_MODULES:
             if any(name == dev_mod or name.startswith(dev_mod + ".") for name in text_users):
                 still.add(dev_mod)
+        memo = ctx.extra.setdefault("rewrite_memo", {})
+        if not ctx.extra.get("rewrite_pass"):
+            memo[USED_MODULES] = set(still)
+            return
+        still |= DEP_MODULES_SET - memo.get(USED_MODULES, set())  # never used: not this rewrite's to remove
         plain_torch = model.torch_alias() == "torch"
         for stmt in model.nodes_of(cst.Import):
             for alias in stmt.names:

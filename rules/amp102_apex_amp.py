@@ -72,7 +72,9 @@ both). `keep_batchnorm_fp32`, `verbosity`, `num_losses` (one scaler for every lo
 No fix, and a message saying what to do by hand, for: O3 or O2 with `master_weights=False`
 (pure fp16 weights), `min_loss_scale`/`max_loss_scale`/`cast_model_outputs`, an unknown
 opt_level, several `amp.initialize` calls, a loss computed in another function, steps in
-different branches, a scaler the code using it cannot reach, other `apex.amp` functions.
+different branches, a scaler the code using it cannot reach, other `apex.amp` functions (which
+are named in those messages, and not reported themselves: apex.amp internals such as
+`amp._amp_state` have nothing native to migrate to).
 The apex semantics assumed are NVIDIA/apex's `amp/frontend.py`, `handle.py` and `scaler.py`
 (see `ampfix/migrations/apex.py`).
 
@@ -113,6 +115,9 @@ for x, y in loader:
                 fixes[use] = Fix(dict(use.replacements), applicability=UNSAFE,  # type: ignore[arg-type]
                                  description=use.description, group="apex-amp")
         for use in plan.uses:
+            if use.kind == "other":
+                continue  # apex.amp internals (`amp._amp_state`, ...): nothing native to migrate them to; the
+                # migration of the file's amp calls says they block it
             msg = MESSAGES[use.kind]
             reason = use.reason or plan.reason
             if reason:

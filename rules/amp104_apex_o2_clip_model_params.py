@@ -9,6 +9,7 @@ from typing import Iterator, List, Optional, Set
 import libcst as cst
 
 from ampfix.model import AmpModel, dotted, get_arg, literal_string, method_call
+from ampfix.model.events import BACKWARD, GRAD_READ
 from ampfix.rule import SAFE, FileContext, Fix, Rule, Violation
 
 
@@ -52,7 +53,10 @@ gradients of the parameters apex kept in fp32, such as BatchNorm with
 `keep_batchnorm_fp32`, which are shared) by a factor computed from the scaled norm, and leaves
 the master gradients of the fp16 weights unclipped. apex's documentation says to clip
 `amp.master_params(optimizer)`. O1 and O0 keep the model in fp32 (no master copy) and are
-not reported, nor O3 unless `master_weights=True`, nor an `opt_level` that is not a literal.
+not reported, nor O3 unless `master_weights=True`, nor an `opt_level` that is not a literal, nor
+the clip of code that supports apex and native AMP where it runs only without apex (the branch
+that is not the apex one, a decision it shares with `amp.initialize`, gradients from a native
+backward only).
 
 The fix (safe, when amp.initialize names one optimizer that is visible where the clip is) clips
 the optimizer's parameters, `[p for group in optimizer.param_groups for p in group["params"]]`:
@@ -113,7 +117,37 @@ optimizer.step()
                 continue
             if name not in models and not (name.endswith(".module") and name[: -len(".module")] in models):
                 continue
+            if self._native_path(model, call, o2):
+                continue
             yield self._finding(model, call, o2, optimizers)
+
+    @staticmethod
+    def _native_path(model: AmpModel, clip: cst.Call, inits: List[cst.Call]) -> bool:
+        """The clip runs only where apex amp is off (code that supports apex and native AMP): it
+        never runs with an O2 `amp.initialize` (one decision picks either), or it is in the
+        branch of an `if` whose other branch is the apex one, or every backward whose gradients
+        it may clip is a native one (not under `amp.scale_loss`)."""
+        if all(model.exclusive(init, clip) for init in inits):
+            return True
+        child: cst.CSTNode = clip
+        for anc in model.ancestors(clip):
+            if isinstance(anc, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+                break
+            if isinstance(anc, (cst.If, cst.IfExp)) and child is not anc.test and anc.orelse is not None:
+                other = anc.orelse if child is anc.body else anc.body
+                if _uses_apex_amp(model, other) and not _uses_apex_amp(model, child):
+                    return True
+            child = anc
+        seen = False
+        for trace in model.traces():
+            for read in trace.of(GRAD_READ):
+                if read.node is not clip:
+                    continue
+                backwards = [b for b in trace.before(read, BACKWARD) if model.may_precede(trace, b, read)]
+                if not backwards or any(_apex_backward(model, b.node) for b in backwards):
+                    return False
+                seen = True
+        return seen
 
     def _finding(self, model: AmpModel, call: cst.Call, inits: List[cst.Call], optimizers: List[str]) -> Violation:
         arg = call.args[0]
@@ -154,6 +188,24 @@ optimizer.step()
         if opt.startswith("self."):
             return model.class_of(model.function_of(init)) is model.class_of(model.function_of(clip)) is not None
         return isinstance(init_scope, cst.Module) and opt not in (model.code(p.name) for p in _params(clip_scope))
+
+
+def _uses_apex_amp(model: AmpModel, subtree: cst.CSTNode) -> bool:
+    """Some call in `subtree` is apex amp's (`amp.scale_loss`, `amp.master_params`, `amp.initialize`)."""
+    return any(model.is_ancestor(subtree, c) and any(q.startswith("apex.amp") for q in model.qualnames(c.func))
+               for c in model.calls)
+
+
+def _apex_backward(model: AmpModel, call: cst.CSTNode) -> bool:
+    """A backward inside `with amp.scale_loss(...)` (apex's scaled backward)."""
+    for anc in model.ancestors(call):
+        if isinstance(anc, (cst.FunctionDef, cst.Lambda)):
+            return False
+        if isinstance(anc, cst.With) and any(
+                isinstance(item.item, cst.Call) and "apex.amp.scale_loss" in model.qualnames(item.item.func)
+                for item in anc.items):
+            return True
+    return False
 
 
 def _params(scope: cst.CSTNode) -> List[cst.Param]:

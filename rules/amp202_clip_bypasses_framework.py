@@ -22,6 +22,7 @@ class ClipBypassesFramework(Rule):
                "GradScaler; use `{call}`, which unscales first")
     triggers = ("clip_grad",)
     requires = (("Fabric", "Accelerator"), (".setup(", ".setup_module(", ".setup_optimizers(", ".prepare(", ".prepare_model(", ".prepare_optimizer("))
+    project_requires = ((".setup(", ".setup_module(", ".setup_optimizers(", ".prepare(", ".prepare_model(", ".prepare_optimizer("),)
     fixable = "sometimes"
     fix_note = "safe (`fabric.clip_gradients(model, optimizer, ...)` / `accelerator.clip_grad_norm_(...)`)"
     docs = """

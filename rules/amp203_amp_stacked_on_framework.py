@@ -31,7 +31,7 @@ second, hand-made layer on top is a mistake:
 * a `torch.amp.GradScaler` whose `scale(loss)` feeds the framework's backward, or whose
   `step()` drives a set-up optimizer: with fp16 the loss is scaled twice (by the product of
   both scales, 65536 x 65536 at first, which float16 activation gradients cannot hold, so steps
-  are skipped while the scalers back off; not measured here: no GPU);
+  are skipped while the scalers back off);
   with bf16 the framework uses no scaler on purpose, and this one only adds a scale to undo;
 * a `torch.autocast` region around a set-up model with another dtype than the framework's:
   the model's forward still runs in the framework's dtype (its autocast is the inner one), and

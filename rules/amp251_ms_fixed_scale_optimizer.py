@@ -42,9 +42,9 @@ or `amp.build_train_network`) multiplies the loss by `loss_scale` and, unlike th
 `drop_overflow_update=True`, does not divide the gradients back: the MindSpore mixed precision
 documentation says the optimizer must then be built with the same `loss_scale`, and divides
 by it. An optimizer built without it (its `loss_scale` defaults to 1.0), or with another value,
-applies updates multiplied by the scale: on this machine (mindspore 2.10.0, CPU, `amp_level="O2"`,
-`nn.Momentum`, scale 1024) the loss is NaN within the first epoch; with `loss_scale=1024.0` it
-trains (`fixtures/train/ms_fixed_scale_*.py`, run by `ampfix verify --python`). Adaptive
+applies updates multiplied by the scale: with `nn.Momentum` or `nn.SGD` every step is `loss_scale`
+times too large (1024x for a scale of 1024) and the loss diverges, to NaN within the first epoch
+of a small network; with the optimizer's `loss_scale` equal to the manager's it trains. Adaptive
 optimizers (Adam, RMSProp, Adagrad, ...) normalise the gradients' size away, so there the
 mistake shows as weight decay and eps acting `loss_scale` times weaker (MindSpore's `Optimizer`
 multiplies `weight_decay` by its `loss_scale` to match the scaled gradients).

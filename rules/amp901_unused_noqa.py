@@ -31,7 +31,8 @@ A `# noqa: AMP003` stays in the code after the mistake it silenced is fixed, or 
 line where ampfix never reports AMP003. It then silences nothing today and would hide a real
 finding added to that line later. This rule reports each ampfix code in a `# noqa` list that
 did not silence a finding on its line, and each `AMP` code that names no ampfix rule; its
-safe fix removes those codes (the whole comment when nothing else is left in it).
+safe fix removes those codes (the whole comment when nothing else is left in it). A
+file-level `# ampfix: noqa: AMP003` is judged the same way over the whole file.
 
 Off by default (select it by its code: `--select AMP0,AMP1,AMP901`, or in the config). It
 judges a code only when every rule the code covers ran on the file: a `# noqa: AMP003` is left
@@ -79,7 +80,7 @@ scaler.step(optimizer)
             node = comments.get((d.line, d.column))
             if node is None or not (stale or unknown):
                 continue
-            yield Violation(node, message=self._message(stale, unknown),
+            yield Violation(node, message=self._message(stale, unknown, d.file_level),
                             fix=self._fix(ctx, d, node, set(stale) | set(unknown)))
 
     @staticmethod
@@ -91,12 +92,16 @@ scaler.step(optimizer)
         return out
 
     @staticmethod
-    def _message(stale: List[str], unknown: List[str]) -> str:
+    def _message(stale: List[str], unknown: List[str], file_level: bool = False) -> str:
         parts = []
         if stale:
             names = ", ".join(f"`{c}`" for c in stale)
-            parts.append(f"unused `# noqa` code{'s' if len(stale) > 1 else ''} {names}: nothing on this line is "
-                         "reported as such")
+            if file_level:
+                parts.append(f"unused `# ampfix: noqa` code{'s' if len(stale) > 1 else ''} {names}: nothing in this "
+                             "file is reported as such")
+            else:
+                parts.append(f"unused `# noqa` code{'s' if len(stale) > 1 else ''} {names}: nothing on this line "
+                             "is reported as such")
         if unknown:
             names = ", ".join(f"`{c}`" for c in unknown)
             parts.append(f"{names} name{'s' if len(unknown) == 1 else ''} no ampfix rule")

@@ -57,7 +57,7 @@ def test_check_reports_findings_with_location_and_fix_mark(tmp_path):
     assert (m["line"], m["col"], m["code"]) == ("6", "5", "AMP003")
     assert "[*]" in lines[0]
     assert "Found 1 finding in 1 file" in stdout
-    assert "1 fixable with `ampfix rewrite`" in stdout
+    assert "1 fixable with `ampfix check --fix`" in stdout
 
 
 def test_check_clean_exits_zero(tmp_path):
@@ -84,13 +84,17 @@ def test_json_schema(tmp_path):
     data = json.loads(res.stdout)
     assert isinstance(data, list) and len(data) == 1
     d = data[0]
-    assert set(d) == {"path", "line", "column", "end_line", "end_column", "code", "name", "message", "fix", "cell"}
-    assert d["cell"] is None
+    # ruff's keys, and ampfix's own beside them (`fix` is ruff's object: what was `"safe"` is
+    # `fix.applicability`)
+    assert set(d) == {"cell", "code", "end_location", "filename", "fix", "location", "message", "noqa_row", "url",
+                      "type", "path", "line", "column", "end_line", "end_column", "name", "related"}
+    assert d["cell"] is None and d["type"] == "finding"
     assert d["code"] == "AMP003" and d["name"] == "clip-scaled-gradients"
     assert (d["line"], d["column"], d["end_line"]) == (6, 5, 6)
+    assert d["location"] == {"row": 6, "column": 5} and d["end_location"] == {"row": 6, "column": d["end_column"]}
     assert d["end_column"] > d["column"]
-    assert d["fix"] == "safe"
-    assert d["path"] == str(p)
+    assert d["fix"]["applicability"] == "safe"
+    assert d["path"] == d["filename"] == str(p)
 
 
 def test_json_clean_is_empty_list(tmp_path):

@@ -75,7 +75,7 @@ def _golden_cases():
 @pytest.mark.parametrize("path,golden,unsafe", list(_golden_cases()))
 def test_rewrite_matches_golden(path: Path, golden: Path, unsafe: bool):
     code = path.parent.name
-    rules = select_rules([code], [])
+    rules = select_rules([code], [], preview=True)  # a preview rule's fixtures run too
     text = path.read_text(encoding="utf-8")
     s = settings(unsafe, text)
     new, fixed, remaining = fix_text(text, str(path), rules, s)

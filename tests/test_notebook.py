@@ -214,5 +214,13 @@ def test_sarif_and_github_for_notebooks(tmp_path):
     (result,) = log["runs"][0]["results"]
     assert result["properties"]["cell"] == 5 and result["message"]["text"].startswith("cell 5, line 1: ")
     assert "fixes" not in result
+    # the region is the line of the .ipynb that holds the cell's line; the logical location the cell
+    region = result["locations"][0]["physicalLocation"]["region"]
+    json_lines = (tmp_path / "train.ipynb").read_text().splitlines()
+    assert json_lines[region["startLine"] - 1][region["startColumn"] - 1:].startswith(
+        '"torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)\\n"')
+    assert result["locations"][0]["logicalLocations"][0]["fullyQualifiedName"] == "train.ipynb:cell 5"
     gh = out(run_ampfix("check", "train.ipynb", "--output-format", "github", cwd=tmp_path))[0]
-    assert gh.startswith("::error title=ampfix (AMP003),file=train.ipynb::train.ipynb:cell 5:1:1: AMP003")
+    assert gh.startswith(f"::error title=ampfix (AMP003),file=train.ipynb,line={region['startLine']},"
+                         f"col={region['startColumn']},endLine={region['endLine']},endColumn={region['endColumn']}"
+                         "::train.ipynb:cell 5:1:1: AMP003")

@@ -68,7 +68,12 @@ def test_output_file(tmp_path):
     assert json.loads(report.read_text())[0]["code"] == "AMP003"
     res = run_ampfix("check", p, "--output-file", tmp_path / "report.txt")
     assert "Found 1 finding" in (tmp_path / "report.txt").read_text() and res.stdout == b""
+    # the report's folder is made (as ruff does)
     res = run_ampfix("check", p, "-o", tmp_path / "no" / "such" / "dir.txt")
+    assert res.returncode == 1 and "Found 1 finding" in (tmp_path / "no" / "such" / "dir.txt").read_text()
+    # a report that cannot be written is one line
+    (tmp_path / "file").write_text("")
+    res = run_ampfix("check", p, "-o", tmp_path / "file" / "dir.txt")
     assert res.returncode == 2 and b"--output-file: cannot write" in res.stderr and b"Traceback" not in res.stderr
 
 

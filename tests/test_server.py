@@ -60,7 +60,11 @@ async def test_diagnostics_on_open_change_save_and_code_actions(client: Language
     assert "scaler.unscale_(optimizer)" in fix.title and fix.is_preferred
     assert _apply(BAD_CLIP, fix.edit.changes[uri]) == FIXED_CLIP
     fix_all = [a for a in actions if a.kind == "source.fixAll.ampfix"]
-    assert len(fix_all) == 1 and _apply(BAD_CLIP, fix_all[0].edit.changes[uri]) == FIXED_CLIP
+    # VS Code resolves a code action's edit when it is chosen: "apply all safe fixes" is
+    # computed then, not with every code action request
+    assert len(fix_all) == 1 and fix_all[0].edit is None
+    resolved = await client.code_action_resolve_async(fix_all[0])
+    assert _apply(BAD_CLIP, resolved.edit.changes[uri]) == FIXED_CLIP
     only = await client.text_document_code_action_async(types.CodeActionParams(
         text_document=types.TextDocumentIdentifier(uri=uri), range=diag.range,
         context=types.CodeActionContext(diagnostics=[], only=[types.CodeActionKind.SourceFixAll])))
@@ -113,3 +117,61 @@ async def test_config_syntax_errors_and_unicode_columns(client: LanguageClient, 
     client.text_document_did_open(types.DidOpenTextDocumentParams(
         text_document=types.TextDocumentItem(uri=good.as_uri(), language_id="python", version=1, text=GOOD)))
     assert await _diagnostics(client, good.as_uri(), 1) == []
+
+
+_NO_RESOLVE = client_capabilities("visual-studio-code")
+_NO_RESOLVE.text_document.code_action.resolve_support = None
+
+
+@pytest_lsp.fixture(config=ClientServerConfig(server_command=[sys.executable, "-m", "ampfix", "server"]))
+async def plain_client(lsp_client: LanguageClient):
+    await lsp_client.initialize_session(types.InitializeParams(capabilities=_NO_RESOLVE, root_uri=None))
+    yield
+    await lsp_client.shutdown_session()
+
+
+async def test_fix_all_edit_inline_for_a_client_that_cannot_resolve(plain_client: LanguageClient, tmp_path):
+    path = tmp_path / "train.py"
+    uri = path.as_uri()
+    plain_client.text_document_did_open(types.DidOpenTextDocumentParams(
+        text_document=types.TextDocumentItem(uri=uri, language_id="python", version=1, text=BAD_CLIP)))
+    (diag,) = await _diagnostics(plain_client, uri, 1)
+    actions = await plain_client.text_document_code_action_async(types.CodeActionParams(
+        text_document=types.TextDocumentIdentifier(uri=uri), range=diag.range,
+        context=types.CodeActionContext(diagnostics=[], only=[types.CodeActionKind.SourceFixAll])))
+    (fix_all,) = actions
+    assert fix_all.title == "ampfix: apply all safe fixes (1)"
+    assert _apply(BAD_CLIP, fix_all.edit.changes[uri]) == FIXED_CLIP
+
+
+async def test_a_burst_of_changes_is_analysed_once_at_its_last_version(client: LanguageClient, tmp_path):
+    """Changes that come faster than the server's debounce skip the versions they supersede:
+    the diagnostics published are those of the last text, tagged with its version, and
+    code actions answer from that analysis."""
+    path = tmp_path / "train.py"
+    uri = path.as_uri()
+    client.text_document_did_open(types.DidOpenTextDocumentParams(
+        text_document=types.TextDocumentItem(uri=uri, language_id="python", version=1, text=GOOD)))
+    assert await _diagnostics(client, uri, 1) == []
+    published = []
+    features = client.protocol.fm.features
+    record = features[types.TEXT_DOCUMENT_PUBLISH_DIAGNOSTICS]  # pytest-lsp's own, which fills client.diagnostics
+    features[types.TEXT_DOCUMENT_PUBLISH_DIAGNOSTICS] = lambda *args: (published.append(args[-1]), record(*args))[1]
+    # 20 keystrokes: the text alternates between a clean and a bad version, and ends bad
+    for version in range(2, 22):
+        text = BAD_CLIP if version % 2 else GOOD
+        client.text_document_did_change(types.DidChangeTextDocumentParams(
+            text_document=types.VersionedTextDocumentIdentifier(uri=uri, version=version),
+            content_changes=[types.TextDocumentContentChangeWholeDocument(text=text)]))
+    for _ in range(100):
+        await client.wait_for_notification(types.TEXT_DOCUMENT_PUBLISH_DIAGNOSTICS)
+        if published and published[-1].version == 21:
+            break
+    assert published[-1].version == 21 and [d.code for d in published[-1].diagnostics] == ["AMP003"]
+    assert len(published) < 20  # superseded versions were skipped, not analysed one by one
+    (diag,) = published[-1].diagnostics
+    actions = await client.text_document_code_action_async(types.CodeActionParams(
+        text_document=types.TextDocumentIdentifier(uri=uri), range=diag.range,
+        context=types.CodeActionContext(diagnostics=[diag])))
+    (quick,) = [a for a in actions if a.kind == types.CodeActionKind.QuickFix]
+    assert _apply(BAD_CLIP, quick.edit.changes[uri]) == FIXED_CLIP

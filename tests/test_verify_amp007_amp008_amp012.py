@@ -36,7 +36,7 @@ def _fp32_identical(doc):
 
 def test_step_bypassing_scaler_diverges_and_unsafe_rewrite_trains(torch_available):
     # opt.step() after scaler.scale(loss).backward(): SGD applies 65536x gradients -> NaN.
-    p, doc = run_json(fx("buggy_step_bypasses_scaler.py"), *FAST, "--unsafe", "--", "--lr", "0.1", expect=0)
+    p, doc = run_json(fx("buggy_step_bypasses_scaler.py"), *FAST, "--unsafe-fixes", "--", "--lr", "0.1", expect=0)
     assert doc["rewritten"] is True
     orig = doc["original_vs_fp32"]
     assert orig["status"] == "FAIL" and "non-finite" in orig["detail"], orig
@@ -50,7 +50,10 @@ def test_step_bypassing_scaler_diverges_and_unsafe_rewrite_trains(torch_availabl
 def test_unscaled_backward_stalls_and_rewrite_trains(torch_available):
     # loss.backward() with scaler.step(opt): updates 65536x too small, the loss stalls.
     p, doc = run_json(fx("buggy_unscaled_backward.py"), *FAST, "--", "--lr", "0.1", expect=0)
-    assert doc["rewritten"] is True  # a safe fix: no --unsafe needed
+    assert doc["rewritten"] is True  # a safe fix: no --unsafe-fixes needed
+    # the fixes applied, and the time it all took
+    assert [(f["code"], f["count"]) for f in doc["fixes"]] == [("AMP008", 1)] and doc["fixes"][0]["lines"]
+    assert doc["total_seconds"] > 0
     orig = doc["original_vs_fp32"]
     assert orig["status"] == "FAIL" and orig["metrics"]["reduction_ratio"] < 0.5, orig
     assert check(doc, "loss-parity")["status"] == "PASS"

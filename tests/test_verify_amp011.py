@@ -18,7 +18,7 @@ SCRIPT = "buggy_half_with_scaler.py"
 
 def test_half_model_raises_and_unsafe_rewrite_passes():
     pytest.importorskip("torch")
-    p, doc = run_json(fx(SCRIPT), "--unsafe", "--steps", "40", "--warmup", "5", "--reps", "1", "--threads", "1")
+    p, doc = run_json(fx(SCRIPT), "--unsafe-fixes", "--steps", "40", "--warmup", "5", "--reps", "1", "--threads", "1")
     assert doc["rewritten"] is True and not doc["same_source"]
     orig = doc["original_vs_fp32"]
     assert orig["status"] == "FAIL", orig

@@ -23,7 +23,7 @@ def test_autocast_default_dtypes_and_nesting():
 
 def test_scaler_with_bf16_changes_nothing_on_cpu():
     pytest.importorskip("torch")
-    p, doc = run_json(fx("scaler_with_bf16.py"), "--unsafe", "--steps", "40", "--warmup", "5", "--reps", "1",
+    p, doc = run_json(fx("scaler_with_bf16.py"), "--unsafe-fixes", "--steps", "40", "--warmup", "5", "--reps", "1",
                       "--threads", "1", expect=0)
     assert doc["rewritten"] is True and not doc["same_source"]
     runs = {r["label"]: r for r in doc["runs"]}

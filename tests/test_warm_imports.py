@@ -59,7 +59,7 @@ def tree(tmp_path):
 
 
 @pytest.mark.parametrize("extra", [[], ["--select", "AMP0"], ["--statistics"], ["--output-format", "json"],
-                                   ["--output-format", "github"]])
+                                   ["--output-format", "github"], ["--output-format", "full"]])
 def test_warm_check_imports_no_libcst_and_reports_the_same(tree, extra):
     cache = tree / "cache"
     cold = _run(["check", "src", *extra], cache, tree)

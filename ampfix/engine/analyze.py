@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import ast
 import difflib
+import gc
+import os
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Set, Tuple, Type
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple, Type
 
 import libcst as cst
 
@@ -15,16 +19,36 @@ from ampfix.engine import fileio
 from ampfix.engine import fixcheck
 from ampfix.model import AmpModel
 from ampfix.model.tree import dotted as _dotted
-from ampfix.rule import Applicability, FileContext, Fix, Rule, Violation
+from ampfix.rule import Applicability, FileContext, Fix, Rule, Violation, trigger_test
 
 MAX_FIX_PASSES = 10
 
 # the results and decoding live in ampfix/engine/results.py (no LibCST needed there); importable from here
 from ampfix.engine.results import (Diagnostic, FileError, FileResult, FixEdit, InputError, Settings, SourceText,  # noqa: F401
-                            TextEdit, _NOT_JSON, decode_source, diff_names, unified_diff)  # noqa: E402
+                            TextEdit, _NOT_JSON, decode_source, diff_names, file_digest, unified_diff)  # noqa: E402
+
+
+#: counters for `AMPFIX_STATS=1` (this process: run with `-j 1` to see a whole run)
+STATS = {"parsed": 0}
+
+
+@contextmanager
+def gc_paused():
+    """The cyclic garbage collector off while one file is parsed and analysed: a tree and its
+    model are tens of thousands of objects, and the collections their allocation triggers
+    (each traversing everything alive) cost about a fifth of the work; they are acyclic, so
+    reference counting frees them all the same (measured in bench/SPEED.md)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def parse(text: str, path: str) -> cst.Module:
+    STATS["parsed"] += 1
     if not guard.UNGUARDED and guard.risky(text):
         # CPython's parser reports what it rejects (e.g. > 200 nested brackets) and gives up
         # cleanly on absurd nesting, where LibCST's could crash or take minutes and gigabytes
@@ -70,9 +94,25 @@ class _Found:
     noqa: bool
 
 
-def triggered(rules: Sequence[Type[Rule]], text: str) -> List[Type[Rule]]:
+def triggered(rules: Sequence[Type[Rule]], text: str, path: str = "",
+              settings: Optional[Settings] = None) -> List[Type[Rule]]:
+    """The rules whose triggers `text` holds; with the project read, also those whose
+    triggers a related module holds (`Rule.project_requires`)."""
     lowered = text.lower()
-    return [r for r in rules if r.triggered_by(text, lowered)]
+    active = [r for r in rules if r.triggered_by(text, lowered)]
+    if settings is None or not settings.project:
+        return active
+    rest = [r for r in rules if r not in active and r.project_candidate(text)]
+    project = project_for(path, settings) if rest else None
+    if project is None:
+        return active
+    related = project.related_text(os.path.abspath(path))  # type: ignore[attr-defined]
+    if not related:
+        return active
+    both = text + "\n" + related
+    lowered = both.lower()
+    also = {r for r in rest if trigger_test(both, lowered, r.triggers, r.triggers_lower, r.requires)}
+    return [r for r in rules if r in active or r in also]
 
 
 class _Suppression:
@@ -100,6 +140,8 @@ class _Suppression:
         if not self.possible:
             return False
         if self.exemption.covers(code):
+            if record:
+                self.used.update(self.exemption.covering(code))
             return True
         if self._noqa is None:
             self._noqa = noqa_lines(self.text)
@@ -109,18 +151,102 @@ class _Suppression:
         return bool(hits)
 
 
+MAX_RELATED = 3
+
+
+def _related(model: AmpModel, v: Violation, path: str) -> Tuple[Dict[str, object], ...]:
+    """The related locations of a finding: the rule's, else the code of other modules that runs
+    at the reported call. Paths are written as the finding's own is (relative when it is)."""
+    base = os.path.dirname(os.path.abspath(path))
+    rel = not os.path.isabs(path)
+    found = [(p, line, col, note) for p, line, col, note in v.related] or \
+        [(o.path, o.line, o.col, f"`{o.text}` in `{o.function}`") for o in model.related_at(v.node)]
+    out = []
+    for p, line, col, note in found[:MAX_RELATED]:
+        shown = os.path.normpath(os.path.join(os.path.dirname(path), os.path.relpath(p, base))) if rel else p
+        out.append({"path": shown, "line": line, "column": col, "message": note})
+    return tuple(out)
+
+
 def _fix_kind(fix: Optional[Fix]) -> Optional[str]:
     return None if fix is None else fix.applicability.value
+
+
+# ----------------------------------------------------------------------------- the project
+
+_PROJECTS: Dict[Tuple[str, Optional[str]], object] = {}
+
+
+def project_for(path: str, settings: Settings):
+    """The project `path` belongs to (one per root folder and process), or None when the run
+    reads no other module (`settings.project` off, a text with no file)."""
+    if not settings.project or not path or path == "-" or path.startswith("<"):
+        return None
+    from ampfix.project import Project
+    from ampfix.project.layout import find_root
+
+    root = str(find_root(Path(os.path.abspath(path))))
+    key = (root, settings.cache_folder)
+    project = _PROJECTS.get(key)
+    if project is None:
+        store = None
+        if settings.cache_folder:
+            from ampfix.engine.cache import Summaries
+
+            store = Summaries(Path(settings.cache_folder))
+        project = _PROJECTS[key] = Project(Path(root), store=store, parse=_parse_quietly)
+    return project
+
+
+def parse_in_project(text: str, path: str, settings: Settings) -> cst.Module:
+    """`parse`, reusing the parse the project made of this file for its summary, if any."""
+    project = project_for(path, settings)
+    if project is not None:
+        module = project.take_parsed(os.path.abspath(path), text)  # type: ignore[attr-defined]
+        if module is not None:
+            return module
+    try:
+        return parse(text, path)
+    except InputError:
+        if project is not None:
+            project.unreadable(os.path.abspath(path), text)  # type: ignore[attr-defined]
+        raise
+
+
+def _parse_quietly(text: str, path: str) -> Optional[cst.Module]:
+    """A module read for its facts only: one that cannot be parsed is unknown, not an error."""
+    try:
+        return parse(text, path)
+    except InputError:
+        return None
+
+
+def build_model(module: cst.Module, text: str, path: str, settings: Settings) -> AmpModel:
+    """The model of one file, with its project when the run reads other modules."""
+    project = project_for(path, settings)
+    if project is None:
+        return AmpModel(module)
+    full = os.path.abspath(path)
+    project.offer(full, text, module)  # type: ignore[attr-defined]
+    return AmpModel(module, foreign=project, path=full)  # type: ignore[arg-type]
 
 
 def _analyze(
     module: cst.Module, text: str, path: str, rules: Sequence[Type[Rule]], settings: Settings,
     selected: Sequence[str] = (),
+    rewrite_pass: int = 0,
+    memo: Optional[dict] = None,
 ) -> Tuple[List[_Found], AmpModel]:
-    model = AmpModel(module)
+    model = build_model(module, text, path, settings)
+    model.source_text = text  # type: ignore[attr-defined]  # `module.code`, without generating it
     suppression = _Suppression(text, model)
     ctx = FileContext(path=path, source=text, model=model, min_torch_version=settings.min_torch_version,
-                      unsafe_fixes=settings.unsafe_fixes, suppression=suppression)
+                      min_torch_source=settings.min_torch_source, unsafe_fixes=settings.unsafe_fixes,
+                      suppression=suppression)
+    # how many fix passes of this rewrite changed the text already (0: the text as it was): a
+    # migration's follow-up edits (an import its fixed uses left unused) exist only after one
+    ctx.extra["rewrite_pass"] = rewrite_pass
+    ctx.extra["rewrite_memo"] = {} if memo is None else memo  # kept across the passes of one rewrite
     found: List[_Found] = []
     # a rule that judges the `# noqa` directives themselves (AMP901) runs after the others,
     # told which directives silenced something and which codes were selected for this file
@@ -142,6 +268,7 @@ def _analyze(
                 name=rule_cls.name,
                 message=v.message or rule_cls.message,
                 fix=_fix_kind(v.fix),
+                related=_related(model, v, path),
                 noqa_lines=tuple(sorted(suppression.lines(v.node))),
             )
             found.append(_Found(rule_cls, v, diag, suppression(v.node, rule_cls.code, record=True)))
@@ -283,14 +410,51 @@ def _exempt(text: str) -> bool:
 def check_text(text: str, path: str, rules: Sequence[Type[Rule]], settings: Settings) -> Tuple[List[Diagnostic], bool]:
     """Diagnostics for `text` (noqa applied) and whether the file was parsed at all. With
     `settings.details`, each diagnostic with a fix carries it as a `FixEdit`."""
-    active = triggered(rules, text)
+    active = triggered(rules, text, path, settings)
     if not active or _exempt(text):
         return [], False
-    module = parse(text, path)
-    found, _ = _analyze(module, text, path, active, settings, [r.code for r in rules])
+    module = parse_in_project(text, path, settings)
+    found, model = _analyze(module, text, path, active, settings, [r.code for r in rules])
     if settings.details:
-        _attach_fix_edits(found, module, text, path)
+        _attach_fix_edits(found, module, text, path, model=model)
     return [f.diagnostic for f in found if not f.noqa], True
+
+
+class Analysis:
+    """One analysis of a text, kept to answer later questions about it without analysing it
+    again (the language server: diagnostics first, each finding's fix only when a code action
+    asks for it). `diagnostics` are `check_text`'s (noqa applied); `fix_edits(wanted)` gives the
+    diagnostics `wanted` selects their `fix_edit`, as `fix_suggestions` computes it."""
+
+    def __init__(self, text: str, path: str, rules: Sequence[Type[Rule]], settings: Settings):
+        self.text, self.path = text, path
+        self._module: Optional[cst.Module] = None
+        self._model: Optional[AmpModel] = None
+        self._found: List[_Found] = []
+        self._done: Set[int] = set()  # id() of the findings whose fix edit was computed
+        active = triggered(rules, text)
+        if not active or _exempt(text):
+            self.diagnostics: List[Diagnostic] = []
+            return
+        with gc_paused():
+            self._module = parse(text, path)
+            self._found, self._model = _analyze(self._module, text, path, active, settings, [r.code for r in rules])
+        self.diagnostics = [f.diagnostic for f in self._found if not f.noqa]
+
+    def without_fix_edit(self) -> List[Diagnostic]:
+        """The diagnostics with a fix whose fix edit has not been computed yet."""
+        return [f.diagnostic for f in self._found
+                if not f.noqa and f.violation.fix is not None and id(f) not in self._done]
+
+    def fix_edits(self, wanted: Callable[[Diagnostic], bool] = lambda d: True) -> List[Diagnostic]:
+        """The diagnostics, those `wanted` selects with their fix edits (computed once each)."""
+        todo = [f for f in self._found if not f.noqa and id(f) not in self._done and wanted(f.diagnostic)]
+        if todo and self._module is not None:
+            with gc_paused():
+                _attach_fix_edits(self._found, self._module, self.text, self.path, only=todo,
+                                  model=self._model)
+            self._done.update(id(f) for f in todo)
+        return self.diagnostics
 
 
 def fix_suggestions(text: str, path: str, rules: Sequence[Type[Rule]], settings: Settings) -> List[Diagnostic]:
@@ -324,7 +488,9 @@ def text_edits(old: str, new: str) -> List[TextEdit]:
     return out
 
 
-def _attach_fix_edits(found: List[_Found], module: cst.Module, text: str, path: str) -> None:
+def _attach_fix_edits(found: List[_Found], module: cst.Module, text: str, path: str,
+                      only: Optional[Sequence[_Found]] = None, model: Optional[AmpModel] = None) -> None:
+    """Give each finding (or each of `only`) with a fix its `fix_edit`."""
     members: Dict[Tuple[str, str], List[_Found]] = {}
     for f in found:
         key = _group_key(f)
@@ -332,19 +498,21 @@ def _attach_fix_edits(found: List[_Found], module: cst.Module, text: str, path: 
             members.setdefault(key, []).append(f)
     compiles: Optional[bool] = None
     fromfile, tofile = diff_names(path)
-    for f in found:
+    for f in (found if only is None else only):
         fix = f.violation.fix
         if f.noqa or fix is None:
             continue
         key = _group_key(f)
         group = members[key] if key is not None else [f]
         replacements: Dict[int, object] = {}
+        replaced: List[cst.CSTNode] = []
         for m in group:
             if m.violation.fix is not None:
                 for node, new in m.violation.fix.replacements.items():
                     replacements[id(node)] = new
+                    replaced.append(node)
         try:
-            new_text = module.visit(_ApplyFixes(replacements)).code
+            new_text = module.visit(_ApplyFixes(replacements, _paths(model, replaced))).code
             cst.parse_module(new_text)
         except Exception:
             continue
@@ -363,13 +531,34 @@ def _attach_fix_edits(found: List[_Found], module: cst.Module, text: str, path: 
 
 
 class _ApplyFixes(cst.CSTTransformer):
-    def __init__(self, replacements: Dict[int, object]):
+    """Replace nodes by identity. With `paths` (the id() of every ancestor of a replaced node)
+    it enters only those: a subtree without a replaced node comes out as it went in, so it is
+    kept instead of rebuilt (the same tree, without rebuilding the whole file per fix)."""
+
+    def __init__(self, replacements: Dict[int, object], paths: Optional[Set[int]] = None):
         super().__init__()
         self.replacements = replacements
+        self.paths = paths
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        return self.paths is None or id(node) in self.paths
 
     def on_leave(self, original_node, updated_node):  # type: ignore[override]
         r = self.replacements.get(id(original_node))
         return updated_node if r is None else r
+
+
+def _paths(model: Optional[AmpModel], nodes: Sequence[cst.CSTNode]) -> Optional[Set[int]]:
+    """id() of every ancestor of `nodes` in the model's tree (None without a model: enter all)."""
+    if model is None:
+        return None
+    out: Set[int] = set()
+    for node in nodes:
+        for anc in model.ancestors(node):
+            if id(anc) in out:
+                break
+            out.add(id(anc))
+    return out
 
 
 Range = Tuple[Tuple[int, int], Tuple[int, int]]
@@ -483,6 +672,7 @@ class _Pass:
     module: cst.Module
     found: List[_Found]
     model: AmpModel
+    n_pass: int = 0  # how many passes of fixes changed the text before it
 
 
 @dataclass
@@ -506,14 +696,17 @@ class _FixLoop:
         self.refused = refused
         self.original_compiles: Optional[bool] = None
 
-    def analyze(self, text: str, module: cst.Module) -> _Pass:
-        # the rules a check of this text would run (a fix can bring a rule's trigger in)
-        found, model = _analyze(module, text, self.path, triggered(self.rules, text), self.settings, self.selected)
-        return _Pass(text, module, found, model)
+    def analyze(self, text: str, module: cst.Module, n_pass: int) -> _Pass:
+        # the rules a check of this text would run (a fix can bring a rule's trigger in);
+        # `n_pass`: how many passes changed the text already (a migration's follow-up edits)
+        found, model = _analyze(module, text, self.path, triggered(self.rules, text, self.path, self.settings),
+                                self.settings, self.selected, rewrite_pass=n_pass, memo=self.memo)
+        return _Pass(text, module, found, model, n_pass)
 
     def run(self) -> Tuple[_Pass, _Pass, Dict[str, int], List[Tuple[_Found, _Introduced]]]:
         """(the first pass, the last, {fix: count}, findings added by a fix and still there)."""
-        first = cur = self.analyze(self.text, parse(self.text, self.path))
+        self.memo: dict = {}  # kept across the passes of one rewrite (`ctx.extra["rewrite_memo"]`)
+        first = cur = self.analyze(self.text, parse_in_project(self.text, self.path, self.settings), 0)
         origin: List[Optional[_Introduced]] = [None] * len(_visible(cur.found))
         fixed: Dict[str, int] = {}
         for _ in range(MAX_FIX_PASSES):
@@ -549,8 +742,9 @@ class _FixLoop:
                 for node, new in fix.replacements.items():
                     replacements[id(node)] = new
         everything = [fixcheck.Trouble((1, 1 << 30), "")]
+        paths = _paths(cur.model, [node for u in units for fix in u.fixes for node in fix.replacements])
         try:
-            new_text = cur.module.visit(_ApplyFixes(replacements)).code
+            new_text = cur.module.visit(_ApplyFixes(replacements, paths)).code
             reparsed = cst.parse_module(new_text)
         except Exception:
             everything[0].reason = "the fix does not produce valid Python"
@@ -562,7 +756,7 @@ class _FixLoop:
         if self.original_compiles and not _compiles(new_text, self.path):
             everything[0].reason = "the fixed code does not compile"
             return everything, None, {}
-        nxt = self.analyze(new_text, reparsed)
+        nxt = self.analyze(new_text, reparsed, cur.n_pass + 1)
         ops = fixcheck.opcodes(cur.text, new_text)
         old_vis, new_vis = _visible(cur.found), _visible(nxt.found)
         mapping = fixcheck.match([f.diagnostic for f in old_vis], cur.text, [f.diagnostic for f in new_vis],
@@ -652,7 +846,7 @@ def fix_text(text: str, path: str, rules: Sequence[Type[Rule]], settings: Settin
     `stats`, when given, receives the findings of the text as it was, per code (what `check`
     reports), to tell fixed findings from the follow-up edits a fix brings (an import rewritten
     once its last use is)."""
-    if not triggered(rules, text) or _exempt(text):
+    if not triggered(rules, text, path, settings) or _exempt(text):
         return text, {}, []
     refused: Dict[tuple, str] = {}
     loop = _FixLoop(text, path, rules, settings, refused)
@@ -720,7 +914,30 @@ def process_bytes(
     settings: Settings,
     fix: bool = False,
 ) -> FileResult:
+    with gc_paused():
+        return _process_bytes(data, path, rules, settings, fix)
+
+
+def _process_bytes(data: bytes, path: str, rules: Sequence[Type[Rule]], settings: Settings, fix: bool) -> FileResult:
     result = FileResult(path=path)
+    project = project_for(path, settings)
+    if project is not None:
+        project.begin()  # type: ignore[attr-defined]
+    try:
+        result = _process(data, path, rules, settings, fix, result)
+    finally:
+        if project is not None:
+            own = os.path.abspath(path)
+            deps = project.end()  # type: ignore[attr-defined]
+            if result.error is None:  # an error (a syntax error) depends on the file's own text
+                for dep in deps:
+                    if dep != own:
+                        result.deps[dep] = file_digest(dep) or ""
+    return result
+
+
+def _process(data: bytes, path: str, rules: Sequence[Type[Rule]], settings: Settings, fix: bool,
+             result: FileResult) -> FileResult:
     try:
         src = decode_source(data, path)
         # fixing works on `\n` line breaks; the original layout is put back (ampfix/engine/fileio.py)

@@ -11,13 +11,10 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from ampfix.knowledge.torch_versions import DEFAULT_MIN_TORCH  # noqa: F401  (re-exported)
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
+# tomllib is imported when a configuration file is read (`_read_toml`): a run without one never needs it
 
-KNOWN_KEYS = {"select", "ignore", "exclude", "extend-exclude", "per-file-ignores", "min-torch-version",
-              "max-file-size"}
+KNOWN_KEYS = {"select", "extend-select", "ignore", "exclude", "extend-exclude", "per-file-ignores",
+              "min-torch-version", "max-file-size", "preview"}
 DEFAULT_MAX_FILE_SIZE = 4 * 1024 * 1024  # bytes; larger files are skipped (reported), not analysed
 _UNITS = {"": 1, "b": 1, "kb": 1000, "kib": 1024, "mb": 1000 ** 2, "mib": 1024 ** 2, "gb": 1000 ** 3,
           "gib": 1024 ** 3}
@@ -31,11 +28,14 @@ class ConfigError(Exception):
 class Config:
     path: Optional[Path] = None  # the pyproject.toml it came from
     select: Optional[List[str]] = None
+    extend_select: List[str] = field(default_factory=list)
     ignore: List[str] = field(default_factory=list)
     exclude: List[str] = field(default_factory=list)
     per_file_ignores: Dict[str, List[str]] = field(default_factory=dict)
     min_torch_version: Tuple[int, ...] = DEFAULT_MIN_TORCH
+    min_torch_configured: bool = False  # `min-torch-version` was set (else it may be inferred)
     max_file_size: int = DEFAULT_MAX_FILE_SIZE
+    preview: bool = False  # preview rules run too
 
     @property
     def root(self) -> Path:
@@ -86,6 +86,10 @@ def parse_size(value, where: str, key: str = "max-file-size") -> int:
 
 
 def _read_toml(path: Path) -> dict:
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover
+        import tomli as tomllib
     try:
         return tomllib.loads(path.read_text(encoding="utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
@@ -137,6 +141,7 @@ def load_config(path: Optional[Path]) -> Config:
     cfg = Config(path=path)
     if "select" in table:
         cfg.select = _str_list(table["select"], "select", where)
+    cfg.extend_select = _str_list(table.get("extend-select", []), "extend-select", where)
     cfg.ignore = _str_list(table.get("ignore", []), "ignore", where)
     cfg.exclude = _str_list(table.get("exclude", []), "exclude", where) + _str_list(
         table.get("extend-exclude", []), "extend-exclude", where)
@@ -147,8 +152,14 @@ def load_config(path: Optional[Path]) -> Config:
     cfg.per_file_ignores = {k: _str_list(v, f"per-file-ignores.{k}", where) for k, v in pfi.items()}
     if "min-torch-version" in table:
         cfg.min_torch_version = parse_version(table["min-torch-version"], where)
+        cfg.min_torch_configured = True
     if "max-file-size" in table:
         cfg.max_file_size = parse_size(table["max-file-size"], where)
+    if "preview" in table:
+        if not isinstance(table["preview"], bool):
+            raise ConfigError(f"{where}: `preview` in [tool.ampfix] must be a boolean (true or false), "
+                              f"got {_type_name(table['preview'])}")
+        cfg.preview = table["preview"]
     return cfg
 
 

@@ -21,14 +21,11 @@ next run that writes NAME (or that rewrites files in its folder).
 
 from __future__ import annotations
 
-import ast
-import difflib
 import hashlib
 import io
 import os
 import re
 import stat
-import tempfile
 import time
 import tokenize
 from dataclasses import dataclass
@@ -107,6 +104,8 @@ def restore_layout(original: str, fixed: str) -> str:
         tail += 1
     out: List[str] = list(old[:head])
     a_keys, b_keys = old_keys[head: len(old) - tail], new_keys[head: len(new) - tail]
+    import difflib  # here: reading and checking files never needs it
+
     opcodes = difflib.SequenceMatcher(None, a_keys, b_keys, autojunk=False).get_opcodes()
     lost = _libcst_losses(original, old_keys) if any(t in ("replace", "delete") for t, *_ in opcodes) else {}
     # lines a fix removed, by content: a moved line finds its own line break and form feed
@@ -168,6 +167,8 @@ def _libcst_losses(original: str, old_keys: Sequence[str]) -> Dict[str, int]:
     if keys == list(old_keys):
         return {}
     out: Dict[str, int] = {}
+    import difflib
+
     for tag, i1, i2, _, _ in difflib.SequenceMatcher(None, list(old_keys), keys, autojunk=False).get_opcodes():
         if tag in ("replace", "delete"):
             for key in old_keys[i1:i2]:
@@ -186,6 +187,8 @@ def _dominant(lines: Sequence[str]) -> str:
 
 def _same_program(a: str, b: str) -> bool:
     try:
+        import ast
+
         return ast.dump(ast.parse(a)) == ast.dump(ast.parse(b))
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         # cannot tell with CPython's parser (e.g. newer syntax): trust the line-for-line mapping
@@ -374,6 +377,8 @@ def _write_in_place(target: str, data: bytes) -> None:
 
 def _replace(target: str, data: bytes, st: os.stat_result) -> None:
     folder, name = os.path.split(target)
+    import tempfile
+
     fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=TEMP_SUFFIX, dir=folder or ".")
     try:
         with os.fdopen(fd, "wb") as fh:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import io
 import re
 import tokenize
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 CODES = r"[A-Za-z]+[0-9]+(?:[\s,]+[A-Za-z]+[0-9]+)*"
@@ -85,9 +85,15 @@ def suppressing(noqa: Dict[int, Optional[Set[str]]], code: str, lines: Iterable[
 class FileExemption:
     everything: bool = False
     codes: Tuple[str, ...] = ()
+    lines: Dict[str, int] = field(default_factory=dict)  # code named -> the line of its directive
 
     def covers(self, code: str) -> bool:
         return self.everything or any(covers(c, code) for c in self.codes)
+
+    def covering(self, code: str) -> List[Tuple[int, Optional[str]]]:
+        """The (line, code named) of the file-level directives that turn `code` off (as
+        `suppressing` gives them for line directives, for AMP901)."""
+        return [(self.lines.get(c, 0), c) for c in self.codes if covers(c, code)]
 
 
 def file_exemption(text: str) -> FileExemption:
@@ -95,6 +101,7 @@ def file_exemption(text: str) -> FileExemption:
     if "ampfix" not in text.lower():
         return FileExemption()
     codes: List[str] = []
+    lines: Dict[str, int] = {}
     for c in comments(text):
         if not c.own_line:
             continue
@@ -102,8 +109,10 @@ def file_exemption(text: str) -> FileExemption:
         if mt:
             if mt.group("codes") is None:
                 return FileExemption(everything=True)
-            codes.extend(_codes(mt.group("codes")))
-    return FileExemption(codes=tuple(codes))
+            for code in _codes(mt.group("codes")):
+                codes.append(code)
+                lines.setdefault(code, c.line)
+    return FileExemption(codes=tuple(codes), lines=lines)
 
 
 # ----------------------------------------------------------------------------- adding
@@ -196,11 +205,21 @@ class NoqaDirective:
     comment: str
     codes: List[str]  # as written, upper-cased; empty for a bare noqa
     span: Tuple[int, int]  # of the `noqa...` match within the comment
+    file_level: bool = False  # `# ampfix: noqa: CODES` on a line of its own (those codes off for the file)
 
 
 def directives(text: str) -> List[NoqaDirective]:
+    """The `# noqa: CODES` directives and the file-level `# ampfix: noqa: CODES` ones."""
     out = []
     for c in comments(text):
+        if c.own_line:
+            stripped = c.text.rstrip()
+            mt = FILE_NOQA_RE.match(stripped)
+            if mt:
+                if mt.group("codes") is not None:
+                    out.append(NoqaDirective(c.line, c.column, c.text, _codes(mt.group("codes")), mt.span(),
+                                             file_level=True))
+                continue
         mt = NOQA_RE.search(c.text)
         if mt and mt.group("codes") is not None:
             out.append(NoqaDirective(c.line, c.column, c.text, _codes(mt.group("codes")), mt.span()))
@@ -215,8 +234,11 @@ def without_codes(d: NoqaDirective, stale: Set[str]) -> Optional[str]:
     before, after = d.comment[:start], d.comment[end:]
     if keep:
         raw = d.comment[start:end]
-        head = raw[: NOQA_RE.match(raw).start("codes")]  # type: ignore[union-attr]
+        mt = (FILE_NOQA_RE if d.file_level else NOQA_RE).match(raw)
+        head = raw[: mt.start("codes")]  # type: ignore[union-attr]
         return before + head + ", ".join(keep) + after
+    if d.file_level:
+        return None
     rest = after.strip()
     prefix = before.rstrip()
     if prefix in ("", "#"):

@@ -34,6 +34,19 @@ PLACEHOLDER_RE = re.compile(r"^[ \t]*pass  # ampfix-magic: (\d+)$")
 PYTHON_CELL_MAGICS = {"time", "timeit", "capture", "prun", "debug", "memit", "mprun", "autoreload", "py"}
 MAGIC_RE = re.compile(r"^[ \t]*(?:[%!]|[\w.,\s\[\]]+?=[ \t]*[%!])")
 HELP_RE = re.compile(r"^[ \t]*(?:\?{1,2}[\w.]+|[\w.]+\?{1,2})[ \t]*$")
+#: the line magics and shell aliases IPython runs without `%` (automagic, on by default) in a
+#: cell of one line: IPython's own (`%lsmagic` in IPython 8 on Linux), ipykernel's, and common
+#: extensions' (tensorboard, autoreload, sql, memory_profiler, line_profiler, watermark)
+AUTOMAGIC = frozenset("""
+alias alias_magic autoawait autocall automagic autosave bookmark cat cd clear colors conda config connect_info
+cp debug dhist dirs doctest_mode ed edit env gui hist history killbgscripts ldir less lf lk ll load load_ext
+loadpy logoff logon logstart logstate logstop ls lsmagic lx macro magic man matplotlib micromamba mamba mkdir
+more mv notebook page pastebin pdb pdef pdoc pfile pinfo pinfo2 pip popd pprint precision prun psearch psource
+pushd pwd pycat pylab qtconsole quickref recall rehashx reload_ext rep rerun reset reset_selective rm rmdir run
+save sc set_env store sx system tb time timeit unalias unload_ext uv who who_ls whos xdel xmode
+tensorboard autoreload aimport sql memit mprun lprun watermark
+""".split())
+AUTOMAGIC_RE = re.compile(r"^[ \t]*([A-Za-z_]\w*)(?:[ \t]+(.*))?$")
 FLAGS = ast.PyCF_ONLY_AST | getattr(ast, "PyCF_ALLOW_TOP_LEVEL_AWAIT", 0)
 
 
@@ -99,6 +112,7 @@ class Cell:
     masked: str = ""
     magic_lines: Dict[int, str] = field(default_factory=dict)  # placeholder number -> original line
     skipped: bool = False  # not Python (a %%bash cell ...): left out of the program
+    note: str = ""  # why it was skipped
     start: int = 0  # the line of `masked`'s first line in the joined program
 
     @property
@@ -116,25 +130,52 @@ def _compiles(text: str) -> bool:
         return False
 
 
+def automagic(line: str) -> Optional[str]:
+    """The magic a one-line cell runs when IPython reads it as an automagic command (`ls
+    /data`, `cat config.yaml`, `pip install x`: a known magic's name, then something that is not
+    an assignment or an operator, as IPython's prefilter decides), else None."""
+    mt = AUTOMAGIC_RE.match(line.rstrip("\r\n"))
+    if not mt or mt.group(1) not in AUTOMAGIC:
+        return None
+    rest = (mt.group(2) or "").strip()
+    if rest[:1] in ("=", ","):
+        return None  # IPython's AssignmentChecker: `ls = 3`, `ls, x = 1, 2` stay Python
+    return mt.group(1)
+
+
 def mask(cell: Cell, counter: List[int]) -> None:
     """IPython syntax becomes `pass  # ampfix-magic: N` (same indentation, same number of
-    lines); a cell that compiles as Python is left as it is."""
+    lines); a cell that compiles as Python is left as it is. A cell IPython runs as something
+    other than Python (a `%%bash` cell magic, a one-line automagic command such as `ls /data`)
+    is left out of the program, with a note saying why."""
     text = cell.source
     if _compiles(text):
         cell.masked = text
         return
     lines = text.splitlines(keepends=True)
-    if lines and lines[0].lstrip().startswith("%%"):
-        name = lines[0].lstrip()[2:].split(None, 1)[0] if lines[0].lstrip()[2:].strip() else ""
+    # IPython drops the leading blank lines of a cell before it looks for a cell magic
+    first = next((i for i, ln in enumerate(lines) if ln.strip()), 0)
+    if lines and lines[first].lstrip().startswith("%%"):
+        name = lines[first].lstrip()[2:].split(None, 1)[0] if lines[first].lstrip()[2:].strip() else ""
         if name not in PYTHON_CELL_MAGICS:
             cell.skipped = True
+            cell.note = f"skipped: a `%%{name}` cell (IPython runs it, not as Python)"
+            return
+    code_lines = [ln for ln in lines if ln.strip()]
+    if len(code_lines) == 1:
+        magic = automagic(code_lines[0].strip())
+        if magic is not None:
+            cell.skipped = True
+            shown = code_lines[0].strip()
+            shown = shown if len(shown) <= 60 else shown[:57] + "..."
+            cell.note = (f"skipped: `{shown}` is an IPython command (automagic `%{magic}`), not Python")
             return
     out = []
     continued = False
     out_indent = ""
     for i, line in enumerate(lines):
         body = line.rstrip("\r\n")
-        is_magic = continued or (i == 0 and body.lstrip().startswith("%%")) or bool(MAGIC_RE.match(body)) \
+        is_magic = continued or (i == first and body.lstrip().startswith("%%")) or bool(MAGIC_RE.match(body)) \
             or bool(HELP_RE.match(body))
         if is_magic:
             n = counter[0]
@@ -289,6 +330,44 @@ def _map_fix(d: Diagnostic, program: Program, cell_no: int, path: str) -> None:
 
         edits = text_edits(by_index[changed[0]].source, new_cells[changed[0]])
     d.fix_edit = FixEdit(edit.description, edit.applicability, edits, diffs)
+
+
+def _json_position(text: str, offset: int) -> Tuple[int, int]:
+    """(line, column) of an offset of the notebook's JSON text, 1-based (columns in code points)."""
+    line_start = text.rfind("\n", 0, offset) + 1
+    return text.count("\n", 0, offset) + 1, offset - line_start + 1
+
+
+def cell_region(text: str, spans: Dict[int, Tuple[int, int]], index: int, line: int,
+                end_line: int) -> Optional[Tuple[int, int, int, int]]:
+    """Where lines `line`..`end_line` of cell `index` are in the notebook's JSON text: from the
+    start of the JSON string that holds the first line to the end of the one that holds the
+    last (a source kept as one string is that string). None when the cell is not found."""
+    if index not in spans:
+        return None
+    a, b = spans[index]
+    if text[a] == '"':
+        return (*_json_position(text, a), *_json_position(text, b))
+    first = last = None
+    seen = 0  # lines of the cell before the current element
+    for ea, eb in _elements(text, a):
+        try:
+            value = json.loads(text[ea:eb])
+        except ValueError:
+            return None
+        if not isinstance(value, str):
+            return None
+        n = max(1, value.count("\n") + (0 if value.endswith("\n") else 1))
+        if first is None and line <= seen + n:
+            first = ea
+        if end_line <= seen + n:
+            last = eb
+            break
+        seen += value.count("\n")
+        last = eb
+    if first is None or last is None:
+        return None
+    return (*_json_position(text, first), *_json_position(text, last))
 
 
 def _cell_names(path: str, number: int) -> Tuple[str, str]:
@@ -469,6 +548,8 @@ def process_notebook(data: bytes, path: str, rules: Sequence[Type[Rule]], settin
         if not _is_python(raw):
             return result
         program = build(nb.cells)
+        result.notes = [FileError(path, None, None, c.note, cell=c.number, level="note")
+                        for c in program.cells if c.skipped and c.note]
         lines_of = {c.index: c.source.splitlines() for c in program.cells}
         try:
             new_text, fixed, diags = transform_text(program.text, path, rules, settings, fix)
@@ -477,7 +558,7 @@ def process_notebook(data: bytes, path: str, rules: Sequence[Type[Rule]], settin
             if err.line is not None:
                 cell, line = program.locate(err.line)
                 if cell is not None:
-                    raise _error(f"{path}:cell {cell.number}", err.message, line, err.column) from None
+                    raise InputError(FileError(path, line, err.column, err.message, cell=cell.number)) from None
             raise
         new_sources = None
         if new_text != program.text:
@@ -493,10 +574,20 @@ def process_notebook(data: bytes, path: str, rules: Sequence[Type[Rule]], settin
                 _, fixed, diags = transform_text(program.text, path, rules, Settings(
                     min_torch_version=settings.min_torch_version, details=settings.details), False)
                 fixed = {}
+        shown = new_sources if new_sources is not None else text
+        try:
+            spans = source_spans(shown)
+        except (ValueError, IndexError):
+            spans = {}
         for d in diags:
             _map_diag(d, program, lines_of)
             if d.fix_edit is not None and d.cell is not None:
                 _map_fix(d, program, d.cell, path)
+            if d.cell is not None:
+                try:
+                    d.cell_region = cell_region(shown, spans, d.cell - 1, d.line, d.end_line)
+                except (ValueError, IndexError):
+                    d.cell_region = None
         result.diagnostics = diags
         if new_sources is not None:
             result.fixed = fixed

@@ -77,7 +77,9 @@ from ampfix.engine import rulemeta  # noqa: E402
 def rule_facts() -> Dict[str, rulemeta.RuleInfo]:
     """What the warm path needs to know of every rule (`rulemeta.RuleInfo`), read from the rules."""
     return {code: rulemeta.RuleInfo(code, r.name, bool(r.default_enabled), tuple(r.triggers),
-                                    tuple(r.triggers_lower), tuple(tuple(g) for g in r.requires))
+                                    tuple(r.triggers_lower), tuple(tuple(g) for g in r.requires),
+                                    None if r.project_requires is None else tuple(tuple(g) for g in r.project_requires),
+                                    r.in_preview())
             for code, r in all_rules().items()}
 from ampfix.engine.rulemeta import SelectionError  # noqa: E402, F401  (re-exported: the light selection raises it too)
 
@@ -86,11 +88,11 @@ def validate_selectors(selectors: Iterable[str], option: str) -> List[str]:
     return rulemeta.validate_selectors(selectors, option, all_rules())
 
 
-def select_rules(select: Optional[Sequence[str]], ignore: Sequence[str]) -> List[Type[Rule]]:
+def select_rules(select: Optional[Sequence[str]], ignore: Sequence[str], preview: bool = False) -> List[Type[Rule]]:
     """Rules chosen by `select` (None: the default set) minus `ignore`. A rule that is off by
-    default is chosen only when selected by its own code."""
+    default is chosen only when selected by its own code or by ALL; a preview rule only with `preview`."""
     rules = all_rules()
-    return [rules[code] for code in rulemeta.select_codes(select, ignore, rules)]
+    return [rules[code] for code in rulemeta.select_codes(select, ignore, rule_facts(), preview=preview)]
 
 
 def find_rule(code: str) -> Optional[Type[Rule]]:

@@ -5,9 +5,8 @@ file: everything a warm run (all cache hits) needs, without importing LibCST or 
 from __future__ import annotations
 
 import codecs
-import difflib
 from dataclasses import dataclass, field, fields
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from ampfix.engine import fileio
 from ampfix.knowledge.torch_versions import DEFAULT_MIN_TORCH
@@ -28,6 +27,11 @@ class Diagnostic:
     message: str
     fix: Optional[str] = None  # "safe", "unsafe", "display" or None
     cell: Optional[int] = None  # notebooks: the 1-based cell; line and columns are within the cell
+    # code of other modules that is part of the cause: ({"path", "line", "column", "message"}, ...)
+    related: Tuple[Dict[str, object], ...] = ()
+    #: notebooks: (line, column, end line, end column) in the notebook's JSON text of the
+    #: source lines reported (SARIF regions, GitHub annotations); None when unknown
+    cell_region: Optional[Tuple[int, int, int, int]] = None
     # not part of the JSON report: the lines where a `# noqa` silences the finding, and (when
     # asked for with Settings.details) the fix as edits and the source lines reported
     noqa_lines: Tuple[int, ...] = field(default=(), repr=False, compare=False)
@@ -39,6 +43,18 @@ class Diagnostic:
 
 
 _NOT_JSON = ("noqa_lines", "fix_edit", "source_lines")
+
+
+def error_objects(missing: Sequence[str], problems: Sequence[str], results: Sequence["FileResult"],
+                  more: Sequence[str] = ()) -> List["FileError"]:
+    """Every input error of a run as a FileError (for the formats that carry them), then the
+    notes (files or cells skipped) as warnings."""
+    out = [FileError(m, None, None, "no such file or directory") for m in missing]
+    out.extend(FileError.parse(p) for p in problems)
+    out.extend(r.error for r in results if r.error is not None)
+    out.extend(FileError.parse(p) for p in more)
+    out.extend(n for r in results for n in r.notes)
+    return out
 
 
 @dataclass
@@ -69,14 +85,40 @@ class FileError:
     line: Optional[int]
     column: Optional[int]
     message: str
+    cell: Optional[int] = None  # notebooks: the 1-based cell the line is in
+    level: str = "error"  # or "warning": a file skipped (the exit status is not changed by it)
 
     def __str__(self) -> str:
         where = self.path
+        if self.cell is not None:
+            where += f":cell {self.cell}"
         if self.line is not None:
             where += f":{self.line}"
             if self.column is not None:
                 where += f":{self.column}"
-        return f"{where}: error: {self.message}"
+        return f"{where}: {self.level}: {self.message}"
+
+    @classmethod
+    def parse(cls, line: str, level: str = "error") -> "FileError":
+        """A `PATH: error: MESSAGE` line (as discovery and writing report them) as a FileError."""
+        path, sep, message = line.partition(f": {level}: ")
+        return cls(path, None, None, message) if sep else cls("", None, None, line, level=level)
+
+    @property
+    def kind(self) -> str:
+        """What went wrong, as a code for the machine formats (ruff's `invalid-syntax` and
+        `io-error`; `invalid-input` for a file ampfix cannot read as Python or as a notebook;
+        `internal-error` for ampfix's own failure; `skipped` for a warning)."""
+        m = self.message
+        if self.level != "error":
+            return "skipped"
+        if m.startswith("syntax error"):
+            return "invalid-syntax"
+        if m.startswith(("cannot read", "no such file", "cannot write", "the file changed on disk")):
+            return "io-error"
+        if m.startswith(("internal error", "not analysed: the parser crashed")):
+            return "internal-error"
+        return "invalid-input"
 
 
 @dataclass
@@ -88,6 +130,22 @@ class FileResult:
     old_source: Optional[bytes] = None
     fixed: Dict[str, int] = field(default_factory=dict)  # "CODE" or "CODE: what" -> fixes applied
     found: Dict[str, int] = field(default_factory=dict)  # fixing: "CODE" -> findings before any fix
+    notes: List[FileError] = field(default_factory=list)  # parts skipped (a notebook cell that is not Python)
+    skipped: bool = False  # not analysed at all (over max-file-size, stdin's name excluded): not counted as checked
+    # the other modules of the project the result depends on: path -> SHA-256 of its bytes (a
+    # cached result is used only while each of them is unchanged)
+    deps: Dict[str, str] = field(default_factory=dict)
+
+
+def file_digest(path: str) -> Optional[str]:
+    """SHA-256 of a file's bytes (None: unreadable)."""
+    import hashlib
+
+    try:
+        with open(path, "rb") as fh:
+            return hashlib.sha256(fh.read()).hexdigest()
+    except OSError:
+        return None
 
 
 class InputError(Exception):
@@ -138,12 +196,20 @@ def decode_source(data: bytes, path: str) -> SourceText:
 @dataclass
 class Settings:
     min_torch_version: Tuple[int, ...] = DEFAULT_MIN_TORCH
+    #: where min_torch_version comes from, for messages ("" = the default)
+    min_torch_source: str = ""
     unsafe_fixes: bool = False
     details: bool = False  # checking: attach each finding's fix as edits and a diff (FixEdit)
     add_noqa: bool = False  # "fixing" adds `# noqa: CODE` for each finding instead
+    # read the other modules of the file's project (its imports, base classes, helpers, callers);
+    # off for a text with no place on disk (`api.check_source`, tests of one snippet)
+    project: bool = False
+    cache_folder: Optional[str] = None  # where module summaries are kept between runs (None: nowhere)
 
 
 def unified_diff(old: str, new: str, fromfile: str, tofile: str, context: int = 3) -> str:
+    import difflib  # only reports with diffs need it
+
     lines = difflib.unified_diff(old.splitlines(keepends=True), new.splitlines(keepends=True),
                                  fromfile=fromfile, tofile=tofile, n=context)
     return "".join(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n" for line in lines)

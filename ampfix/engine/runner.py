@@ -6,9 +6,6 @@ and write fixed files back safely. The CLI only parses options and prints report
 from __future__ import annotations
 
 import os
-import shutil
-import signal
-import tempfile
 import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -19,7 +16,7 @@ from ampfix.engine.config import Config, ConfigError, parse_size, parse_version,
 from ampfix.engine.discovery import discover, matches_any
 from ampfix.engine import guard
 from ampfix.engine import registry, rulemeta
-from ampfix.engine.results import FileError, FileResult, InputError, Settings, decode_source
+from ampfix.engine.results import FileError, FileResult, InputError, Settings, decode_source, error_objects
 from ampfix.engine.rulemeta import SelectionError
 
 # LibCST, the engine and the rules are imported only when a file must really be analysed (or
@@ -29,7 +26,12 @@ PARALLEL_MIN_BYTES = 64 * 1024  # below this a process pool costs more than it s
 
 
 class OptionsError(ValueError):
-    """The options or the configuration are wrong (exit status 2, no file is checked)."""
+    """The options or the configuration are wrong (exit status 2, no file is checked).
+    `in_config`: the configuration file is wrong (its message names the file and the key)."""
+
+    def __init__(self, message: str, in_config: bool = False):
+        super().__init__(message)
+        self.in_config = in_config
 
 
 @dataclass
@@ -37,6 +39,7 @@ class Options:
     paths: Sequence[str] = ()
     select: Sequence[str] = ()
     ignore: Sequence[str] = ()
+    extend_select: Sequence[str] = ()
     config_file: Optional[str] = None
     min_torch_version: Optional[str] = None
     force_exclude: bool = False
@@ -48,6 +51,7 @@ class Options:
     add_noqa: bool = False  # add `# noqa: CODE` to each finding's line instead of fixing
     max_file_size: Optional[str] = None  # --max-file-size (else the config's, else 4 MiB)
     no_cache: bool = False  # --no-cache
+    preview: Optional[bool] = None  # --preview / --no-preview (None: the config's `preview`)
 
 
 @dataclass
@@ -62,14 +66,23 @@ class Plan:
     settings: Settings
     max_file_size: int = 0
     problems: List[str] = field(default_factory=list)  # paths that could not be read while discovering
+    notes: List[FileError] = field(default_factory=list)  # warnings about the paths (a folder with no Python file)
+    warnings: List[str] = field(default_factory=list)  # about the options (a preview rule selected without preview)
+    preview: bool = False
 
 
 @dataclass
 class Run:
     plan: Plan
     results: List[FileResult] = field(default_factory=list)
-    warnings: List[str] = field(default_factory=list)  # files skipped, with the reason (exit status unchanged)
     snapshots: Dict[str, fileio.Snapshot] = field(default_factory=dict)  # path -> as read (for the write)
+
+    @property
+    def warnings(self) -> List[str]:
+        """Folders with nothing to check, files and notebook cells skipped, with the reason (the
+        exit status is not changed)."""
+        return list(self.plan.warnings) + [str(n) for n in self.plan.notes] + \
+            [str(n) for r in self.results for n in r.notes]
 
     @property
     def errors(self) -> List[str]:
@@ -77,6 +90,17 @@ class Run:
         out.extend(self.plan.problems)
         out.extend(str(r.error) for r in self.results if r.error is not None)
         return out
+
+    def error_objects(self, more: Sequence[str] = ()) -> List[FileError]:
+        """The errors (and, after them, the warnings) as FileErrors, for the machine formats;
+        `more`: error lines of the writing step."""
+        return error_objects(self.plan.missing, self.plan.problems, self.results, more) + list(self.plan.notes)
+
+    @property
+    def n_checked(self) -> int:
+        """Files analysed or looked at (a file skipped for its size, or stdin whose name is
+        excluded, is not counted)."""
+        return sum(1 for r in self.results if not r.skipped)
 
     @property
     def diagnostics(self):
@@ -94,38 +118,105 @@ def make_plan(options: Options) -> Plan:
     paths = list(options.paths) or ["."]
     try:
         config = resolve_config(paths, options.config_file)
+    except ConfigError as exc:
+        raise OptionsError(str(exc), in_config=True) from None
+    in_config = False
+    try:
         if options.select and not split_codes(options.select):
             raise OptionsError("--select: no rule code given (an empty --select would disable every rule; "
                                "use --select ALL, or a code such as AMP001)")
-        info = rulemeta.rule_info(registry.rule_facts, _cache_folder(options, config))
+        info = rulemeta.rule_info(_rule_facts, _cache_folder(options, config))
 
         def validate_selectors(selectors, option):
             return rulemeta.validate_selectors(selectors, option, info)
 
         cli_select = validate_selectors(split_codes(options.select), "--select") if options.select else None
         cli_ignore = validate_selectors(split_codes(options.ignore), "--ignore")
+        cli_extend = validate_selectors(split_codes(options.extend_select), "--extend-select")
+        in_config = True
         cfg_select = validate_selectors(config.select, f"{config.path}: select") if config.select is not None else None
+        cfg_extend = validate_selectors(config.extend_select, f"{config.path}: extend-select")
         cfg_ignore = validate_selectors(config.ignore, f"{config.path}: ignore")
         for glob, codes in config.per_file_ignores.items():
             validate_selectors(codes, f"{config.path}: per-file-ignores {glob!r}")
-        min_version = (parse_version(options.min_torch_version, "--min-torch-version")
-                       if options.min_torch_version else config.min_torch_version)
+        in_config = False
+        min_version, min_source = _min_torch(options, config, paths)
         max_size = (parse_size(options.max_file_size, "--max-file-size", "--max-file-size")
                     if options.max_file_size else config.max_file_size)
-    except (ConfigError, SelectionError) as exc:
-        raise OptionsError(str(exc)) from None
-    selection = cli_select if cli_select is not None else cfg_select
-    codes = rulemeta.select_codes(selection, cfg_ignore + cli_ignore, info)
+    except ConfigError as exc:
+        raise OptionsError(str(exc), in_config=str(exc).startswith(str(config.path))) from None
+    except SelectionError as exc:
+        raise OptionsError(str(exc), in_config=in_config) from None
+    # ruff's order: --select replaces the configuration's select and extend-select;
+    # --extend-select adds to whichever applies
+    if cli_select is not None:
+        selection, extend = cli_select, cli_extend
+    else:
+        selection, extend = cfg_select, cfg_extend + cli_extend
+    preview = options.preview if options.preview is not None else config.preview
+    codes = rulemeta.select_codes(selection, cfg_ignore + cli_ignore, info, extend, preview)
+    warnings = rulemeta.preview_warnings(selection, info, preview)
     problems: List[str] = []
     files, missing = discover(paths, config.exclude, config.root, force_exclude=options.force_exclude,
                               problems=problems)
-    settings = Settings(min_torch_version=min_version, unsafe_fixes=options.unsafe_fixes, details=options.details,
-                        add_noqa=options.add_noqa)
-    return Plan(options, config, tuple(codes), files, missing, settings, max_size, problems)
+    summaries = None
+    if not options.no_cache:
+        from ampfix.engine.cache import cache_dir
+
+        summaries = str(cache_dir(config.root))
+    settings = Settings(min_torch_version=min_version, min_torch_source=min_source, unsafe_fixes=options.unsafe_fixes,
+                        details=options.details, add_noqa=options.add_noqa, project=True, cache_folder=summaries)
+    notes = [FileError(p, None, None, "no Python files found under this folder (*.py, *.pyi, *.ipynb, after "
+                                      "exclude and .gitignore)", level="warning")
+             for p in _empty_folders(paths, files)]
+    return Plan(options, config, tuple(codes), files, missing, settings, max_size, problems, notes, warnings, preview)
+
+
+def _empty_folders(paths: Sequence[str], files: Sequence[str]) -> List[str]:
+    """The folders among `paths` under which discovery found no file to check."""
+    found = [os.path.normpath(f) for f in files if f != "-"]
+    out = []
+    for p in paths:
+        if p == "-" or not os.path.isdir(p):
+            continue
+        d = os.path.normpath(p)
+        prefix = os.path.join(d, "")
+        if not any(f.startswith(prefix) or (d == "." and not os.path.isabs(f)) for f in found):
+            out.append(p)
+    return out
+
+
+def _min_torch(options: Options, config: Config, paths: Sequence[str]) -> Tuple[Tuple[int, ...], str]:
+    """The oldest torch the checked code supports, and where that comes from: `--min-torch-version`,
+    else `min-torch-version` in the configuration, else the project's own requirements on torch
+    (`ampfix/engine/requirements.py`), else the default."""
+    if options.min_torch_version:
+        return parse_version(options.min_torch_version, "--min-torch-version"), "--min-torch-version"
+    if config.min_torch_configured:
+        return config.min_torch_version, f"min-torch-version in {config.path.name if config.path else 'the config'}"
+    from ampfix.engine.requirements import infer_min_torch
+
+    real = [p for p in paths if p != "-"]
+    if options.stdin_filename and not real:
+        real = [options.stdin_filename]
+    try:
+        start = Path(os.path.commonpath([os.path.abspath(p) for p in real])) if real else Path.cwd()
+    except ValueError:
+        start = Path.cwd()
+    found = infer_min_torch(start)
+    if found is not None:
+        return found.version, found.where
+    return config.min_torch_version, ""
+
+
+def _rule_facts() -> Dict[str, rulemeta.RuleInfo]:
+    from ampfix.engine import registry  # imports the rules (and LibCST): only when no table will do
+
+    return registry.rule_facts()
 
 
 def _uses_cache(options: Options) -> bool:
-    return not (options.no_cache or options.fix or options.details or options.add_noqa)
+    return not (options.no_cache or options.fix or options.add_noqa)
 
 
 def _cache_folder(options: Options, config: Config) -> Optional[Path]:
@@ -135,6 +226,12 @@ def _cache_folder(options: Options, config: Config) -> Optional[Path]:
     from ampfix.engine.cache import cache_dir
 
     return cache_dir(config.root)
+
+
+def excluded(name: str, config: Config) -> bool:
+    """Whether `exclude` / `extend-exclude` covers the path `name`, as it does for a file named
+    on the command line under --force-exclude (for stdin's --stdin-filename)."""
+    return matches_any(Path(name), config.root, config.exclude)
 
 
 def codes_for(path: str, plan: Plan) -> Tuple[str, ...]:
@@ -178,6 +275,8 @@ def _mp_context():
 
 
 def _crashed(path: str, exitcode: Optional[int]) -> FileResult:
+    import signal
+
     if exitcode is not None and exitcode < 0:
         try:
             how = f"{signal.Signals(-exitcode).name}"
@@ -238,6 +337,8 @@ def _marked_work(item: Tuple[int, Job]) -> FileResult:
 def _pool(jobs: List[Tuple[int, Job]], n: int, results: Dict[int, FileResult]) -> None:
     """Analyse `jobs` on `n` worker processes. When a worker dies (a native crash), the files
     it was analysing are each re-run alone (`isolated`) and the others in a fresh pool."""
+    import shutil
+    import tempfile
     from concurrent.futures import ProcessPoolExecutor
     from concurrent.futures.process import BrokenProcessPool
 
@@ -288,7 +389,8 @@ def _needs_analysis(path: str, data: bytes, codes: Sequence[str], risky: Optiona
     except InputError as exc:
         return FileResult(path=path, error=exc.error)
     rules = all_rules()
-    if triggered([rules[c] for c in codes], src.text):
+    chosen = [rules[c] for c in codes]
+    if triggered(chosen, src.text) or any(r.project_candidate(src.text) for r in chosen):
         if risky is not None and guard.risky(src.text):
             risky.add(path)
         return None
@@ -313,20 +415,22 @@ def run(plan: Plan, stdin: Optional[BinaryIO] = None) -> Run:
     jobs: List[Tuple[int, Job]] = []
     results: Dict[int, FileResult] = {}
     risky: set = set()  # parsed in a child process even when the run is sequential
-    warnings: List[str] = []
     store = None
     keys: Dict[int, str] = {}
-    info = None
     if _uses_cache(plan.options):
         from ampfix.engine.cache import Cache, cache_dir, cacheable
 
         store = Cache(cache_dir(plan.config.root))
-        info = rulemeta.rule_info(registry.rule_facts, store.folder)
+    info = rulemeta.rule_info(_rule_facts, store.folder if store is not None else None)
     snapshots: Dict[str, fileio.Snapshot] = {}
     for i, f in enumerate(plan.files):
         if f == "-":
             name = plan.options.stdin_filename or "-"
             data = (stdin or sys.stdin.buffer).read()
+            if plan.options.force_exclude and plan.options.stdin_filename and excluded(name, plan.config):
+                # ruff's --force-exclude: stdin named as an excluded file is passed through unchecked
+                results[i] = FileResult(path=name, old_source=data, skipped=True)
+                continue
             file_codes = codes_for(name, plan) if plan.options.stdin_filename else plan.codes
             job = (name, file_codes, plan.settings, fix, data)
             results[i] = isolated(job) if guard.risky(data.decode("utf-8", "replace")) else _work(job)
@@ -335,10 +439,9 @@ def run(plan: Plan, stdin: Optional[BinaryIO] = None) -> Run:
         try:
             size = os.stat(f).st_size
             if plan.max_file_size and size > plan.max_file_size:
-                results[i] = FileResult(path=f)
-                warnings.append(f"{f}: warning: skipped, not analysed: {_size(size)} is over max-file-size "
-                                f"({_size(plan.max_file_size)}; set `max-file-size` in [tool.ampfix] or "
-                                "--max-file-size to check it)")
+                why = (f"skipped, not analysed: {_size(size)} is over max-file-size ({_size(plan.max_file_size)}; "
+                       "set `max-file-size` in [tool.ampfix] or --max-file-size to check it)")
+                results[i] = FileResult(path=f, skipped=True, notes=[FileError(f, None, None, why, level="warning")])
                 continue
             data, snapshots[f] = fileio.read_file(f)
         except OSError as exc:
@@ -362,7 +465,7 @@ def run(plan: Plan, stdin: Optional[BinaryIO] = None) -> Run:
                     if cacheable(results[i]):
                         store.put(keys[i], results[i])
                     continue
-                if not rulemeta.maybe_triggered(file_codes, text, info):
+                if not rulemeta.maybe_triggered(file_codes, text, info, plan.settings.project):
                     results[i] = FileResult(path=f)
                     store.put(keys[i], results[i])
                     continue
@@ -374,6 +477,16 @@ def run(plan: Plan, stdin: Optional[BinaryIO] = None) -> Run:
                 continue
             jobs.append((i, (f, file_codes, plan.settings, fix, data)))
             continue
+        if not f.lower().endswith(".ipynb"):
+            # the triggers as ampfix/engine/rulemeta.py knows them first: a file that holds none
+            # needs neither the rules nor LibCST (a decoding error is `_needs_analysis`'s to report)
+            try:
+                text = decode_source(data, f).text
+            except InputError:
+                text = None
+            if text is not None and not rulemeta.maybe_triggered(file_codes, text, info, plan.settings.project):
+                results[i] = FileResult(path=f)
+                continue
         early = _needs_analysis(f, data, file_codes, risky)
         if early is not None:
             results[i] = early
@@ -390,7 +503,23 @@ def run(plan: Plan, stdin: Optional[BinaryIO] = None) -> Run:
         for i, _ in jobs:
             if cacheable(results[i]):
                 store.put(keys[i], results[i])
-    return Run(plan, [results[i] for i in range(len(plan.files))], warnings=warnings, snapshots=snapshots)
+    if os.environ.get("AMPFIX_STATS"):
+        _print_stats()
+    return Run(plan, [results[i] for i in range(len(plan.files))], snapshots=snapshots)
+
+
+def _print_stats() -> None:
+    """`AMPFIX_STATS=1`: what this process parsed (for benchmarks; with -j 1 that is the run)."""
+    if "ampfix.engine.analyze" not in sys.modules:
+        print("ampfix stats: parsed 0, summaries parsed 0, summaries from the cache 0", file=sys.stderr)
+        return
+    from ampfix.engine import analyze
+
+    projects = list(analyze._PROJECTS.values())
+    parsed = sum(len(p.parsed) for p in projects)  # type: ignore[attr-defined]
+    stored = sum(p.from_store for p in projects)  # type: ignore[attr-defined]
+    print(f"ampfix stats: parsed {analyze.STATS['parsed']}, summaries parsed {parsed}, "
+          f"summaries from the cache {stored}", file=sys.stderr)
 
 
 def _size(n: int) -> str:

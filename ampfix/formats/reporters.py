@@ -13,8 +13,8 @@ from urllib.parse import quote
 
 import click
 
-from ampfix import __version__
-from ampfix.engine.results import Diagnostic, FileResult, decode_source, diff_names, unified_diff
+from ampfix import REPOSITORY, __version__, rule_url
+from ampfix.engine.results import Diagnostic, FileError, FileResult, decode_source, diff_names, unified_diff
 
 if TYPE_CHECKING:  # the rules (and LibCST) are not needed to report
     from ampfix.rule import Rule
@@ -24,7 +24,10 @@ ALIASES = {"text": "concise"}
 TEXT_FORMATS = ("concise", "full")
 #: formats that need each finding's fix as edits (computed only when asked for: it costs a
 #: tree transformation per fixable finding)
-DETAIL_FORMATS = ("full", "sarif")
+DETAIL_FORMATS = ("full", "json", "json-lines", "sarif")
+#: formats that carry the input errors (and skipped files) in the report itself; the text
+#: formats leave them to stderr
+MACHINE_FORMATS = ("json", "json-lines", "sarif", "github")
 SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
 
 
@@ -80,6 +83,8 @@ def full(d: Diagnostic, color: bool = True) -> str:
         out.extend("    " + line for line in edit.diff.splitlines())
     elif d.fix is not None:
         out.append(f"  = {d.fix} fix")
+    for r in d.related:
+        out.append(f"  = related: {r['path']}:{r['line']}:{r['column']}: {r['message']}")
     return "\n".join(out) + "\n"
 
 
@@ -89,12 +94,87 @@ def text_report(diags: Sequence[Diagnostic], style: str = "concise", color: bool
     return "".join(concise(d, color) + "\n" for d in diags)
 
 
-def json_report(diags: Sequence[Diagnostic]) -> str:
-    return json.dumps([d.to_json() for d in diags], indent=2) + "\n"
+def _loc(line: Optional[int], column: Optional[int]) -> Optional[dict]:
+    return None if line is None else {"row": line, "column": column if column is not None else 1}
 
 
-def json_lines(diags: Sequence[Diagnostic]) -> str:
-    return "".join(json.dumps(d.to_json()) + "\n" for d in diags)
+_APPLICABILITY = {"safe": "safe", "unsafe": "unsafe", "display": "display-only"}
+
+
+def _json_fix(d: Diagnostic) -> Optional[dict]:
+    """ruff's `fix`: its applicability, what it does, and its edits (1-based rows and columns,
+    end exclusive; in a notebook, in the cell's lines). `edits` is empty when the fix cannot be
+    given as edits of this one file or cell (a notebook fix that moves code between cells)."""
+    if d.fix is None:
+        return None
+    edit = d.fix_edit
+    edits = [] if edit is None or not edit.edits else [
+        {"content": e.text, "location": _loc(e.start_line, e.start_column),
+         "end_location": _loc(e.end_line, e.end_column)} for e in edit.edits]
+    return {"applicability": _APPLICABILITY.get(d.fix, d.fix), "message": edit.description if edit else None,
+            "edits": edits}
+
+
+def json_object(d: Diagnostic) -> dict:
+    """A finding as ruff's JSON output has it (`cell`, `code`, `end_location`, `filename`,
+    `fix`, `location`, `message`, `noqa_row`, `url`), with ampfix's own keys beside them
+    (`type`, `path`, `line`, `column`, `end_line`, `end_column`, `name`, and `related`: the code
+    of other modules that is part of the cause, as `path`, `line`, `column`, `message`)."""
+    return {
+        "type": "finding",
+        "cell": d.cell,
+        "code": d.code,
+        "end_location": _loc(d.end_line, d.end_column),
+        "filename": d.path,
+        "fix": _json_fix(d),
+        "location": _loc(d.line, d.column),
+        "message": d.message,
+        "noqa_row": d.line,
+        "url": rule_url(d.code),
+        "path": d.path,
+        "line": d.line,
+        "column": d.column,
+        "end_line": d.end_line,
+        "end_column": d.end_column,
+        "name": d.name,
+        "related": [dict(r) for r in d.related],
+    }
+
+
+def json_error(e: FileError) -> dict:
+    """An input error (or, with `type` "warning", a file skipped) in the shape of a finding, as
+    ruff reports a syntax error: `code` says what kind (`invalid-syntax`, `io-error`,
+    `invalid-input`, `internal-error`, `skipped`), `fix` and `url` are null."""
+    return {
+        "type": e.level,
+        "cell": e.cell,
+        "code": e.kind,
+        "end_location": _loc(e.line, e.column),
+        "filename": e.path,
+        "fix": None,
+        "location": _loc(e.line, e.column),
+        "message": e.message,
+        "noqa_row": None,
+        "url": None,
+        "path": e.path,
+        "line": e.line,
+        "column": e.column,
+        "end_line": e.line,
+        "end_column": e.column,
+        "name": None,
+    }
+
+
+def _objects(diags: Sequence[Diagnostic], errors: Sequence[FileError]) -> List[dict]:
+    return [json_error(e) for e in errors if e.level != "note"] + [json_object(d) for d in diags]
+
+
+def json_report(diags: Sequence[Diagnostic], errors: Sequence[FileError] = ()) -> str:
+    return json.dumps(_objects(diags, errors), indent=2) + "\n"
+
+
+def json_lines(diags: Sequence[Diagnostic], errors: Sequence[FileError] = ()) -> str:
+    return "".join(json.dumps(o) + "\n" for o in _objects(diags, errors))
 
 
 # ----------------------------------------------------------------------------- github
@@ -108,14 +188,25 @@ def _gh_prop(text: str) -> str:
     return _gh_data(text).replace(":", "%3A").replace(",", "%2C")
 
 
-def github(diags: Sequence[Diagnostic]) -> str:
+def github(diags: Sequence[Diagnostic], errors: Sequence[FileError] = ()) -> str:
     """One `::error` workflow command per finding: GitHub Actions shows it on the file and line
-    in the pull request. A notebook finding is shown on the file (its line is a cell's line)."""
+    in the pull request. A notebook finding is shown on the line of the notebook's JSON that
+    holds the cell's line, when ampfix knows it (`Diagnostic.file_region`), else on the file.
+    Input errors are `::error` commands too, files skipped `::warning` (notebook cells skipped
+    are left to stderr and SARIF)."""
     out = []
+    for e in errors:
+        if e.level == "note":  # a notebook cell skipped: information, not an annotation on the pull request
+            continue
+        props = [f"title={_gh_prop(f'ampfix ({e.kind})')}", f"file={_gh_prop(e.path)}"]
+        if e.line is not None and e.cell is None:
+            props += [f"line={e.line}"] + ([f"col={e.column}"] if e.column is not None else [])
+        out.append(f"::{e.level} {','.join(props)}::{_gh_data(str(e))}\n")
     for d in diags:
         props = [f"title={_gh_prop(f'ampfix ({d.code})')}", f"file={_gh_prop(d.path)}"]
-        if d.cell is None:
-            props += [f"line={d.line}", f"col={d.column}", f"endLine={d.end_line}", f"endColumn={d.end_column}"]
+        region = d.cell_region if d.cell is not None else (d.line, d.column, d.end_line, d.end_column)
+        if region is not None:
+            props += [f"line={region[0]}", f"col={region[1]}", f"endLine={region[2]}", f"endColumn={region[3]}"]
         out.append(f"::error {','.join(props)}::{_gh_data(f'{where(d)}: {d.code} {d.message}')}\n")
     return "".join(out)
 
@@ -145,6 +236,7 @@ def _sarif_rule(rule: Type[Rule]) -> dict:
         "shortDescription": {"text": rule.message},
         "fullDescription": {"text": first},
         "help": {"text": docs, "markdown": f"**{rule.code} {rule.name}** (fix: {rule.fixable})\n\n{docs}"},
+        "helpUri": rule_url(rule.code),
         "defaultConfiguration": {"level": _level(rule.code), "enabled": bool(rule.default_enabled)},
         "properties": {"fix": rule.fixable, "tags": ["pytorch", "amp", "mixed-precision"]},
     }
@@ -154,27 +246,56 @@ def _region(sl: int, sc: int, el: int, ec: int) -> dict:
     return {"startLine": sl, "startColumn": sc, "endLine": el, "endColumn": ec}
 
 
-def sarif(diags: Sequence[Diagnostic], rules: Dict[str, Type[Rule]]) -> str:
+def _sarif_location(path: str, region: Optional[tuple], cell: Optional[int] = None) -> dict:
+    loc: dict = {"physicalLocation": {"artifactLocation": {"uri": _uri(path)}}}
+    if region is not None:
+        loc["physicalLocation"]["region"] = _region(*region)
+    if cell is not None:
+        loc["logicalLocations"] = [{"name": f"cell {cell}", "fullyQualifiedName": f"{path}:cell {cell}",
+                                    "kind": "notebookCell"}]
+    return loc
+
+
+def _notification(e: FileError) -> dict:
+    region = None if e.line is None or e.cell is not None else (
+        e.line, e.column or 1, e.line, e.column or 1)
+    return {"level": e.level, "message": {"text": str(e)}, "descriptor": {"id": e.kind},
+            "locations": [_sarif_location(e.path, region, e.cell)]}
+
+
+def sarif(diags: Sequence[Diagnostic], rules: Dict[str, Type[Rule]], errors: Sequence[FileError] = ()) -> str:
     """SARIF 2.1.0: one run, every rule's metadata (help text from its docs), one result per
     finding with its fix as a SARIF `fix` (the text edits `ampfix rewrite` makes for it).
-    Columns are Unicode code points, 1-based. A notebook's lines are its cells' lines: the
-    result says which cell (in the message and `properties.cell`) and carries no fix."""
+    Columns are Unicode code points, 1-based. A notebook finding's region is in the notebook's
+    JSON (the line of the `.ipynb` that holds the cell's line, when ampfix knows it), its
+    logical location the cell; its message and `properties.cell` say which cell; it carries
+    no fix. Input errors and files skipped are `invocations[0].toolExecutionNotifications`
+    (`executionSuccessful` is false when there is an error)."""
     index = {code: i for i, code in enumerate(rules)}
     results = []
     for d in diags:
         uri = _uri(d.path)
         msg = d.message if d.cell is None else f"cell {d.cell}, line {d.line}: {d.message}"
+        region = (d.line, d.column, d.end_line, d.end_column) if d.cell is None else d.cell_region
         result: dict = {
             "ruleId": d.code,
             "ruleIndex": index.get(d.code, -1),
             "level": _level(d.code),
             "message": {"text": msg},
-            "locations": [{"physicalLocation": {"artifactLocation": {"uri": uri},
-                                                "region": _region(d.line, d.column, d.end_line, d.end_column)}}],
+            "locations": [_sarif_location(d.path, region, d.cell)],
             "properties": {"name": d.name, "fix": d.fix},
         }
         if d.cell is not None:
             result["properties"]["cell"] = d.cell
+            result["properties"]["cellLine"] = d.line
+            result["properties"]["cellColumn"] = d.column
+        if d.related:
+            result["relatedLocations"] = [{
+                "id": i,
+                "physicalLocation": {"artifactLocation": {"uri": _uri(str(r["path"]))},
+                                     "region": {"startLine": r["line"], "startColumn": r["column"]}},
+                "message": {"text": str(r["message"])},
+            } for i, r in enumerate(d.related)]
         if d.cell is None and d.fix_edit is not None and d.fix_edit.edits:
             result["fixes"] = [{
                 "description": {"text": f"{d.fix_edit.description} ({d.fix_edit.applicability} fix)"},
@@ -192,7 +313,12 @@ def sarif(diags: Sequence[Diagnostic], rules: Dict[str, Type[Rule]]) -> str:
         "version": "2.1.0",
         "runs": [{
             "tool": {"driver": {"name": "ampfix", "version": __version__, "semanticVersion": __version__,
+                                "informationUri": REPOSITORY,
                                 "rules": [_sarif_rule(r) for r in rules.values()]}},
+            "invocations": [{
+                "executionSuccessful": not any(e.level == "error" for e in errors),
+                "toolExecutionNotifications": [_notification(e) for e in errors],
+            }],
             "columnKind": "unicodeCodePoints",
             "results": results,
         }],
@@ -218,24 +344,46 @@ def file_diff(r: FileResult) -> str:
 
 
 def render(fmt: str, diags: Sequence[Diagnostic], rules: Optional[Dict[str, Type[Rule]]] = None,
-           color: bool = True) -> str:
-    """The findings in one of FORMATS (text formats without the summary)."""
+           color: bool = True, errors: Sequence[FileError] = ()) -> str:
+    """The findings in one of FORMATS (text formats without the summary). `errors`: the input
+    errors and files skipped, which the machine formats carry (the text formats leave them to
+    stderr)."""
     fmt = canonical(fmt)
     if fmt in TEXT_FORMATS:
         return text_report(diags, fmt, color)
     if fmt == "json":
-        return json_report(diags)
+        return json_report(diags, errors)
     if fmt == "json-lines":
-        return json_lines(diags)
+        return json_lines(diags, errors)
     if fmt == "github":
-        return github(diags)
+        return github(diags, errors)
     if fmt == "sarif":
         if rules is None:
             from ampfix.engine.registry import all_rules
 
             rules = all_rules()
-        return sarif(diags, rules)
+        return sarif(diags, rules, errors)
     raise ValueError(f"unknown output format {fmt!r}")
+
+
+def statistics(fmt: str, diags: Sequence[Diagnostic], names: Dict[str, str]) -> str:
+    """`check --statistics`: the findings counted per rule, most frequent first (ruff's
+    columns; `json` / `json-lines`: objects with `code`, `name`, `count`, `fixable` (a safe
+    fix for at least one of them) and `fixable_count`)."""
+    counts: Dict[str, int] = {}
+    safe: Dict[str, int] = {}
+    for d in diags:
+        counts[d.code] = counts.get(d.code, 0) + 1
+        safe[d.code] = safe.get(d.code, 0) + (d.fix == "safe")
+    rows = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+    objects = [{"code": code, "name": names.get(code, ""), "count": n, "fixable": safe[code] > 0,
+                "fixable_count": safe[code]} for code, n in rows]
+    fmt = canonical(fmt)
+    if fmt == "json":
+        return json.dumps(objects, indent=2) + "\n"
+    if fmt == "json-lines":
+        return "".join(json.dumps(o) + "\n" for o in objects)
+    return "".join(f"{o['count']:>5}\t{o['code']}\t{'[*]' if o['fixable'] else '   '} {o['name']}\n" for o in objects)
 
 
 def all_formats() -> List[str]:

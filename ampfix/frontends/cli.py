@@ -7,7 +7,7 @@ import json
 import os
 import sys
 from collections import Counter
-from typing import Optional, Sequence
+from typing import List, Optional, Sequence
 
 import click
 
@@ -43,14 +43,21 @@ class UsageError(click.UsageError):
 def _plan(paths, select, ignore, config_file, min_torch, force_exclude, stdin_filename, jobs, fix=False,
           unsafe=False, details=False, add_noqa=False) -> runner.Plan:
     meta = click.get_current_context().meta
-    options = runner.Options(paths=paths, select=select, ignore=ignore, config_file=config_file,
+    if stdin_filename is not None and "-" not in paths:
+        raise UsageError(f"--stdin-filename {stdin_filename} names the code read from stdin: add `-` to the paths "
+                         "(`ampfix check --stdin-filename NAME -`)")
+    options = runner.Options(paths=paths, select=select, ignore=ignore,
+                             extend_select=meta.get("ampfix.extend_select") or (), config_file=config_file,
                              min_torch_version=min_torch, force_exclude=force_exclude,
                              stdin_filename=stdin_filename, fix=fix, unsafe_fixes=unsafe, jobs=jobs,
                              details=details, add_noqa=add_noqa, max_file_size=meta.get("ampfix.max_file_size"),
-                             no_cache=bool(meta.get("ampfix.no_cache")))
+                             no_cache=bool(meta.get("ampfix.no_cache")), preview=meta.get("ampfix.preview"))
     try:
         return runner.make_plan(options)
     except runner.OptionsError as exc:
+        if exc.in_config:  # one line naming the file and the key, not a usage message
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(EXIT_ERROR)
         raise UsageError(str(exc)) from None
 
 
@@ -72,6 +79,9 @@ class _Output:
         self.fh = None
         if path is not None and path != "-":
             try:
+                folder = os.path.dirname(path)
+                if folder:
+                    os.makedirs(folder, exist_ok=True)  # as ruff does: the report's folder is made
                 self.fh = open(path, "w", encoding="utf-8", newline="\n")
             except OSError as exc:
                 raise UsageError(f"--output-file: cannot write {path}: {exc.strerror or exc}") from None
@@ -79,6 +89,10 @@ class _Output:
     def echo(self, text: str = "", nl: bool = True) -> None:
         try:
             click.echo(text, nl=nl, file=self.fh, err=self.err and self.fh is None)
+        except BrokenPipeError:
+            if self.fh is None:
+                raise  # the reader of stdout went away (`ampfix check | head -1`): see _Main.invoke
+            raise _ReportWriteError(f"cannot write the report to {self.path}: broken pipe") from None
         except OSError as exc:
             where = self.path if self.fh is not None else ("stderr" if self.err else "stdout")
             raise _ReportWriteError(f"cannot write the report to {where}: {exc.strerror or exc}") from None
@@ -126,6 +140,11 @@ class _Main(click.Group):
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
+        except BrokenPipeError:
+            # the reader went away (`ampfix check | head -1`): exit quietly, with the status the
+            # run had when its report was cut (findings: 1), as a Unix filter does
+            _silence_stdout()
+            ctx.exit(ctx.meta.get("ampfix.status", EXIT_CLEAN))
         except _ReportWriteError as exc:
             _silence_stdout()
             click.echo(f"error: {exc}", err=True)
@@ -133,6 +152,9 @@ class _Main(click.Group):
         except OSError as exc:
             if exc.filename is not None or exc.errno not in _OUTPUT_ERRNOS:
                 raise
+            if exc.errno == errno.EPIPE:
+                _silence_stdout()
+                ctx.exit(ctx.meta.get("ampfix.status", EXIT_CLEAN))
             _silence_stdout()
             click.echo(f"error: cannot write the report to stdout: {exc.strerror or exc}", err=True)
             ctx.exit(EXIT_ERROR)
@@ -168,11 +190,17 @@ def _common(f):
     f = click.option("--select", multiple=True, metavar="CODES",
                      help="Rule codes or prefixes to enable (comma separated; overrides the config).")(f)
     f = click.option("--ignore", multiple=True, metavar="CODES", help="Rule codes or prefixes to disable.")(f)
+    f = click.option("--extend-select", multiple=True, metavar="CODES", expose_value=False, callback=_store_param,
+                     help="Rule codes or prefixes to enable on top of the selection (`--select`, else the "
+                          "config's, else the default set).")(f)
     f = click.option("--config", "config_file", type=click.Path(dir_okay=False), default=None,
                      help="Use this pyproject.toml instead of the nearest one.")(f)
     f = click.option("--min-torch-version", default=None, metavar="X.Y",
-                     help="Oldest torch the code must support (default: config, else 2.4).")(f)
-    f = click.option("--stdin-filename", default=None, help="The name to report for `-` (stdin).")(f)
+                     help="Oldest torch the code must support (default: min-torch-version in the config, else "
+                          "the project's requirement on torch, else 2.4).")(f)
+    f = click.option("--stdin-filename", default=None, metavar="NAME",
+                     help="The name of the code read from stdin (`-` among the paths): reported, matched by "
+                          "per-file-ignores and, with --force-exclude, by exclude.")(f)
     f = click.option("--force-exclude", is_flag=True,
                      help="Apply `exclude` to paths named on the command line too (for pre-commit).")(f)
     f = click.option("-q", "--quiet", is_flag=True, help="Print findings only, no summary.")(f)
@@ -185,62 +213,136 @@ def _common(f):
                           "[tool.ampfix], else 4MiB).")(f)
     f = click.option("--no-cache", is_flag=True, expose_value=False, callback=_store_param,
                      help="Neither read nor write the cache (.ampfix_cache/, or AMPFIX_CACHE_DIR).")(f)
+    f = click.option("--preview/--no-preview", "preview", default=None, expose_value=False, callback=_store_param,
+                     help="Also run the preview rules: new ones, and those whose measured precision on real "
+                          "projects is below 0.95 (default: `preview` in [tool.ampfix], else off).")(f)
     f = click.argument("paths", nargs=-1, type=click.Path(allow_dash=True))(f)
     return f
+
+
+def _status(status: int) -> int:
+    """Remember the exit status before the report is written (a broken pipe ends with it)."""
+    click.get_current_context().meta["ampfix.status"] = status
+    return status
 
 
 @main.command(context_settings=CONTEXT)
 @_common
 @_output_options
-@click.option("--statistics", is_flag=True, help="Count findings per rule instead of listing them.")
+@click.option("--fix", is_flag=True, help="Apply the safe fixes in place, as `ampfix rewrite` does (with "
+                                          "--unsafe-fixes, the unsafe ones too), and report what is left.")
+@click.option("--unsafe-fixes", is_flag=True, help="With --fix or --diff: also apply fixes that may change "
+                                                   "behaviour. Without: count them as fixable in the summary.")
+@click.option("--diff", is_flag=True, help="Print the diff --fix would make, write nothing (exit 1 when "
+                                           "something would change).")
+@click.option("--exit-non-zero-on-fix", is_flag=True, help="With --fix: exit 1 when a file was changed.")
+@click.option("--statistics", is_flag=True, help="Count findings per rule instead of listing them "
+                                                 "(`--output-format json` for a JSON list).")
 @click.option("--exit-zero", is_flag=True, help="Exit 0 even when there are findings.")
 @click.option("--add-noqa", is_flag=True,
               help="Add `# noqa: CODE` to the line of each finding (merged with an existing noqa), so the "
                    "check can gate new code today and the old findings be fixed later.")
+@click.option("--show-settings", is_flag=True, help="Print the settings that apply (configuration file, the "
+                                                    "rules selected, exclusions, ...) and exit.")
+@click.option("--show-files", is_flag=True, help="Print the files that would be checked and exit.")
 def check(paths, select, ignore, config_file, min_torch_version, stdin_filename, force_exclude, quiet, jobs,
-          output_format, output_file, statistics, exit_zero, add_noqa) -> None:
+          output_format, output_file, fix, unsafe_fixes, diff, exit_non_zero_on_fix, statistics, exit_zero,
+          add_noqa, show_settings, show_files) -> None:
     """Report AMP mistakes in PATHS (files, folders, `-` for stdin; default: .).
 
-    Exit status: 0 clean, 1 findings, 2 usage or input errors.
+    With --fix, apply the safe fixes too (as `ampfix rewrite`). Exit status: 0 clean, 1
+    findings, 2 usage or input errors.
     """
     fmt = reporters.canonical(output_format)
+    if show_settings or show_files:
+        plan = _plan(paths, select, ignore, config_file, min_torch_version, force_exclude, stdin_filename, jobs,
+                     fix=fix or diff, unsafe=unsafe_fixes)
+        out = _Output(output_file)
+        out.echo(_settings_text(plan, fmt) if show_settings else "".join(f + "\n" for f in plan.files), nl=False)
+        out.close()
+        sys.exit(EXIT_CLEAN)
     if add_noqa:
+        if fix or diff or statistics:
+            raise UsageError("--add-noqa silences the findings; it does not go with --fix, --diff or --statistics")
         if "-" in paths:
             raise UsageError("--add-noqa edits files in place; it cannot read stdin")
         _add_noqa(paths, select, ignore, config_file, min_torch_version, stdin_filename, force_exclude, quiet, jobs)
         return
+    if fix or diff:
+        if statistics:
+            raise UsageError("--statistics counts findings; with --fix, the summary counts what was fixed")
+        _fix(paths, select, ignore, config_file, min_torch_version, stdin_filename, force_exclude, quiet, jobs,
+             output_format, output_file, diff, unsafe_fixes, exit_non_zero_on_fix, exit_zero, "check --fix")
+        return
+    if statistics and fmt not in (*reporters.TEXT_FORMATS, "json", "json-lines"):
+        raise UsageError(f"--statistics prints a table or, with --output-format json / json-lines, JSON; "
+                         f"not {output_format}")
     plan = _plan(paths, select, ignore, config_file, min_torch_version, force_exclude, stdin_filename, jobs,
                  details=fmt in reporters.DETAIL_FORMATS and not statistics)
     result = runner.run(plan)
     _report_errors(result.warnings)
     n_errors = _report_errors(result.errors)
     diags = result.diagnostics
-    files = plan.files
     out = _Output(output_file)
+    status = _status(EXIT_ERROR if n_errors else EXIT_FINDINGS if diags and not exit_zero else EXIT_CLEAN)
     if statistics:
         from ampfix.engine import registry, rulemeta
 
         rules = rulemeta.rule_info(registry.rule_facts, runner._cache_folder(plan.options, plan.config))
-        counts = Counter(d.code for d in diags)
-        fixable = {d.code for d in diags if d.fix == "safe"}
-        for code, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])):
-            mark = "[*]" if code in fixable else "   "
-            out.echo(f"{n:>5}\t{code}\t{mark} {rules[code].name}")
+        out.echo(reporters.statistics(fmt, diags, {c: r.name for c, r in rules.items()}), nl=False)
     elif fmt in reporters.TEXT_FORMATS:
         out.echo(reporters.render(fmt, diags), nl=False)
         if not quiet:
-            _summary(diags, len(files), n_errors, out.echo)
+            _summary(diags, result.n_checked, n_errors, out.echo, unsafe_fixes)
     else:
-        out.echo(reporters.render(fmt, diags, _sarif_rules(plan) if fmt == "sarif" else None), nl=False)
+        out.echo(reporters.render(fmt, diags, _sarif_rules(plan) if fmt == "sarif" else None,
+                                  errors=result.error_objects()), nl=False)
     out.close()
-    if n_errors:
-        sys.exit(EXIT_ERROR)
-    sys.exit(EXIT_FINDINGS if diags and not exit_zero else EXIT_CLEAN)
+    sys.exit(status)
 
 
 def _sarif_rules(plan: runner.Plan):
     rules = all_rules()
     return {code: rules[code] for code in plan.codes}
+
+
+def _settings_text(plan: runner.Plan, fmt: str) -> str:
+    """`check --show-settings`: what applies to this run, resolved (the rules as the list of
+    codes that will run, whatever selected them)."""
+    from ampfix.engine import registry, rulemeta
+    from ampfix.engine.cache import cache_dir
+
+    info = rulemeta.rule_info(registry.rule_facts)
+    cfg = plan.config
+    options = plan.options
+    cache = None if options.no_cache else str(cache_dir(cfg.root))
+    settings = {
+        "config-file": None if cfg.path is None else str(cfg.path),
+        "project-root": str(cfg.root),
+        "rules": list(plan.codes),
+        "select": list(options.select) or cfg.select,
+        "extend-select": [*cfg.extend_select, *(click.get_current_context().meta.get("ampfix.extend_select") or ())],
+        "ignore": [*cfg.ignore, *options.ignore],
+        "per-file-ignores": cfg.per_file_ignores,
+        "exclude": cfg.exclude,
+        "force-exclude": bool(options.force_exclude),
+        "min-torch-version": ".".join(map(str, plan.settings.min_torch_version)),
+        "max-file-size": plan.max_file_size,
+        "unsafe-fixes": bool(options.unsafe_fixes),
+        "cache-dir": cache,
+        "files": len(plan.files),
+    }
+    if fmt in ("json", "json-lines"):
+        return json.dumps(settings, indent=2 if fmt == "json" else None) + "\n"
+    lines = [f"# ampfix {__version__}: the settings of this run"]
+    for key, value in settings.items():
+        if key == "rules":
+            lines.append(f"rules = [  # {len(value)} rules run")
+            lines.extend(f'    "{c}",  # {info[c].name}' for c in value)
+            lines.append("]")
+        else:
+            lines.append(f"{key} = {json.dumps(value)}")
+    return "\n".join(lines) + "\n"
 
 
 def _add_noqa(paths, select, ignore, config_file, min_torch_version, stdin_filename, force_exclude, quiet, jobs):
@@ -261,7 +363,8 @@ def _add_noqa(paths, select, ignore, config_file, min_torch_version, stdin_filen
     sys.exit(EXIT_FINDINGS if left else EXIT_CLEAN)
 
 
-def _summary(diags: Sequence[Diagnostic], n_files: int, n_errors: int, echo=click.echo) -> None:
+def _summary(diags: Sequence[Diagnostic], n_files: int, n_errors: int, echo=click.echo,
+             unsafe_fixes: bool = False) -> None:
     if not diags:
         if n_errors:
             echo(f"No findings in the files that could be checked ({_plural(n_errors, 'error')}).")
@@ -273,10 +376,13 @@ def _summary(diags: Sequence[Diagnostic], n_files: int, n_errors: int, echo=clic
                f" ({_plural(n_files, 'file')} checked).")
     safe = sum(1 for d in diags if d.fix == "safe")
     unsafe = sum(1 for d in diags if d.fix == "unsafe")
+    if unsafe_fixes and safe + unsafe:
+        echo(f"[*] {safe + unsafe} fixable with `ampfix check --fix --unsafe-fixes`.")
+        return
     if safe:
-        echo(f"[*] {safe} fixable with `ampfix rewrite`.")
+        echo(f"[*] {safe} fixable with `ampfix check --fix`.")
     if unsafe:
-        echo(f"[-] {unsafe} more fixable with `ampfix rewrite --unsafe-fixes`.")
+        echo(f"[-] {unsafe} more fixable with `ampfix check --fix --unsafe-fixes`.")
 
 
 @main.command(context_settings=CONTEXT)
@@ -290,10 +396,18 @@ def rewrite(paths, select, ignore, config_file, min_torch_version, stdin_filenam
             output_format, output_file, diff, unsafe_fixes, exit_non_zero_on_fix) -> None:
     """Apply ampfix's fixes to PATHS in place (safe fixes; unsafe ones with --unsafe-fixes).
 
-    With `-` the fixed source is written to stdout. The findings left are reported in
-    --output-format. Exit status: 0 when nothing is left to report, 1 when findings remain (or
-    with --diff, when something would change), 2 on errors.
+    The same as `ampfix check --fix`. With `-` the fixed source is written to stdout. The
+    findings left are reported in --output-format. Exit status: 0 when nothing is left to
+    report, 1 when findings remain (or with --diff, when something would change), 2 on errors.
     """
+    _fix(paths, select, ignore, config_file, min_torch_version, stdin_filename, force_exclude, quiet, jobs,
+         output_format, output_file, diff, unsafe_fixes, exit_non_zero_on_fix, False, "rewrite")
+
+
+def _fix(paths, select, ignore, config_file, min_torch_version, stdin_filename, force_exclude, quiet, jobs,
+         output_format, output_file, diff, unsafe_fixes, exit_non_zero_on_fix, exit_zero, command) -> None:
+    """`ampfix rewrite` and `ampfix check --fix`: fix, write, report what is left (ruff's
+    `check --fix` reporting: the findings left, then the fixes per rule and the counts)."""
     fmt = reporters.canonical(output_format)
     if diff and fmt not in reporters.TEXT_FORMATS:
         raise UsageError(f"--diff prints a unified diff; --output-format {output_format} does not apply to it "
@@ -304,23 +418,33 @@ def rewrite(paths, select, ignore, config_file, min_torch_version, stdin_filenam
     files, results = plan.files, result.results
     _report_errors(result.warnings)
     n_errors = _report_errors(result.errors)
+    write_errors: List[str] = []
     if not diff:
-        n_errors += _report_errors(runner.write_fixes(result))
+        write_errors = runner.write_fixes(result)
+        n_errors += _report_errors(write_errors)
     out_err = "-" in files and not diff  # stdout carries the code: report on stderr
     out = _Output(output_file, err=out_err)
-    changed = 0
+    changed = sum(1 for r, f in zip(results, files) if r.error is None and r.new_source is not None)
+    remaining = result.diagnostics
+    if n_errors:
+        status = EXIT_ERROR
+    elif diff:
+        status = EXIT_FINDINGS if changed else EXIT_CLEAN
+    elif (remaining and not exit_zero) or (exit_non_zero_on_fix and changed):
+        status = EXIT_FINDINGS
+    else:
+        status = EXIT_CLEAN
+    _status(status)
     for r, f in zip(results, files):
         if r.error is not None or (r.new_source is None and f != "-"):
             continue
-        changed += r.new_source is not None
         if f == "-" and not diff:
             sys.stdout.buffer.write(r.new_source if r.new_source is not None else (r.old_source or b""))
             sys.stdout.buffer.flush()
         elif diff and r.new_source is not None:
             out.echo(reporters.file_diff(r), nl=False)
-    remaining = result.diagnostics
     if not diff:
-        text = reporters.render(fmt, remaining, _sarif_rules(plan))
+        text = reporters.render(fmt, remaining, _sarif_rules(plan), errors=result.error_objects(write_errors))
         if text or fmt not in reporters.TEXT_FORMATS:
             out.echo(text, nl=False)
     if not quiet:
@@ -328,13 +452,7 @@ def rewrite(paths, select, ignore, config_file, min_torch_version, stdin_filenam
         for line in fix_summary(results, diff, unsafe_fixes):
             say(line)
     out.close()
-    if n_errors:
-        sys.exit(EXIT_ERROR)
-    if diff:
-        sys.exit(EXIT_FINDINGS if changed else EXIT_CLEAN)
-    if remaining or (exit_non_zero_on_fix and changed):
-        sys.exit(EXIT_FINDINGS)
-    sys.exit(EXIT_CLEAN)
+    sys.exit(status)
 
 
 def fix_summary(results: Sequence["runner.FileResult"], diff: bool = False, unsafe_fixes: bool = False) -> list:
@@ -401,27 +519,40 @@ def fix_summary(results: Sequence["runner.FileResult"], diff: bool = False, unsa
 @click.option("--output-format", type=click.Choice(["text", "json", "markdown"]), default="text", show_default=True)
 def rules_cmd(output_format: str) -> None:
     """List the rules (`markdown`: the README's rule table)."""
+    from ampfix.knowledge import precision
+
     rules = all_rules()
     if output_format == "json":
-        click.echo(json.dumps([{"code": r.code, "name": r.name, "fix": r.fixable, "message": r.message,
-                                "default_enabled": r.default_enabled} for r in rules.values()], indent=2))
+        out = []
+        for r in rules.values():
+            m = precision.measured(r.code)
+            out.append({"code": r.code, "name": r.name, "fix": r.fixable, "message": r.message,
+                        "default_enabled": r.default_enabled, "preview": r.in_preview(),
+                        "precision": None if m is None else {"value": round(m.precision, 4), "true": m.true,
+                                                             "false": m.false, "debatable": m.debatable,
+                                                             "source": m.source}})
+        click.echo(json.dumps(out, indent=2))
         return
     if output_format == "markdown":
         click.echo(rules_table(rules.values()), nl=False)
         return
     for r in rules.values():
-        off = "" if r.default_enabled else " (off by default)"
+        off = "" if r.default_enabled else f" (off by default: --select {r.code}, or ALL)"
+        off += " (preview)" if r.in_preview() else ""
         click.echo(f"{r.code}  {r.name:<34} fix: {r.fixable:<9} {r.message}{off}")
 
 
 def rules_table(rules) -> str:
     """The README's rule table, generated from the rules (a test keeps the README in step)."""
-    lines = ["| code | name | fix |", "|---|---|---|"]
+    from ampfix.knowledge import precision
+
+    lines = ["| code | name | fix | precision (judged findings) |", "|---|---|---|---|"]
     for r in rules:
         note = (r.fix_note or r.fixable).replace("|", "\\|")
         if not r.default_enabled:
-            note += f"; off by default: select it as `{r.code}`"
-        lines.append(f"| {r.code} | {r.name} | {note} |")
+            note += f"; off by default: select it as `{r.code}` (or `ALL`)"
+        measured = precision.short(r.code) + (", preview" if r.in_preview() else "")
+        lines.append(f"| {r.code} | {r.name} | {note} | {measured} |")
     return "\n".join(lines) + "\n"
 
 
@@ -432,8 +563,13 @@ def explain(code: str) -> None:
     rule = find_rule(code)
     if rule is None:
         raise UsageError(f"unknown rule {code!r}; `ampfix rules` lists them")
+    from ampfix.knowledge import precision
+
     click.echo(f"# {rule.code} {rule.name}\n")
     click.echo(f"Fix: {rule.fixable}\n")
+    click.echo(f"Measured: {precision.note(rule.code)}\n")
+    if rule.in_preview():
+        click.echo("Preview: runs only with `--preview` (or `preview = true` in [tool.ampfix]).\n")
     click.echo(f"{rule.message}\n")
     click.echo(rule.docs.strip("\n"))
 

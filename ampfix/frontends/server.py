@@ -8,9 +8,12 @@ action that applies every safe fix, as `ampfix rewrite` would. Needs `pip instal
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
-from typing import List, Optional, Sequence, Tuple
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from lsprotocol import types
 from pygls.lsp.server import LanguageServer
@@ -19,13 +22,36 @@ from pygls.uris import to_fs_path
 from ampfix import __version__
 
 from ampfix.engine import runner
-from ampfix.engine.analyze import Diagnostic, InputError, Settings, TextEdit, fix_suggestions, fix_text, text_edits
+from ampfix.engine.analyze import Analysis, Diagnostic, InputError, Settings, TextEdit, fix_text, text_edits
 from ampfix.engine.registry import all_rules
 
 SOURCE = "ampfix"
 FIX_ALL_KIND = f"{types.CodeActionKind.SourceFixAll.value}.ampfix"
 
 log = logging.getLogger(__name__)
+
+#: a change is analysed once no newer change has come for this long: a burst of keystrokes (or
+#: an edit sent as several changes) costs one analysis, of its last version
+DEBOUNCE_S = 0.05
+#: once diagnostics are published and the document rests this long, the fixes that code actions
+#: will offer are prepared, one at a time (a change in between stops it), so that a code action
+#: answers from the last analysis instead of computing them
+WARM_S = 0.1
+
+
+@dataclass
+class _DocState:
+    """What the server keeps of one open document: its last analysis (keyed by the text, the
+    rules and the settings, so an unchanged text is never analysed twice and code actions
+    answer from it), the "apply all safe fixes" result of that text, and the pending analysis."""
+
+    key: Optional[tuple] = None
+    analysis: Optional[Analysis] = None
+    fix_all: Optional[Tuple[str, str, Dict[str, int]]] = None  # (text, fixed text, fixes applied)
+    pending: Optional[asyncio.TimerHandle] = None
+
+
+_docs: Dict[str, _DocState] = {}
 
 
 class AmpfixServer(LanguageServer):
@@ -83,22 +109,45 @@ def _edit(doc, e: TextEdit) -> types.TextEdit:
 def _lsp_diagnostic(doc, d: Diagnostic) -> types.Diagnostic:
     severity = types.DiagnosticSeverity.Error if d.code.startswith("AMP0") else types.DiagnosticSeverity.Warning
     tags = [types.DiagnosticTag.Unnecessary] if d.code == "AMP901" else None
+    related = [types.DiagnosticRelatedInformation(
+        location=types.Location(uri=Path(os.path.abspath(str(r["path"]))).as_uri(), range=types.Range(
+            start=types.Position(line=int(r["line"]) - 1, character=int(r["column"]) - 1),
+            end=types.Position(line=int(r["line"]) - 1, character=int(r["column"]) - 1))),
+        message=str(r["message"])) for r in d.related] or None
     return types.Diagnostic(range=_range(doc, d), message=d.message, severity=severity, code=d.code,
-                            source=SOURCE, tags=tags, data={"fix": d.fix, "name": d.name})
+                            source=SOURCE, tags=tags, data={"fix": d.fix, "name": d.name},
+                            related_information=related)
+
+
+def _path(doc) -> Optional[str]:
+    return to_fs_path(doc.uri) if doc.uri.startswith("file:") else None
+
+
+def _analysis(doc) -> Optional[Analysis]:
+    """The analysis of the document's current text: the last one when the text, the rules and
+    the settings are those it was made for, else a new one (kept in place of the last)."""
+    path = _path(doc)
+    setup = _setup(path)
+    if setup is None:
+        return None
+    rules, settings = setup
+    key = (doc.source, path, tuple(r.code for r in rules), repr(settings))
+    state = _docs.setdefault(doc.uri, _DocState())
+    if state.key == key:
+        return state.analysis
+    try:
+        analysis: Optional[Analysis] = Analysis(doc.source, path or doc.uri, rules, settings)
+    except InputError:  # a syntax error while typing: the Python tooling shows it
+        analysis = None
+    except RecursionError:
+        analysis = None
+    state.key, state.analysis, state.fix_all = key, analysis, None
+    return analysis
 
 
 def _findings(doc) -> List[Diagnostic]:
-    path = to_fs_path(doc.uri) if doc.uri.startswith("file:") else None
-    setup = _setup(path)
-    if setup is None:
-        return []
-    rules, settings = setup
-    try:
-        return fix_suggestions(doc.source, path or doc.uri, rules, settings)
-    except InputError:  # a syntax error while typing: the Python tooling shows it
-        return []
-    except RecursionError:
-        return []
+    analysis = _analysis(doc)
+    return [] if analysis is None else analysis.diagnostics
 
 
 def publish(ls: LanguageServer, uri: str) -> None:
@@ -108,25 +157,86 @@ def publish(ls: LanguageServer, uri: str) -> None:
     diags = [_lsp_diagnostic(doc, d) for d in _findings(doc)]
     ls.text_document_publish_diagnostics(types.PublishDiagnosticsParams(uri=uri, version=doc.version,
                                                                         diagnostics=diags))
+    _later(ls, uri, WARM_S, _warm)
+
+
+def _later(ls: LanguageServer, uri: str, delay: float, step) -> None:
+    """Run `step(ls, uri)` after `delay` unless the document changes meanwhile (one pending step
+    per document: a new one replaces it)."""
+    state = _docs.get(uri)
+    if state is None:
+        return
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:  # pragma: no cover - not under the server's event loop
+        return
+    if state.pending is not None:
+        state.pending.cancel()
+    state.pending = loop.call_later(delay, _if_current, ls, uri, ls.workspace.get_text_document(uri).version, step)
+
+
+def _if_current(ls: LanguageServer, uri: str, version: Optional[int], step) -> None:
+    state = _docs.get(uri)
+    if state is not None:
+        state.pending = None
+    if ls.workspace.get_text_document(uri).version == version:  # else a newer change is pending
+        step(ls, uri)
+
+
+def _warm(ls: LanguageServer, uri: str) -> None:
+    """Prepare one quick fix's edit, then yield to the messages that came meanwhile. ("Apply all
+    safe fixes" is computed when it is resolved, i.e. chosen: preparing it here would keep a
+    code action request waiting behind a whole `rewrite` of the file.)"""
+    doc = ls.workspace.get_text_document(uri)
+    state = _docs.get(uri)
+    if state is None or state.analysis is None or state.key is None or state.key[0] != doc.source:
+        return
+    todo = state.analysis.without_fix_edit()
+    if todo:
+        state.analysis.fix_edits(lambda d: d is todo[0])
+        _later(ls, uri, 0, _warm)
+
+
+def _cancel_pending(uri: str) -> None:
+    state = _docs.get(uri)
+    if state is not None and state.pending is not None:
+        state.pending.cancel()
+        state.pending = None
+
+
+def schedule(ls: LanguageServer, uri: str) -> None:
+    """Publish the document's diagnostics once it has not changed for `DEBOUNCE_S`: every
+    version superseded before then is skipped, never analysed."""
+    _docs.setdefault(uri, _DocState())
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:  # pragma: no cover - not under the server's event loop
+        publish(ls, uri)
+        return
+    _later(ls, uri, DEBOUNCE_S, publish)
 
 
 @server.feature(types.TEXT_DOCUMENT_DID_OPEN)
 def did_open(ls: LanguageServer, params: types.DidOpenTextDocumentParams) -> None:
+    _cancel_pending(params.text_document.uri)
     publish(ls, params.text_document.uri)
 
 
 @server.feature(types.TEXT_DOCUMENT_DID_CHANGE)
 def did_change(ls: LanguageServer, params: types.DidChangeTextDocumentParams) -> None:
-    publish(ls, params.text_document.uri)
+    schedule(ls, params.text_document.uri)
 
 
 @server.feature(types.TEXT_DOCUMENT_DID_SAVE)
 def did_save(ls: LanguageServer, params: types.DidSaveTextDocumentParams) -> None:
-    publish(ls, params.text_document.uri)
+    _cancel_pending(params.text_document.uri)
+    publish(ls, params.text_document.uri)  # an unchanged text is answered from its last analysis
 
 
 @server.feature(types.TEXT_DOCUMENT_DID_CLOSE)
 def did_close(ls: LanguageServer, params: types.DidCloseTextDocumentParams) -> None:
+    _cancel_pending(params.text_document.uri)
+    _docs.pop(params.text_document.uri, None)
     ls.text_document_publish_diagnostics(types.PublishDiagnosticsParams(uri=params.text_document.uri, diagnostics=[]))
 
 
@@ -141,50 +251,100 @@ def _wanted(kinds: Optional[Sequence[str]], kind: str) -> bool:
     return not kinds or any(kind == k or kind.startswith(k + ".") for k in kinds)
 
 
+def _resolves_edits(ls: LanguageServer) -> bool:
+    """The client can ask for a code action's edit later (`codeAction/resolve`)."""
+    try:
+        support = ls.client_capabilities.text_document.code_action.resolve_support  # type: ignore[union-attr]
+        return support is not None and "edit" in support.properties
+    except AttributeError:
+        return False
+
+
+def _fix_all(doc) -> Optional[Tuple[str, Dict[str, int]]]:
+    """(fixed text, fixes applied) of "apply all safe fixes" for the document's text (computed
+    once per text); None when the configuration excludes the file."""
+    _analysis(doc)  # keys the state by the current text
+    state = _docs.setdefault(doc.uri, _DocState())
+    if state.fix_all is not None and state.fix_all[0] == doc.source:
+        return state.fix_all[1], state.fix_all[2]
+    path = _path(doc)
+    setup = _setup(path)
+    if setup is None:
+        return None
+    rules, settings = setup
+    try:
+        new, fixed, _ = fix_text(doc.source, path or doc.uri, rules, Settings(min_torch_version=settings.min_torch_version))
+    except InputError:
+        new, fixed = doc.source, {}
+    state.fix_all = (doc.source, new, fixed)  # dropped with the analysis when the text changes
+    return new, fixed
+
+
+def _fix_all_edit(doc, new: str) -> types.WorkspaceEdit:
+    return types.WorkspaceEdit(changes={doc.uri: [_edit(doc, e) for e in text_edits(doc.source, new)]})
+
+
 @server.feature(
     types.TEXT_DOCUMENT_CODE_ACTION,
-    types.CodeActionOptions(code_action_kinds=[types.CodeActionKind.QuickFix, FIX_ALL_KIND], resolve_provider=False),
+    types.CodeActionOptions(code_action_kinds=[types.CodeActionKind.QuickFix, FIX_ALL_KIND], resolve_provider=True),
 )
 def code_action(ls: LanguageServer, params: types.CodeActionParams) -> List[types.CodeAction]:
+    """Quick fixes and "apply all safe fixes", from the last analysis of the text: a quick fix's
+    edit is computed for the findings in the asked range only; "apply all safe fixes" is
+    computed when the client resolves it (or here, for a client that cannot resolve)."""
     doc = ls.workspace.get_text_document(params.text_document.uri)
     if not _is_python(doc):
         return []
     kinds = params.context.only
     actions: List[types.CodeAction] = []
-    findings = _findings(doc)
+    analysis = _analysis(doc)
+    if analysis is None:
+        return []
+    findings = analysis.diagnostics
     if _wanted(kinds, types.CodeActionKind.QuickFix.value):
-        for d in findings:
+        in_range = {id(d): _lsp_diagnostic(doc, d) for d in findings if d.fix in ("safe", "unsafe")}
+        in_range = {k: v for k, v in in_range.items() if _overlaps(v.range, params.range)}
+        for d in analysis.fix_edits(lambda d: id(d) in in_range):
             fe = d.fix_edit
-            if fe is None or not fe.edits or fe.applicability not in ("safe", "unsafe"):
-                continue
-            lsp_diag = _lsp_diagnostic(doc, d)
-            if not _overlaps(lsp_diag.range, params.range):
+            if id(d) not in in_range or fe is None or not fe.edits or fe.applicability not in ("safe", "unsafe"):
                 continue
             note = "" if fe.applicability == "safe" else " (unsafe: may change behaviour)"
             actions.append(types.CodeAction(
                 title=f"ampfix: {fe.description} ({d.code}){note}",
                 kind=types.CodeActionKind.QuickFix,
-                diagnostics=[lsp_diag],
+                diagnostics=[in_range[id(d)]],
                 is_preferred=fe.applicability == "safe",
                 edit=types.WorkspaceEdit(changes={doc.uri: [_edit(doc, e) for e in fe.edits]}),
             ))
-    if any(d.fix == "safe" for d in findings) and _wanted(kinds, FIX_ALL_KIND):
-        path = to_fs_path(doc.uri) if doc.uri.startswith("file:") else None
-        setup = _setup(path)
-        if setup is not None:
-            rules, settings = setup
-            try:
-                new, fixed, _ = fix_text(doc.source, path or doc.uri, rules, Settings(
-                    min_torch_version=settings.min_torch_version))
-            except InputError:
-                new, fixed = doc.source, {}
-            if new != doc.source:
-                actions.append(types.CodeAction(
-                    title=f"ampfix: apply all safe fixes ({sum(fixed.values())})",
-                    kind=FIX_ALL_KIND,
-                    edit=types.WorkspaceEdit(changes={doc.uri: [_edit(doc, e) for e in text_edits(doc.source, new)]}),
-                ))
+    safe = sum(d.fix == "safe" for d in findings)
+    if safe and _wanted(kinds, FIX_ALL_KIND):
+        if _resolves_edits(ls):
+            actions.append(types.CodeAction(title=_fix_all_title(safe), kind=FIX_ALL_KIND,
+                                            data={"uri": doc.uri, "version": doc.version}))
+        else:
+            done = _fix_all(doc)
+            if done is not None and done[0] != doc.source:
+                actions.append(types.CodeAction(title=_fix_all_title(sum(done[1].values())), kind=FIX_ALL_KIND,
+                                                edit=_fix_all_edit(doc, done[0])))
     return actions
+
+
+def _fix_all_title(n: int) -> str:
+    return f"ampfix: apply all safe fixes ({n})"
+
+
+@server.feature(types.CODE_ACTION_RESOLVE)
+def resolve_code_action(ls: LanguageServer, action: types.CodeAction) -> types.CodeAction:
+    """The edit of "apply all safe fixes", for the document's current text."""
+    data = action.data if isinstance(action.data, dict) else {}
+    uri = data.get("uri")
+    if action.kind != FIX_ALL_KIND or not isinstance(uri, str) or action.edit is not None:
+        return action
+    doc = ls.workspace.get_text_document(uri)
+    done = _fix_all(doc)
+    if done is not None:
+        action.edit = _fix_all_edit(doc, done[0])
+    return action
 
 
 def main() -> None:

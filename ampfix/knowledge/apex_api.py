@@ -102,16 +102,29 @@ APIS: Dict[str, ApexApi] = {
         ("normalized_shape", "eps", "elementwise_affine")),
 }
 
+# apex features torch has no replacement for: nothing to migrate to, so AMP103 does not report them
 NO_EQUIVALENT = {
     "optimizers.FusedLAMB": "torch has no LAMB optimizer",
     "optimizers.FusedMixedPrecisionLamb": "torch has no LAMB optimizer",
     "optimizers.FusedNovoGrad": "torch has no NovoGrad optimizer",
-    "optimizers.FusedAdagrad": "torch.optim.Adagrad has no fused CUDA kernel: use it unfused by hand",
     "normalization.MixedFusedLayerNorm": "it keeps fp32 parameters and returns the input's dtype; torch.nn.LayerNorm "
                                          "under autocast returns fp32",
     "normalization.MixedFusedRMSNorm": "it keeps fp32 parameters and returns the input's dtype",
     "parallel.LARC": "torch has no LARC wrapper",
+    "parallel.create_syncbn_process_group": "torch has no helper that splits the world into SyncBatchNorm groups",
+    "contrib.FastLayerNorm": "torch has no layer norm kernel of its kind",
+    "normalization.fused_layer_norm": "torch has no functional fused layer norm of apex's signature",
+    "normalization.fused_layer_norm_affine": "torch has no functional fused layer norm of apex's signature",
+    "normalization.fused_rms_norm": "torch has no functional fused RMS norm of apex's signature",
+    "normalization.fused_rms_norm_affine": "torch has no functional fused RMS norm of apex's signature",
 }
+# a torch replacement exists, but it is not a rewrite of the call: the finding says what to use
+BY_HAND = {
+    "optimizers.FusedAdagrad": "use `torch.optim.Adagrad` (it has no fused CUDA kernel)",
+}
+# apex's manual mixed precision from before apex.amp (fp16 model copies, FP16_Optimizer): native
+# AMP, `torch.amp.autocast` with `torch.amp.GradScaler`, replaces it
+LEGACY_MIXED_PRECISION = "apex's manual fp16 training (before apex.amp): use `torch.amp.autocast` and `torch.amp.GradScaler`"
 CATEGORY = {"parallel": "parallel", "optimizers": "optimizers", "normalization": "normalization"}
 
 
@@ -131,9 +144,54 @@ def lookup(qualified: str) -> Tuple[Optional[ApexApi], str]:
     key = canonical(qualified) or ""
     if key in APIS:
         return APIS[key], ""
+    if key in BY_HAND:
+        return None, BY_HAND[key]
+    if is_legacy_mixed_precision(qualified):
+        return None, LEGACY_MIXED_PRECISION
     if key in NO_EQUIVALENT:
         return None, NO_EQUIVALENT[key]
     return None, f"`{qualified}` has no torch equivalent ampfix knows of"
+
+
+def actionable(qualified: str) -> bool:
+    """A use of this apex name can be acted on: torch has a replacement for it (a rewrite, a
+    class to use by hand, or native AMP for apex's old fp16 utilities). apex features torch
+    cannot replace (LAMB, NovoGrad, LARC, fused layer-norm kernels and functions, SyncBatchNorm
+    group helpers) and names ampfix does not know (`apex.__file__`, `apex.contrib...`) are not."""
+    key = canonical(qualified) or ""
+    return key in APIS or key in BY_HAND or is_legacy_mixed_precision(qualified)
+
+
+def is_legacy_mixed_precision(qualified: str) -> bool:
+    """`apex.fp16_utils...` or an `FP16_Optimizer` (apex.optimizers, apex.contrib.optimizers)."""
+    parts = qualified.split(".")
+    return parts[0] == "apex" and (parts[1:2] == ["fp16_utils"] or parts[-1] == "FP16_Optimizer")
+
+
+def target_for(model: AmpModel, call: Optional[cst.Call], api: ApexApi) -> str:
+    """The torch replacement, from the torch root, for this use: FusedAdam is `optim.AdamW` by
+    default (`adam_w_mode=True`), `optim.Adam` with `adam_w_mode=False`, and either when
+    `adam_w_mode` is not a literal."""
+    if api.kind == "adam" and call is not None:
+        for a in call.args:
+            if a.keyword is not None and a.keyword.value == "adam_w_mode":
+                value = model.code(a.value).strip()
+                if value == "False":
+                    return "optim.Adam"
+                if value != "True":
+                    return "optim.AdamW"  # callers say it is not known (see `mode_unknown`)
+    return api.target
+
+
+def adam_mode_unknown(model: AmpModel, call: Optional[cst.Call], api: ApexApi) -> Optional[str]:
+    """For FusedAdam with a non-literal `adam_w_mode=`: its text; else None."""
+    if api.kind != "adam" or call is None:
+        return None
+    for a in call.args:
+        if a.keyword is not None and a.keyword.value == "adam_w_mode":
+            value = model.code(a.value).strip()
+            return None if value in ("True", "False") else value
+    return None
 
 
 def category(qualified: str) -> str:

@@ -34,6 +34,8 @@ and cached. Its parts, one module each:
 
 from __future__ import annotations
 
+from typing import Optional
+
 import libcst as cst
 
 from ampfix.model.bound import Bound
@@ -43,6 +45,7 @@ from ampfix.model.dataflow import Dataflow
 from ampfix.model.environ import Environ
 from ampfix.model.events import Event, Events, Trace, TraceEvent, anchor
 from ampfix.model.flow import Flow
+from ampfix.model.foreign import Foreign, ForeignFacts
 from ampfix.model.guards import Guards
 from ampfix.model.iterations import Iterations, Misplaced
 from ampfix.model.names import API_TABLE, Api, ImportBinding, Names
@@ -57,10 +60,13 @@ from ampfix.model.values import Values
 
 
 class AmpModel(Tree, Names, Values, CallGraph, Regions, Objects, Flow, Events, Guards, Environ, Checkpoints,
-               Iterations, Dataflow, Precision, Bound):
-    """Facts about one parsed file (see the package docstring for its parts)."""
+               Iterations, Dataflow, Precision, Foreign, Bound):
+    """Facts about one parsed file (see the package docstring for its parts). `foreign`: the
+    project the file belongs to (`ampfix/project/`), which answers for the other modules;
+    `path`: the file's path (absolute), as the project knows it."""
 
-    def __init__(self, module: cst.Module):
+    def __init__(self, module: cst.Module, foreign: Optional[ForeignFacts] = None, path: str = ""):
+        self._init_foreign(foreign, path)
         self._init_tree(module)
         self._init_names()
         self._init_values()

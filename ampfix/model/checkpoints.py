@@ -14,7 +14,7 @@ from typing import List, Optional
 
 import libcst as cst
 
-from ampfix.model.syntax import literal_string, method_call
+from ampfix.model.syntax import call_name, literal_string, method_call
 from ampfix.model.tree import dotted
 
 SCALER_KEYS = ("scaler", "amp", "grad_scaler", "loss_scaler")
@@ -42,6 +42,41 @@ class Checkpoints:
                 state = self._state_of(call, v)
                 if state is not None:
                     out.append(state)
+        if self.foreign is not None:  # type: ignore[attr-defined]
+            out.extend(self._saved_through_helpers())
+        return out
+
+    def _saved_through_helpers(self) -> List[SavedState]:
+        """Checkpoints written by a function of another module that this file calls: the dict
+        it is handed (built here), or what it saves of the objects it is handed (its summary):
+        the state is the call's (`dict_node` is the call)."""
+        out: List[SavedState] = []
+        for call in self.calls:
+            if "save" not in (call_name(call) or "").lower() and "checkpoint" not in (call_name(call) or "").lower():
+                continue
+            ff = self.foreign_callee(call)  # type: ignore[attr-defined]
+            if ff is None or not ff.summary.saves:
+                continue
+            bound = self.bind_foreign_arguments(call, ff)  # type: ignore[attr-defined]
+            for s in ff.summary.saves:
+                param = s.get("param")
+                if isinstance(param, str):
+                    arg = bound.get(param)
+                    for v in self.possible_values(arg) if arg is not None else []:
+                        state = self._state_of(call, v)
+                        if state is not None:
+                            out.append(state)
+                    continue
+                state = SavedState(call, call, keys=[k for k in s.get("keys", []) if isinstance(k, str)],
+                                   scaler_state=bool(s.get("scaler_state")), opaque=bool(s.get("opaque")))
+                for key, what in (s.get("state") or {}).items():
+                    kind, _, receiver = str(what).partition("|")
+                    arg = bound.get(receiver[len("__param__."):]) if receiver.startswith("__param__.") else None
+                    if arg is not None and self.scaler_key(arg) is not None:
+                        state.scaler_state = True
+                    elif kind == "optimizer" and (arg is None or self.is_optimizer(arg)):
+                        state.optimizers.append(arg if arg is not None else call)
+                out.append(state)
         return out
 
     def _state_of(self, save: cst.Call, node: cst.CSTNode) -> Optional[SavedState]:

@@ -218,6 +218,28 @@ class Dataflow:
                 child = anc
         return out
 
+    def feeds_decision(self, source: cst.CSTNode) -> bool:
+        """Some read of `source`'s value (`value_reads`) decides something in training: it is in
+        the test of an `if`/`while`/conditional expression/`assert`, in a comparison, or in the
+        arguments of a call that changes gradients (`p.grad.mul_(coef)`, `torch._foreach_mul_`,
+        a clip). A value that is only printed, logged, stored or returned decides nothing this
+        file shows."""
+        for r in self.value_reads(source):
+            child = r
+            for anc in self.ancestors(r):
+                if isinstance(anc, (cst.SimpleStatementLine, cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+                    break
+                if isinstance(anc, (cst.If, cst.While, cst.IfExp, cst.Assert)) and child is anc.test:
+                    return True
+                if isinstance(anc, cst.BaseCompoundStatement):
+                    break
+                if isinstance(anc, cst.Comparison):
+                    return True
+                if isinstance(anc, cst.Call) and child is not anc.func and _changes_gradients(self, anc):
+                    return True
+                child = anc
+        return False
+
     def combined_with(self, source: cst.CSTNode, factor: Callable[[cst.CSTNode], bool]) -> bool:
         """Some read of `source`'s value is multiplied or divided by an expression `factor`
         accepts (see the module docstring)."""
@@ -262,6 +284,20 @@ class Dataflow:
             self._names_in_scope = by_scope
         self._binding_sites(scope)  # fills the bound names of this scope
         return self._names_in_scope.get(scope, [])
+
+
+def _changes_gradients(model, call: cst.Call) -> bool:
+    """`call` writes gradients: a method of a `.grad` tensor (`p.grad.mul_(c)`,
+    `p.grad.data.div_(c)`), a `torch._foreach_*` function, or a torch clip."""
+    func = call.func
+    if isinstance(func, cst.Attribute):
+        obj = func.value
+        while isinstance(obj, cst.Attribute) and obj.attr.value == "data":
+            obj = obj.value
+        if isinstance(obj, cst.Attribute) and obj.attr.value == "grad":
+            return True
+    names = model.qualnames(func)
+    return any(n.startswith("torch._foreach_") or n.startswith("torch.nn.utils.clip_grad") for n in names)
 
 
 def _nodes_under(node: cst.CSTNode, kind: type) -> List[cst.CSTNode]:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import bisect
 import math
+import os
 import re
 from dataclasses import dataclass, field
 from typing import Callable, Dict, Hashable, List, Optional, Tuple
@@ -49,6 +50,9 @@ EXIT = "exit"  # detail: "continue" | "break" | "return" | "raise" | "exit"
 DP_FORWARD = "dp_forward"  # a module run by nn.DataParallel / parallel_apply / data_parallel (worker threads)
 THREAD_RUN = "thread_run"  # a function handed to a thread (Thread(target=f), pool.submit/map(f, ...))
 CALL = "call"  # a call to functions of this file (expanded in traces)
+# a call that may run a function of another module of the project (a project is known): traces
+# inline the callee's summary (`foreign.py`); a module's own summary keeps it as a CALL effect
+EXTERNAL = "external"
 
 MAX_INLINE_DEPTH = 6
 MAX_TRACE_EVENTS = 20000
@@ -70,7 +74,28 @@ class Event:
     target: Optional[str] = None  # optimizer key (step/unscale_/zero_grad), loss text (backward)
     detail: Optional[str] = None
     callees: Tuple[cst.FunctionDef, ...] = ()
-    loop: Optional[cst.CSTNode] = None  # for continue/break: the loop they leave
+    loop: Optional[Hashable] = None  # for continue/break: the loop they leave (a foreign exit: its loop group)
+    # an event of another module, inlined at the call `node` that runs it: where it is written
+    origin: Optional["Origin"] = field(default=None, compare=False)
+    scale_source: Optional[str] = None  # a foreign BACKWARD: "scaled", "unscaled" or "unknown"
+    # a foreign event that runs in a function the call site chose (a callback it passes): the
+    # mistake is made where the two are put together, not in either module alone
+    chosen_here: bool = field(default=False, compare=False)
+
+    @property
+    def foreign(self) -> bool:
+        return self.origin is not None
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Where an inlined event of another module is written (a related location)."""
+
+    path: str
+    line: int
+    col: int
+    text: str
+    function: str  # the function of that module it runs in (`Trainer.backward_step`)
 
 
 @dataclass
@@ -198,6 +223,18 @@ def _loop_group(group: Hashable) -> bool:
         and group[1][0] in ("loop", "comp")
 
 
+def _cond_of(group: Hashable) -> Optional[Tuple[str, Tuple[int, ...], Optional[cst.CSTNode]]]:
+    """For a trace's decision on a stable test (see `flow.py`): (the test's text in its positive
+    form, the frame of a decision on a call's locals (empty: on the root's names), the function
+    of a local decision); None for other groups."""
+    if isinstance(group, tuple) and len(group) == 4 and group[0] == "cond" and group[1] is None:
+        return group[2], (), None  # a test on parameters, `self` or globals: in the root's names
+    if isinstance(group, tuple) and len(group) == 2 and isinstance(group[1], tuple) and len(group[1]) == 5 \
+            and group[1][0] == "cond":
+        return group[1][2], group[0], group[1][1]
+    return None
+
+
 def _grad_expr(expr: cst.CSTNode) -> bool:
     """`p.grad`, `p.grad.data`, `p.grad.detach()`."""
     while True:
@@ -218,6 +255,7 @@ class Events:
     def _init_events(self) -> None:
         self._local_events: Dict[cst.CSTNode, List[Event]] = {}
         self._traces: Dict[cst.CSTNode, Trace] = {}
+        self._local_traces: Dict[cst.CSTNode, Trace] = {}
         self._roots: Optional[List[cst.CSTNode]] = None
         self._alias: Dict[Tuple[int, str], str] = {}
 
@@ -259,7 +297,7 @@ class Events:
         if worker is not None:
             return Event(THREAD_RUN, call, target=self.code(worker))
         callees = self.callees(call)
-        if callees:
+        if callees and not self.scaler_method_call(call):  # a scaler class's own methods are scaler calls
             return Event(CALL, call, callees=tuple(callees))
         func = call.func
         if isinstance(func, cst.Attribute):
@@ -297,7 +335,30 @@ class Events:
             return Event(CUDA_INIT, call, detail=reason)
         if self.builds_optimizer(call):  # type: ignore[attr-defined]
             return Event(OPT_NEW, call)
+        if self.foreign is not None and self._may_leave_module(call):  # type: ignore[attr-defined]
+            return Event(EXTERNAL, call)
         return None
+
+    def _may_leave_module(self, call: cst.Call) -> bool:
+        """The call may run a function of another module of the project: an imported name (not
+        a library's), a method on `self` or `super()` this file does not define, or a call on
+        a parameter, `self.` attribute or name whose value may come from another module."""
+        func = call.func
+        if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Call):
+            return isinstance(func.value.func, cst.Name) and func.value.func.value == "super"
+        text = dotted(func)
+        if text is None:
+            return False
+        root = text.split(".")[0]
+        if root in ("self", "cls"):
+            return True
+        if any(not (q == "torch" or q.startswith(("torch.", "builtins."))) for q in self.qualnames(func)):
+            return True
+        scope = self.scope_of(call)
+        bscope = self.binding_scope(root, scope)
+        if isinstance(bscope, cst.FunctionDef) and self.is_parameter(bscope, root):
+            return True
+        return any(self.is_synthetic(v) for v in self.possible_values(func if "." not in text else func.value))
 
     def _parallel_forward(self, call: cst.Call) -> Optional[str]:
         """"DataParallel" for `dp_model(x)` / `dp_model.forward(x)`, "parallel_apply" and
@@ -345,9 +406,7 @@ class Events:
             ev = self.classify(call)
             if ev is not None:
                 found.append((post[call], ev))
-        for stmt in self.nodes_of(cst.SimpleStatementLine):
-            if self.scope_of(stmt) is not scope:
-                continue
+        for stmt in self.nodes_in_scope(scope, cst.SimpleStatementLine):
             kind = self.exit_kind(stmt)
             if kind is not None:
                 loop = self.loop_of(stmt) if kind in ("continue", "break") else None
@@ -421,12 +480,25 @@ class Events:
         return out
 
     def trace(self, root: cst.CSTNode) -> Trace:
+        """The events `root` runs, through the functions of this file and (with a project) the
+        functions of other modules it calls."""
         cached = self._traces.get(root)
         if cached is not None:
             return cached
         trace = Trace(root)
         self._traces[root] = trace
         self._expand(trace, root, (), {}, {}, None, 0, (root,))
+        return trace
+
+    def local_trace(self, root: cst.CSTNode) -> Trace:
+        """The events `root` runs through the functions of this file only, with the calls that
+        may leave the module kept as EXTERNAL events (what the module's summary records)."""
+        cached = self._local_traces.get(root)
+        if cached is not None:
+            return cached
+        trace = Trace(root)
+        self._local_traces[root] = trace
+        self._expand(trace, root, (), {}, {}, None, 0, (root,), external=False)
         return trace
 
     def point(self, trace: Trace, node: cst.CSTNode) -> TraceEvent:
@@ -438,6 +510,27 @@ class Events:
         ctx = {self._qualify(g, ()): br for g, br in self.contexts(node)}
         order = i - 0.5 + 0.4 * post[node] / (len(post) + 1)  # two points between the same events keep their order
         return TraceEvent(Event("point", node), (node,), order, ctx, self.region_of(node))
+
+    def related_at(self, node: cst.CSTNode) -> List[Origin]:
+        """The code of other modules that runs at the call `node` (as the traces inlined it)."""
+        out: List[Origin] = []
+        for o in self.__dict__.get("_site_origins", {}).get(node, ()):
+            if all((o.path, o.line) != (p.path, p.line) for p in out):
+                out.append(o)
+        return out
+
+    @staticmethod
+    def foreign_among(*events: Optional[TraceEvent]) -> bool:
+        """Some of these events are written in another module (a fix here cannot reach them:
+        rules offer none)."""
+        return any(e is not None and e.event.foreign for e in events)
+
+    @staticmethod
+    def within_one_call(*events: TraceEvent) -> bool:
+        """Every event runs inside one call to a function of another module: the mistake they
+        make is written there, and is reported in that module, not at each call."""
+        return bool(events) and all(e.event.foreign and not e.event.chosen_here for e in events) \
+            and len({e.path for e in events}) == 1
 
     @staticmethod
     def anchor(*events: TraceEvent) -> List[cst.CSTNode]:
@@ -456,6 +549,10 @@ class Events:
     def where(self, ev: TraceEvent, shown: cst.CSTNode) -> str:
         """How an event reported at `shown` (a call that leads to it) is reached: "" when it is
         the event itself, else " (through this call: `model.forward(...)` on line 12)"."""
+        origin = ev.event.origin
+        if origin is not None:
+            rel = os.path.relpath(origin.path, os.path.dirname(os.path.abspath(self.path))) if self.path else origin.path
+            return f" (in `{origin.function}`, {rel}:{origin.line}: `{origin.text}`)"
         if shown is ev.node:
             return ""
         node = ev.node
@@ -464,7 +561,7 @@ class Events:
 
     def _expand(self, trace: Trace, func: cst.CSTNode, prefix: Tuple[cst.CSTNode, ...],
                 ctx: Dict[Hashable, Hashable], subst: Dict[str, str], region: Optional[Region], depth: int,
-                stack: Tuple[cst.CSTNode, ...]) -> None:
+                stack: Tuple[Hashable, ...], external: bool = True) -> None:
         frame = tuple(id(p) for p in prefix)
         for ev in self.local_events(func):
             ev_ctx = dict(ctx)
@@ -482,12 +579,240 @@ class Events:
                     trace.truncated.append(callee)
                     continue
                 self._expand(trace, callee, path, ev_ctx, self._callee_subst(ev.node, callee, subst, frame),
-                             ev_region, depth + 1, stack + (callee,))
+                             ev_region, depth + 1, stack + (callee,), external)
+                continue
+            if ev.kind == EXTERNAL and external:
+                ff = self.foreign_callee(ev.node)  # type: ignore[attr-defined]
+                if ff is not None and ff.key not in stack and depth < MAX_INLINE_DEPTH \
+                        and len(trace.events) < MAX_TRACE_EVENTS:
+                    self._expand_foreign(trace, ff, ev.node, path, ev_ctx, subst, frame, ev_region, depth + 1,
+                                         stack + (ff.key,))
                 continue
             trace.events.append(TraceEvent(ev, path, len(trace.events), ev_ctx, ev_region,
                                            scaler=self._subst(ev.scaler, subst, frame, ev.node),
                                            target=self._subst(ev.target, subst, frame, ev.node), frame=frame,
                                            subst=subst))
+
+    # ---------------------------------------------------------------- events of other modules
+    def _expand_foreign(self, trace: Trace, ff, call: cst.Call, path: Tuple[cst.CSTNode, ...],
+                        ctx: Dict[Hashable, Hashable], subst: Dict[str, str], frame: Tuple[int, ...],
+                        region: Optional[Region], depth: int, stack: Tuple[Hashable, ...]) -> None:
+        """Inline the effects of `ff` (a function of another module, `foreign.py`) run by
+        `call`: each becomes an event of this trace at `call`, its scaler and optimizer keys in
+        the root's names through the arguments `call` passes."""
+        keys: Dict[str, str] = {}
+        bindings = self.bind_foreign_arguments(call, ff)  # type: ignore[attr-defined]
+        for param, arg in bindings.items():
+            k = self._subst(self.key(arg), subst, frame, call)
+            if k is not None:
+                keys[param] = k
+        owner_key = None
+        if ff.summary.is_method and ff.summary.params:
+            func = call.func
+            owner = func.value if isinstance(func, cst.Attribute) else func
+            owner_key = "self" if isinstance(owner, cst.Call) else self.key(owner)
+            if isinstance(func, cst.Attribute) and func.attr.value == "__init__" or ff.qual.endswith(".__init__") \
+                    and not isinstance(owner, cst.Call) and not isinstance(func, cst.Attribute):
+                owner_key = None  # a constructor: the instance is new
+            if owner_key is not None:
+                keys[ff.summary.params[0].name] = self._subst(owner_key, subst, frame, call) or owner_key
+        self_cls = self.self_class(call) if owner_key == "self" else None  # type: ignore[attr-defined]
+        self._inline_effects(trace, ff, keys, call, path, ctx, frame + (id(call),), region, depth, stack,
+                             self_cls or ff.owner, bindings)
+
+    def _inline_effects(self, trace: Trace, ff, keys: Dict[str, str], call: cst.Call,
+                        path: Tuple[cst.CSTNode, ...], ctx: Dict[Hashable, Hashable], fframe: Tuple[int, ...],
+                        region: Optional[Region], depth: int, stack: Tuple[Hashable, ...], self_cls,
+                        bindings: Optional[Dict[str, cst.BaseExpression]] = None, chosen: bool = False) -> None:
+        module = ff.module.summary
+        module_names = set(module.constants) | set(module.imports) | set(module.functions)
+
+        def tr(key: Optional[str]) -> Optional[str]:
+            if key is None:
+                return None
+            root, dot, rest = key.partition(".")
+            if root in keys:
+                return keys[root] + dot + rest
+            if root in module_names:
+                return f"{ff.path}:{key}"  # a global of that module: one object for every call
+            return f"{key}@{ff.path}:{ff.qual}@{fframe[-1]}"  # a local of this run of it
+
+        for e in ff.summary.effects:
+            ev_ctx = dict(ctx)
+            for g, br in e.ctx:
+                ev_ctx[self._foreign_group(g, ff, fframe, keys)] = br
+            if e.kind == EXTERNAL:
+                if depth >= MAX_INLINE_DEPTH or len(trace.events) >= MAX_TRACE_EVENTS:
+                    continue
+                target = self._effect_callee(e, ff, self_cls, bindings)
+                if target is not None and not isinstance(target, cst.FunctionDef) \
+                        and not self.foreign.relevant(target):  # type: ignore[attr-defined]
+                    continue  # no AMP code in it
+                slots = dict(e.args)
+                if target is None:
+                    method = self._method_on_bound_object(e, tr(slots.get("owner")))
+                    if method is not None:
+                        kind, owner = method
+                        arg = tr(slots.get("0"))
+                        origin = Origin(ff.path, e.line, e.col, e.text, ff.qual)
+                        scaler = owner if kind in (UNSCALE, SCALER_STEP, UPDATE) else None
+                        target = owner if kind in (OPT_STEP, ZERO_GRAD) else arg
+                        event = Event(kind, call, scaler=scaler, target=target, origin=origin)
+                        trace.events.append(TraceEvent(event, path, len(trace.events), ev_ctx, region, scaler=scaler,
+                                                       target=target, frame=fframe + tuple(-(i + 1) for i in e.frame)))
+                    continue
+                if isinstance(target, cst.FunctionDef):  # a method of this file overriding it
+                    if target in stack:
+                        continue
+                    sub: Dict[str, str] = {}
+                    params = [*target.params.posonly_params, *target.params.params]
+                    if self.is_method(target) and params:
+                        sub[params[0].name.value] = tr(slots.get("owner", "self")) or "self"
+                        params = params[1:]
+                    for i, prm in enumerate(params):
+                        k = tr(slots.get(str(i)) or slots.get(f"kw:{prm.name.value}"))
+                        if k is not None and not k.startswith("__unknown__"):
+                            sub[prm.name.value] = k
+                    self._expand(trace, target, path, ev_ctx, sub, region, depth + 1, stack + (target,))
+                    continue
+                if target.key in stack:
+                    continue
+                sub_keys: Dict[str, str] = {}
+                params = [p for p in target.summary.params if p.kind in ("posonly", "pos")]
+                if target.summary.is_method and params:
+                    owner = tr(slots.get("owner"))
+                    if owner is not None:
+                        sub_keys[params[0].name] = owner
+                    params = params[1:]
+                for i, prm in enumerate(params):
+                    k = tr(slots.get(str(i)) or slots.get(f"kw:{prm.name}"))
+                    if k is not None and not k.startswith("__unknown__"):
+                        sub_keys[prm.name] = k
+                for prm in target.summary.params:
+                    if prm.kind == "kwonly" and f"kw:{prm.name}" in slots:
+                        sub_keys[prm.name] = tr(slots[f"kw:{prm.name}"]) or prm.name
+                inner = fframe + (-(len(trace.events) + 1),)
+                by_argument = chosen or ((e.callee or "").startswith("value:__param__") and bool(bindings))
+                self._inline_effects(trace, target, sub_keys, call, path, ev_ctx, inner, region, depth + 1,
+                                     stack + (target.key,), self_cls if target.summary.is_method else None,
+                                     None, by_argument)
+                continue
+            loop = None
+            if e.loop is not None:
+                loop = self._foreign_group(("loop", e.loop), ff, fframe, keys)
+            origin = Origin(ff.path, e.line, e.col, e.text, ff.qual)
+            self.__dict__.setdefault("_site_origins", {}).setdefault(call, []).append(origin)
+            event = Event(e.kind, call, scaler=e.scaler, target=e.target, detail=e.detail, loop=loop,
+                          origin=origin, scale_source=self._foreign_scale_source(e, call, ff), chosen_here=chosen)
+            frame = fframe + tuple(-(i + 1) for i in e.frame)
+            trace.events.append(TraceEvent(event, path, len(trace.events), ev_ctx, region, scaler=tr(e.scaler),
+                                           target=tr(e.target), frame=frame))
+
+    def _method_on_bound_object(self, e, owner: Optional[str]) -> Optional[Tuple[str, str]]:
+        """A summary's call of a method on an object it received (`scaler.unscale_(opt)` in a
+        helper of another module, where nothing told that module `scaler` is a GradScaler): the
+        event it is here, where the object is known (the scaler or optimizer the caller passed)."""
+        callee = e.callee or ""
+        if owner is None or not callee.startswith("value:") or "@" in owner:
+            return None
+        method = callee.rpartition(".")[2]
+        if owner in self.scalers:  # type: ignore[attr-defined]
+            kinds = {"unscale_": UNSCALE, "step": SCALER_STEP, "update": UPDATE}
+            return (kinds[method], owner) if method in kinds else None
+        if method in ("step", "zero_grad") and self._is_optimizer_key(owner):
+            return (OPT_STEP if method == "step" else ZERO_GRAD), owner
+        return None
+
+    def _is_optimizer_key(self, key: str) -> bool:
+        try:
+            expr = cst.parse_expression(key)
+        except Exception:
+            return False
+        return dotted(expr) is not None and self.is_optimizer(expr)  # type: ignore[attr-defined]
+
+    @staticmethod
+    def _foreign_group(g, ff, fframe: Tuple[int, ...], keys: Dict[str, str]) -> Hashable:
+        """A context group of a summary as a group of this trace (see `_qualify`)."""
+        kind = g[0]
+        if kind == "cond":
+            text = g[1]
+            for root, key in keys.items():
+                text = re.sub(rf"(?<![\w.@]){re.escape(root)}\b", key, text)
+            return ("cond", None, text, ())
+        if kind in ("loop", "comp"):
+            return (fframe, (kind, (ff.path, ff.qual, g[1])))
+        return (fframe, ("foreign", ff.path, ff.qual, kind, g[1]))
+
+    def _effect_callee(self, e, ff, self_cls, bindings=None):
+        """What a CALL effect of a summary runs: a function of another module, or a method of
+        this file (a subclass here overriding what the base class calls on `self`)."""
+        callee = e.callee or ""
+        kind, _, rest = callee.partition(":")
+        if kind in ("self", "super"):
+            if isinstance(self_cls, cst.ClassDef):
+                if kind == "self":
+                    local = self.lookup_method(self_cls, rest)  # type: ignore[attr-defined]
+                    if local is not None:
+                        return local
+                return self.inherited_method(self_cls, rest)  # type: ignore[attr-defined]
+            if self_cls is not None:
+                mro = self.foreign_mro(self_cls)  # type: ignore[attr-defined]
+                if kind == "super":
+                    mro = [c for c in mro if c.key != ff.owner.key] if ff.owner is not None else mro
+                for c in mro:
+                    if rest in c.summary.methods:
+                        from ampfix.model.foreign import ForeignFunction
+
+                        return ForeignFunction(c.module, f"{c.qual}.{rest}", c)
+            return None
+        if kind == "value":
+            from ampfix.model.foreign import Synthetic
+            from ampfix.model.summary import Value
+
+            expr = self.materialize(Value(rest), Synthetic(ff.module, ff.owner, bindings or None))  # type: ignore[attr-defined]
+            if expr is None:
+                return None
+            d = self.foreign_definition(expr)  # type: ignore[attr-defined]
+            if d is not None and type(d).__name__ == "ForeignFunction":
+                return d
+            if d is not None and type(d).__name__ == "ForeignClass":
+                return self.foreign_method(d, "__init__")  # type: ignore[attr-defined]
+            if isinstance(expr, cst.Attribute):
+                return self._method_on_values(expr.value, expr.attr.value)  # type: ignore[attr-defined]
+            return self._method_on_values(expr, "__call__")  # type: ignore[attr-defined]
+        return None
+
+    def _foreign_scale_source(self, e, call: cst.Call, ff) -> Optional[str]:
+        source = e.scale_source
+        if source is None or not source.startswith("param:"):
+            return source
+        arg = self.bind_foreign_arguments(call, ff).get(source[len("param:"):])  # type: ignore[attr-defined]
+        if arg is None:
+            return "unknown"
+        return "scaled" if self.scale_sources(arg) else "unscaled"  # type: ignore[attr-defined]
+
+    def key_expression(self, text: str, at: cst.CSTNode) -> Optional[cst.BaseExpression]:
+        """`text` (a key of the trace's root, such as `self.scaler`) as an expression read where
+        `at` is: not part of the file (never reported nor edited), its names resolved in `at`'s
+        scope. Cached per text and scope."""
+        scope = self.scope_of(at)
+        cache = self.__dict__.setdefault("_key_exprs", {})
+        hit = cache.get((text, id(scope)))
+        if hit is not None:
+            return hit
+        try:
+            expr = cst.parse_expression(text)
+        except Exception:
+            return None
+        stack = [(expr, None)]
+        while stack:
+            node, parent = stack.pop()
+            if parent is not None:
+                self._parents[node] = parent  # type: ignore[attr-defined]
+            self._index.scope[node] = scope  # type: ignore[attr-defined]
+            stack.extend((c, node) for c in node.children)
+        cache[(text, id(scope))] = expr
+        return expr
 
     def backward_tensor(self, call: cst.Call) -> Optional[cst.BaseExpression]:
         """The tensor a backward call runs on: `x` in `x.backward()`, the first argument of
@@ -505,6 +830,14 @@ class Events:
         `scaled.backward()` after `scaled = scaler.scale(loss)`, `torch.autograd.backward(
         scaler.scale(loss))`, a helper's `loss.backward()` called with `scaler.scale(loss)`.
         Empty: a backward of an unscaled tensor."""
+        if ev.event.foreign:  # what the other module's backward runs on, as its summary says
+            if ev.event.scale_source == "unscaled":
+                return []
+            if ev.event.detail == "scaled" and ev.scaler is not None and "@" not in ev.scaler:
+                scale = self.key_expression(f"{ev.scaler}.scale(__foreign__)", ev.path[0])
+                if isinstance(scale, cst.Call):
+                    return [scale]
+            return [ev.node]
         return self.scale_sources(self.argument_at(ev, self.backward_tensor(ev.node)))  # type: ignore[attr-defined]
 
     def argument_at(self, ev: TraceEvent, expr: Optional[cst.BaseExpression]) -> Optional[cst.BaseExpression]:
@@ -538,6 +871,8 @@ class Events:
 
     def root_key(self, ev: TraceEvent, key: Optional[str]) -> Optional[str]:
         """A key written in the names of `ev`'s function, in the names of the trace's root."""
+        if ev.event.foreign:
+            return key  # an inlined event of another module: its keys are the root's already
         return self._subst(key, ev.subst, ev.frame, ev.node)
 
     @staticmethod
@@ -586,6 +921,50 @@ class Events:
         return out
 
     # ---------------------------------------------------------------- path queries on traces
+    def runs_only_without(self, ev: TraceEvent, key: Optional[str]) -> bool:
+        """`ev` runs only where the object `key` (in the names of `ev`'s trace root) is None:
+        under `if key is None:` / `if not key:`, or in the `else` of `if key is not None:` /
+        `if key:`. After `key.scale(loss)` ran, `key` is not None (else that call raised), so
+        such an event is not reached from it: `if self.scaler is None: optimizer.step()`."""
+        if key is None:
+            return False
+        return any(self._none_branch(ev, group, key) is branch for group, branch in ev.ctx.items())
+
+    def _none_branch(self, ev: TraceEvent, group: Hashable, key: str) -> Optional[bool]:
+        """When `group` (a decision `ev` runs in) tests whether `key` is None (`key is None`,
+        `key is not None`, `key`, `not key`): the branch value on which `key` is None; else None."""
+        cond = _cond_of(group)
+        if cond is None:
+            return None
+        text, frame, func = cond
+        for suffix, none_when in ((" is None", True), (" == None", True), ("", False)):
+            if text.endswith(suffix) and self._names_key(ev, text[: len(text) - len(suffix)], frame, func, key):
+                return none_when
+        return None
+
+    def _names_key(self, ev: TraceEvent, name: str, frame: Tuple[int, ...], func: Optional[cst.CSTNode],
+                   key: str) -> bool:
+        """`name`, written in a decision of `ev`'s trace, is the object `key` of the root's names."""
+        if name == key:
+            return True
+        if frame and f"{name}@{frame[-1]}" == key:  # a local of that call, as `_subst` writes it
+            return True
+        alias = self._local_alias(func, name)  # `scaler = self.scaler` in that function
+        if alias is None:
+            return False
+        if not frame:
+            return alias == key
+        return func is self.function_of(ev.node) and self._subst(alias, ev.subst, ev.frame, ev.node) == key
+
+    def _local_alias(self, func: Optional[cst.CSTNode], name: str) -> Optional[str]:
+        """`self.scaler` for `scaler` when `func` assigns `scaler = self.scaler` once."""
+        if func is None or "." in name:
+            return None
+        entries = [v for _, v, s in self._by_key.get(name, []) if s is func]
+        if len(entries) == 1 and isinstance(entries[0], (cst.Name, cst.Attribute)):
+            return dotted(entries[0])
+        return None
+
     def exclusive(self, a, b) -> bool:
         """`a` and `b` (trace events, or two nodes of one function) never run in the same pass."""
         ca = a.ctx if isinstance(a, TraceEvent) else dict(self.contexts(a))
@@ -597,14 +976,19 @@ class Events:
                 return True
         return False
 
-    def mandatory_between(self, c: TraceEvent, a: Optional[TraceEvent], b: TraceEvent) -> bool:
+    def mandatory_between(self, c: TraceEvent, a: Optional[TraceEvent], b: TraceEvent,
+                          not_none: Optional[str] = None) -> bool:
         """Every path that runs `a` (None: the start of the trace) and then `b` runs `c` between.
         A loop body is taken to run at least once: a loop over the optimizers or parameters that
-        runs zero times is not a training step anyone writes on purpose."""
+        runs zero times is not a training step anyone writes on purpose. `not_none`: an object
+        known not to be None on these paths (a scaler whose `scale()` ran): a decision on it
+        (`if scaler:`, `if scaler is not None:`) takes its not-None branch."""
         if (a is not None and c.order <= a.order) or c.order >= b.order:
             return False
         for g, br in c.ctx.items():
             if b.ctx.get(g) != br and (a is None or a.ctx.get(g) != br) and not _loop_group(g):
+                if not_none is not None and self._none_branch(c, g, not_none) is (not br):
+                    continue  # `if scaler:` after `scaler.scale(loss)`: taken
                 return False
         return not self.exclusive(c, b) and (a is None or not self.exclusive(c, a))
 
@@ -647,17 +1031,21 @@ class Events:
         if kind in ("raise", "exit"):
             return True
         if kind == "return":  # leaves its function: `b` is cut when it runs in that call
+            if e.event.foreign:
+                return b.frame[:len(e.frame)] == e.frame
             return b.path[:len(e.frame)] == e.path[:-1] and len(b.path) > len(e.frame)
         loop = e.event.loop  # continue/break leave this iteration of their loop
+        if e.event.foreign:
+            return loop is not None and loop in b.ctx
         return loop is not None and (e.frame, ("loop", loop)) in b.ctx
 
     def path_without(self, trace: Trace, a: Optional[TraceEvent], b: TraceEvent,
-                     blocks: Callable[[TraceEvent], bool]) -> bool:
+                     blocks: Callable[[TraceEvent], bool], not_none: Optional[str] = None) -> bool:
         """Some path runs `a` (None: from the start) then `b` with no event `blocks` accepts
-        in between."""
+        in between (`not_none`: see `mandatory_between`)."""
         if a is not None and not self.may_precede(trace, a, b):
             return False
-        return not any(blocks(e) and self.mandatory_between(e, a, b) for e in trace.span(a, b))
+        return not any(blocks(e) and self.mandatory_between(e, a, b, not_none) for e in trace.span(a, b))
 
     def first_after(self, trace: Trace, a: TraceEvent, match: Callable[[TraceEvent], bool]) -> Optional[TraceEvent]:
         """The nearest event after `a` that `match` accepts and that `a` may precede."""

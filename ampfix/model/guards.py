@@ -3,8 +3,11 @@
 * `in_fallback`: inside `except ImportError/ModuleNotFoundError/AttributeError/TypeError:`,
   the branch that runs only where the modern API is missing;
 * `in_version_branch`: in a branch of an `if` that picks between torch versions (its test
-  names a version, or its other branch uses the modern `torch.amp` spelling), or after an
-  early `return` of such a test.
+  names a version or probes `torch.amp`, or its other branch uses the modern `torch.amp`
+  spelling), the fallback operand of `getattr(torch.amp, ...) or ...`, or after an early
+  `return` of such a test;
+* `has_modern_alternative`: the same, but a test that merely names a version does not count
+  (used for imports, whose branch under a version test may be the new path of its day).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import re
 
 import libcst as cst
 
+from ampfix.model.syntax import literal_string
 from ampfix.model.tree import dotted
 
 FALLBACK_ERRORS = {"ImportError", "ModuleNotFoundError", "AttributeError", "TypeError"}
@@ -36,20 +40,58 @@ class Guards:
     def in_version_branch(self, node: cst.CSTNode) -> bool:
         """In a branch that picks between torch versions (see the module docstring): the old
         spelling there is the old-torch path, written on purpose."""
+        return self._version_choice(node, by_test=True)
+
+    def has_modern_alternative(self, node: cst.CSTNode) -> bool:
+        """The old spelling at `node` is the fallback of a shim that prefers `torch.amp`: the
+        other branch of its `if` (or conditional expression) uses the modern spelling, its test
+        probes `torch.amp` (`hasattr(torch.amp, "GradScaler")`), it is the right operand of
+        `getattr(torch.amp, "custom_fwd", None) or torch.cuda.amp.custom_fwd`, or it follows an
+        early `return` of the modern spelling. (A test that only names a version does not say
+        which branch is the old one: `if TORCH_GE_1_6: from torch.cuda.amp import GradScaler`
+        is the new path of its day.)"""
+        return self._version_choice(node, by_test=False)
+
+    def _version_choice(self, node: cst.CSTNode, by_test: bool) -> bool:
         child = node
         for anc in self.ancestors(node):
             if isinstance(anc, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
                 return False
             if isinstance(anc, (cst.If, cst.IfExp)) and child is not anc.test:
-                if VERSION_TEST.search(self.code(anc.test)):
+                if by_test and VERSION_TEST.search(self.code(anc.test)):
+                    return True
+                if self._probes_modern(anc.test):
                     return True
                 other = anc.orelse if child is anc.body else anc.body
                 if other is not None and self._uses_modern_api(other):
                     return True
+            if isinstance(anc, cst.BooleanOperation) and isinstance(anc.operator, cst.Or) and child is anc.right \
+                    and self._uses_modern_api(anc.left):
+                return True
             if isinstance(anc, (cst.IndentedBlock, cst.Module)) and self._after_early_return(anc, child):
                 return True
             child = anc
         return False
+
+    def _probes_modern(self, test: cst.CSTNode) -> bool:
+        """`test` asks whether this torch has `torch.amp` (or one of its names): `hasattr(torch,
+        "amp")`, `hasattr(torch.amp, "custom_fwd")`, `"GradScaler" in dir(torch.amp)`."""
+        for n in self._nodes_in(test, cst.Call):
+            if isinstance(n.func, cst.Name) and n.func.value in ("hasattr", "getattr", "dir") and n.args:
+                owner = self.qualnames(n.args[0].value)
+                attr = literal_string(n.args[1].value) if len(n.args) > 1 else None
+                if "torch.amp" in owner or ("torch" in owner and attr == "amp"):
+                    return True
+        return False
+
+    def _nodes_in(self, subtree: cst.CSTNode, kind: type) -> list:
+        out, stack = [], [subtree]
+        while stack:
+            n = stack.pop()
+            if isinstance(n, kind):
+                out.append(n)
+            stack.extend(n.children)
+        return out
 
     def _after_early_return(self, block: cst.CSTNode, stmt: cst.CSTNode) -> bool:
         """`if <version test>: return <torch.amp ...>` earlier in the same block."""
@@ -67,5 +109,18 @@ class Guards:
         for n in self.nodes_of(cst.Attribute, cst.Name):
             api = self.api_of(n)
             if api is not None and api.kind in MODERN_KINDS and not api.deprecated and self.is_ancestor(subtree, n):
+                return True
+        # `from torch.amp import GradScaler` (its name may also be bound to the old class elsewhere)
+        for imp in self.nodes_of(cst.ImportFrom):
+            if (imp is subtree or self.is_ancestor(subtree, imp)) and imp.module is not None and not imp.relative and dotted(imp.module) == "torch.amp" and (
+                    isinstance(imp.names, cst.ImportStar)
+                    or any(dotted(a.name) in MODERN_KINDS for a in imp.names)):  # type: ignore[union-attr]
+                return True
+        # `getattr(torch.amp, "custom_fwd", None)`: the modern name, looked up
+        for call in self.calls:
+            if isinstance(call.func, cst.Name) and call.func.value == "getattr" and len(call.args) > 1 \
+                    and (call is subtree or self.is_ancestor(subtree, call)) \
+                    and "torch.amp" in self.qualnames(call.args[0].value) \
+                    and literal_string(call.args[1].value) in MODERN_KINDS:
                 return True
         return False

@@ -32,7 +32,7 @@ from typing import Callable, Dict, Hashable, List, Optional, Tuple
 import libcst as cst
 
 from ampfix.model.events import BACKWARD, EXIT, SCALER_STEP, UNSCALE, UPDATE, ZERO_GRAD, Event, Trace, TraceEvent
-from ampfix.model.syntax import call_name, get_arg, literal_bool
+from ampfix.model.syntax import call_name
 from ampfix.model.tree import LOOP_TYPES, dotted
 
 Group = Hashable
@@ -106,6 +106,11 @@ class Iterations:
         members = trace.members(group)
         ctx = dict(self.loop_context(trace, group))
         ctx[group] = True
+        if not isinstance(loop, cst.CSTNode):  # a loop of another module's function: ends at its call
+            end = TraceEvent(Event("end", members[-1].node), members[-1].path, members[-1].order + 0.5, ctx, None,
+                             frame=frame)
+            exits = [e for e in trace.of(EXIT) if e.event.detail == "continue" and e.event.loop == group]
+            return [end, *exits]
         prefix = members[0].path[:len(frame)]
         end = TraceEvent(Event("end", loop), prefix + (loop,), members[-1].order + 0.5, ctx, None, frame=frame)
         exits = [e for e in trace.of(EXIT) if e.event.detail == "continue" and e.event.loop is loop
@@ -401,15 +406,7 @@ class Iterations:
         if key is None:
             return False
         calls = [v for _, v in self.assignments_to(key) if isinstance(v, cst.Call) and self.is_api(v, "GradScaler")]
-        return bool(calls) and all(self.scaler_call_disabled(c) for c in calls)
-
-    def scaler_call_disabled(self, call: cst.Call) -> bool:
-        """`GradScaler(..., enabled=False)` with a literal False (torch.amp.GradScaler takes
-        `enabled` sixth, after the device; torch.cuda.amp.GradScaler fifth)."""
-        api = self.api_of(call)
-        position = 5 if api is not None and api.device is None else 4
-        arg = get_arg(call, position, "enabled")
-        return arg is not None and literal_bool(arg.value) is False
+        return bool(calls) and all(self.built_disabled(c) for c in calls)  # type: ignore[attr-defined]
 
     def per_step_name(self, func: cst.CSTNode) -> Optional[str]:
         """"step"/"epoch" when a function's name or parameters say one call is one training step

@@ -121,6 +121,7 @@ class Names:
 
     def _init_names(self) -> None:
         self._qname_cache: Dict[cst.CSTNode, Set[QualifiedName]] = {}
+        self._api_cache: Dict[cst.CSTNode, Optional[Api]] = {}
         self._bindings: Optional[List[ImportBinding]] = None
 
     # ---------------------------------------------------------------- qualified names
@@ -150,6 +151,17 @@ class Names:
             return cached
         result: Set[QualifiedName] = set()
         text = dotted(node)
+        if text is not None and node in self._synthetic:  # type: ignore[attr-defined]
+            # a value materialised from another module: its names are canonical (summary.py)
+            first = text.partition(".")[0]
+            if first.startswith("__") and first.endswith("__"):
+                result = set()
+            elif "." not in text and first in _BUILTINS:
+                result = {QualifiedName(f"builtins.{first}", QualifiedNameSource.BUILTIN)}
+            else:
+                result = {QualifiedName(text, QualifiedNameSource.IMPORT)}
+            self._qname_cache[node] = result
+            return result
         if text is not None:
             first, _, rest = text.partition(".")
             scope, imported = self._resolve_scope(first, self.scope_of(node))
@@ -173,16 +185,22 @@ class Names:
         return {qn.name for qn in self.qualified_names(node)}
 
     def api_of(self, node: cst.CSTNode) -> Optional[Api]:
-        """The torch API an expression (Name/Attribute, or the callee of a Call) names."""
+        """The torch API an expression (Name/Attribute, or the callee of a Call) names
+        (computed once per node: every rule asks it of the same calls)."""
+        cache = self._api_cache
+        if node in cache:
+            return cache[node]
+        key = node
         if isinstance(node, cst.Call):
             node = node.func
-        if not isinstance(node, (cst.Name, cst.Attribute)):
-            return None
-        for qn in self.qualified_names(node):
-            api = API_TABLE.get(qn.name)
-            if api is not None:
-                return api
-        return None
+        found: Optional[Api] = None
+        if isinstance(node, (cst.Name, cst.Attribute)):
+            for qn in self.qualified_names(node):
+                found = API_TABLE.get(qn.name)
+                if found is not None:
+                    break
+        cache[key] = found
+        return found
 
     def is_api(self, node: cst.CSTNode, kind: str) -> bool:
         api = self.api_of(node)
@@ -283,6 +301,12 @@ class Names:
         return next((c for c in candidates if c not in used), None)
 
     def quote(self) -> str:
-        """The quote the file prefers for new string literals."""
-        src = self.module.code
-        return "'" if src.count("'") > src.count('"') else '"'
+        """The quote the file prefers for new string literals (counted once, in the source text
+        when the engine gave it: the module's code is that text, without generating it)."""
+        found = self.__dict__.get("_quote")
+        if found is None:
+            src = self.__dict__.get("source_text")
+            if src is None:
+                src = self.module.code
+            found = self.__dict__["_quote"] = "'" if src.count("'") > src.count('"') else '"'
+        return found

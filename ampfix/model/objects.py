@@ -32,6 +32,9 @@ OPTIMIZER_NAME = re.compile(r"^(?:\w+_)?(?:opt|optim|optimizer|optimiser)(?:_\w+
 OPTIMIZER_FACTORY = re.compile(r"optim", re.IGNORECASE)
 MAX_SCALE_DEPTH = 6
 SCALER_NAME = re.compile(r"^(?:\w+_)?(?:grad_?)?scaler(?:_\w+|\d+)?$", re.IGNORECASE)
+# a GradScaler's interface: a class of the file with these methods stands in for one
+SCALER_METHODS = ("scale", "step", "update", "unscale_")
+SCALER_EXTRAS = ("get_scale", "is_enabled", "state_dict", "load_state_dict")
 
 
 @dataclass
@@ -56,6 +59,70 @@ class Objects:
     def _init_objects(self) -> None:
         self._scalers: Optional[Set[str]] = None
         self._stepped: Optional[Set[str]] = None
+        self._scaler_classes: Optional[List[cst.ClassDef]] = None
+
+    # ---------------------------------------------------------------- the project's own scaler classes
+    @property
+    def scaler_classes(self) -> List[cst.ClassDef]:
+        """Classes of this file that stand in for a GradScaler: a subclass of GradScaler (through
+        this file), or a class with `scale` and `step` methods and another of a GradScaler's
+        (`update`, `unscale_`, `get_scale`, `is_enabled`, `state_dict`, `load_state_dict`: a
+        project's no-op scaler used when AMP is off, a wrapper around a GradScaler). A call of
+        one of their scaler methods is a scaler call, whatever the method's body does."""
+        if self._scaler_classes is None:
+            out: List[cst.ClassDef] = []
+            for cls in self.nodes_of(cst.ClassDef):
+                if self._subclasses_grad_scaler(cls):  # type: ignore[arg-type]
+                    out.append(cls)  # type: ignore[arg-type]
+                    continue
+                has = {m for m in SCALER_METHODS if self.lookup_method(cls, m) is not None}  # type: ignore[arg-type]
+                if {"scale", "step"} <= has and (has & {"update", "unscale_"} or any(
+                        self.lookup_method(cls, m) is not None for m in SCALER_EXTRAS)):  # type: ignore[arg-type]
+                    out.append(cls)  # type: ignore[arg-type]
+            self._scaler_classes = out
+        return self._scaler_classes
+
+    def _subclasses_grad_scaler(self, cls: cst.ClassDef, depth: int = 0) -> bool:
+        if depth > 6:
+            return False
+        for b in cls.bases:
+            if self.is_api(b.value, "GradScaler"):
+                return True
+            base = self.class_named(b.value)
+            if base is not None and base is not cls and self._subclasses_grad_scaler(base, depth + 1):
+                return True
+        return False
+
+    def scaler_class_of(self, value: cst.CSTNode) -> Optional[cst.ClassDef]:
+        """The scaler class of this file (`scaler_classes`) that `value` constructs, if any."""
+        if not self.scaler_classes or not isinstance(value, cst.Call):
+            return None
+        cls = self.class_of_value(value)
+        return cls if cls is not None and cls in self.scaler_classes else None
+
+    def scaler_method_call(self, call: cst.Call) -> bool:
+        """`call` runs a scaler method (`scale`/`step`/`update`/`unscale_`) of a scaler class of
+        this file: it is the scaler's call (a no-op scaler's `step()` calls `optimizer.step()`,
+        which is no bypass of the scaler), not a helper to follow."""
+        if not (isinstance(call.func, cst.Attribute) and call.func.attr.value in SCALER_METHODS):
+            return False
+        callees = self.callees(call)
+        classes = self.scaler_classes
+        return bool(callees) and all(self.class_of(f) in classes for f in callees)
+
+    def passes_loss_through(self, cls: cst.ClassDef) -> bool:
+        """The scaler class's `scale(x)` returns `x` unchanged (a no-op scaler)."""
+        method = self.lookup_method(cls, "scale")
+        if method is None:
+            return False
+        params = [*method.params.posonly_params, *method.params.params]
+        if self.is_method(method):
+            params = params[1:]
+        if not params:
+            return False
+        returns = [r for r in self.nodes_of(cst.Return) if self.scope_of(r) is method]
+        return bool(returns) and all(isinstance(r.value, cst.Name) and r.value.value == params[0].name.value
+                                     for r in returns)  # type: ignore[attr-defined]
 
     # ---------------------------------------------------------------- scalers
     def constructs_scaler(self, value: cst.CSTNode) -> bool:
@@ -67,7 +134,8 @@ class Objects:
         """Dotted keys ("scaler", "self.scaler", parameter names) that hold a GradScaler."""
         if self._scalers is None:
             keys: Set[str] = {key for key, entries in self._by_key.items()
-                              if any(self.constructs_scaler(v) for _, v, _ in entries)}
+                              if any(self.constructs_scaler(v) or any(self.scaler_class_of(leaf) is not None
+                                                                      for leaf in _leaves(v)) for _, v, _ in entries)}
             for funcs in self.functions.values():  # parameters annotated as GradScaler
                 for f in funcs:
                     for p in [*f.params.params, *f.params.kwonly_params, *f.params.posonly_params]:
@@ -82,6 +150,8 @@ class Objects:
                             if dotted(arg) in keys and pname not in keys:
                                 keys.add(pname)
                                 changed = True
+            if self.foreign is not None:  # type: ignore[attr-defined]
+                keys |= self._foreign_scalers()
             # duck typing: x.scale(loss).backward() together with x.step and x.update/x.unscale_
             used: Dict[str, Set[str]] = {}
             for call in self.calls:
@@ -95,6 +165,37 @@ class Objects:
                         keys.add(base)
             self._scalers = keys
         return self._scalers
+
+    def _foreign_scalers(self) -> Set[str]:
+        """Keys that hold a GradScaler built in another module: `self.<attr>` of a class whose
+        base (of another module) builds one, a name imported from a module that builds one."""
+        out: Set[str] = set()
+        used = {dotted(c.func.value) for c in self.calls if isinstance(c.func, cst.Attribute)}
+        for key in used:
+            if key is None:
+                continue
+            root, _, rest = key.partition(".")
+            if root == "self" and rest and "." not in rest:
+                for cls in self.nodes_of(cst.ClassDef):
+                    if any(self.constructs_scaler(v) for v in self.inherited_attribute(cls, rest)):  # type: ignore[attr-defined]
+                        out.add(key)
+                        break
+            elif not rest and self.binding_scope(root, self.module) is self.module \
+                    and self._index.imports.get(self.module, {}).get(root):
+                if any(self.constructs_scaler(v) for v in self._imported_values(cst.Name(root))):  # type: ignore[attr-defined]
+                    out.add(key)
+        for call in self.calls:  # a parameter other modules pass a GradScaler to
+            func = call.func
+            if not (isinstance(func, cst.Attribute) and func.attr.value in ("scale", "step", "update", "unscale_")
+                    and isinstance(func.value, cst.Name)) or func.value.value in out:
+                continue
+            name = func.value.value
+            scope = self.function_of(call)
+            if scope is not None and self.is_parameter(scope, name) and \
+                    self.binding_scope(name, self.scope_of(call)) is scope and \
+                    any(self.constructs_scaler(v) for v in self.foreign_argument_values(scope, name)):  # type: ignore[attr-defined]
+                out.add(name)
+        return out
 
     @staticmethod
     def _scaled_backward_base(call: cst.Call) -> Optional[str]:
@@ -135,19 +236,34 @@ class Objects:
 
     def scaler_disabled(self, expr: cst.CSTNode) -> bool:
         """Every value the scaler expression `expr` may hold is a GradScaler built with a literal
-        `enabled=False`: its `scale()` returns the loss unchanged and its `step()` is a plain
-        `optimizer.step()`. (`enabled=use_amp` is not known to be off.)"""
+        `enabled=False`, or a scaler class of this file whose `scale(x)` returns `x`: its `scale()`
+        returns the loss unchanged and its `step()` is a plain `optimizer.step()`.
+        (`enabled=use_amp` is not known to be off.)"""
         values = [v for v in self.possible_values(expr) if v is not expr]
         if not values:
             return False
-        return all(isinstance(v, cst.Call) and self.is_api(v, "GradScaler") and self.built_disabled(v)
-                   for v in values)
 
-    @staticmethod
-    def built_disabled(call: cst.Call) -> bool:
-        """The GradScaler construction `call` passes a literal `enabled=False`."""
-        arg = get_arg(call, None, "enabled")
-        return arg is not None and literal_bool(arg.value) is False
+        def off(v: cst.CSTNode) -> bool:
+            if isinstance(v, cst.Call) and self.is_api(v, "GradScaler"):
+                return self.built_disabled(v)
+            cls = self.scaler_class_of(v)  # the project's no-op scaler: `scale(loss)` returns the loss
+            return cls is not None and self.passes_loss_through(cls)
+
+        return all(off(v) for v in values)
+
+    def scaler_enabled(self, call: cst.Call) -> Optional[cst.BaseExpression]:
+        """The `enabled` argument of a GradScaler construction, by keyword or by position
+        (`torch.amp.GradScaler(device, init_scale, growth_factor, backoff_factor,
+        growth_interval, enabled)`; the deprecated `torch.cuda.amp.GradScaler` has no device);
+        None when it is not given (so True)."""
+        api = self.api_of(call)
+        arg = get_arg(call, 4 if api is not None and api.device is not None else 5, "enabled")
+        return arg.value if arg is not None else None
+
+    def built_disabled(self, call: cst.Call) -> bool:
+        """The GradScaler construction `call` passes a literal False for `enabled` (the one
+        test of "this scaler is built disabled": every rule and fact asks it here)."""
+        return literal_bool(self.scaler_enabled(call)) is False
 
     def scale_sources(self, expr: Optional[cst.CSTNode], depth: int = 0) -> List[cst.Call]:
         """The calls that may have scaled the value of `expr` for a GradScaler: `scaler.scale(x)`

@@ -7,7 +7,6 @@
 * `region_dtype(region)`: the dtype an autocast region runs in (its `dtype=`, or the device's
   default: float16 on CUDA, bfloat16 on the CPU), None when unknown;
 * `autocast_regions()`: every enabled (or possibly enabled) region of the file;
-* `scaler_enabled(call)`: the `enabled=` expression of a GradScaler construction;
 * `float16_gated(expr)`: an `enabled=` expression that is tied to float16
   (`dtype == torch.float16`, `use_fp16`, `args.precision == "16"`).
 """
@@ -20,7 +19,7 @@ from typing import FrozenSet, List, Optional
 import libcst as cst
 
 from ampfix.model.regions import Region
-from ampfix.model.syntax import call_name, get_arg, literal_string
+from ampfix.model.syntax import call_name, literal_string
 from ampfix.model.tree import dotted
 from ampfix.model.values import ReturnedElement
 
@@ -163,12 +162,6 @@ class Precision:
                     cached.append(r)
             self._all_regions = cached
         return cached
-
-    def scaler_enabled(self, call: cst.Call) -> Optional[cst.BaseExpression]:
-        """The `enabled=` argument of a GradScaler construction (None: not given, so True)."""
-        api = self.api_of(call)
-        arg = get_arg(call, 4 if api is not None and api.device is not None else 5, "enabled")
-        return arg.value if arg is not None else None
 
     def float16_gated(self, expr: Optional[cst.CSTNode]) -> bool:
         """The (scaler's) `enabled=` expression names float16, a dtype or a precision, directly

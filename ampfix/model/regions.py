@@ -112,8 +112,15 @@ class Regions:
                     api = self.api_of(v)
                     if api is not None and api.kind == "autocast" and not isinstance(v, cst.Call):
                         found.append(self._region_from_args(api, expr.args, expr, expr))  # amp_autocast = torch.autocast
-                return self._merge(found, len(values))
-            return None
+                merged = self._merge(found, len(values))
+                if merged is not None:
+                    return merged
+            # a helper (of this file or another module) that returns the region
+            returned = [v for r in self.returned(expr, None) for v in self.possible_values(r)]
+            found = [r for r in (self.context_region(v, depth + 1) for v in returned
+                                 if isinstance(v, (cst.Call, cst.IfExp))) if r is not None]
+            merged = self._merge(found, len(returned)) if returned else None
+            return replace(merged, node=expr) if merged is not None else None
         if isinstance(expr, (cst.IfExp, cst.Name, cst.Attribute, cst.BooleanOperation)):
             values = self.possible_values(expr)
             if values == [expr]:

@@ -11,10 +11,17 @@ statement, block, scope, enclosing loop/function/class, text order, source text.
 
 from __future__ import annotations
 
-from typing import Dict, Iterator, List, Optional, Set, Tuple
+import ast as pyast
+import re
+from collections import defaultdict
+from typing import Callable, DefaultDict, Dict, Iterator, List, Optional, Set, Tuple
 
 import libcst as cst
-from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
+from libcst import MaybeSentinel
+from libcst._nodes.internal import CodegenState
+from libcst.metadata import CodePosition, CodeRange
+
+_NEWLINE_RE = re.compile(r"\r\n?|\n")  # as LibCST's position provider splits lines
 
 BLOCK_TYPES = (cst.IndentedBlock, cst.Module)
 SCOPE_TYPES = (cst.FunctionDef, cst.Lambda, cst.ClassDef, cst.Module)
@@ -22,13 +29,28 @@ LOOP_TYPES = (cst.For, cst.While)
 COMPREHENSIONS = (cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp)
 
 
+_NAME, _ATTRIBUTE, _OTHER = 1, 2, 0
+_DOTTED_KIND: Dict[type, int] = {}  # node type -> what `dotted` does with it (`isinstance` through ABCMeta is slow)
+
+
+def _dotted_kind(cls: type) -> int:
+    kind = _DOTTED_KIND.get(cls)
+    if kind is None:
+        kind = _DOTTED_KIND[cls] = (_NAME if issubclass(cls, cst.Name) else
+                                    _ATTRIBUTE if issubclass(cls, cst.Attribute) else _OTHER)
+    return kind
+
+
 def dotted(node: Optional[cst.CSTNode]) -> Optional[str]:
     """`a.b.c` for a chain of Names/Attributes, else None."""
-    if isinstance(node, cst.Name):
-        return node.value
-    if isinstance(node, cst.Attribute):
-        base = dotted(node.value)
-        return None if base is None else f"{base}.{node.attr.value}"
+    kind = _DOTTED_KIND.get(type(node))
+    if kind is None:
+        kind = _dotted_kind(type(node))
+    if kind == _NAME:
+        return node.value  # type: ignore[union-attr]
+    if kind == _ATTRIBUTE:
+        base = dotted(node.value)  # type: ignore[union-attr]
+        return None if base is None else f"{base}.{node.attr.value}"  # type: ignore[union-attr]
     return None
 
 
@@ -43,8 +65,79 @@ def target_names(target: cst.CSTNode) -> List[str]:
     return []
 
 
+# ----------------------------------------------------------------------------- node kinds
+#
+# The index walks the tree itself instead of through `CSTNode.visit`: LibCST's visit rebuilds
+# every node it passes (`_visit_and_replace_children` constructs and validates a copy), and
+# every `isinstance` test against its node classes goes through `ABCMeta`. Each node type is
+# looked up once per process in one table (`_Kind`): the fields that hold its children, in the
+# order LibCST visits them (text order), and what the index records for it.
+
+
+class _Kind:
+    __slots__ = ("fields", "scope", "handler")
+
+    def __init__(self, fields: Optional[Tuple[str, ...]], scope: bool, handler: Optional[Callable[["Index", cst.CSTNode], None]]):
+        self.fields = fields
+        self.scope = scope
+        self.handler = handler
+
+
+_KINDS: Dict[type, _Kind] = {}
+_LEAVES: Set[type] = set()  # node types without children that record nothing of their own (whitespace)
+
+
+class _FieldProbe(cst.CSTVisitor):
+    """Records the fields LibCST's own visit walks for one node (its children not entered)."""
+
+    def __init__(self, root: cst.CSTNode) -> None:
+        super().__init__()
+        self.root = root
+        self.fields: List[str] = []
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        return False
+
+    def on_visit_attribute(self, node: cst.CSTNode, attribute: str) -> None:
+        if node is self.root:
+            self.fields.append(attribute)
+
+
+def _child_fields(node: cst.CSTNode) -> Optional[Tuple[str, ...]]:
+    """The fields of `node`'s type that hold children, in LibCST's visiting order: the field
+    names its `_visit_and_replace_children` passes to `visit_*`, in the order they appear
+    there (a code object lists its constants in order of first use). Checked against what
+    LibCST's visit really walks on this first node of the type; None when they disagree."""
+    cls = type(node)
+    names = set(getattr(cls, "__dataclass_fields__", ()))
+    code = getattr(getattr(cls, "_visit_and_replace_children", None), "__code__", None)
+    if code is None:
+        return None
+    seen: List[str] = []
+    for const in code.co_consts:
+        if isinstance(const, str) and const in names and const not in seen:
+            seen.append(const)
+    probe = _FieldProbe(node)
+    node._visit_and_replace_children(probe)
+    if not set(probe.fields) <= set(seen) or probe.fields != [f for f in seen if f in probe.fields]:
+        return None
+    return tuple(seen)
+
+
+def _kind(node: cst.CSTNode) -> _Kind:
+    cls = type(node)
+    kind = _KINDS.get(cls)
+    if kind is None:
+        # fields None: a node type this reading does not understand, walked by its `children`
+        kind = _KINDS[cls] = _Kind(_child_fields(node), issubclass(cls, SCOPE_TYPES), _handler_for(cls))
+        if kind.fields == () and not kind.scope and kind.handler is None:
+            _LEAVES.add(cls)
+    return kind
+
+
 class Index(cst.CSTVisitor):
-    """One pass over the tree (see the module docstring)."""
+    """One pass over the tree (see the module docstring): `Index.of(module)`. (Visiting a
+    module with it, `module.visit(Index())`, records the same, more slowly.)"""
 
     def __init__(self) -> None:
         super().__init__()
@@ -67,7 +160,70 @@ class Index(cst.CSTVisitor):
         self._stack: List[cst.CSTNode] = []
         self._scopes: List[cst.CSTNode] = []
 
+    @classmethod
+    def of(cls, module: cst.CSTNode) -> "Index":
+        """The index of `module` (a tree walked once, one call per node)."""
+        index = cls()
+        parents, order, post, scope_map = index.parents, index.order, index.post, index.scope
+        by_type: DefaultDict[type, List[cst.CSTNode]] = defaultdict(list)
+        scopes = index._scopes
+        kinds = _KINDS
+        leaves = _LEAVES
+        sentinel = MaybeSentinel.DEFAULT
+
+        def walk(node: cst.CSTNode, parent: Optional[cst.CSTNode], scope: Optional[cst.CSTNode]) -> None:
+            cls_ = type(node)
+            kind = kinds.get(cls_) or _kind(node)
+            parents[node] = parent  # type: ignore[assignment]  # the root's None is removed below
+            order[node] = len(order)
+            by_type[cls_].append(node)
+            if scope is not None:
+                scope_map[node] = scope
+            inner = scope
+            if kind.scope:
+                scopes.append(node)
+                inner = node
+            if kind.handler is not None:
+                kind.handler(index, node)
+            if kind.fields is None:  # pragma: no cover - see `_kind`
+                for child in node.children:
+                    walk(child, node, inner)
+            else:
+                for name in kind.fields:
+                    value = getattr(node, name)
+                    if value is None or value is sentinel:
+                        continue
+                    if type(value) is tuple or type(value) is list:
+                        for child in value:
+                            if type(child) in leaves:  # whitespace, most of a tree: no call
+                                parents[child] = node
+                                order[child] = len(order)
+                                by_type[type(child)].append(child)
+                                if inner is not None:
+                                    scope_map[child] = inner
+                                post[child] = len(post)
+                            else:
+                                walk(child, node, inner)
+                    elif type(value) in leaves:
+                        parents[value] = node
+                        order[value] = len(order)
+                        by_type[type(value)].append(value)
+                        if inner is not None:
+                            scope_map[value] = inner
+                        post[value] = len(post)
+                    else:
+                        walk(value, node, inner)
+            post[node] = len(post)
+            if kind.scope:
+                scopes.pop()
+
+        walk(module, None, None)
+        del parents[module]
+        index.by_type = dict(by_type)
+        return index
+
     def on_visit(self, node: cst.CSTNode) -> bool:
+        kind = _kind(node)
         if self._stack:
             self.parents[node] = self._stack[-1]
         self.order[node] = len(self.order)
@@ -75,71 +231,93 @@ class Index(cst.CSTVisitor):
         if self._scopes:
             self.scope[node] = self._scopes[-1]
         self._stack.append(node)
-        if isinstance(node, SCOPE_TYPES):
+        if kind.scope:
             self._scopes.append(node)
-        if isinstance(node, cst.Call):
-            self.calls.append(node)
-        elif isinstance(node, cst.FunctionDef):
-            self.functions.setdefault(node.name.value, []).append(node)
-            self._bind_local(self.scope.get(node), node.name.value)
-            params = node.params
-            for p in (*params.posonly_params, *params.params, *params.kwonly_params):
-                self._bind_local(node, p.name.value)
-            for p in (params.star_arg, params.star_kwarg):
-                if isinstance(p, cst.Param):
-                    self._bind_local(node, p.name.value)
-        elif isinstance(node, cst.Lambda):
-            params = node.params
-            for p in (*params.posonly_params, *params.params, *params.kwonly_params):
-                self._bind_local(node, p.name.value)
-        elif isinstance(node, cst.ClassDef):
-            self.classes.setdefault(node.name.value, node)
-            self._bind_local(self.scope.get(node), node.name.value)
-        elif isinstance(node, cst.Assign):
-            for t in node.targets:
-                self._assign(node, t.target, node.value)
-        elif isinstance(node, cst.AnnAssign):
-            self._assign(node, node.target, node.value)
-        elif isinstance(node, (cst.AugAssign, cst.NamedExpr)):
-            self._assign(node, node.target, node.value if isinstance(node, cst.NamedExpr) else None)
-        elif isinstance(node, cst.Import):
-            for alias in node.names:
-                full = dotted(alias.name)
-                if full is None:
-                    continue
-                if alias.asname is not None and isinstance(alias.asname.name, cst.Name):
-                    self._bind_import(alias.asname.name.value, full, node, alias)
-                else:
-                    root = full.split(".")[0]
-                    self._bind_import(root, root, node, alias)
-        elif isinstance(node, cst.ImportFrom) and not isinstance(node.names, cst.ImportStar):
-            base = dotted(node.module) if node.module is not None else ""
-            dots = "." * len(node.relative)
-            for alias in node.names:
-                name = dotted(alias.name)
-                if name is None:
-                    continue
-                bound = name
-                if alias.asname is not None and isinstance(alias.asname.name, cst.Name):
-                    bound = alias.asname.name.value
-                self._bind_import(bound, f"{dots}{base}.{name}" if base else f"{dots}{name}", node, alias)
-        elif isinstance(node, (cst.For, cst.CompFor)):
-            self._assign(node, node.target, None)
-        elif isinstance(node, cst.AsName) and isinstance(self.parents.get(node), cst.WithItem):
-            item = self.parents[node]  # `with ThreadPoolExecutor() as pool`: pool is (usually) the manager
-            self._assign(item, node.name, item.item)  # type: ignore[attr-defined]
-        elif isinstance(node, cst.AsName) and isinstance(self.parents.get(node), cst.ExceptHandler):
-            self._assign(self.parents[node], node.name, None)
-        elif isinstance(node, (cst.Global, cst.Nonlocal)):
-            for n in node.names:
-                self.declared.setdefault(self._scopes[-1], set()).add(n.name.value)
+        if kind.handler is not None:
+            kind.handler(self, node)
         return True
 
     def on_leave(self, original_node: cst.CSTNode) -> None:
         self.post[original_node] = len(self.post)
         self._stack.pop()
-        if isinstance(original_node, SCOPE_TYPES):
+        if _kind(original_node).scope:
             self._scopes.pop()
+
+    # ------------------------------------------------------------ what a node records
+    def _on_call(self, node: cst.Call) -> None:
+        self.calls.append(node)
+
+    def _on_function(self, node: cst.FunctionDef) -> None:
+        self.functions.setdefault(node.name.value, []).append(node)
+        self._bind_local(self.scope.get(node), node.name.value)
+        params = node.params
+        for p in (*params.posonly_params, *params.params, *params.kwonly_params):
+            self._bind_local(node, p.name.value)
+        for p in (params.star_arg, params.star_kwarg):
+            if isinstance(p, cst.Param):
+                self._bind_local(node, p.name.value)
+
+    def _on_lambda(self, node: cst.Lambda) -> None:
+        params = node.params
+        for p in (*params.posonly_params, *params.params, *params.kwonly_params):
+            self._bind_local(node, p.name.value)
+
+    def _on_class(self, node: cst.ClassDef) -> None:
+        self.classes.setdefault(node.name.value, node)
+        self._bind_local(self.scope.get(node), node.name.value)
+
+    def _on_assign(self, node: cst.Assign) -> None:
+        for t in node.targets:
+            self._assign(node, t.target, node.value)
+
+    def _on_ann_assign(self, node: cst.AnnAssign) -> None:
+        self._assign(node, node.target, node.value)
+
+    def _on_aug_assign(self, node: cst.AugAssign) -> None:
+        self._assign(node, node.target, None)
+
+    def _on_named_expr(self, node: cst.NamedExpr) -> None:
+        self._assign(node, node.target, node.value)
+
+    def _on_import(self, node: cst.Import) -> None:
+        for alias in node.names:
+            full = dotted(alias.name)
+            if full is None:
+                continue
+            if alias.asname is not None and isinstance(alias.asname.name, cst.Name):
+                self._bind_import(alias.asname.name.value, full, node, alias)
+            else:
+                root = full.split(".")[0]
+                self._bind_import(root, root, node, alias)
+
+    def _on_import_from(self, node: cst.ImportFrom) -> None:
+        if isinstance(node.names, cst.ImportStar):
+            return
+        base = dotted(node.module) if node.module is not None else ""
+        dots = "." * len(node.relative)
+        for alias in node.names:
+            name = dotted(alias.name)
+            if name is None:
+                continue
+            bound = name
+            if alias.asname is not None and isinstance(alias.asname.name, cst.Name):
+                bound = alias.asname.name.value
+            self._bind_import(bound, f"{dots}{base}.{name}" if base else f"{dots}{name}", node, alias)
+
+    def _on_for(self, node: cst.CSTNode) -> None:
+        self._assign(node, node.target, None)  # type: ignore[attr-defined]
+
+    def _on_as_name(self, node: cst.AsName) -> None:
+        parent = self.parents.get(node)
+        if isinstance(parent, cst.WithItem):
+            # `with ThreadPoolExecutor() as pool`: pool is (usually) the manager
+            self._assign(parent, node.name, parent.item)
+        elif isinstance(parent, cst.ExceptHandler):
+            self._assign(parent, node.name, None)
+
+    def _on_global(self, node: cst.CSTNode) -> None:
+        for n in node.names:  # type: ignore[attr-defined]
+            self.declared.setdefault(self._scopes[-1], set()).add(n.name.value)
 
     def _bind_import(self, name: str, qualified: str, stmt: cst.CSTNode, alias: cst.ImportAlias) -> None:
         scope = self._scopes[-1]
@@ -155,6 +333,102 @@ class Index(cst.CSTVisitor):
             self._bind_local(self._scopes[-1], name)
 
 
+# the first matching class wins, as in an if/elif chain (a subclass takes its base's handler)
+_HANDLERS: Tuple[Tuple[type, Callable[[Index, cst.CSTNode], None]], ...] = (
+    (cst.Call, Index._on_call),
+    (cst.FunctionDef, Index._on_function),
+    (cst.Lambda, Index._on_lambda),
+    (cst.ClassDef, Index._on_class),
+    (cst.Assign, Index._on_assign),
+    (cst.AnnAssign, Index._on_ann_assign),
+    (cst.AugAssign, Index._on_aug_assign),
+    (cst.NamedExpr, Index._on_named_expr),
+    (cst.Import, Index._on_import),
+    (cst.ImportFrom, Index._on_import_from),
+    (cst.For, Index._on_for),
+    (cst.CompFor, Index._on_for),
+    (cst.AsName, Index._on_as_name),
+    (cst.Global, Index._on_global),
+    (cst.Nonlocal, Index._on_global),
+)
+
+
+def _handler_for(cls: type) -> Optional[Callable[[Index, cst.CSTNode], None]]:
+    for base, handler in _HANDLERS:
+        if issubclass(cls, base):
+            return handler
+    return None
+
+
+# ----------------------------------------------------------------------------- positions
+
+
+class _Record:
+    """`record_syntactic_position` of LibCST's `PositionProvidingCodegenState`, as a plain
+    context manager."""
+
+    __slots__ = ("state", "node", "start_node", "end_node", "start")
+
+    def __init__(self, state: "_PositionState", node: cst.CSTNode, start_node: Optional[cst.CSTNode],
+                 end_node: Optional[cst.CSTNode]) -> None:
+        self.state, self.node, self.start_node, self.end_node = state, node, start_node, end_node
+
+    def __enter__(self) -> None:
+        self.start = (self.state.line, self.state.column)
+
+    def __exit__(self, *exc: object) -> None:
+        state = self.state
+        computed = state.computed
+        start = computed[self.start_node][0] if self.start_node is not None else self.start
+        end = computed[self.end_node][1] if self.end_node is not None else (state.line, state.column)
+        computed[self.node] = (start, end)
+
+
+class _PositionState(CodegenState):
+    """The code generation state of LibCST's `PositionProvider` (same lines and columns, the
+    same syntactic ranges), keeping plain tuples: no `CodeRange` per node, no metadata visit."""
+
+    def __init__(self, module: cst.Module) -> None:
+        super().__init__(default_indent=module.default_indent, default_newline=module.default_newline)
+        self.computed: Dict[cst.CSTNode, Tuple[Tuple[int, int], Tuple[int, int]]] = {}
+        self.line = 1  # one-indexed
+        self.column = 0  # zero-indexed
+        self._starts: List[Tuple[int, int]] = []
+
+    def add_indent_tokens(self) -> None:
+        for token in self.indent_tokens:
+            self.add_token(token)
+
+    def add_token(self, value: str) -> None:
+        self.tokens.append(value)
+        if "\n" in value or "\r" in value:
+            segments = _NEWLINE_RE.split(value)
+            self.line += len(segments) - 1
+            self.column = len(segments[-1])
+        else:
+            self.column += len(value)
+
+    def before_codegen(self, node: cst.CSTNode) -> None:
+        self._starts.append((self.line, self.column))
+
+    def after_codegen(self, node: cst.CSTNode) -> None:
+        start = self._starts.pop()
+        if node not in self.computed:
+            self.computed[node] = (start, (self.line, self.column))
+
+    def record_syntactic_position(self, node: cst.CSTNode, *, start_node: Optional[cst.CSTNode] = None,
+                                  end_node: Optional[cst.CSTNode] = None) -> _Record:  # type: ignore[override]
+        return _Record(self, node, start_node, end_node)
+
+
+def positions(module: cst.Module) -> Dict[cst.CSTNode, Tuple[Tuple[int, int], Tuple[int, int]]]:
+    """node -> ((line, column), (end line, end column)) for every node of `module`: what
+    LibCST's `PositionProvider` computes, in one code generation pass."""
+    state = _PositionState(module)
+    module._codegen(state)
+    return state.computed
+
+
 class Tree:
     """Structural queries over the indexed tree (a part of `AmpModel`)."""
 
@@ -163,8 +437,7 @@ class Tree:
 
     def _init_tree(self, module: cst.Module) -> None:
         self.module = module
-        index = Index()
-        module.visit(index)
+        index = Index.of(module)
         self._index = index
         self._parents = index.parents
         self._positions: Optional[Dict[cst.CSTNode, CodeRange]] = None
@@ -183,10 +456,96 @@ class Tree:
         return any(p is anc for p in self.ancestors(node))
 
     def position(self, node: cst.CSTNode) -> CodeRange:
-        """Line/column range of `node` (computed on first use: only reported nodes need it)."""
+        """Line/column range of `node`, as LibCST's `PositionProvider` gives it. Computed on
+        first use (only files with something to report need positions), by generating the code
+        of the top-level statement that holds `node` alone, placed at the line CPython's parser
+        gives that statement, and checked against the source text; where that cannot be done
+        (no source text, CPython rejects it, the check fails), by one pass over the module."""
         if self._positions is None:
-            self._positions = MetadataWrapper(self.module, unsafe_skip_copy=True).resolve(PositionProvider)
-        return self._positions[node]
+            self._positions = {}
+        found = self._positions.get(node)
+        if found is None:
+            (sl, sc), (el, ec) = self._raw_position(node)
+            found = self._positions[node] = CodeRange(CodePosition(sl, sc), CodePosition(el, ec))
+        return found
+
+    def _raw_position(self, node: cst.CSTNode) -> Tuple[Tuple[int, int], Tuple[int, int]]:
+        whole = self.__dict__.get("_raw_positions")
+        if whole is not None:
+            return whole[node]
+        parts = self.__dict__.setdefault("_part_positions", {})
+        top = node
+        for anc in self.ancestors(node):
+            if anc is self.module:
+                break
+            top = anc
+        if top is not node or self._parents.get(node) is self.module:
+            part = parts.get(top)
+            if part is None:
+                part = parts[top] = self._statement_positions(top) or {}
+            found = part.get(node)
+            if found is not None:
+                return found
+        whole = self.__dict__["_raw_positions"] = positions(self.module)
+        return whole[node]
+
+    def _statement_positions(self, top: cst.CSTNode) -> Optional[Dict[cst.CSTNode, Tuple[Tuple[int, int], Tuple[int, int]]]]:
+        """The positions of every node of the top-level statement `top` (see `position`), or None."""
+        text = self.__dict__.get("source_text")
+        lines = self._top_lines()
+        if text is None or lines is None or id(top) not in lines:
+            return None
+        state = _PositionState(self.module)
+        top._codegen(state)
+        computed = state.computed
+        # the line CPython gives a statement is its keyword's or first token's; for a def or a
+        # class that is the line of `def`/`class`, after the decorators: anchor on its name there
+        anchor = top.name if isinstance(top, (cst.FunctionDef, cst.ClassDef)) else top  # type: ignore[attr-defined]
+        shift = lines[id(top)] - computed[anchor][0][0]
+        starts = self.__dict__.get("_line_starts")
+        if starts is None:
+            starts = self.__dict__["_line_starts"] = [0] + [m.end() for m in _NEWLINE_RE.finditer(text)]
+        if not 0 <= shift < len(starts):
+            return None
+        offset = starts[shift]  # where the statement's first line (its leading lines included) starts
+        code = "".join(state.tokens)
+        if not text.startswith(code, offset):
+            # the file's last statement, when the file does not end with a line break
+            last = state.tokens[-1] if state.tokens else ""
+            if not (top is self.module.body[-1] and not self.module.has_trailing_newline and last
+                    and offset + len(code) - len(last) == len(text) and text.startswith(code[: -len(last)], offset)):
+                return None
+        return {n: ((sl + shift, sc), (el + shift, ec)) for n, ((sl, sc), (el, ec)) in computed.items()}
+
+    def _top_lines(self) -> Optional[Dict[int, int]]:
+        """id() of each top-level statement -> the line CPython's parser gives it (None when
+        there is no source text, CPython cannot parse it, or the statements do not pair up)."""
+        if "_top_line_map" in self.__dict__:
+            return self.__dict__["_top_line_map"]
+        out: Optional[Dict[int, int]] = None
+        text = self.__dict__.get("source_text")
+        if text is not None:
+            try:
+                body = pyast.parse(text).body
+            except (SyntaxError, ValueError, RecursionError, MemoryError, OverflowError):
+                body = None
+            if body is not None:
+                out, i = {}, 0
+                for stmt in self.module.body:
+                    n = len(stmt.body) if isinstance(stmt, cst.SimpleStatementLine) else 1
+                    if i + n > len(body):
+                        out = None
+                        break
+                    out[id(stmt)] = body[i].lineno
+                    i += n
+                if out is not None and i != len(body):
+                    out = None
+        self.__dict__["_top_line_map"] = out
+        return out
+
+    def positions_known(self) -> bool:
+        """The line/column pass has run (asking a position is then free)."""
+        return self._positions is not None
 
     def start(self, node: cst.CSTNode) -> Tuple[int, int]:
         pos = self.position(node).start
@@ -210,6 +569,17 @@ class Tree:
         if len(types) > 1:
             found.sort(key=self._index.order.__getitem__)
         return found
+
+    def nodes_in_scope(self, scope: cst.CSTNode, cls: type) -> List[cst.CSTNode]:
+        """`[n for n in self.nodes_of(cls) if self.scope_of(n) is scope]`, grouped once per type."""
+        groups_by_type = self.__dict__.setdefault("_scope_groups", {})
+        groups = groups_by_type.get(cls)
+        if groups is None:
+            groups = groups_by_type[cls] = {}
+            scope_map, module = self._index.scope, self.module
+            for n in self._index.by_type.get(cls, ()):
+                groups.setdefault(scope_map.get(n, module), []).append(n)
+        return groups.get(scope, [])
 
     def code(self, node: cst.CSTNode) -> str:
         """The source text of `node`, without surrounding whitespace."""

@@ -111,12 +111,18 @@ class Values:
         if cached is not None:
             return cached
         self._values_cache[cache_key] = []  # recursion guard
+        if self.is_synthetic(expr):  # type: ignore[attr-defined]
+            found = self.synthetic_values(expr)  # type: ignore[attr-defined]
+            self._values_cache[cache_key] = found or []
+            return found or []
         root, _, rest = key.partition(".")
         values: List[cst.BaseExpression] = []
         cls = self.self_class(expr) if root in ("self", "cls") else None
         if cls is not None:
             if rest:
                 values = self.attribute_values(cls, rest)
+                if "." not in rest:
+                    values = values + self.inherited_attribute(cls, rest)  # type: ignore[attr-defined]
         else:
             bscope = self.binding_scope(root, scope)
             if bscope is not None:
@@ -128,12 +134,107 @@ class Values:
                         values.append(value)  # `cfg.amp = True` in a function, `cfg` a module global
                 if not rest and self.is_parameter(bscope, root):
                     values.extend(self.argument_values(bscope, root, depth + 1))  # type: ignore[attr-defined]
+                    if not values and isinstance(bscope, cst.FunctionDef):
+                        values.extend(self.foreign_argument_values(bscope, root))  # type: ignore[attr-defined]
                 if not values and rest:
                     head, _, last = key.rpartition(".")
-                    for owner in self.classes_of(_parse_dotted(head, expr), depth + 1):
+                    head_expr = _parse_dotted(head, expr)
+                    for owner in self.classes_of(head_expr, depth + 1):
                         values.extend(self.attribute_values(owner, last))
+                    if not values and head_expr is not None:
+                        values.extend(self._foreign_instance_attribute(head_expr, last))
+                    if not values and head_expr is not None and "." not in rest:
+                        values.extend(self._option_values(head_expr, last))
+                if not values and self.foreign is not None:  # type: ignore[attr-defined]
+                    values.extend(self._imported_values(expr))
         self._values_cache[cache_key] = values
         return values
+
+    def _imported_values(self, expr: cst.CSTNode) -> List[cst.BaseExpression]:
+        """The values of a name imported from another module of the project (a constant's
+        values, or a synthetic name standing for a function, class or module)."""
+        d = self.foreign_definition(expr)  # type: ignore[attr-defined]
+        if d is None:
+            return []
+        from ampfix.model.foreign import Synthetic
+
+        return self._definition_values(d, "", Synthetic(None))  # type: ignore[attr-defined]
+
+    def _option_values(self, head: cst.CSTNode, name: str) -> List[cst.BaseExpression]:
+        """`args.<name>` where `args` holds what `parser.parse_args()` returns: the values the
+        command-line option may hold (its default, its choices, True/False for a flag), with an
+        unknown value when nothing closes the set; the parser declared in this file, or in the
+        function of another module that returns `parse_args()`."""
+        from ampfix.model.summarize import option_value_set
+        from ampfix.model.syntax import call_name, literal_string
+
+        for v in self.values_of(head):
+            if not isinstance(v, cst.Call) or self.is_synthetic(v):  # type: ignore[attr-defined]
+                continue
+            if call_name(v) in ("parse_args", "parse_known_args") and isinstance(v.func, cst.Attribute):
+                for call in self.calls:
+                    if call_name(call) != "add_argument":
+                        continue
+                    flags = [literal_string(a.value) or "" for a in call.args if a.keyword is None]
+                    dests = [literal_string(a.value) for a in call.args if a.keyword and a.keyword.value == "dest"]
+                    if name in dests or any(f.startswith("--") and f[2:].replace("-", "_") == name for f in flags):
+                        return [self._unknown_value() if e is None else e for e in option_value_set(self, call)]
+                return []
+            ff = self.foreign_callee(v) if self.foreign is not None else None  # type: ignore[attr-defined]
+            if ff is not None and name in ff.summary.options:
+                from ampfix.model.foreign import Synthetic
+
+                origin = Synthetic(ff.module)
+                return [self.materialize(val, origin) or self._unknown_value()  # type: ignore[attr-defined]
+                        for val in ff.summary.options[name]]
+        return []
+
+    def _unknown_value(self) -> cst.BaseExpression:
+        """A value nobody can know (what the user passes on the command line)."""
+        node = self.__dict__.get("_unknown_node")
+        if node is None:
+            from ampfix.model.foreign import Synthetic
+
+            node = self.__dict__["_unknown_node"] = cst.Name("__unknown__")
+            self._synthetic[node] = Synthetic(None)  # type: ignore[attr-defined]
+        return node
+
+    def _foreign_instance_attribute(self, head: cst.CSTNode, attr: str) -> List[cst.BaseExpression]:
+        """`obj.attr` where `obj` holds an instance of a class of another module."""
+        if self.foreign is None:  # type: ignore[attr-defined]
+            return []
+        from ampfix.model.foreign import Synthetic
+
+        out: List[cst.BaseExpression] = []
+        for v in self.possible_values(head):
+            fc = self.foreign_class_of(v)  # type: ignore[attr-defined]
+            if fc is None:
+                continue
+            if fc.summary.fields and attr in fc.summary.fields and isinstance(v, cst.Call):
+                passed = self._field_argument(v, fc.summary.fields, attr)
+                if passed is not None:  # a dataclass field given to the constructor
+                    out.append(passed)
+                    continue
+            origin = Synthetic(fc.module, fc)
+            out.extend(m for val in self.foreign_attribute(fc, attr)  # type: ignore[attr-defined]
+                       for m in [self.materialize(val, origin)] if m is not None)  # type: ignore[attr-defined]
+        return out
+
+    def _field_argument(self, call: cst.Call, fields: List[str], attr: str) -> Optional[cst.BaseExpression]:
+        """What a dataclass construction passes for field `attr` (unknown after *args/**kwargs,
+        None when it is not passed: the default holds)."""
+        pos = 0
+        for a in call.args:
+            if a.star:
+                return self._unknown_value()
+            if a.keyword is not None:
+                if a.keyword.value == attr:
+                    return a.value
+                continue
+            if pos < len(fields) and fields[pos] == attr:
+                return a.value
+            pos += 1
+        return None
 
     def possible_values(self, expr: cst.CSTNode, depth: int = 0) -> List[cst.BaseExpression]:
         """The leaf values `expr` may evaluate to: names and attributes followed through their
@@ -155,8 +256,12 @@ class Values:
                     out.extend(self.possible_values(v, depth + 1))
                 return out
         if isinstance(expr, cst.Call) and not isinstance(expr.func, cst.Call):
+            if self.is_synthetic(expr):  # type: ignore[attr-defined]
+                found = self.synthetic_values(expr)  # type: ignore[attr-defined]
+                if found:  # `__imported__("cfg.AMP")`: what the other module binds
+                    return [leaf for e in found for leaf in self.possible_values(e, depth + 1)]
             returned = self.returned(expr, None)
-            if returned:  # a helper of this file that builds the object
+            if returned:  # a helper of this file (or of another module) that builds the object
                 return [leaf for e in returned for leaf in self.possible_values(e, depth + 1)]
         return [expr]  # type: ignore[list-item]
 
@@ -164,7 +269,12 @@ class Values:
         """What a call to a function of this file returns (element `index` of a returned tuple);
         empty when unknown."""
         out: List[cst.BaseExpression] = []
-        for func in self.callees(call):  # type: ignore[attr-defined]
+        callees = self.callees(call)  # type: ignore[attr-defined]
+        if not callees and self.foreign is not None:  # type: ignore[attr-defined]
+            ff = self.foreign_callee(call)  # type: ignore[attr-defined]
+            if ff is not None and not ff.qual.endswith(".__init__"):
+                return self.foreign_returned(call, ff, index)  # type: ignore[attr-defined]
+        for func in callees:
             for r in self.nodes_of(cst.Return):
                 if r.value is None or self.scope_of(r) is not func:
                     continue
@@ -196,6 +306,23 @@ class Values:
                     changed = True
         self._related[cls] = found
         return found
+
+    def has_unseen_bases(self, cls: cst.ClassDef) -> bool:
+        """`cls` (or a class related to it here) derives from a class this file does not define
+        and that is not torch's, the standard library's `object`/`abc`/`typing` ones: a base in
+        another module, which may set any `self.` attribute. `attribute_values` then knows only
+        this file's assignments: an attribute it does not see is unknown, not unassigned."""
+        for c in self.related_classes(cls):
+            for b in c.bases:
+                if b.keyword is not None or self.class_named(b.value) is not None:
+                    continue
+                names = self.qualnames(b.value)  # type: ignore[attr-defined]
+                text = dotted(b.value) or ""
+                if text in ("object", "ABC", "Generic", "Protocol", "NamedTuple", "Exception") or any(
+                        n.startswith(("torch.", "abc.", "typing.", "builtins.", "enum.")) for n in names):
+                    continue
+                return True
+        return False
 
     def attribute_values(self, cls: cst.ClassDef, attr: str) -> List[cst.BaseExpression]:
         """Values of `self.<attr>` for instances of `cls` (assigned in the methods of related

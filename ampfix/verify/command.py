@@ -8,13 +8,16 @@ torch is only imported by the `ampfix.verify.trace` subprocesses.
 from __future__ import annotations
 
 import ast
+import difflib
 import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
-from typing import Dict, List, Optional
+import time
+from typing import Callable, Dict, List, Optional
 
 import click
 
@@ -95,7 +98,54 @@ def _preflight(python: str, framework: str, timeout: float = 180.0) -> Optional[
     return None
 
 
-def _shown_error(run: RunResult, limit_lines: int = 40) -> str:
+def line_map(original: str, fixed: str) -> Dict[int, object]:
+    """fixed line -> the original line it is (an int), or ("added", original line it was put
+    before) for a line ampfix's fix added; 1-based."""
+    a, b = original.splitlines(), fixed.splitlines()
+    out: Dict[int, object] = {}
+    for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes():
+        for k, j in enumerate(range(j1, j2)):
+            out[j + 1] = i1 + k + 1 if tag == "equal" else ("added", i1 + 1)
+    return out
+
+
+def relabeller(fixed_path: str, script: str, lines: Dict[int, object]) -> Callable[[str], str]:
+    """A function that rewrites the temporary fixed copy's path and line numbers in a text (a
+    traceback, a warning) into the user's script and its lines: `File "<script>", line N`;
+    a line the fix added says so (and where it went)."""
+    shown = os.path.relpath(script) if not os.path.isabs(script) else script
+    tb_re = re.compile(r'File "%s", line (\d+)([^\n]*)' % re.escape(fixed_path))
+    warn_re = re.compile(r"%s:(\d+):" % re.escape(fixed_path))
+
+    def where(n: int):
+        m = lines.get(n, n)
+        if isinstance(m, tuple):
+            return m[1], " (a line ampfix's fix added before this one; line %d of the fixed copy)" % n
+        return m, ""
+
+    def tb(mt):
+        line, note = where(int(mt.group(1)))
+        return 'File "%s", line %d%s%s' % (shown, line, mt.group(2), note)
+
+    def warn(mt):
+        line, _ = where(int(mt.group(1)))
+        return "%s:%d:" % (shown, line)
+
+    def relabel(text: str) -> str:
+        if not text:
+            return text
+        text = tb_re.sub(tb, text)
+        text = warn_re.sub(warn, text)
+        return text.replace(fixed_path, shown)
+
+    return relabel
+
+
+def _identity(text: str) -> str:
+    return text
+
+
+def _shown_error(run: RunResult, limit_lines: int = 40, relabel: Callable[[str], str] = _identity) -> str:
     err = run.error or ""
     tail = "\n".join(run.stderr.rstrip().splitlines()[-limit_lines:])
     text = "the %s run (%s) could not be used: " % (report.LABEL_TEXT.get(run.spec.label, run.spec.label),
@@ -106,7 +156,7 @@ def _shown_error(run: RunResult, limit_lines: int = 40) -> str:
         text += "\n--- the script's error output (last lines) ---\n" + tail
     elif err and len(err.splitlines()) > 1:
         text += "\n" + err
-    return text
+    return relabel(text)
 
 
 @click.command("verify", context_settings={"help_option_names": ["-h", "--help"]})
@@ -152,7 +202,9 @@ def _shown_error(run: RunResult, limit_lines: int = 40) -> str:
                    "a MindSpore virtualenv.")
 @click.option("--framework", type=click.Choice(["auto", "torch", "mindspore"]), default="auto",
               show_default=True, help="Which framework trains the script: auto reads its imports.")
-@click.option("--unsafe", is_flag=True, help="Also apply ampfix's unsafe fixes when rewriting.")
+@click.option("--unsafe-fixes", "unsafe", is_flag=True,
+              help="Also apply ampfix's unsafe fixes when rewriting (as `check --fix --unsafe-fixes`).")
+@click.option("--unsafe", "unsafe_old", is_flag=True, hidden=True, help="Deprecated: --unsafe-fixes.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON document instead of the table.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False, writable=True), default=None,
               help="Write the loss curves (fp32, original, fixed) to this PNG (needs matplotlib).")
@@ -161,7 +213,7 @@ def _shown_error(run: RunResult, limit_lines: int = 40) -> str:
                                                 "non-interactive stdin does not ask either).")
 def verify(script, script_args, fixed, steps, warmup, reps, device, threads, seed, timeout,
            require_speedup, max_gap, final_gap, min_reduction, max_skipped, max_spread, calibrate,
-           nproc_per_node, python, framework, unsafe, as_json, plot_path, keep, yes):
+           nproc_per_node, python, framework, unsafe, unsafe_old, as_json, plot_path, keep, yes):
     """Run SCRIPT and its fixed version (AMP on, AMP forced off) and check the fix.
 
     SCRIPT is executed: it runs with your permissions, as `python SCRIPT` would. ampfix says
@@ -170,6 +222,11 @@ def verify(script, script_args, fixed, steps, warmup, reps, device, threads, see
     Exit status: 0 every check passes, 1 a check fails or is inconclusive, 2 the script could
     not be run.  Arguments after `--` are passed to the script.
     """
+    if unsafe_old:
+        click.echo("ampfix verify: warning: --unsafe is deprecated, use --unsafe-fixes (the name `check` and "
+                   "`rewrite` use)", err=True)
+        unsafe = True
+    del unsafe_old
     sys.exit(_verify(**locals()))
 
 
@@ -256,7 +313,10 @@ def _verify_in(tmpdir, script, script_args, fixed, steps, warmup, reps, device, 
                timeout, require_speedup, max_gap, final_gap, min_reduction, max_skipped,
                max_spread, calibrate, nproc_per_node, unsafe, as_json, plot_path, keep,
                script_dir, source, framework, interpreter, **_ignored) -> int:
+    started = time.monotonic()
     notes: List[str] = []
+    fixes: List[Dict[str, object]] = []
+    relabel: Callable[[str], str] = _identity
     rewritten = False
     if fixed:
         fixed_path = os.path.abspath(fixed)
@@ -264,12 +324,12 @@ def _verify_in(tmpdir, script, script_args, fixed, steps, warmup, reps, device, 
             same_source = f.read() == source
     else:
         try:
-            from ampfix.api import AmpfixError, fix_source
+            from ampfix.api import AmpfixError, fix_source_report
         except ImportError as e:
             _err("the ampfix rewriter is not available (%s); pass a fixed copy with --fixed" % e)
             return EXIT_ERROR
         try:
-            new = fix_source(source, path=script, unsafe=unsafe)
+            new, found, applied = fix_source_report(source, path=script, unsafe=unsafe)
         except AmpfixError as e:
             _err("ampfix cannot rewrite %s: %s" % (script, e))
             return EXIT_ERROR
@@ -282,6 +342,9 @@ def _verify_in(tmpdir, script, script_args, fixed, steps, warmup, reps, device, 
         kind = "safe and unsafe fixes" if unsafe else "safe fixes"
         notes.append("ampfix rewrote the script (%s) into a temporary copy" % kind
                      if rewritten else "ampfix made no changes: the script is verified as written")
+        if rewritten:
+            fixes = fixes_applied(found, applied)
+            relabel = relabeller(fixed_path, script, line_map(source, new))
 
     th = C.Thresholds(max_gap=max_gap, final_gap=final_gap, min_reduction=min_reduction,
                       max_skipped=max_skipped, require_speedup=require_speedup,
@@ -323,12 +386,12 @@ def _verify_in(tmpdir, script, script_args, fixed, steps, warmup, reps, device, 
             # An AMP run that crashed mid-training (e.g. MindSpore's LossMonitor stops on a NaN
             # loss) is a finding about that script, not a reason it cannot be verified: its
             # losses so far are compared, and its check fails.  (The fp32 runs must finish.)
-            crashed.setdefault(spec.label, run.result["error"].rstrip().splitlines()[-1])
+            crashed.setdefault(spec.label, relabel(run.result["error"].rstrip().splitlines()[-1]))
             results.setdefault(spec.label, []).append(run.result)
             continue
         if run.error is not None:
             progress.close()
-            msg = _shown_error(run)
+            msg = _shown_error(run, relabel=relabel)
             _err(msg)
             if as_json:
                 click.echo(json.dumps({"status": "ERROR", "exit_code": EXIT_ERROR, "error": msg,
@@ -353,7 +416,7 @@ def _verify_in(tmpdir, script, script_args, fixed, steps, warmup, reps, device, 
         who = "the script" if "original" not in first else \
             "the original" if label == "original" else "the fixed script"
         for w in (first.get(label) or {}).get("warnings") or []:
-            note = "%s: %s" % (who, w)
+            note = "%s: %s" % (who, relabel(w))
             if note not in notes:
                 notes.append(note)
     amp_run = first["fixed-amp"]
@@ -439,6 +502,8 @@ def _verify_in(tmpdir, script, script_args, fixed, steps, warmup, reps, device, 
             "runs": rows,
             "losses": {k: v["losses"] for k, v in first.items()},
             "notes": notes,
+            "fixes": fixes,
+            "total_seconds": round(time.monotonic() - started, 3),
         }
         click.echo(json.dumps(doc, indent=2, default=str))
     else:
@@ -446,6 +511,11 @@ def _verify_in(tmpdir, script, script_args, fixed, steps, warmup, reps, device, 
                                            (" (fixed: %s)" % os.path.relpath(fixed)) if fixed else ""))
         for n in notes:
             click.echo("note: " + n)
+        for f in fixes:
+            click.echo("fix: %s %s%s: %s%s" % (
+                f["code"], f["name"], (" (line%s %s)" % ("s" if len(f["lines"]) > 1 else "",
+                                                        ", ".join(map(str, f["lines"])))) if f["lines"] else "",
+                f["description"], (" (x%d)" % f["count"]) if f["count"] > 1 else ""))
         click.echo("%d steps (%d warm-up), %d rep%s, %d thread%s%s" % (
             steps, warmup, reps, "" if reps == 1 else "s", opts.threads,
             "" if opts.threads == 1 else "s",
@@ -456,7 +526,42 @@ def _verify_in(tmpdir, script, script_args, fixed, steps, warmup, reps, device, 
         click.echo(report.format_checks(checks, original_check))
         click.echo("")
         click.echo("result: %s" % overall)
+        click.echo("total time: %s (%d runs)" % (_duration(time.monotonic() - started), len(plan)))
     return code
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 60:
+        return "%.1f s" % seconds
+    return "%d min %02d s" % (seconds // 60, seconds % 60)
+
+
+def fixes_applied(found, applied: Dict[str, int]) -> List[Dict[str, object]]:
+    """The fixes a rewrite applied, one entry per rule and kind of fix: the rule, what the fix
+    did, how many times, and the original script's lines of that rule's findings when every one
+    of them was fixed (a rule with findings left names none: which ones were fixed is not
+    known)."""
+    by_code: Dict[str, List[int]] = {}
+    names: Dict[str, str] = {}
+    for d in found:
+        by_code.setdefault(d.code, []).append(d.line)
+        names[d.code] = d.name
+    per_code: Dict[str, int] = {}
+    for key, n in applied.items():
+        per_code[key.split(":", 1)[0]] = per_code.get(key.split(":", 1)[0], 0) + n
+    out: List[Dict[str, object]] = []
+    for key, n in sorted(applied.items()):
+        code, _, what = key.partition(": ")
+        lines = sorted(set(by_code.get(code, [])))
+        if per_code[code] < len(by_code.get(code, [])):
+            lines = []
+        if not names.get(code):
+            from ampfix.engine.registry import all_rules
+
+            rule = all_rules().get(code)
+            names[code] = rule.name if rule else ""
+        out.append({"code": code, "name": names[code], "description": what, "count": n, "lines": lines})
+    return out
 
 
 def main(argv: Optional[List[str]] = None) -> None:  # pragma: no cover - thin shim

@@ -1,0 +1,217 @@
+"""The oldest torch a project supports, read from its own metadata, as ruff infers its target
+Python version from `requires-python`.
+
+Looked up from the folder being checked upwards, in the nearest project folder (one that holds
+a `pyproject.toml`, `setup.py`, `setup.cfg` or `requirements*.txt`; the search stops at the
+repository root, a folder with `.git`). There, every requirement on `torch` is read from:
+
+* `pyproject.toml`: `[project] dependencies` and `[project.optional-dependencies]`, Poetry's
+  `[tool.poetry.dependencies]` (and its groups' dependencies);
+* `setup.cfg`: `[options] install_requires` and `[options.extras_require]`;
+* `setup.py`: the string literals that are requirements on torch (`"torch>=1.13"`), wherever
+  they are (an `install_requires=[...]` list, a `REQUIRED = [...]` constant);
+* `requirements*.txt` and `requirements/*.txt`.
+
+The oldest supported torch is the lowest lower bound among them (`>=1.13`, `==2.1.*`, `~=2.0`,
+`>2.0`, Poetry's `^1.13`); requirements without a lower bound (`torch`, `torch<3`) say nothing.
+`min-torch-version` in the configuration, and `--min-torch-version`, win over it; without any,
+the default applies (`ampfix.knowledge.torch_versions.DEFAULT_MIN_TORCH`).
+
+Only the standard library is used: `check` needs nothing more.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+from typing import Iterable, List, Optional, Tuple
+
+PROJECT_FILES = ("pyproject.toml", "setup.py", "setup.cfg")
+MAX_BYTES = 1024 * 1024  # metadata larger than this is not read
+# a requirement on torch: the name (PEP 503 normalised: case-insensitive), extras, then specifiers
+_REQ = re.compile(r"^\s*torch\s*(?:\[[^\]]*\])?\s*(?P<spec>(?:[<>=!~^][^;#]*)?)\s*(?:[;#].*)?$", re.IGNORECASE)
+_CLAUSE = re.compile(r"^\s*(?P<op>===|==|~=|>=|<=|!=|>|<|\^|~)?\s*(?P<ver>[0-9][0-9a-zA-Z.*+!_-]*)\s*$")
+
+
+class Found:
+    """A lower bound and where it was read (`pyproject.toml: torch>=1.13`)."""
+
+    def __init__(self, version: Tuple[int, ...], where: str):
+        self.version, self.where = version, where
+
+    def __repr__(self) -> str:  # pragma: no cover - debugging
+        return f"Found({self.version}, {self.where!r})"
+
+
+def lower_bound(spec: str) -> Optional[Tuple[int, ...]]:
+    """The lowest torch version a specifier set (`>=1.13,<3`, `==2.1.*`, `^1.13`) allows, as
+    (major, minor); None when it has no lower bound."""
+    best: Optional[Tuple[int, ...]] = None
+    for clause in spec.split(","):
+        if not clause.strip():
+            continue
+        m = _CLAUSE.match(clause)
+        if m is None:
+            return None  # something this reader does not understand: no claim
+        op = m.group("op") or "=="
+        if op in ("<", "<=", "!="):
+            continue
+        nums = []
+        for part in re.split(r"[.+!]", m.group("ver")):
+            if not part.isdigit():
+                break
+            nums.append(int(part))
+        if not nums:
+            continue
+        version = tuple(nums[:2]) if len(nums) >= 2 else (nums[0], 0)
+        best = version if best is None or version > best else best  # clauses all hold: the highest bound
+    return best
+
+
+def requirement_bound(text: str) -> Optional[Tuple[Tuple[int, ...], str]]:
+    """For a requirement string on torch: (its lower bound or (), the requirement as written);
+    None when it is not a requirement on torch."""
+    m = _REQ.match(text)
+    if m is None:
+        return None
+    bound = lower_bound(m.group("spec")) if m.group("spec").strip() else None
+    return (bound or (), text.strip())
+
+
+def _read(path: Path) -> Optional[str]:
+    try:
+        if path.stat().st_size > MAX_BYTES:
+            return None
+        return path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+
+
+def _from_pyproject(path: Path) -> Iterable[str]:
+    text = _read(path)
+    if text is None:
+        return []
+    if sys.version_info >= (3, 11):  # imported here: a run over files with no AMP code never needs it
+        import tomllib
+    else:  # pragma: no cover
+        import tomli as tomllib
+    try:
+        data = tomllib.loads(text)
+    except (tomllib.TOMLDecodeError, RecursionError):
+        return []  # a broken pyproject.toml is the configuration's error to report, not ours
+    out: List[str] = []
+    project = data.get("project") if isinstance(data.get("project"), dict) else {}
+    deps = project.get("dependencies", [])
+    if isinstance(deps, list):
+        out.extend(d for d in deps if isinstance(d, str))
+    extras = project.get("optional-dependencies", {})
+    if isinstance(extras, dict):
+        for group in extras.values():
+            if isinstance(group, list):
+                out.extend(d for d in group if isinstance(d, str))
+    poetry = data.get("tool", {}).get("poetry", {}) if isinstance(data.get("tool"), dict) else {}
+    tables = [poetry.get("dependencies"), poetry.get("dev-dependencies")]
+    groups = poetry.get("group", {})
+    if isinstance(groups, dict):
+        tables.extend(g.get("dependencies") for g in groups.values() if isinstance(g, dict))
+    for table in tables:
+        if not isinstance(table, dict):
+            continue
+        for name, value in table.items():
+            if name.lower() != "torch":
+                continue
+            for v in (value if isinstance(value, list) else [value]):
+                version = v.get("version") if isinstance(v, dict) else v
+                if isinstance(version, str):
+                    out.append(f"torch{version}" if version[:1] in "<>=!~^" else f"torch=={version}")
+    return out
+
+
+def _from_setup_cfg(path: Path) -> Iterable[str]:
+    import configparser  # here: most runs never read a setup.cfg
+
+    text = _read(path)
+    if text is None:
+        return []
+    parser = configparser.ConfigParser(interpolation=None)
+    try:
+        parser.read_string(text)
+    except configparser.Error:
+        return []
+    out: List[str] = []
+    if parser.has_option("options", "install_requires"):
+        out.extend(parser.get("options", "install_requires").splitlines())
+    if parser.has_section("options.extras_require"):
+        for _, value in parser.items("options.extras_require"):
+            out.extend(value.splitlines())
+    return out
+
+
+def _from_setup_py(path: Path) -> Iterable[str]:
+    import ast  # here: most runs never read a setup.py
+
+    text = _read(path)
+    if text is None:
+        return []
+    try:
+        tree = ast.parse(text)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return []
+    return [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)
+            and _REQ.match(n.value)]
+
+
+def _from_requirements(path: Path) -> Iterable[str]:
+    text = _read(path)
+    return text.splitlines() if text is not None else []
+
+
+def _requirement_files(folder: Path) -> List[Path]:
+    files = sorted(folder.glob("requirements*.txt"))
+    sub = folder / "requirements"
+    if sub.is_dir():
+        files.extend(sorted(sub.glob("*.txt")))
+    return [f for f in files if f.is_file()]
+
+
+def _project_folder(start: Path) -> Optional[Path]:
+    """The nearest folder at or above `start` that holds project metadata (see the module
+    docstring); the search ends at a repository root."""
+    for folder in (start, *start.parents):
+        try:
+            if any((folder / name).is_file() for name in PROJECT_FILES) or _requirement_files(folder):
+                return folder
+            if (folder / ".git").exists():
+                return None
+        except OSError:
+            return None
+    return None
+
+
+def infer_min_torch(start: Path) -> Optional[Found]:
+    """The oldest torch the project around `start` declares it supports, or None."""
+    try:
+        start = start.resolve()
+    except (OSError, RuntimeError):
+        start = start.absolute()
+    if start.is_file():
+        start = start.parent
+    folder = _project_folder(start)
+    if folder is None:
+        return None
+    sources = [(folder / "pyproject.toml", _from_pyproject), (folder / "setup.cfg", _from_setup_cfg),
+               (folder / "setup.py", _from_setup_py)]
+    sources += [(f, _from_requirements) for f in _requirement_files(folder)]
+    best: Optional[Found] = None
+    for path, reader in sources:
+        if not path.is_file():
+            continue
+        for line in reader(path):
+            hit = requirement_bound(line)
+            if hit is None or not hit[0]:
+                continue
+            version, written = hit
+            if best is None or version < best.version:
+                best = Found(version, f"`{written}` in {path.name}")
+    return best

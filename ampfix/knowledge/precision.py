@@ -1,0 +1,73 @@
+"""Each rule's measured precision: how often its findings were right on real projects that
+nobody working on ampfix had read (the ecosystem check, `bench/ecosystem.py`; its labels,
+`bench/ecosystem_labels.csv`; its results, `bench/ECOSYSTEM.md`).
+
+A finding is labelled TRUE (a real mistake), FALSE (the code is right) or DEBATABLE; a rule's
+precision is TRUE / (TRUE + FALSE). A rule whose measured precision is below `THRESHOLD` is a
+preview rule: it runs only with `--preview` (or `preview = true` in `[tool.ampfix]`), until it
+does better. A rule with no judged finding there is not measured: its own `preview` attribute
+decides (`ampfix.rule.Rule.preview`). `ampfix explain`, `ampfix rules` and the README's rule
+table state each rule's numbers.
+
+Import-light (the warm path reads it): no LibCST, no rules.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, Optional
+
+#: the default selection holds the rules measured at this precision or better
+THRESHOLD = 0.95
+
+
+@dataclass(frozen=True)
+class Measured:
+    true: int
+    false: int
+    debatable: int = 0
+    source: str = ""  # which run: "ecosystem check of 2026-12-01 (42 projects)"
+
+    @property
+    def judged(self) -> int:
+        return self.true + self.false
+
+    @property
+    def findings(self) -> int:
+        return self.true + self.false + self.debatable
+
+    @property
+    def precision(self) -> Optional[float]:
+        return self.true / self.judged if self.judged else None
+
+
+#: code -> the rule's numbers in the last ecosystem check (rules with no finding there are absent).
+#: Filled from `python bench/ecosystem.py` (its precision table), one line per rule.
+MEASURED: Dict[str, Measured] = {}
+
+
+def measured(code: str) -> Optional[Measured]:
+    m = MEASURED.get(code)
+    return m if m is not None and m.judged else None
+
+
+def below_threshold(code: str) -> bool:
+    """The rule was measured, and below the threshold: it is a preview rule until it does better."""
+    m = measured(code)
+    return m is not None and m.precision is not None and m.precision < THRESHOLD
+
+
+def note(code: str) -> str:
+    """One line for the docs: "precision 0.97 on 31 findings (30 right, 1 wrong, 2 debatable; ...)"."""
+    m = measured(code)
+    if m is None:
+        return "precision not measured yet (no finding in the ecosystem check)"
+    parts = [f"{m.true} right", f"{m.false} wrong"] + ([f"{m.debatable} debatable"] if m.debatable else [])
+    where = f"; {m.source}" if m.source else ""
+    return f"precision {m.precision:.2f} on {m.judged} judged findings ({', '.join(parts)}{where})"
+
+
+def short(code: str) -> str:
+    """For tables: "0.97 (31)" or "not measured"."""
+    m = measured(code)
+    return "not measured" if m is None else f"{m.precision:.2f} ({m.judged})"

@@ -1,0 +1,632 @@
+"""Facts from other modules of the project, as the model of one file sees them.
+
+The model of a file asks the project (`ampfix/project/`, through the `ForeignFacts` protocol
+below: the model never imports the project) what a name imported from another module of the
+project is: a function, a class, a constant, a module. The answers are summaries
+(`model/summary.py`). They enter the file's own reasoning at a few places only:
+
+* values: a name imported from a module of the project, an attribute of such a module, a
+  `self.x` set in a base class of another module, an attribute of an instance of a class of
+  another module, what a function of another module returns, what the other modules pass to
+  a parameter: each is a canonical expression of the summary, *materialised* here as an
+  expression node of this model (`materialize`): `torch.amp.GradScaler("cuda",
+  enabled=False)` from another module is then a GradScaler construction to every question
+  the model answers about expressions. A materialised node is *synthetic*: it is not part of
+  the file (no position, never reported, never edited), and its special names
+  (`__imported__(...)`, `__local__.X`, `__param__.p`, `__self__.x`) are resolved in the
+  module it comes from;
+* calls: a call that runs a function or method of another module (`foreign_callee`) is an
+  event whose callee's effects the traces inline (`events.py`);
+* classes: the bases of a class of this file that are defined in another module
+  (`foreign_bases`), and whether every base of a class is known (`closed_class`): a class
+  with a base nobody can see may hold any attribute, and that is unknown, not "absent".
+
+Without a project (a file checked alone, the language server on an unsaved buffer) every
+answer is "unknown": the model then behaves exactly as the one-file model did.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional, Protocol, Tuple, Union
+
+import libcst as cst
+
+from ampfix.model.summary import (IMPORTED, LOCAL, PARAM, SELF, UNKNOWN, ClassSummary, FunctionSummary,
+                                  ModuleSummary, OutgoingCall, Value)
+from ampfix.model.tree import dotted
+
+MAX_FOREIGN_DEPTH = 4
+MARKERS = (IMPORTED, LOCAL, PARAM, SELF, UNKNOWN)
+# bases a class may have and still hold no attribute it does not show: the object model and
+# the library classes whose instances carry no AMP object of their own
+KNOWN_BASES = ("object", "builtins.object", "abc.ABC", "typing.Generic", "typing.Protocol", "enum.Enum",
+               "enum.IntEnum", "str", "int", "dict", "Exception", "torch.nn.Module", "torch.nn.modules.module.Module",
+               "torch.autograd.Function", "torch.autograd.function.Function", "torch.utils.data.Dataset",
+               "torch.utils.data.dataset.Dataset", "torch.optim.Optimizer", "torch.nn.Sequential")
+
+
+class ForeignModule:
+    """A module of the project. Its summary is read (from the cache, or by one parse) only when
+    a question needs more than what the module binds: most imports are resolved without it."""
+
+    def __init__(self, path: str, load: Callable[[], ModuleSummary]):
+        self.path = path
+        self._load = load
+        self._summary: Optional[ModuleSummary] = None
+
+    @property
+    def summary(self) -> ModuleSummary:
+        if self._summary is None:
+            self._summary = self._load()
+        return self._summary
+
+    def __repr__(self) -> str:
+        return f"ForeignModule({self.path!r})"
+
+
+class ForeignClass:
+    def __init__(self, module: ForeignModule, qual: str):
+        self.module, self.qual = module, qual
+
+    @property
+    def path(self) -> str:
+        return self.module.path
+
+    @property
+    def key(self) -> Tuple[str, str]:
+        return (self.module.path, self.qual)
+
+    @property
+    def summary(self) -> ClassSummary:
+        found = self.module.summary.classes.get(self.qual)
+        return found if found is not None else ClassSummary(self.qual, 0)
+
+    def __repr__(self) -> str:
+        return f"ForeignClass(path={self.path!r}, qual={self.qual!r})"
+
+
+class ForeignFunction:
+    def __init__(self, module: ForeignModule, qual: str, owner: Optional[ForeignClass] = None):
+        self.module, self.qual, self.owner = module, qual, owner
+
+    @property
+    def path(self) -> str:
+        return self.module.path
+
+    @property
+    def key(self) -> Tuple[str, str]:
+        return (self.module.path, self.qual)
+
+    @property
+    def summary(self) -> FunctionSummary:
+        s = self.module.summary
+        if self.owner is not None:
+            found = self.owner.summary.methods.get(self.qual.rpartition(".")[2])
+        else:
+            found = s.functions.get(self.qual)
+        return found if found is not None else FunctionSummary(self.qual.rpartition(".")[2], 0, opaque=True)
+
+    def __repr__(self) -> str:
+        return f"ForeignFunction(path={self.path!r}, qual={self.qual!r})"
+
+
+class ForeignConstant:
+    def __init__(self, module: ForeignModule, name: str, values: Optional[Tuple[Value, ...]] = None):
+        self.module, self.name, self._values = module, name, values
+
+    @property
+    def path(self) -> str:
+        return self.module.path
+
+    @property
+    def values(self) -> Tuple[Value, ...]:
+        if self._values is None:
+            self._values = tuple(self.module.summary.constants.get(self.name, ()))
+        return self._values
+
+    def __repr__(self) -> str:
+        return f"ForeignConstant(path={self.path!r}, name={self.name!r})"
+
+
+Definition = Union[ForeignModule, ForeignClass, ForeignFunction, ForeignConstant]
+
+
+class ForeignFacts(Protocol):
+    """What a file's model may ask of the project (`ampfix.project.Project` answers)."""
+
+    def resolve(self, importer: str, qualified: str) -> Optional[Definition]:
+        """The definition an import binding (`pkg.mod.name`, `..utils.f`, as the model records
+        it) written in the file `importer` refers to; None: not a module of the project, or a
+        name the module does not bind (unknown)."""
+
+    def member(self, module: ForeignModule, name: str) -> Optional[Definition]:
+        """What `name` is in `module`'s namespace (its own definitions, then its imports)."""
+
+    def bases(self, cls: ForeignClass) -> List[Union[Definition, str, None]]:
+        """The bases of a class of another module: a definition of the project, the canonical
+        name of a library class (`torch.nn.Module`), or None when unknown."""
+
+    def callers(self, path: str, qual: str) -> Optional[List[Tuple[ForeignModule, OutgoingCall]]]:
+        """The calls other modules of the project make to the function `qual` of the module
+        `path`; None when that cannot be known (too many candidates)."""
+
+    def relevant(self, d: Definition) -> bool:
+        """The code of `d` holds anything AMP code is made of (else it has no effects or values
+        worth reading, and its module's summary is not needed for it)."""
+
+
+@dataclass
+class Synthetic:
+    """Where a materialised value comes from: its module, its class (for `__self__`), and the
+    arguments of the call it was returned from (for `__param__`)."""
+
+    module: Optional[ForeignModule]
+    cls: Optional[ForeignClass] = None
+    bindings: Optional[Dict[str, cst.BaseExpression]] = None
+    line: int = 0
+    depth: int = 0
+
+
+class Foreign:
+    """The facts of other modules (a part of `AmpModel`)."""
+
+    def _init_foreign(self, foreign: Optional[ForeignFacts], path: str) -> None:
+        self.foreign = foreign
+        self.path = path
+        self._synthetic: Dict[cst.CSTNode, Synthetic] = {}
+        self._materialized: Dict[Tuple[int, str, int], cst.BaseExpression] = {}
+        self._import_defs: Dict[cst.CSTNode, Optional[Definition]] = {}
+        self._foreign_bases: Dict[cst.ClassDef, List[Union[Definition, str, None]]] = {}
+        self._callee_memo: Dict[cst.CSTNode, Optional[ForeignFunction]] = {}
+
+    # ---------------------------------------------------------------- synthetic nodes
+    def is_synthetic(self, node: cst.CSTNode) -> bool:
+        """A value materialised from another module (not part of this file)."""
+        return node in self._synthetic
+
+    def synthetic_origin(self, node: cst.CSTNode) -> Optional[Synthetic]:
+        return self._synthetic.get(node)
+
+    def materialize(self, value: Value, origin: Synthetic) -> Optional[cst.BaseExpression]:
+        """The canonical expression `value` as an expression node of this model (cached)."""
+        if value.unknown or origin.depth > MAX_FOREIGN_DEPTH:
+            return None
+        key = (id(origin.module), value.text, id(origin.bindings) if origin.bindings else 0)
+        cached = self._materialized.get(key)
+        if cached is not None:
+            return cached
+        try:
+            expr = cst.parse_expression(value.text)
+        except Exception:
+            return None
+        if origin.bindings:
+            expr = expr.visit(_BindParams(origin.bindings))  # type: ignore[assignment]
+        stamp = Synthetic(origin.module, origin.cls, origin.bindings, value.line, origin.depth)
+        _register(self, expr, stamp, origin.bindings)
+        self._materialized[key] = expr
+        return expr
+
+    def synthetic_values(self, expr: cst.CSTNode) -> Optional[List[cst.BaseExpression]]:
+        """For a synthetic name or attribute (`__local__.X`, `__imported__("m.f")`,
+        `__self__.x`, `__param__.p`, `torch.float16`): what it holds (None: not one of those;
+        [] : unknown)."""
+        origin = self._synthetic.get(expr)
+        if origin is None:
+            return None
+        text = dotted(expr)
+        if isinstance(expr, cst.Call) and _imported_name(expr) is not None:
+            text = IMPORTED
+        if text is None:
+            return None
+        root, _, rest = text.partition(".")
+        if root == UNKNOWN:
+            return []
+        deeper = Synthetic(origin.module, origin.cls, origin.bindings, origin.line, origin.depth + 1)
+        if root == LOCAL and origin.module is not None and self.foreign is not None:
+            name, _, attr = rest.partition(".")
+            return self._definition_values(self.foreign.member(origin.module, name), attr, deeper)
+        if root == SELF and origin.cls is not None:
+            attr, _, more = rest.partition(".")
+            return [v for val in self.foreign_attribute(origin.cls, attr)
+                    for v in [self.materialize(val, deeper)] if v is not None] if not more else []
+        if root == PARAM:
+            return []  # a parameter the call did not bind: unknown
+        if text == IMPORTED:
+            q = _imported_name(expr)
+            if q is not None and origin.module is not None and self.foreign is not None:
+                return self._definition_values(self.foreign.resolve(origin.module.path, q), "", deeper)
+            return []
+        return None  # a canonical library name (torch.float16): a leaf
+
+    def _definition_values(self, d: Optional[Definition], attr: str, origin: Synthetic) -> List[cst.BaseExpression]:
+        if d is None or self.foreign is None:
+            return []
+        if attr:
+            first, _, more = attr.partition(".")
+            if isinstance(d, ForeignModule):
+                return self._definition_values(self.foreign.member(d, first), more, origin)
+            if isinstance(d, ForeignClass) and not more:
+                return [v for val in self.foreign_attribute(d, first) for v in [self.materialize(val, origin)]
+                        if v is not None]
+            return []
+        if isinstance(d, ForeignConstant):
+            sub = Synthetic(d.module, None, None, 0, origin.depth)
+            return [v for val in d.values for v in [self.materialize(val, sub)] if v is not None]
+        return [self.definition_node(d)]
+
+    def definition_node(self, d: Definition) -> cst.BaseExpression:
+        """A synthetic name standing for a function, class or module of another module (what
+        `from .utils import helper` binds): `foreign_definition` gives it back."""
+        key = (id(d), "#def", 0)
+        cached = self._materialized.get(key)
+        if cached is None:
+            cached = cst.Name(UNKNOWN)
+            self._synthetic[cached] = Synthetic(None, None, None, 0, 0)
+            self._definitions[cached] = d
+            self._materialized[key] = cached
+        return cached
+
+    @property
+    def _definitions(self) -> Dict[cst.CSTNode, Definition]:
+        defs = self.__dict__.get("_defs")
+        if defs is None:
+            defs = self.__dict__["_defs"] = {}
+        return defs
+
+    # ---------------------------------------------------------------- definitions
+    def foreign_definition(self, expr: Optional[cst.CSTNode]) -> Optional[Definition]:
+        """The definition of another module that the name or attribute `expr` refers to:
+        through an import of this file (`helper` after `from .utils import helper`,
+        `utils.helper` after `from . import utils`), or a synthetic value standing for one."""
+        if expr is None or self.foreign is None:
+            return None
+        if expr in self._definitions:
+            return self._definitions[expr]
+        if expr in self._synthetic:
+            return self._synthetic_definition(expr)
+        if not isinstance(expr, (cst.Name, cst.Attribute)):
+            return None
+        if expr in self._import_defs:
+            return self._import_defs[expr]
+        self._import_defs[expr] = None
+        found: Optional[Definition] = None
+        for qn in sorted(self.qualnames(expr)):  # type: ignore[attr-defined]
+            if qn == "torch" or qn.startswith(("torch.", "builtins.")):
+                continue  # library names are never the project's
+            d = self.foreign.resolve(self.path, qn)
+            if d is not None:
+                found = d
+                break
+        self._import_defs[expr] = found
+        return found
+
+    def _synthetic_definition(self, expr: cst.CSTNode) -> Optional[Definition]:
+        origin = self._synthetic[expr]
+        if isinstance(expr, cst.Call):
+            q = _imported_name(expr)
+            if q is not None and origin.module is not None:
+                return self.foreign.resolve(origin.module.path, q)  # type: ignore[union-attr]
+            return None
+        text = dotted(expr)
+        if text is None or origin.module is None:
+            return None
+        root, _, rest = text.partition(".")
+        if root == LOCAL and rest:
+            parts = rest.split(".")
+            d = self.foreign.member(origin.module, parts[0])  # type: ignore[union-attr]
+            for p in parts[1:]:
+                d = self.foreign.member(d, p) if isinstance(d, ForeignModule) else None  # type: ignore[union-attr]
+            return d
+        if isinstance(expr, cst.Attribute):
+            base = self._synthetic_definition(expr.value) if expr.value in self._synthetic else None
+            if isinstance(base, ForeignModule):
+                return self.foreign.member(base, expr.attr.value)  # type: ignore[union-attr]
+        return None
+
+    # ---------------------------------------------------------------- classes
+    def foreign_bases(self, cls: cst.ClassDef) -> List[Union[Definition, str, None]]:
+        """The bases of a class of this file that are not classes of this file: a definition of
+        another module of the project, a library class's canonical name, or None (unknown)."""
+        cached = self._foreign_bases.get(cls)
+        if cached is not None:
+            return cached
+        out: List[Union[Definition, str, None]] = []
+        for b in cls.bases:
+            if b.keyword is not None:
+                continue
+            expr = b.value
+            name = (dotted(expr) or "").rpartition(".")[2]
+            if isinstance(expr, cst.Name) and name in self.classes and self.classes[name] is not cls:
+                continue  # a class of this file
+            d = self.foreign_definition(expr)
+            if d is not None:
+                out.append(d)
+                continue
+            qn = sorted(self.qualnames(expr)) if isinstance(expr, (cst.Name, cst.Attribute)) else []
+            if qn:
+                out.append(qn[0])
+            elif isinstance(expr, cst.Name) and expr.value in ("object", "Exception", "dict", "str", "int"):
+                out.append(expr.value)
+            else:
+                out.append(None)
+        self._foreign_bases[cls] = out
+        return out
+
+    def closed_class(self, cls: cst.ClassDef) -> bool:
+        """Every base of `cls` (and of its bases) is known: a class of this file, a class of
+        the project, or a library class that holds no attributes of its own that matter here
+        (`nn.Module`, `object`, ...). Attributes the class does not show are then absent."""
+        seen: List[cst.ClassDef] = []
+        todo = [cls]
+        while todo:
+            c = todo.pop()
+            if c in seen:
+                continue
+            seen.append(c)
+            for b in self.foreign_bases(c):
+                if b is None or (isinstance(b, str) and b not in KNOWN_BASES):
+                    return False
+                if isinstance(b, ForeignClass) and not self._foreign_closed(b, 0):
+                    return False
+                if not isinstance(b, (str, ForeignClass)):
+                    return False
+            todo.extend(self._bases(c))  # type: ignore[attr-defined]
+        return True
+
+    def _foreign_closed(self, cls: ForeignClass, depth: int) -> bool:
+        if depth > MAX_FOREIGN_DEPTH or self.foreign is None or cls.summary.dynamic:
+            return False
+        for b in self.foreign.bases(cls):
+            if b is None or (isinstance(b, str) and b not in KNOWN_BASES):
+                return False
+            if isinstance(b, ForeignClass) and not self._foreign_closed(b, depth + 1):
+                return False
+            if not isinstance(b, (str, ForeignClass)):
+                return False
+        return True
+
+    def foreign_mro(self, cls: ForeignClass) -> List[ForeignClass]:
+        """`cls` and its bases of the project, depth first (Python's order for the usual
+        single-inheritance trainers and mixins)."""
+        out: List[ForeignClass] = []
+        todo: List[Tuple[ForeignClass, int]] = [(cls, 0)]
+        while todo:
+            c, depth = todo.pop(0)
+            if any(c.key == o.key for o in out) or depth > MAX_FOREIGN_DEPTH:
+                continue
+            out.append(c)
+            if self.foreign is not None:
+                todo[0:0] = [(b, depth + 1) for b in self.foreign.bases(c) if isinstance(b, ForeignClass)]
+        return out
+
+    def foreign_attribute(self, cls: ForeignClass, attr: str) -> List[Value]:
+        """The values `self.<attr>` may hold for an instance of a class of another module
+        (assigned in it or in its bases; a class whose code holds no AMP code gives none)."""
+        out: List[Value] = []
+        for c in self.foreign_mro(cls):
+            if self.foreign is not None and self.foreign.relevant(c):
+                out.extend(c.summary.attributes.get(attr, []))
+        return out
+
+    def foreign_method(self, cls: ForeignClass, name: str) -> Optional[ForeignFunction]:
+        for c in self.foreign_mro(cls):
+            f = c.summary.methods.get(name)
+            if f is not None:
+                return ForeignFunction(c.module, f"{c.qual}.{name}", c)
+        return None
+
+    def inherited_method(self, cls: cst.ClassDef, name: str) -> Optional[ForeignFunction]:
+        """`name` found in a base of another module of a class of this file (after its bases
+        of this file, which `lookup_method` searches)."""
+        todo = [cls]
+        seen: List[cst.ClassDef] = []
+        while todo:
+            c = todo.pop(0)
+            if c in seen:
+                continue
+            seen.append(c)
+            for b in self.foreign_bases(c):
+                if isinstance(b, ForeignClass):
+                    m = self.foreign_method(b, name)
+                    if m is not None:
+                        return m
+            todo.extend(self._bases(c))  # type: ignore[attr-defined]
+        return None
+
+    def inherited_attribute(self, cls: cst.ClassDef, attr: str) -> List[cst.BaseExpression]:
+        """The values bases of another module give `self.<attr>` of a class of this file."""
+        out: List[cst.BaseExpression] = []
+        todo = [cls]
+        seen: List[cst.ClassDef] = []
+        while todo:
+            c = todo.pop(0)
+            if c in seen:
+                continue
+            seen.append(c)
+            for b in self.foreign_bases(c):
+                if isinstance(b, ForeignClass):
+                    for fc in self.foreign_mro(b):
+                        if self.foreign is None or not self.foreign.relevant(fc):
+                            continue
+                        origin = Synthetic(fc.module, fc)
+                        out.extend(v for val in fc.summary.attributes.get(attr, [])
+                                   for v in [self.materialize(val, origin)] if v is not None)
+            todo.extend(self._bases(c))  # type: ignore[attr-defined]
+        return out
+
+    def foreign_class_of(self, value: cst.CSTNode) -> Optional[ForeignClass]:
+        """The class of another module whose instance `value` builds (`Trainer(...)` with
+        `Trainer` imported, a synthetic `__local__.Trainer(...)`)."""
+        if isinstance(value, cst.Call):
+            func = value.func
+            if isinstance(func, cst.Attribute) and func.attr.value in ("cuda", "to", "train", "eval"):
+                return self.foreign_class_of(func.value)
+            d = self.foreign_definition(func)
+            return d if isinstance(d, ForeignClass) else None
+        return None
+
+    # ---------------------------------------------------------------- calls
+    def foreign_callee(self, call: cst.Call) -> Optional[ForeignFunction]:
+        """The function or method of another module that `call` runs, if known (computed once
+        per call; a call met again while it is being resolved is unknown)."""
+        if self.foreign is None:
+            return None
+        memo = self._callee_memo
+        if call in memo:
+            return memo[call]
+        memo[call] = None
+        found = self._foreign_callee(call)
+        if found is not None and not self.foreign.relevant(found):
+            found = None  # no AMP code in it: no effects, no value worth following
+        memo[call] = found
+        return found
+
+    def _foreign_callee(self, call: cst.Call) -> Optional[ForeignFunction]:
+        func = call.func
+        d = self.foreign_definition(func) if isinstance(func, (cst.Name, cst.Attribute)) else None
+        if isinstance(d, ForeignFunction):
+            return d
+        if isinstance(d, ForeignClass):
+            return self.foreign_method(d, "__init__")
+        if isinstance(func, cst.Attribute):
+            owner, name = func.value, func.attr.value
+            if isinstance(owner, cst.Call) and isinstance(owner.func, cst.Name) and owner.func.value == "super":
+                cls = self.self_class(call)  # type: ignore[attr-defined]
+                return self.inherited_method(cls, name) if cls is not None else None
+            if isinstance(owner, cst.Name) and owner.value in ("self", "cls"):
+                cls = self.self_class(call)  # type: ignore[attr-defined]
+                if cls is not None and self.lookup_method(cls, name) is None:  # type: ignore[attr-defined]
+                    return self.inherited_method(cls, name)
+                return None
+            found = self._method_on_values(owner, name)
+            if found is not None:
+                return found
+        if isinstance(func, (cst.Name, cst.Attribute)):
+            return self._method_on_values(func, "__call__")
+        return None
+
+    def _method_on_values(self, owner: cst.CSTNode, name: str) -> Optional[ForeignFunction]:
+        classes = []
+        for v in self.possible_values(owner):  # type: ignore[attr-defined]
+            fc = self.foreign_class_of(v)
+            if fc is None:
+                return None  # some value is not an instance of a class of the project: unknown
+            classes.append(fc)
+        methods = [self.foreign_method(c, name) for c in classes]
+        if methods and all(m is not None and m.key == methods[0].key for m in methods):  # type: ignore[union-attr]
+            return methods[0]
+        return None
+
+    def foreign_returned(self, call: cst.Call, callee: ForeignFunction, index: Optional[int]) -> List[cst.BaseExpression]:
+        """What a call to a function of another module returns, materialised with the call's
+        arguments bound to its parameters (element `index` of a returned tuple)."""
+        bindings = self.bind_foreign_arguments(call, callee)
+        origin = Synthetic(callee.module, callee.owner, bindings)
+        out: List[cst.BaseExpression] = []
+        for val in callee.summary.returns:
+            expr = self.materialize(val, origin)
+            if expr is None:
+                continue
+            if index is not None:
+                if not isinstance(expr, (cst.Tuple, cst.List)) or index >= len(expr.elements):
+                    return []
+                expr = expr.elements[index].value
+            out.append(expr)
+        return out
+
+    def bind_foreign_arguments(self, call: cst.Call, callee: ForeignFunction) -> Dict[str, cst.BaseExpression]:
+        """Parameter name -> the argument expression `call` passes to it (when certain)."""
+        params = [p for p in callee.summary.params if p.kind in ("posonly", "pos")]
+        kw_names = {p.name for p in callee.summary.params if p.kind in ("pos", "kwonly")}
+        if callee.summary.is_method and isinstance(call.func, cst.Attribute) or callee.qual.endswith(".__init__"):
+            params = params[1:]
+        out: Dict[str, cst.BaseExpression] = {}
+        pos = 0
+        for arg in call.args:
+            if arg.star:
+                if arg.star == "*":
+                    break
+                continue
+            if arg.keyword is not None:
+                if arg.keyword.value in kw_names:
+                    out[arg.keyword.value] = arg.value
+                continue
+            if pos < len(params):
+                out[params[pos].name] = arg.value
+            pos += 1
+        return out
+
+    def foreign_argument_values(self, func: cst.FunctionDef, param: str) -> List[cst.BaseExpression]:
+        """What the other modules of the project pass to parameter `param` of `func` (a
+        function of this file): materialised argument values (empty: unknown or none)."""
+        if self.foreign is None or self.class_of(func) is not None:  # type: ignore[attr-defined]
+            return []
+        if self.function_of(func) is not None:  # type: ignore[attr-defined]
+            return []  # a nested function: not importable
+        calls = self.foreign.callers(self.path, func.name.value)
+        if not calls:
+            return []
+        params = [*func.params.posonly_params, *func.params.params]
+        index = next((i for i, p in enumerate(params) if p.name.value == param), None)
+        out: List[cst.BaseExpression] = []
+        for module, c in calls:
+            val: Optional[Value] = c.keywords.get(param)
+            if val is None and index is not None and index < len(c.positional):
+                val = c.positional[index]
+            if val is None:
+                continue
+            expr = self.materialize(val, Synthetic(module))
+            if expr is not None:
+                out.append(expr)
+        return out
+
+
+class _BindParams(cst.CSTTransformer):
+    """Replace `__param__.p` by the argument the call passes (a node of this file)."""
+
+    def __init__(self, bindings: Dict[str, cst.BaseExpression]):
+        super().__init__()
+        self.bindings = bindings
+
+    def leave_Attribute(self, original_node: cst.Attribute, updated_node: cst.Attribute) -> cst.BaseExpression:
+        if isinstance(original_node.value, cst.Name) and original_node.value.value == PARAM:
+            bound = self.bindings.get(original_node.attr.value)
+            if bound is not None:
+                return bound
+        return updated_node
+
+
+def _register(model, expr: cst.CSTNode, stamp: Synthetic, bindings: Optional[Dict[str, cst.BaseExpression]]) -> None:
+    """Record `expr` and its sub-nodes as synthetic, with their parents (bound arguments are
+    nodes of the file and keep theirs)."""
+    keep = {id(b) for b in (bindings or {}).values()}
+    stack: List[Tuple[cst.CSTNode, Optional[cst.CSTNode]]] = [(expr, None)]
+    parents = model._parents
+    while stack:
+        node, parent = stack.pop()
+        if id(node) in keep:
+            continue
+        model._synthetic[node] = stamp
+        if parent is not None:
+            parents[node] = parent
+        stack.extend((c, node) for c in node.children)
+
+
+def _imported_name(call: cst.CSTNode) -> Optional[str]:
+    """For `__imported__("pkg.mod.name")`: the qualified name."""
+    if isinstance(call, cst.Call) and isinstance(call.func, cst.Name) and call.func.value == IMPORTED \
+            and len(call.args) == 1 and isinstance(call.args[0].value, cst.SimpleString):
+        value = call.args[0].value.evaluated_value
+        return value if isinstance(value, str) else None
+    return None
+
+
+def synthetic_leaf(expr: cst.CSTNode) -> bool:
+    """A canonical name that stands for nothing more (`__unknown__`, an unbound parameter)."""
+    text = dotted(expr)
+    return text is not None and text.split(".")[0] in (UNKNOWN, PARAM)
+
+
+__all__ = ["Definition", "Foreign", "ForeignClass", "ForeignConstant", "ForeignFacts", "ForeignFunction",
+           "ForeignModule", "Synthetic", "MARKERS", "KNOWN_BASES", "synthetic_leaf"]

@@ -1,0 +1,562 @@
+"""Summarise a module from its model: what other modules need to know of it (`summary.py`).
+
+`summarize(model, digest)` reads the model already built for the module (one parse): its
+imports, top-level constants, functions and classes, and the calls it makes. Each function's
+effects are its trace within the module (`events.local_trace`: its own AMP events and those of
+the module's helpers it calls, in order, with their conditional contexts), keeping the calls
+that leave the module as `CALL` effects for the project to compose.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Dict, Hashable, List, Optional, Tuple
+
+import libcst as cst
+
+from ampfix.model.events import BACKWARD, EXIT, EXTERNAL, TraceEvent
+from ampfix.model.summary import (IMPORTED, LOCAL, PARAM, SELF, UNKNOWN, ClassSummary, Effect, FunctionSummary,
+                                  ModuleSummary, OutgoingCall, Param, Value)
+from ampfix.model.syntax import call_name, literal_string, method_call
+from ampfix.model.tree import dotted
+
+MAX_TEXT = 2000
+# what a module's (or a function's) text holds when it may do something AMP code is made of, or
+# choose precision: code without any of these has no effects, and values nobody asks about
+AMP_TEXT = re.compile(r"GradScaler|autocast|scaler|\.scale\(|backward|unscale_|\.step\(|\.update\(|zero_grad|"
+                      r"clip_grad|\.grad\b|state_dict|torch\.save|float16|bfloat16|\.half\(|\bhalf\b|fp16|bf16|"
+                      r"precision|dtype|\bamp\b|_amp\b|\bamp_|AMP|[Oo]ptim|Adam|SGD|RMSprop|Lamb|LAMB|Fabric|"
+                      r"Accelerator|parse_args|add_argument|apex")
+_TRIPLE = re.compile(r'"""|\'\'\'')
+_DEF_LINE = re.compile(r"^([ \t]*)(?:async[ \t]+)?(def|class)[ \t]+(\w+)")
+
+
+def def_spans(text: str) -> Dict[str, Tuple[int, int]]:
+    """Where each top-level function and class, and each method, is written: qualified name
+    (`f`, `Cls`, `Cls.method`) -> (start, end) offsets in `text`, read from the indentation
+    (decorators excluded; a nested function is part of its function)."""
+    out: Dict[str, Tuple[int, int]] = {}
+    open_: List[Tuple[int, str, int, str]] = []  # (indent, qualified name, start, "def" | "class")
+    offset = 0
+    quote: Optional[str] = None  # inside a triple-quoted string: its lines say nothing of the code
+    for line in text.splitlines(keepends=True):
+        stripped = line.strip()
+        was_inside = quote is not None
+        for q in _TRIPLE.findall(line):
+            if quote is None:
+                quote = q
+            elif q == quote:
+                quote = None
+        if was_inside:
+            offset += len(line)
+            continue
+        if stripped and not stripped.startswith(("#", "@", ")", "]", "}")):
+            indent = len(line) - len(line.lstrip(" \t"))
+            while open_ and indent <= open_[-1][0]:
+                _, name, start, _ = open_.pop()
+                out.setdefault(name, (start, offset))
+            m = _DEF_LINE.match(line)
+            if m is not None:
+                if not open_:
+                    open_.append((indent, m.group(3), offset, m.group(2)))
+                elif len(open_) == 1 and open_[0][3] == "class" and m.group(2) == "def":
+                    open_.append((indent, f"{open_[0][1]}.{m.group(3)}", offset, "def"))
+        offset += len(line)
+    while open_:
+        _, name, start, _ = open_.pop()
+        out.setdefault(name, (start, offset))
+    return out
+
+
+def relevant_code(text: str) -> bool:
+    return AMP_TEXT.search(text) is not None
+MAX_DEPTH = 4
+# names of libraries whose API the model knows by qualified name: kept as they are, never
+# looked up among the project's modules
+LIBRARY_ROOTS = ("torch", "contextlib", "functools", "threading", "concurrent", "multiprocessing", "lightning",
+                 "pytorch_lightning", "accelerate", "apex", "mindspore", "deepspeed", "transformers", "typing",
+                 "dataclasses", "enum", "argparse", "os", "sys", "numpy", "math", "collections", "abc")
+_OPS = {cst.Equal: "==", cst.NotEqual: "!=", cst.Is: "is", cst.IsNot: "is not", cst.In: "in", cst.NotIn: "not in",
+        cst.LessThan: "<", cst.LessThanEqual: "<=", cst.GreaterThan: ">", cst.GreaterThanEqual: ">=",
+        cst.Add: "+", cst.Subtract: "-", cst.Multiply: "*", cst.Divide: "/", cst.FloorDivide: "//",
+        cst.Modulo: "%", cst.Power: "**", cst.BitOr: "|", cst.BitAnd: "&", cst.And: "and", cst.Or: "or",
+        cst.Not: "not ", cst.Minus: "-", cst.Plus: "+", cst.BitInvert: "~"}
+
+
+class Canonical:
+    """Canonical expressions (see `summary.py`) of the expressions of one module."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def values(self, expr: Optional[cst.CSTNode], line: Optional[int] = None) -> List[Value]:
+        """The canonical value(s) of `expr`: one per alternative of a conditional expression."""
+        if expr is None:
+            return []
+        alternatives = [expr]
+        if isinstance(expr, cst.IfExp):
+            alternatives = [expr.body, expr.orelse]
+        out = []
+        for alt in alternatives:
+            text = self.text(alt, 0)
+            out.append(Value(text if text is not None and len(text) <= MAX_TEXT else UNKNOWN,
+                             line if line is not None else self._line(alt)))
+        return out
+
+    def _line(self, node: cst.CSTNode) -> int:
+        """The line of a value, when the module's positions are already computed (its effects
+        need them); else 0: a value's line is a nicety not worth a pass over the file."""
+        if not self.model.positions_known():
+            return 0
+        try:
+            return self.model.line(node)
+        except Exception:  # a node without a position (never for a node of the file)
+            return 0
+
+    def text(self, expr: cst.CSTNode, depth: int) -> Optional[str]:
+        """The canonical text of `expr`, None when unknown."""
+        if depth > MAX_DEPTH:
+            return None
+        if isinstance(expr, (cst.Integer, cst.Float, cst.Imaginary, cst.SimpleString)):
+            return expr.value
+        if isinstance(expr, cst.ConcatenatedString):
+            s = literal_string(expr)
+            return repr(s) if s is not None else None
+        if isinstance(expr, cst.Name) and expr.value in ("True", "False", "None"):
+            return expr.value
+        if isinstance(expr, (cst.Name, cst.Attribute)) and dotted(expr) is not None:
+            return self._name(expr, depth)
+        if isinstance(expr, cst.Attribute):
+            base = self.text(expr.value, depth + 1)
+            return None if base is None else f"{base}.{expr.attr.value}"
+        if isinstance(expr, cst.Call):
+            return self._call(expr, depth)
+        if isinstance(expr, (cst.Tuple, cst.List, cst.Set)):
+            parts = []
+            for el in expr.elements:
+                if isinstance(el, cst.StarredElement):
+                    return None
+                parts.append(self._part(el.value, depth))
+            if isinstance(expr, cst.Tuple):
+                return "(" + ", ".join(parts) + ("," if len(parts) == 1 else "") + ")"
+            return ("[" if isinstance(expr, cst.List) else "{") + ", ".join(parts) + \
+                ("]" if isinstance(expr, cst.List) else "}") if parts or isinstance(expr, cst.List) else None
+        if isinstance(expr, cst.Dict):
+            items = []
+            for el in expr.elements:
+                if not isinstance(el, cst.DictElement):
+                    return None
+                key = self.text(el.key, depth + 1)
+                if key is None:
+                    return None
+                items.append(f"{key}: {self._part(el.value, depth)}")
+            return "{" + ", ".join(items) + "}"
+        if isinstance(expr, cst.Subscript):
+            value = self.text(expr.value, depth + 1)
+            if value is None or len(expr.slice) != 1 or not isinstance(expr.slice[0].slice, cst.Index):
+                return None
+            return f"{value}[{self._part(expr.slice[0].slice.value, depth)}]"
+        if isinstance(expr, cst.IfExp):
+            return f"({self._part(expr.body, depth)} if {self._part(expr.test, depth)} else {self._part(expr.orelse, depth)})"
+        if isinstance(expr, cst.BooleanOperation):
+            return f"({self._part(expr.left, depth)} {_OPS[type(expr.operator)]} {self._part(expr.right, depth)})"
+        if isinstance(expr, cst.UnaryOperation) and type(expr.operator) in _OPS:
+            return f"({_OPS[type(expr.operator)]}{self._part(expr.expression, depth)})"
+        if isinstance(expr, cst.BinaryOperation) and type(expr.operator) in _OPS:
+            return f"({self._part(expr.left, depth)} {_OPS[type(expr.operator)]} {self._part(expr.right, depth)})"
+        if isinstance(expr, cst.Comparison):
+            out = self._part(expr.left, depth)
+            for c in expr.comparisons:
+                op = _OPS.get(type(c.operator))
+                if op is None:
+                    return None
+                out += f" {op} {self._part(c.comparator, depth)}"
+            return f"({out})"
+        return None
+
+    def _part(self, expr: cst.CSTNode, depth: int) -> str:
+        text = self.text(expr, depth + 1)
+        return UNKNOWN if text is None else text
+
+    def _call(self, call: cst.Call, depth: int) -> Optional[str]:
+        func = self.text(call.func, depth + 1)
+        if func is None:
+            return None
+        if func in ("dataclasses.field", "field") or func.endswith(".field") and func.startswith("dataclasses"):
+            for a in call.args:  # a dataclass field's default
+                if a.keyword is not None and a.keyword.value == "default":
+                    return self.text(a.value, depth + 1)
+                if a.keyword is not None and a.keyword.value == "default_factory":
+                    inner = self.text(a.value, depth + 1)
+                    return None if inner is None else f"{inner}()"
+            return None
+        args = []
+        for a in call.args:
+            if a.star:
+                return None
+            value = self._part(a.value, depth)
+            args.append(f"{a.keyword.value}={value}" if a.keyword is not None else value)
+        return f"{func}({', '.join(args)})"
+
+    def _name(self, expr: cst.CSTNode, depth: int) -> Optional[str]:
+        m = self.model
+        text = dotted(expr) or ""
+        root, _, rest = text.partition(".")
+        tail = f".{rest}" if rest else ""
+        qualified = sorted(m.qualnames(expr))
+        if qualified:
+            q = qualified[0]
+            if q.startswith("builtins."):
+                return q[len("builtins."):]
+            if q.split(".")[0] in LIBRARY_ROOTS:
+                return q
+            return f'{IMPORTED}("{q}")' if "." not in q or not rest else self._imported(q, rest)
+        scope = m.scope_of(expr)
+        func = m.function_of(expr)
+        if root in ("self", "cls") and func is not None and m.self_class(expr) is not None:
+            return f"{SELF}{tail}" if rest else None
+        bscope = m.binding_scope(root, scope)
+        if bscope is None:
+            return None
+        if bscope is m.module:
+            return f"{LOCAL}.{root}{tail}"
+        if isinstance(bscope, cst.FunctionDef) and m.is_parameter(bscope, root):
+            return f"{PARAM}.{root}{tail}"
+        if not rest and isinstance(expr, cst.Name):
+            values = m.values_of(expr)
+            if len(values) == 1 and values[0] is not expr and not _contains(values[0], expr):
+                return self.text(values[0], depth + 1)
+        return None
+
+    @staticmethod
+    def _imported(q: str, rest: str) -> str:
+        # `utils.helper` after `import pkg.utils as utils`: qualified "pkg.utils.helper"; the
+        # import itself names "pkg.utils" (what `rest` follows)
+        head = q[: len(q) - len(rest) - 1]
+        return f'{IMPORTED}("{head}").{rest}' if head else f'{IMPORTED}("{q}")'
+
+
+def _contains(node: cst.CSTNode, inner: cst.CSTNode) -> bool:
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        if n is inner:
+            return True
+        stack.extend(n.children)
+    return False
+
+
+# ---------------------------------------------------------------------- functions
+
+
+class _Groups:
+    """Numbers the context groups of one function's trace (plain data for JSON)."""
+
+    def __init__(self) -> None:
+        self.ids: Dict[Hashable, int] = {}
+
+    def group(self, g: Hashable) -> Tuple[Any, ...]:
+        if isinstance(g, tuple) and g and g[0] == "cond" and len(g) == 4:
+            _, _, text, _ = g  # a stable test on parameters, `self` or globals: portable
+            return ("cond", text)
+        inner = g[1] if isinstance(g, tuple) and len(g) == 2 and isinstance(g[1], tuple) and g[1] else None
+        kind = inner[0] if inner and isinstance(inner[0], str) else "g"
+        n = self.ids.setdefault(g, len(self.ids))
+        return (kind if kind in ("loop", "comp", "loop-else", "fallthrough", "except", "bool", "if", "match") else "g", n)
+
+    def branch(self, b: Hashable) -> Any:
+        if isinstance(b, (bool, int, str)) or b is None:
+            return b if not isinstance(b, int) or isinstance(b, bool) else self.ids.setdefault(("branch", b), len(self.ids))
+        return self.ids.setdefault(("branch", id(b)), len(self.ids))
+
+
+class Summarizer:
+    def __init__(self, model):
+        self.model = model
+        self.canon = Canonical(model)
+        self.skip: set = set()  # functions (qualified names) with no AMP code: parameters only
+
+    def function(self, func: cst.FunctionDef, is_method: bool) -> FunctionSummary:
+        m = self.model
+        p = func.params
+        params: List[Param] = []
+        for kind, items in (("posonly", p.posonly_params), ("pos", p.params), ("kwonly", p.kwonly_params)):
+            for prm in items:
+                default = self.canon.values(prm.default)[0] if prm.default is not None else None
+                params.append(Param(prm.name.value, kind, default))
+        if isinstance(p.star_arg, cst.Param):
+            params.append(Param(p.star_arg.name.value, "star"))
+        if isinstance(p.star_kwarg, cst.Param):
+            params.append(Param(p.star_kwarg.name.value, "starstar"))
+        cls = m.class_of(func)
+        qual = f"{cls.name.value}.{func.name.value}" if cls is not None else func.name.value
+        summary = FunctionSummary(func.name.value, 0, params, is_method,
+                                  [v.text for d in func.decorators for v in self.canon.values(d.decorator)])
+        if qual in self.skip:
+            return summary
+        summary.effects = self.effects(func)
+        for r in m.nodes_of(cst.Return):
+            if r.value is not None and m.scope_of(r) is func:
+                summary.returns.extend(self.canon.values(r.value))
+        summary.saves = self.saves(func)
+        summary.options = self.options(func)
+        return summary
+
+    def effects(self, func: cst.FunctionDef) -> List[Effect]:
+        m = self.model
+        groups = _Groups()
+        frames: Dict[int, int] = {}
+        out: List[Effect] = []
+        for te in m.local_trace(func).events:
+            ev = te.event
+            node = ev.node
+            line, col = m.start(node)
+            ctx = tuple((groups.group(g), groups.branch(b)) for g, b in te.ctx.items())
+            loop = None
+            if ev.kind == EXIT and ev.loop is not None:
+                loop = groups.group((te.frame, ("loop", ev.loop)))[1]
+            callee, args = None, ()
+            if ev.kind == EXTERNAL:
+                callee, args = self._external(te, node)
+                if callee is None:
+                    continue
+            region = None
+            if te.region is not None:
+                region = m.region_dtype(te.region) or "unknown"
+            scale_source = self._scale_source(te, func) if ev.kind == BACKWARD else None
+            text = m.code(node.func) if isinstance(node, cst.Call) else m.code(node)
+            frame = tuple(frames.setdefault(i, len(frames)) for i in te.frame)
+            out.append(Effect(kind=ev.kind, line=line, col=col + 1, text=text[:80], scaler=te.scaler,
+                              target=te.target, detail=ev.detail, ctx=ctx, loop=loop, callee=callee, args=args,
+                              region=region, scale_source=scale_source, frame=frame))
+        return out
+
+    def _external(self, te: TraceEvent, call: cst.Call) -> Tuple[Optional[str], Tuple[Tuple[str, str], ...]]:
+        m = self.model
+        func = call.func
+        if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Call) and \
+                isinstance(func.value.func, cst.Name) and func.value.func.value == "super":
+            callee = f"super:{func.attr.value}"
+        elif isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value in ("self", "cls"):
+            callee = f"self:{func.attr.value}"
+        else:
+            text = self.canon.text(func, 0)
+            if text is None:
+                return None, ()
+            callee = f"value:{text}"
+        args: List[Tuple[str, str]] = []
+        pos = 0
+        for a in call.args:
+            if a.star:
+                args.append(("*", "*"))
+                break
+            key = m.root_key(te, m.key(a.value))
+            if key is None:
+                key = UNKNOWN
+            if a.keyword is not None:
+                args.append((f"kw:{a.keyword.value}", key))
+            else:
+                args.append((str(pos), key))
+                pos += 1
+        if isinstance(func, cst.Attribute) and not callee.startswith(("self:", "super:")):
+            owner = m.root_key(te, m.key(func.value))
+            if owner is not None:
+                args.append(("owner", owner))
+        elif callee.startswith(("self:", "super:")):
+            args.append(("owner", m.root_key(te, "self") or "self"))
+        return callee, tuple(args)
+
+    def _scale_source(self, te: TraceEvent, func: cst.FunctionDef) -> str:
+        m = self.model
+        tensor = m.argument_at(te, m.backward_tensor(te.node))
+        if isinstance(tensor, cst.Name):
+            scope = m.function_of(tensor)
+            if scope is not None and m.is_parameter(scope, tensor.value) and \
+                    m.binding_scope(tensor.value, m.scope_of(tensor)) is scope and scope is func:
+                if not m.argument_values(scope, tensor.value):
+                    return f"param:{tensor.value}"
+        if te.event.detail == "scaled":
+            return "scaled"
+        return "scaled" if m.backward_scale_sources(te) else "unscaled"
+
+    def saves(self, func: cst.FunctionDef) -> List[Dict[str, Any]]:
+        m = self.model
+        out = []
+        for state in m.saved_states():
+            if m.scope_of(state.save) is not func:
+                continue
+            what = {}
+            for key, value in _entries(state.dict_node):
+                receiver = method_call(value, "state_dict") if value is not None else None
+                if receiver is None:
+                    what[key] = "other"
+                elif m.scaler_key(receiver) is not None:
+                    what[key] = "scaler"
+                elif m.is_optimizer(receiver):
+                    what[key] = "optimizer"
+                else:
+                    what[key] = "other"
+                if receiver is not None:
+                    text = self.canon.text(receiver, 0)
+                    if text is not None:
+                        what[key] += f"|{text}"
+            out.append({"keys": list(state.keys), "state": what, "line": m.line(state.save),
+                        "opaque": state.opaque, "scaler_state": state.scaler_state})
+        for call in m.calls:  # `torch.save(state, path)` of a dict the caller builds
+            if m.scope_of(call) is func and m.is_api(call, "save") and call.args \
+                    and isinstance(call.args[0].value, cst.Name) and m.is_parameter(func, call.args[0].value.value):
+                out.append({"param": call.args[0].value.value, "line": m.line(call)})
+        return out
+
+    def options(self, func: cst.FunctionDef) -> Dict[str, List[Value]]:
+        """For a function that returns `parser.parse_args()`: the options its parser declares."""
+        m = self.model
+        returns = [r.value for r in m.nodes_of(cst.Return) if r.value is not None and m.scope_of(r) is func]
+        if not any(isinstance(v, cst.Call) and call_name(v) in ("parse_args", "parse_known_args")
+                   for r in returns for v in m.possible_values(r)):
+            return {}
+        out: Dict[str, List[Value]] = {}
+        for call in m.calls:
+            if call_name(call) != "add_argument":
+                continue
+            flags = [literal_string(a.value) for a in call.args if a.keyword is None]
+            dest = next((f.lstrip("-").replace("-", "_") for f in flags if f and f.startswith("--")), None)
+            for a in call.args:
+                if a.keyword is not None and a.keyword.value == "dest":
+                    dest = literal_string(a.value) or dest
+            if dest is None:
+                continue
+            out[dest] = [v for e in option_value_set(m, call) for v in
+                         ([Value(UNKNOWN, 0)] if e is None else self.canon.values(e))]
+        return out
+
+
+def option_value_set(m, call: cst.Call) -> List[Optional[cst.BaseExpression]]:
+    """What an `add_argument(...)` option may hold: its default, then its choices, True and
+    False for a flag, and None (anything the user passes) when nothing closes the set."""
+    args = {a.keyword.value: a.value for a in call.args if a.keyword is not None}
+    out: List[Optional[cst.BaseExpression]] = []
+    action = literal_string(args.get("action"))
+    default = args.get("default")
+    if action in ("store_true", "store_false"):
+        flag = cst.Name("True" if action == "store_true" else "False")
+        return [default if default is not None else cst.Name("False" if action == "store_true" else "True"), flag]
+    out.append(default if default is not None else cst.Name("None"))
+    choices = args.get("choices")
+    if isinstance(choices, (cst.List, cst.Tuple, cst.Set)):
+        out.extend(e.value for e in choices.elements if not isinstance(e, cst.StarredElement))
+    else:
+        out.append(None)
+    return out
+
+
+def _entries(node: cst.CSTNode) -> List[Tuple[str, Optional[cst.BaseExpression]]]:
+    out = []
+    if isinstance(node, cst.Dict):
+        for el in node.elements:
+            if isinstance(el, cst.DictElement):
+                key = literal_string(el.key)
+                if key is not None:
+                    out.append((key, el.value))
+    elif isinstance(node, cst.Call):
+        out = [(a.keyword.value, a.value) for a in node.args if a.keyword is not None]
+    return out
+
+
+# ---------------------------------------------------------------------- module
+
+
+def summarize(model, digest: str = "", text: Optional[str] = None) -> ModuleSummary:
+    """The summary of the module `model` was built for. With the module's `text`, a function
+    whose code holds no AMP code (`AMP_TEXT`) keeps only its parameters: nothing asks more of it."""
+    m = model
+    s = Summarizer(m)
+    if text is not None:
+        spans = def_spans(text)
+        s.skip = {q for q, (a, b) in spans.items() if AMP_TEXT.search(text, a, b) is None}
+    summary = ModuleSummary(path=m.path, digest=digest)
+    module = m.module
+    for name, entries in m._index.imports.get(module, {}).items():
+        summary.imports[name] = [q for q, _, _ in entries]
+    for node in m.nodes_of(cst.ImportFrom):
+        if isinstance(node.names, cst.ImportStar) and m.scope_of(node) is module:
+            base = dotted(node.module) if node.module is not None else ""
+            summary.star_imports.append("." * len(node.relative) + (base or ""))
+    for key, entries in m.assignments.items():
+        if "." in key:
+            continue
+        values = [v for n, v in entries if m.scope_of(n) is module]
+        if values:
+            summary.constants[key] = [val for v in values for val in s.canon.values(v)]
+    for funcs in m.functions.values():
+        for f in funcs:
+            if m.scope_of(f) is module:
+                summary.functions[f.name.value] = s.function(f, False)
+    for cls in m.nodes_of(cst.ClassDef):
+        if m.scope_of(cls) is module:
+            summary.classes[cls.name.value] = _class(m, s, cls)
+    summary.calls = _outgoing(m, s)
+    return summary
+
+
+def _class(m, s: Summarizer, cls: cst.ClassDef) -> ClassSummary:
+    out = ClassSummary(cls.name.value, 0,
+                       [v for b in cls.bases if b.keyword is None for v in s.canon.values(b.value)])
+    for method in m.methods(cls):
+        out.methods[method.name.value] = s.function(method, m.is_method(method))
+    for key, entries in m.assignments.items():
+        root, _, rest = key.partition(".")
+        if root == "self" and rest and "." not in rest:
+            values = [v for n, v in entries if m.self_class(n) is cls]
+            if values:
+                out.attributes.setdefault(rest, []).extend(val for v in values for val in s.canon.values(v))
+        elif not rest:
+            values = [v for n, v in entries if m.scope_of(n) is cls]
+            if values:
+                out.attributes.setdefault(key, []).extend(val for v in values for val in s.canon.values(v))
+    for method in m.methods(cls):  # a @property returns its value
+        if any(isinstance(d.decorator, cst.Name) and d.decorator.value == "property" for d in method.decorators):
+            out.attributes.setdefault(method.name.value, []).extend(out.methods[method.name.value].returns)
+    for call in m.calls:
+        if m.self_class(call) is cls and (m.is_builtin(call.func, "setattr")
+                                          or dotted(call.func) in ("self.__dict__.update",)):
+            out.dynamic = True
+    if m.method(cls, "__getattr__") is not None:
+        out.dynamic = True
+    if any("dataclass" in (dotted(d.decorator if not isinstance(d.decorator, cst.Call) else d.decorator.func) or "")
+           for d in cls.decorators) and isinstance(cls.body, cst.IndentedBlock):
+        for stmt in cls.body.body:
+            if isinstance(stmt, cst.SimpleStatementLine):
+                for small in stmt.body:
+                    if isinstance(small, cst.AnnAssign) and isinstance(small.target, cst.Name):
+                        out.fields.append(small.target.value)
+    return out
+
+
+def _outgoing(m, s: Summarizer) -> List[OutgoingCall]:
+    """Calls to functions other modules may define (their callee is an imported name or a
+    module-level function of this module), with the canonical arguments."""
+    out = []
+    for call in m.calls:
+        func = call.func
+        if not isinstance(func, (cst.Name, cst.Attribute)) or dotted(func) is None:
+            continue
+        callee = s.canon.text(func, 0)
+        if callee is None or not callee.startswith((IMPORTED, LOCAL)):
+            continue
+        oc = OutgoingCall(callee, s.canon._line(call))
+        for a in call.args:
+            if a.star:
+                oc.star = True
+                continue
+            values = s.canon.values(a.value)
+            value = values[0] if len(values) == 1 else Value(UNKNOWN, values[0].line if values else 0)
+            if a.keyword is not None:
+                oc.keywords[a.keyword.value] = value
+            else:
+                oc.positional.append(value)
+        out.append(oc)
+    return out
+
+
+__all__ = ["Canonical", "Summarizer", "summarize", "LIBRARY_ROOTS"]

@@ -1,0 +1,648 @@
+"""The project: the modules around the checked files, read through their summaries.
+
+`Project` answers the questions a file's model asks about other modules (`ForeignFacts` in
+`model/foreign.py`): what an import refers to (following `__init__.py` re-exports, aliases,
+star imports), the bases of a class of another module, the calls other modules make to a
+function. It reads each module once: a module summary (`model/summary.py`) comes from the
+summary store (the cache, keyed by the module's content) when it holds it, from the parse the
+engine already made when the module is being checked in this process, and otherwise from one
+parse of the module; the summary is then kept in memory and in the store.
+
+Unknown stays unknown: a module that is not found among the project's files (a third-party
+package), that cannot be read or parsed, or a name it does not bind resolves to None.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Protocol, Tuple, Union
+
+import libcst as cst
+
+from ampfix.model.foreign import Definition, ForeignClass, ForeignConstant, ForeignFunction, ForeignModule
+from ampfix.model.summarize import AMP_TEXT, def_spans
+from ampfix.model.summary import IMPORTED, LOCAL, ClassSummary, ModuleSummary, OutgoingCall, Value
+from ampfix.project.layout import Layout, Target
+
+MAX_RESOLVE_DEPTH = 8
+MAX_CALLER_FILES = 40
+MAX_KEPT_MODULES = 64  # parses made for summaries, kept for the engine to reuse
+SKIP_DIRS = {".git", ".hg", ".svn", "__pycache__", ".venv", "venv", "env", ".env", "build", "dist", "site-packages",
+             "node_modules", ".tox", ".nox", ".mypy_cache", ".pytest_cache", ".ampfix_cache", ".eggs"}
+_IMPORTED_RE = re.compile(r'^__imported__\("([^"]*)"\)((?:\.\w+)*)$')
+_LOCAL_RE = re.compile(r"^__local__((?:\.\w+)+)$")
+_DOTTED_RE = re.compile(r"^[A-Za-z_]\w*(?:\.\w+)*$")
+
+
+class SummaryStore(Protocol):
+    """Where summaries are kept between runs (the engine's cache)."""
+
+    def get(self, path: str, digest: str) -> Optional[dict]: ...
+
+    def put(self, path: str, digest: str, data: dict) -> None: ...
+
+
+@dataclass
+class Source:
+    """A module's text as the engine read it (and its parse, when it has one)."""
+
+    text: str
+    digest: str
+    module: Optional[cst.Module] = None
+
+
+def digest_of(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def _stat_key(path: str) -> Optional[Tuple[int, int]]:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_mtime_ns, st.st_size)
+
+
+def _read(path: str) -> Optional[Source]:
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read()
+    except OSError:
+        return None
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        return None
+    return Source(text, digest_of(text))
+
+
+class Project:
+    """The project of one root folder (see the module docstring). One per run and process."""
+
+    def __init__(self, root: Path, store: Optional[SummaryStore] = None,
+                 parse: Optional[Callable[[str, str], Optional[cst.Module]]] = None):
+        self.layout = Layout(root)
+        self.root = self.layout.root
+        self.store = store
+        self._parse = parse or _parse
+        self._sources: Dict[str, Source] = {}
+        self._summaries: Dict[str, Optional[ModuleSummary]] = {}
+        self._modules: Dict[str, ForeignModule] = {}
+        self._members: Dict[Tuple[str, str], Optional[Definition]] = {}
+        self._resolved: Dict[Tuple[str, str], Optional[Definition]] = {}
+        self._bases: Dict[Tuple[str, str], list] = {}
+        self._callers: Dict[Tuple[str, str], Optional[list]] = {}
+        self._files: Optional[List[str]] = None
+        self._indexes: Dict[str, ModuleIndex] = {}
+        self._spans: Dict[str, Dict[str, Tuple[int, int]]] = {}
+        self._imports: Dict[str, List[str]] = {}
+        self._importers: Optional[Dict[str, List[str]]] = None
+        self._active: List[Tuple[str, str]] = []
+        self.parsed: List[str] = []  # modules this project parsed itself (not given by the engine)
+        self.from_store = 0  # summaries read from the store
+        self._touched: Optional[set] = None
+        self._kept: Dict[str, Tuple[str, cst.Module]] = {}
+        self._stats: Dict[str, Optional[Tuple[int, int]]] = {}
+        self.used: Dict[str, str] = {}  # path -> digest of every module whose summary was read
+
+    # ------------------------------------------------------------------ sources and summaries
+    def offer(self, path: str, text: str, module: Optional[cst.Module] = None) -> None:
+        """The engine read (and parsed) `path`: its summary, when asked for, comes from these."""
+        path = os.path.abspath(path)
+        self._sources[path] = Source(text, digest_of(text), module)
+
+    def begin(self) -> None:
+        """Start recording the modules read for one file's analysis (`end` returns them). In a
+        long-lived process (the language server) a module changed on disk since it was read
+        makes the project forget what it knew."""
+        self._touched = set()
+        if any(_stat_key(p) != key for p, key in self._stats.items()):
+            self._forget()
+
+    def _forget(self) -> None:
+        for memo in (self._sources, self._summaries, self._modules, self._members, self._resolved, self._bases,
+                     self._callers, self._imports, self._stats, self._indexes, self._spans):
+            memo.clear()
+        self._importers = None
+        self._files = None
+
+    def end(self) -> List[str]:
+        touched, self._touched = self._touched or set(), None
+        return sorted(touched)
+
+    def _touch(self, path: str) -> None:
+        if self._touched is not None:
+            self._touched.add(path)
+
+    def summary(self, path: str) -> Optional[ModuleSummary]:
+        """The summary of the module at `path` (None: unreadable or unparsable)."""
+        path = os.path.abspath(path)
+        self._touch(path)
+        if path in self._summaries:
+            return self._summaries[path]
+        self._summaries[path] = None  # an import cycle reads this as unknown
+        source = self._sources.get(path) or _read(path)
+        if source is None:
+            return None
+        self._sources.setdefault(path, source)
+        if source.module is None:
+            self._stats[path] = _stat_key(path)
+        summary = None
+        stored = False
+        if self.store is not None:
+            raw = self.store.get(path, source.digest)
+            if raw is not None:
+                stored = raw.get("unreadable") is True
+                try:
+                    summary = None if stored else ModuleSummary.from_json(raw)
+                    self.from_store += 1
+                except (ValueError, TypeError, KeyError):
+                    summary = None
+        if summary is None and not stored:
+            summary = self._summarize(path, source)
+            if self.store is not None:  # a module that cannot be summarised is kept as such too
+                self.store.put(path, source.digest, summary.to_json() if summary is not None else {"unreadable": True})
+        self._summaries[path] = summary
+        if summary is not None:
+            self.used[path] = source.digest
+        return summary
+
+    def _summarize(self, path: str, source: Source) -> Optional[ModuleSummary]:
+        from ampfix.model import AmpModel
+        from ampfix.model.summarize import summarize
+
+        module = source.module
+        if module is None:
+            module = self._parse(source.text, path)
+            if module is None:
+                return None
+            self.parsed.append(path)
+            self._kept[path] = (source.digest, module)  # the engine may analyse it next: no second parse
+            while len(self._kept) > MAX_KEPT_MODULES:
+                self._kept.pop(next(iter(self._kept)))
+        try:
+            model = AmpModel(module, foreign=NO_FACTS, path=path)
+            return summarize(model, source.digest, source.text)
+        except (RecursionError, MemoryError, ValueError, KeyError, AttributeError, TypeError):
+            return None  # a module the model cannot read costs only its own facts
+
+    def unreadable(self, path: str, text: str) -> None:
+        """The engine could not parse `path`: its summary is unknown (kept so, for this content)."""
+        path = os.path.abspath(path)
+        self._summaries[path] = None
+        if self.store is not None:
+            self.store.put(path, digest_of(text), {"unreadable": True})
+
+    def take_parsed(self, path: str, text: str) -> Optional[cst.Module]:
+        """The parse this project made of `path` for its summary, when the text is the same (the
+        engine analysing that module then does not parse it again)."""
+        kept = self._kept.pop(os.path.abspath(path), None)
+        if kept is not None and kept[0] == digest_of(text):
+            return kept[1]
+        return None
+
+    def module(self, path: str) -> Optional[ForeignModule]:
+        """The module at `path` (its summary read lazily; None: unreadable)."""
+        path = os.path.abspath(path)
+        cached = self._modules.get(path)
+        if cached is None:
+            if self.index(path) is None:
+                return None
+            cached = self._modules[path] = ForeignModule(path, lambda: self._summary_for_facts(path))
+        return cached
+
+    def _summary_for_facts(self, path: str) -> ModuleSummary:
+        """The summary a question about the module's contents reads: an empty one for a module
+        whose text holds nothing AMP code is made of (no parse), else the real one."""
+        text = self.text(path)
+        if text is None:
+            return ModuleSummary(path=path, digest="")
+        if not AMP_TEXT.search(text):
+            return light_summary(path, text, self.index(path))
+        return self.summary(path) or ModuleSummary(path=path, digest="")
+
+    def relevant(self, d: Definition) -> bool:
+        """The code of `d` holds something AMP code is made of (`summarize.AMP_TEXT`): only then
+        do its effects, returns or attributes need its module's summary."""
+        text = self.text(d.path) if d.path.endswith(".py") else None
+        if text is None:
+            return False
+        if isinstance(d, ForeignModule):
+            return AMP_TEXT.search(text) is not None
+        qual = d.qual if isinstance(d, (ForeignFunction, ForeignClass)) else None
+        if qual is None:
+            return AMP_TEXT.search(text) is not None
+        spans = self._spans.get(d.path)
+        if spans is None:
+            spans = self._spans[d.path] = def_spans(text)
+        span = spans.get(qual)
+        if span is None:  # not found by the scan: judge by the module
+            return AMP_TEXT.search(text) is not None
+        return AMP_TEXT.search(text, span[0], span[1]) is not None
+
+    def index(self, path: str) -> Optional["ModuleIndex"]:
+        """What the module binds at its top level, read from its text (no parse)."""
+        path = os.path.abspath(path)
+        cached = self._indexes.get(path)
+        if cached is None:
+            text = self.text(path)
+            if text is None:
+                return None
+            cached = self._indexes[path] = module_index(text)
+        return cached
+
+    # ------------------------------------------------------------------ resolution
+    def resolve(self, importer: str, qualified: str) -> Optional[Definition]:
+        key = (os.path.abspath(importer), qualified)
+        if key in self._resolved:
+            return self._resolved[key]
+        self._resolved[key] = None
+        found = self._resolve(key[0], qualified, 0)
+        self._resolved[key] = found
+        return found
+
+    def _resolve(self, importer: str, qualified: str, depth: int) -> Optional[Definition]:
+        if depth > MAX_RESOLVE_DEPTH or not self.layout.contains(importer):
+            return None
+        level = len(qualified) - len(qualified.lstrip("."))
+        parts = [p for p in qualified[level:].split(".") if p]
+        dots = "." * level
+        # the longest prefix that is a module (or a name bound in one), then attributes
+        for k in range(len(parts), 0, -1) if parts else [0]:
+            target = self.layout.resolve(importer, dots + ".".join(parts[:k]))
+            if target is None:
+                continue
+            d = self._target(target, depth)
+            for name in parts[k:]:
+                d = self._attribute(d, name, depth + 1)
+            return d
+        if not parts and level:
+            target = self.layout.resolve(importer, dots)
+            return self._target(target, depth) if target is not None else None
+        return None
+
+    def _target(self, target: Target, depth: int) -> Optional[Definition]:
+        if not target.path:  # a namespace package: a folder, no file
+            folder = target.folder
+            cached = self._modules.get(folder)
+            if cached is None:
+                cached = self._modules[folder] = ForeignModule(folder, lambda: ModuleSummary(path=folder, digest=""))
+            return cached
+        module = self.module(target.path)
+        if module is None:
+            return None
+        if target.attr is None:
+            return module
+        return self._member(module, target.attr, depth + 1)
+
+    def _attribute(self, d: Optional[Definition], name: str, depth: int) -> Optional[Definition]:
+        if isinstance(d, ForeignModule):
+            return self._member(d, name, depth)
+        if isinstance(d, ForeignClass):
+            if name in d.summary.methods:
+                return ForeignFunction(d.module, f"{d.qual}.{name}", d)
+            inner = d.summary.attributes.get(name)
+            if inner:
+                return ForeignConstant(d.module, f"{d.qual}.{name}", tuple(inner))
+        return None
+
+    def member(self, module: ForeignModule, name: str) -> Optional[Definition]:
+        return self._member(module, name, 0)
+
+    def _member(self, module: ForeignModule, name: str, depth: int) -> Optional[Definition]:
+        key = (module.path, name)
+        if key in self._members:
+            return self._members[key]
+        if key in self._active or depth > MAX_RESOLVE_DEPTH:
+            return None  # a cycle of re-exports
+        self._active.append(key)
+        try:
+            found = self._lookup(module, name, depth)
+        finally:
+            self._active.pop()
+        self._members[key] = found
+        return found
+
+    def _lookup(self, module: ForeignModule, name: str, depth: int) -> Optional[Definition]:
+        index = self.index(module.path) if module.path.endswith(".py") else None
+        kind = index.names.get(name) if index is not None else None
+        if kind == "class":
+            return ForeignClass(module, name)
+        if kind == "function":
+            return ForeignFunction(module, name)
+        if kind == "import" and index is not None:
+            return self._resolve(module.path, index.imports[name][-1], depth + 1)
+        if kind == "constant":
+            return ForeignConstant(module, name)
+        if module.path.endswith("__init__.py") or not module.path.endswith(".py"):
+            sub = self.layout.submodule(Target(module.path if module.path.endswith(".py") else "",
+                                               folder="" if module.path.endswith(".py") else module.path), name)
+            if sub is not None:
+                return self._target(sub, depth + 1)
+        for star in index.stars if index is not None else ():
+            d = self._resolve(module.path, star, depth + 1)
+            if isinstance(d, ForeignModule):
+                found = self._member(d, name, depth + 1)
+                if found is not None:
+                    return found
+        return None
+
+    def canonical_definition(self, module: ForeignModule, text: str) -> Union[Definition, str, None]:
+        """What a canonical expression of `module`'s summary names: a definition of the
+        project, a library's qualified name (kept as a string), or None."""
+        m = _IMPORTED_RE.match(text)
+        if m is not None:
+            d = self.resolve(module.path, m.group(1))
+            for name in [p for p in m.group(2).split(".") if p]:
+                d = self._attribute(d, name, 1)
+            return d
+        m = _LOCAL_RE.match(text)
+        if m is not None:
+            names = [p for p in m.group(1).split(".") if p]
+            d = self.member(module, names[0])
+            for name in names[1:]:
+                d = self._attribute(d, name, 1)
+            return d
+        if _DOTTED_RE.match(text) and not text.startswith("__"):
+            return text
+        return None
+
+    def bases(self, cls: ForeignClass) -> List[Union[Definition, str, None]]:
+        key = cls.key
+        cached = self._bases.get(key)
+        if cached is None:
+            module = self.module(cls.path)
+            cached = [self.canonical_definition(module, b.text) if module is not None else None
+                      for b in cls.summary.bases]
+            self._bases[key] = cached
+        return cached
+
+    # ------------------------------------------------------------------ related modules
+    def text(self, path: str) -> Optional[str]:
+        path = os.path.abspath(path)
+        self._touch(path)
+        source = self._sources.get(path) or _read(path)
+        if source is None:
+            return None
+        self._sources.setdefault(path, source)
+        return source.text
+
+    def imports_of(self, path: str) -> List[str]:
+        """The project modules the file at `path` imports (read from its import lines: no
+        parse), with the modules a package it imports re-exports from (one level)."""
+        path = os.path.abspath(path)
+        cached = self._imports.get(path)
+        if cached is not None:
+            return cached
+        self._imports[path] = []
+        text = self.text(path) or ""
+        out: List[str] = []
+        for qualified in import_lines(text):
+            target = self.layout.resolve(path, qualified)
+            if target is None or not target.path or target.path == path:
+                continue
+            if target.path not in out:
+                out.append(target.path)
+            if target.path.endswith("__init__.py"):
+                for q in import_lines(self.text(target.path) or ""):
+                    inner = self.layout.resolve(target.path, q)
+                    if inner is not None and inner.path and inner.path not in out and inner.path != path:
+                        out.append(inner.path)
+        self._imports[path] = out
+        return out
+
+    def importers_of(self, path: str) -> List[str]:
+        """The project's files that import the module at `path` (directly, or through a
+        package `__init__.py` that re-exports it)."""
+        path = os.path.abspath(path)
+        if self._importers is None:
+            importers: Dict[str, List[str]] = {}
+            for f in self.files():
+                for dep in self.imports_of(f):
+                    importers.setdefault(dep, []).append(f)
+            self._importers = importers
+        return self._importers.get(path, [])
+
+    def related_text(self, path: str) -> str:
+        """The text of the modules `path` imports and of those that import it: where the rest
+        of a training step spread over modules is written (for the rules' project triggers)."""
+        path = os.path.abspath(path)
+        related = [*self.imports_of(path), *self.importers_of(path)]
+        return "\n".join(self.text(f) or "" for f in related)
+
+    # ------------------------------------------------------------------ callers
+    def files(self) -> List[str]:
+        """Every Python file of the project (for the callers of a function)."""
+        if self._files is None:
+            out: List[str] = []
+            for folder, dirs, names in os.walk(self.root):
+                dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS and not d.startswith("."))
+                out.extend(os.path.join(folder, n) for n in sorted(names) if n.endswith(".py"))
+            self._files = out
+        return self._files
+
+    def callers(self, path: str, qual: str) -> Optional[List[Tuple[ForeignModule, OutgoingCall]]]:
+        path = os.path.abspath(path)
+        key = (path, qual)
+        if key in self._callers:
+            return self._callers[key]
+        self._callers[key] = None
+        stem = os.path.splitext(os.path.basename(path))[0]
+        if stem == "__init__":
+            stem = os.path.basename(os.path.dirname(path))
+        needle = f"{qual}("
+        candidates = []
+        for f in self.files():
+            if f == path:
+                continue
+            source = self._sources.get(f) or _read(f)
+            if source is None:
+                continue
+            self._sources.setdefault(f, source)
+            if needle in source.text and stem in source.text:
+                candidates.append(f)
+                self._touch(f)
+        if len(candidates) > MAX_CALLER_FILES:
+            return None
+        found: List[Tuple[ForeignModule, OutgoingCall]] = []
+        for f in candidates:
+            module = self.module(f)
+            if module is None:
+                continue
+            for call in module.summary.calls:
+                if not call.callee.endswith(f'{qual}")') and not call.callee.endswith(f".{qual}"):
+                    continue
+                d = self.canonical_definition(module, call.callee)
+                if isinstance(d, ForeignFunction) and d.path == path and d.qual == qual:
+                    found.append((module, call))
+        self._callers[key] = found
+        return found
+
+
+_TOP_RE = re.compile(r"^(?:async[ \t]+)?def[ \t]+(\w+)|^class[ \t]+(\w+)|^(\w+)[ \t]*(?::[^=\n]*)?=(?!=)", re.MULTILINE)
+
+
+@dataclass
+class ModuleIndex:
+    """What a module binds at its top level, read from its text without a parse: enough to
+    resolve imports and re-exports; a question about the contents reads the summary."""
+
+    names: Dict[str, str]  # name -> "function" | "class" | "constant" | "import" (the last binding wins)
+    imports: Dict[str, List[str]]  # name -> the qualified names it is imported as
+    stars: List[str]
+
+
+def module_index(text: str) -> ModuleIndex:
+    found: List[Tuple[int, str, str]] = []
+    for m in _TOP_RE.finditer(text):
+        if m.group(1):
+            found.append((m.start(), m.group(1), "function"))
+        elif m.group(2):
+            found.append((m.start(), m.group(2), "class"))
+        elif m.group(3) and m.group(3) not in ("if", "else", "elif", "try", "except", "finally", "with", "for", "while"):
+            found.append((m.start(), m.group(3), "constant"))
+    imports: Dict[str, List[str]] = {}
+    stars: List[str] = []
+    for pos, bound, qualified in module_imports(text):
+        if bound == "*":
+            stars.append(qualified)
+            continue
+        imports.setdefault(bound, []).append(qualified)
+        found.append((pos, bound, "import"))
+    names: Dict[str, str] = {}
+    for _, name, kind in sorted(found):
+        names[name] = kind
+    return ModuleIndex(names, imports, stars)
+
+
+_CLASS_RE = re.compile(r"^class[ \t]+(\w+)[ \t]*(?:\(([^)]*)\))?[ \t]*:", re.MULTILINE)
+_LIBRARY_PREFIXES = ("torch", "lightning", "pytorch_lightning", "accelerate", "apex", "transformers", "abc", "enum",
+                     "typing", "builtins")
+
+
+def light_summary(path: str, text: str, index: Optional[ModuleIndex]) -> ModuleSummary:
+    """The summary of a module whose text holds nothing AMP code is made of: its classes and
+    their bases (a class hierarchy may pass through it), nothing else, and no parse."""
+    out = ModuleSummary(path=path, digest="")
+    imports = index.imports if index is not None else {}
+    for m in _CLASS_RE.finditer(text):
+        bases = []
+        for raw in (m.group(2) or "").split(","):
+            base = raw.strip()
+            if not base or "=" in base:
+                continue
+            head, _, rest = base.partition(".")
+            if head in imports:
+                q = imports[head][-1] + (f".{rest}" if rest else "")
+                bases.append(Value(q if q.split(".")[0] in _LIBRARY_PREFIXES else f'__imported__("{q}")'))
+            elif all(part.isidentifier() for part in base.split(".")):
+                bases.append(Value(f"__local__.{base}" if head not in ("object",) else base))
+            else:
+                bases.append(Value("__unknown__"))
+        out.classes[m.group(1)] = ClassSummary(m.group(1), text.count("\n", 0, m.start()) + 1, bases)
+    return out
+
+
+_FROM_RE = re.compile(r"^[ \t]*from[ \t]+(\.*[\w.]*)[ \t]+import[ \t]+(\([^)]*\)|[^\n#;]+)", re.MULTILINE)
+_IMPORT_RE = re.compile(r"^[ \t]*import[ \t]+([^\n#;]+)", re.MULTILINE)
+
+
+_TOP_IMPORT_RE = re.compile(
+    r"^(?P<indent>[ \t]*)(?:from[ \t]+(?P<base>\.*[\w.]*)[ \t]+import[ \t]+(?P<names>\([^)]*\)|[^\n#;]+)"
+    r"|import[ \t]+(?P<mods>[^\n#;]+))", re.MULTILINE)
+_BLOCK_RE = re.compile(r"^(?:try|except|else|finally|if|elif)\b", re.MULTILINE)
+
+
+def module_imports(text: str) -> List[Tuple[int, str, str]]:
+    """(offset, bound name, qualified) for the imports a module runs at its top level: at the
+    left margin, or in a top-level `try`/`if` block (`try: from .x import y`)."""
+    out: List[Tuple[int, str, str]] = []
+    if "import" not in text:
+        return out
+    for m in _TOP_IMPORT_RE.finditer(text):
+        if m.group("indent"):
+            line_start = text.rfind("\n", 0, m.start()) + 1
+            block = None
+            for line in reversed(text[:line_start].splitlines()[-12:]):  # the top-level line above it
+                if line and not line[0].isspace():
+                    block = line
+                    break
+            if block is None or not _BLOCK_RE.match(block):
+                continue
+        if m.group("mods"):
+            for part in m.group("mods").split(","):
+                name, _, alias = part.strip().partition(" as ")
+                name, alias = name.strip(), alias.strip()
+                if name and all(p.isidentifier() for p in name.split(".")):
+                    out.append((m.start(), alias or name.split(".")[0], name if alias else name.split(".")[0]))
+            continue
+        base = m.group("base")
+        for part in m.group("names").strip("()").replace("\\\n", " ").split(","):
+            name, _, alias = part.strip().partition(" as ")
+            name, alias = name.strip(), alias.strip()
+            if name == "*":
+                out.append((m.start(), "*", base))
+            elif name.isidentifier():
+                qualified = f"{base}.{name}" if base and not base.endswith(".") else f"{base}{name}"
+                out.append((m.start(), alias or name, qualified))
+    return out
+
+
+def import_lines(text: str) -> List[str]:
+    """The qualified names the import statements of `text` bind (`pkg.mod`, `.utils.helper`),
+    read with regular expressions: cheap, and good enough to find related modules."""
+    out: List[str] = []
+    if "import" not in text:
+        return out
+    for m in _FROM_RE.finditer(text):
+        base = m.group(1)
+        names = m.group(2).strip("()")
+        for part in names.replace("\\\n", " ").split(","):
+            name = part.strip().split(" as ")[0].strip()
+            if name and name != "*" and name.isidentifier():
+                out.append(f"{base}.{name}" if base and not base.endswith(".") else f"{base}{name}")
+        if base.strip(".") or base:
+            out.append(base)
+    for m in _IMPORT_RE.finditer(text):
+        for part in m.group(1).split(","):
+            name = part.strip().split(" as ")[0].strip()
+            if name and all(p.isidentifier() for p in name.split(".")):
+                out.append(name)
+    return out
+
+
+class _NoFacts:
+    """The facts a module's summary is built with: none from other modules (a summary
+    depends on its own module's text only), yet calls that may leave the module are recorded."""
+
+    def resolve(self, importer, qualified):
+        return None
+
+    def member(self, module, name):
+        return None
+
+    def bases(self, cls):
+        return []
+
+    def relevant(self, d):
+        return False
+
+    def callers(self, path, qual):
+        return None
+
+
+NO_FACTS = _NoFacts()
+
+
+def _parse(text: str, path: str) -> Optional[cst.Module]:
+    try:
+        return cst.parse_module(text)
+    except Exception:
+        return None
+
+
+__all__ = ["NO_FACTS", "Project", "Source", "SummaryStore", "digest_of", "IMPORTED", "LOCAL"]

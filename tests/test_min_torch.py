@@ -1,0 +1,142 @@
+"""The oldest supported torch, read from the project's own metadata (as ruff infers its target
+version from `requires-python`): `[project] dependencies` and optional dependencies, Poetry,
+setup.cfg, setup.py, requirements files; `min-torch-version` in the configuration and
+`--min-torch-version` win; without any, the default. AMP101's `custom_fwd(device_type=...)`
+rewrite (torch >= 2.4) is then held back for a project that declares an older torch."""
+
+import textwrap
+
+import pytest
+
+from ampfix.engine.requirements import infer_min_torch, lower_bound, requirement_bound
+from ampfix.knowledge.torch_versions import DEFAULT_MIN_TORCH
+
+from conftest import run_ampfix
+
+CODE = textwrap.dedent('''\
+    import torch
+
+
+    class Identity(torch.autograd.Function):
+        @staticmethod
+        @torch.cuda.amp.custom_fwd
+        def forward(ctx, x):
+            return x
+
+        @staticmethod
+        @torch.cuda.amp.custom_bwd
+        def backward(ctx, g):
+            return g
+    ''')
+
+
+@pytest.mark.parametrize("spec,bound", [
+    (">=1.13", (1, 13)), (">=1.13,<3", (1, 13)), ("==2.1.*", (2, 1)), ("==2.1.2+cu118", (2, 1)),
+    ("~=2.0", (2, 0)), ("~= 2.3.1", (2, 3)), (">2.0", (2, 0)), ("^1.13", (1, 13)), ("<3", None), ("!=2.0", None),
+    (">=1.12,>=2.0", (2, 0)), ("", None), ("==2", (2, 0)),
+])
+def test_lower_bound(spec, bound):
+    assert lower_bound(spec) == bound
+
+
+@pytest.mark.parametrize("text,bound", [
+    ("torch>=1.13", (1, 13)), ("Torch >= 2.0 ; python_version >= '3.8'", (2, 0)), ("torch[opt-einsum]==2.2.0", (2, 2)),
+    ("torch", ()), ("torch  # any", ()),
+])
+def test_requirement_bound(text, bound):
+    assert requirement_bound(text)[0] == bound
+
+
+@pytest.mark.parametrize("text", ["torchvision>=0.15", "pytorch-lightning>=2.0", "numpy", "-r base.txt",
+                                  "--extra-index-url https://download.pytorch.org/whl/cu118", "# torch>=1.0"])
+def test_not_torch(text):
+    assert requirement_bound(text) is None
+
+
+def _project(root, files):
+    for name, text in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text))
+    (root / "src").mkdir(exist_ok=True)
+    (root / "src" / "fn.py").write_text(CODE)
+    return root / "src"
+
+
+PROJECTS = {
+    "pyproject": ({"pyproject.toml": """\
+        [project]
+        name = "demo"
+        dependencies = ["numpy", "torch>=1.13,<3", "torchvision>=0.15"]
+        [project.optional-dependencies]
+        old = ["torch==1.12.*"]
+        """}, (1, 12), "`torch==1.12.*` in pyproject.toml"),
+    "poetry": ({"pyproject.toml": """\
+        [tool.poetry.dependencies]
+        python = "^3.9"
+        torch = "^2.1"
+        """}, (2, 1), "`torch^2.1` in pyproject.toml"),
+    "setup.cfg": ({"setup.cfg": """\
+        [options]
+        install_requires =
+            numpy
+            torch ~= 2.3.1
+        """}, (2, 3), "`torch ~= 2.3.1` in setup.cfg"),
+    "setup.py": ({"setup.py": """\
+        from setuptools import setup
+
+        REQUIRED = ["torch>=2.2.0", "einops"]
+        setup(name="demo", install_requires=REQUIRED, extras_require={"cpu": ["torch==2.0.*"]})
+        """}, (2, 0), "`torch==2.0.*` in setup.py"),
+    "requirements": ({"requirements.txt": "--extra-index-url https://download.pytorch.org/whl/cu118\n"
+                                          "torch==2.1.2+cu118 ; python_version >= '3.8'\ntorchvision\n",
+                      "requirements/dev.txt": "torch>=2.2\npytest\n"},
+                     (2, 1), "`torch==2.1.2+cu118 ; python_version >= '3.8'` in requirements.txt"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PROJECTS))
+def test_inferred_from_metadata(tmp_path, name):
+    files, version, where = PROJECTS[name]
+    src = _project(tmp_path, files)
+    found = infer_min_torch(src)
+    assert found is not None and (found.version, found.where) == (version, where)
+
+
+def test_no_bound_no_metadata_and_repository_root(tmp_path):
+    src = _project(tmp_path / "a", {"pyproject.toml": '[project]\nname = "a"\ndependencies = ["torch"]\n'})
+    assert infer_min_torch(src) is None  # torch without a lower bound says nothing
+    (tmp_path / "b" / ".git").mkdir(parents=True)
+    (tmp_path / "requirements.txt").write_text("torch>=1.8\n")  # above the repository: not this project's
+    src = _project(tmp_path / "b", {})
+    assert infer_min_torch(src) is None
+    bad = _project(tmp_path / "c", {"pyproject.toml": "[project\n", "setup.py": "setup(\n"})
+    assert infer_min_torch(bad) is None  # broken metadata: nothing inferred, no error
+
+
+def test_custom_fwd_rewrite_follows_the_declared_torch(tmp_path):
+    src = _project(tmp_path, {"pyproject.toml": '[project]\nname = "demo"\ndependencies = ["torch>=2.1"]\n'})
+    res = run_ampfix("check", "--no-cache", "--select", "AMP101", src)
+    out = res.stdout.decode()
+    assert res.returncode == 1, out
+    assert "AMP101 [*]" not in out and out.count("AMP101") == 2, out
+    assert "needs torch >= 2.4 and the oldest supported torch is 2.1 (`torch>=2.1` in pyproject.toml)" in out
+    res = run_ampfix("rewrite", "--select", "AMP101", src)
+    assert (src / "fn.py").read_text() == CODE  # nothing that breaks torch 2.1 was written
+    # the configured min-torch-version wins over the metadata, and --min-torch-version over both
+    (tmp_path / "pyproject.toml").write_text('[project]\nname = "demo"\ndependencies = ["torch>=2.1"]\n'
+                                             '[tool.ampfix]\nmin-torch-version = "2.4"\n')
+    res = run_ampfix("check", "--no-cache", "--select", "AMP101", src)
+    assert res.stdout.decode().count("AMP101 [*]") == 2, res.stdout.decode()
+    res = run_ampfix("check", "--no-cache", "--select", "AMP101", "--min-torch-version", "2.0", src)
+    out = res.stdout.decode()
+    assert "AMP101 [*]" not in out and "the oldest supported torch is 2.0 (--min-torch-version)" in out, out
+    res = run_ampfix("rewrite", "--select", "AMP101", src)
+    assert res.returncode == 0 and 'custom_fwd(device_type="cuda")' in (src / "fn.py").read_text()
+
+
+def test_default_without_metadata(tmp_path):
+    (tmp_path / ".git").mkdir()
+    (tmp_path / "fn.py").write_text(CODE)
+    res = run_ampfix("check", "--no-cache", "--select", "AMP101", tmp_path / "fn.py")
+    assert res.stdout.decode().count("AMP101 [*]") == 2 and DEFAULT_MIN_TORCH == (2, 4)

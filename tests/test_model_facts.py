@@ -1,0 +1,276 @@
+"""The model of one file, on its own: each fact it answers, without a rule in between.
+
+Every test builds the model of a small snippet and asks one question of it (names, values,
+calls, regions, objects, flow, traces, checkpoints, precision), so a change to the model is
+seen here before any rule's fixture moves."""
+
+import textwrap
+
+import libcst as cst
+import pytest
+
+from ampfix.model import AmpModel
+from ampfix.model.events import BACKWARD, SCALER_STEP, UNSCALE, UPDATE
+
+
+def model(src: str) -> AmpModel:
+    return AmpModel(cst.parse_module(textwrap.dedent(src)))
+
+
+def call_named(m: AmpModel, text: str) -> cst.Call:
+    found = [c for c in m.calls if m.code(c) == text]
+    assert found, f"no call {text!r} in {[m.code(c) for c in m.calls]}"
+    return found[0]
+
+
+def name_at(m: AmpModel, call_text: str, index: int = 0) -> cst.BaseExpression:
+    return call_named(m, call_text).args[index].value
+
+
+# ---------------------------------------------------------------------- names
+
+
+def test_torch_api_whatever_the_import_style():
+    m = model("""
+        import torch as T
+        from torch.cuda import amp
+        from torch.amp import GradScaler as GS
+
+        a = T.cuda.amp.autocast()
+        b = amp.GradScaler()
+        c = GS("cuda")
+        """)
+    a, b, c = (call_named(m, t) for t in ("T.cuda.amp.autocast()", "amp.GradScaler()", 'GS("cuda")'))
+    assert (m.api_of(a).kind, m.api_of(a).device, m.api_of(a).deprecated) == ("autocast", "cuda", True)
+    assert m.api_of(b).kind == "GradScaler" and m.api_of(b).deprecated
+    assert m.api_of(c).kind == "GradScaler" and not m.api_of(c).deprecated
+
+
+def test_a_local_binding_shadows_the_import():
+    m = model("""
+        from torch import autocast
+
+        def f(autocast):
+            return autocast()
+        """)
+    assert m.api_of(call_named(m, "autocast()")) is None
+
+
+# ---------------------------------------------------------------------- values
+
+
+def test_values_through_assignments_branches_and_call_sites():
+    m = model("""
+        import torch
+
+        def build(use_amp):
+            scaler = torch.amp.GradScaler("cuda") if use_amp else None
+            return scaler
+
+        def train(step_scaler):
+            step_scaler.update()
+
+        s = build(True)
+        train(s)
+        """)
+    update = call_named(m, "step_scaler.update()")
+    values = m.possible_values(update.func.value)
+    texts = sorted(m.code(v) for v in values)
+    assert texts == ['None', 'torch.amp.GradScaler("cuda")']
+
+
+def test_self_attributes_across_methods_and_partial():
+    m = model("""
+        import functools
+        import torch
+
+        class Trainer:
+            def __init__(self):
+                self.amp_autocast = functools.partial(torch.autocast, "cuda", dtype=torch.float16)
+
+            def step(self, x):
+                with self.amp_autocast():
+                    return x
+        """)
+    with_stmt = m.nodes_of(cst.With)[0]
+    region = m.with_region(with_stmt)
+    assert region is not None and region.dtype == "float16" and region.device == "cuda"
+
+
+# ---------------------------------------------------------------------- calls
+
+
+def test_callees_methods_closures_super_and_dunder_call():
+    m = model("""
+        class Base:
+            def hook(self):
+                pass
+
+        class T(Base):
+            def hook(self):
+                super().hook()
+
+            def __call__(self):
+                self.hook()
+
+        def outer():
+            def inner():
+                pass
+            inner()
+            t = T()
+            t()
+        """)
+    names = {m.code(c): [f.name.value for f in m.callees(c)] for c in m.calls}
+    assert names["super().hook()"] == ["hook"] and names["self.hook()"] == ["hook"]
+    assert names["inner()"] == ["inner"] and names["t()"] == ["__call__"]
+
+
+# ---------------------------------------------------------------------- objects
+
+
+def test_scalers_assigned_annotated_and_duck_typed():
+    m = model("""
+        import torch
+        from torch.amp import GradScaler
+
+        scaler = torch.amp.GradScaler("cuda")
+
+        def step(s: GradScaler, loss, opt):
+            s.step(opt)
+
+        def duck(grad_scaler, loss, opt):
+            grad_scaler.scale(loss).backward()
+            grad_scaler.step(opt)
+            grad_scaler.update()
+        """)
+    assert {"scaler", "s", "grad_scaler"} <= m.scalers
+
+
+def test_a_literally_disabled_scaler():
+    m = model("""
+        import torch
+
+        off = torch.amp.GradScaler("cuda", enabled=False)
+        maybe = torch.amp.GradScaler("cuda", enabled=flag)
+        off.update()
+        maybe.update()
+        """)
+    assert m.scaler_disabled(call_named(m, "off.update()").func.value)
+    assert not m.scaler_disabled(call_named(m, "maybe.update()").func.value)
+
+
+def test_optimizers_and_schedulers_told_apart():
+    m = model("""
+        import torch
+
+        opt = torch.optim.AdamW(params)
+        sched = torch.optim.lr_scheduler.StepLR(opt, 10)
+        opt.step()
+        sched.step()
+        """)
+    assert m.is_optimizer(call_named(m, "opt.step()").func.value)
+    assert not m.is_optimizer(call_named(m, "sched.step()").func.value)
+
+
+# ---------------------------------------------------------------------- flow
+
+
+def test_exclusive_branches_and_one_stable_decision():
+    m = model("""
+        def f(use_amp, scaler, opt, loss):
+            if use_amp:
+                scaler.step(opt)
+            else:
+                opt.step()
+            if not use_amp:
+                print("fp32")
+        """)
+    step, plain, printed = (call_named(m, t) for t in ("scaler.step(opt)", "opt.step()", 'print("fp32")'))
+    assert m.exclusive(step, plain) and m.exclusive(step, printed) and not m.exclusive(plain, printed)
+
+
+# ---------------------------------------------------------------------- traces
+
+
+def test_a_trace_runs_helpers_in_order_with_the_roots_names():
+    m = model("""
+        import torch
+
+        def apply_step(s, o):
+            s.unscale_(o)
+            s.step(o)
+            s.update()
+
+        def train(loader, opt):
+            scaler = torch.amp.GradScaler("cuda")
+            for x in loader:
+                scaler.scale(x).backward()
+                apply_step(scaler, opt)
+        """)
+    train = m.functions["train"][0]
+    events = [(e.kind, e.scaler, e.target) for e in m.trace(train).events if e.kind != "scaler_new"]
+    assert events == [(BACKWARD, "scaler", "x"), (UNSCALE, "scaler", "opt"), (SCALER_STEP, "scaler", "opt"),
+                      (UPDATE, "scaler", None)]
+
+
+# ---------------------------------------------------------------------- checkpoints and precision
+
+
+def test_saved_states_classify_their_entries():
+    m = model("""
+        import torch
+
+        scaler = torch.amp.GradScaler("cuda")
+        optimizer = torch.optim.SGD(params, lr=0.1)
+        torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": 3}, "ckpt.pt")
+        """)
+    (state,) = m.saved_states()
+    assert state.keys == ["model", "optimizer", "epoch"] and len(state.optimizers) == 1 and not state.scaler_state
+
+
+@pytest.mark.parametrize("expr, dtypes", [
+    ("torch.float16", {"float16"}),
+    ('{"bf16": torch.bfloat16, "fp16": torch.float16}[name]', {"bfloat16", "float16"}),
+    ('getattr(torch, "bfloat16")', {"bfloat16"}),
+    ('"bf16"', {"bfloat16"}),
+])
+def test_dtype_values(expr, dtypes):
+    m = model(f"import torch\n\ndtype = {expr}\nuse(dtype)\n")
+    assert m.dtype_values(name_at(m, "use(dtype)")) == frozenset(dtypes)
+
+
+def test_a_dtype_from_an_unknown_place_is_unknown():
+    m = model("import torch\n\ndef f(cfg):\n    use(cfg.dtype)\n")
+    assert m.dtype_values(name_at(m, "use(cfg.dtype)")) is None
+
+
+def test_command_line_options_hold_their_default_and_choices_or_anything():
+    m = model("""
+        import argparse
+
+        parser = argparse.ArgumentParser()
+        parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
+        parser.add_argument("--name", default="run")
+        parser.add_argument("--amp", action="store_true")
+        args = parser.parse_args()
+        use(args.dtype, args.name, args.amp)
+        """)
+    call = call_named(m, "use(args.dtype, args.name, args.amp)")
+    assert m.dtype_values(call.args[0].value) == frozenset({"bfloat16", "float16"})
+    assert any(m.is_synthetic(v) for v in m.possible_values(call.args[1].value))  # anything the user passes
+    assert sorted(m.code(v) for v in m.possible_values(call.args[2].value)) == ["False", "True"]
+
+
+def test_a_scaler_disabled_by_position_is_disabled():
+    m = model("""
+        import torch
+
+        new = torch.amp.GradScaler("cuda", 65536.0, 2.0, 0.5, 2000, False)
+        old = torch.cuda.amp.GradScaler(65536.0, 2.0, 0.5, 2000, False)
+        on = torch.amp.GradScaler("cuda", 65536.0, 2.0, 0.5, 2000)
+        new.update()
+        old.update()
+        on.update()
+        """)
+    for name, disabled in (("new", True), ("old", True), ("on", False)):
+        assert m.scaler_disabled(call_named(m, f"{name}.update()").func.value) is disabled, name

@@ -1,0 +1,312 @@
+"""The project layer on its own: the project root, import resolution (relative, `src/`,
+re-exports, cycles, shadowing, unresolvable), module summaries and their store, and the facts
+a file's model takes from other modules."""
+
+import json
+import textwrap
+from pathlib import Path
+
+import libcst as cst
+import pytest
+
+from ampfix.model import AmpModel
+from ampfix.model.foreign import ForeignClass, ForeignConstant, ForeignFunction, ForeignModule
+from ampfix.model.summary import ModuleSummary
+from ampfix.project import Project
+from ampfix.project.layout import Layout, clear_caches, find_root
+from ampfix.project.project import import_lines
+
+
+def tree(root: Path, files: dict) -> Path:
+    clear_caches()
+    for name, text in files.items():
+        p = root / name
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(textwrap.dedent(text), encoding="utf-8")
+    return root
+
+
+def model_of(project: Project, path: Path) -> AmpModel:
+    return AmpModel(cst.parse_module(path.read_text()), foreign=project, path=str(path))
+
+
+# ---------------------------------------------------------------------- root and resolution
+
+
+def test_root_is_the_nearest_marker(tmp_path):
+    tree(tmp_path, {"pyproject.toml": "", "pkg/sub/mod.py": "", "other/setup.cfg": "", "other/x.py": ""})
+    assert find_root(tmp_path / "pkg" / "sub" / "mod.py") == tmp_path
+    assert find_root(tmp_path / "other" / "x.py") == tmp_path / "other"
+
+
+def test_root_falls_back_to_the_checked_folder(tmp_path):
+    tree(tmp_path, {"a/b.py": ""})
+    assert find_root(tmp_path / "a" / "b.py", fallback=tmp_path / "a") in (tmp_path / "a", find_root(tmp_path))
+
+
+def test_absolute_relative_and_package_imports(tmp_path):
+    tree(tmp_path, {
+        "pyproject.toml": "",
+        "pkg/__init__.py": "",
+        "pkg/engine.py": "def step(): pass\n",
+        "pkg/utils/__init__.py": "",
+        "pkg/utils/clip.py": "def clip(): pass\n",
+        "pkg/loop.py": "",
+    })
+    lay = Layout(tmp_path)
+    loop = str(tmp_path / "pkg" / "loop.py")
+    assert lay.resolve(loop, "pkg.engine").path == str(tmp_path / "pkg" / "engine.py")
+    assert lay.resolve(loop, "pkg.engine.step") == lay.resolve(loop, "pkg.engine.step")
+    t = lay.resolve(loop, "pkg.engine.step")
+    assert (t.path, t.attr) == (str(tmp_path / "pkg" / "engine.py"), "step")
+    assert lay.resolve(loop, ".engine").path.endswith("pkg/engine.py")
+    assert lay.resolve(loop, ".utils.clip").path.endswith("pkg/utils/clip.py")
+    clip = str(tmp_path / "pkg" / "utils" / "clip.py")
+    assert lay.resolve(clip, "..engine.step").attr == "step"
+    assert lay.resolve(clip, "...outside") is None  # above the project root
+
+
+def test_src_layout_and_scripts_importing_siblings(tmp_path):
+    tree(tmp_path, {
+        "pyproject.toml": "",
+        "src/mylib/__init__.py": "",
+        "src/mylib/amp.py": "",
+        "scripts/train.py": "",
+        "scripts/helpers.py": "",
+    })
+    lay = Layout(tmp_path)
+    script = str(tmp_path / "scripts" / "train.py")
+    assert lay.resolve(script, "mylib.amp").path == str(tmp_path / "src" / "mylib" / "amp.py")
+    assert lay.resolve(script, "helpers").path == str(tmp_path / "scripts" / "helpers.py")
+
+
+def test_a_local_module_shadows_a_library_of_the_same_name(tmp_path):
+    tree(tmp_path, {"pyproject.toml": "", "train.py": "import logging\n", "logging.py": "LEVEL = 1\n"})
+    lay = Layout(tmp_path)
+    assert lay.resolve(str(tmp_path / "train.py"), "logging").path == str(tmp_path / "logging.py")
+
+
+def test_unresolvable_imports_stay_unknown(tmp_path):
+    tree(tmp_path, {"pyproject.toml": "", "train.py": ""})
+    p = Project(tmp_path)
+    train = str(tmp_path / "train.py")
+    assert p.resolve(train, "numpy.float16") is None
+    assert p.resolve(train, "apex.amp") is None
+    assert p.resolve(train, ".missing.name") is None
+
+
+def test_re_exports_through_init_and_aliases(tmp_path):
+    tree(tmp_path, {
+        "pyproject.toml": "",
+        "pkg/__init__.py": "from .engine import backward_step as bstep\nfrom .config import *\n",
+        "pkg/engine.py": "def backward_step(loss, scaler):\n    scaler.scale(loss).backward()\n",
+        "pkg/config.py": "import torch\nAMP_DTYPE = torch.bfloat16\n",
+        "main.py": "",
+    })
+    p = Project(tmp_path)
+    main = str(tmp_path / "main.py")
+    f = p.resolve(main, "pkg.bstep")
+    assert isinstance(f, ForeignFunction) and f.qual == "backward_step" and f.path.endswith("engine.py")
+    c = p.resolve(main, "pkg.AMP_DTYPE")  # through `from .config import *`
+    assert isinstance(c, ForeignConstant) and [v.text for v in c.values] == ["torch.bfloat16"]
+    assert isinstance(p.resolve(main, "pkg"), ForeignModule)
+    assert p.resolve(main, "pkg.nothing") is None
+
+
+def test_import_cycles_terminate(tmp_path):
+    tree(tmp_path, {
+        "pyproject.toml": "",
+        "a.py": "from b import x\n",
+        "b.py": "from a import x\n",
+        "main.py": "",
+    })
+    p = Project(tmp_path)
+    assert p.resolve(str(tmp_path / "main.py"), "a.x") is None
+
+
+def test_class_attributes_and_bases_across_modules(tmp_path):
+    tree(tmp_path, {
+        "pyproject.toml": "",
+        "base.py": """
+            import torch
+
+            class Base:
+                def __init__(self, use_amp):
+                    self.scaler = torch.amp.GradScaler("cuda", enabled=use_amp)
+            """,
+        "mid.py": "from base import Base\n\nclass Mid(Base):\n    pass\n",
+        "trainer.py": """
+            from mid import Mid
+
+            class Trainer(Mid):
+                def step(self, loss):
+                    self.scaler.scale(loss).backward()
+            """,
+    })
+    p = Project(tmp_path)
+    m = model_of(p, tmp_path / "trainer.py")
+    cls = m.classes["Trainer"]
+    (mid,) = m.foreign_bases(cls)
+    assert isinstance(mid, ForeignClass) and mid.qual == "Mid"
+    assert [c.qual for c in m.foreign_mro(mid)] == ["Mid", "Base"]
+    values = m.inherited_attribute(cls, "scaler")
+    assert len(values) == 1 and m.constructs_scaler(values[0]) and m.is_synthetic(values[0])
+    assert "self.scaler" in m.scalers
+    assert m.closed_class(cls)
+
+
+def test_a_base_class_nobody_can_see_leaves_the_class_open(tmp_path):
+    tree(tmp_path, {"pyproject.toml": "", "t.py": "from somewhere import Base\n\nclass T(Base):\n    pass\n"})
+    p = Project(tmp_path)
+    m = model_of(p, tmp_path / "t.py")
+    assert not m.closed_class(m.classes["T"])
+
+
+def test_imports_inside_functions_resolve(tmp_path):
+    tree(tmp_path, {
+        "pyproject.toml": "",
+        "cfg.py": "import torch\nDTYPE = torch.float16\n",
+        "t.py": "def f():\n    from cfg import DTYPE as d\n    return d\n",
+    })
+    p = Project(tmp_path)
+    m = model_of(p, tmp_path / "t.py")
+    ret = next(iter(m.nodes_of(cst.Return))).value
+    assert m.dtype_values(ret) == frozenset({"float16"})
+
+
+# ---------------------------------------------------------------------- summaries
+
+
+def test_function_summary_effects_params_returns(tmp_path):
+    tree(tmp_path, {
+        "pyproject.toml": "",
+        "engine.py": """
+            import torch
+
+            def step(loss, optimizer, scaler, clip=1.0):
+                scaler.scale(loss).backward()
+                if clip:
+                    scaler.unscale_(optimizer)
+                    torch.nn.utils.clip_grad_norm_(optimizer.param_groups[0]["params"], clip)
+                scaler.step(optimizer)
+                scaler.update()
+
+            def make_scaler(enabled):
+                return torch.amp.GradScaler("cuda", enabled=enabled)
+            """,
+    })
+    s = Project(tmp_path).summary(str(tmp_path / "engine.py"))
+    step = s.functions["step"]
+    assert [p.name for p in step.params] == ["loss", "optimizer", "scaler", "clip"]
+    assert step.params[3].default.text == "1.0"
+    kinds = [e.kind for e in step.effects]
+    assert kinds[0] == "backward" and "grad_read" in kinds
+    clip = next(e for e in step.effects if e.kind == "grad_read")
+    assert clip.ctx and clip.ctx[0][0] == ("cond", "clip")  # a stable test on a parameter: portable
+    assert s.functions["make_scaler"].returns[0].text == 'torch.amp.GradScaler("cuda", enabled=__param__.enabled)'
+
+
+def test_module_summary_constants_classes_options_and_calls(tmp_path):
+    tree(tmp_path, {
+        "pyproject.toml": "",
+        "config.py": """
+            import argparse
+            from dataclasses import dataclass, field
+
+            import torch
+
+            PRECISION = "bf16"
+            DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+            @dataclass
+            class TrainConfig:
+                precision: str = "fp16"
+                amp: bool = field(default=True)
+
+            def get_args():
+                parser = argparse.ArgumentParser()
+                parser.add_argument("--amp-dtype", default="bfloat16", choices=["bfloat16", "float16"])
+                return parser.parse_args()
+            """,
+        "main.py": "from config import get_args\nfrom engine import train\n\ntrain(get_args(), lr=0.1)\n",
+    })
+    p = Project(tmp_path)
+    s = p.summary(str(tmp_path / "config.py"))
+    assert [v.text for v in s.constants["PRECISION"]] == ["'bf16'".replace("'", '"')]
+    assert s.constants["DTYPES"][0].text == '{"bf16": torch.bfloat16, "fp16": torch.float16}'
+    cfg = s.classes["TrainConfig"]
+    assert [v.text for v in cfg.attributes["precision"]] == ['"fp16"'] and [v.text for v in cfg.attributes["amp"]] == ["True"]
+    assert [v.text for v in s.functions["get_args"].options["amp_dtype"]] == ['"bfloat16"', '"bfloat16"', '"float16"']
+    main = p.summary(str(tmp_path / "main.py"))
+    (call,) = [c for c in main.calls if "train" in c.callee]
+    assert call.callee == '__imported__("engine.train")' and call.keywords["lr"].text == "0.1"
+
+
+def test_summary_json_round_trip_and_strict_reader(tmp_path):
+    tree(tmp_path, {"pyproject.toml": "", "m.py": "import torch\n\ndef f(x, scaler):\n    scaler.scale(x).backward()\n"})
+    s = Project(tmp_path).summary(str(tmp_path / "m.py"))
+    raw = json.loads(s.dumps())
+    assert ModuleSummary.from_json(raw) == s
+    bad = json.loads(s.dumps())
+    bad["functions"]["f"]["effects"][0]["line"] = "x"
+    with pytest.raises((TypeError, ValueError, KeyError)):
+        ModuleSummary.from_json(bad)
+    with pytest.raises((TypeError, ValueError, KeyError)):
+        ModuleSummary.from_json({"version": 999})
+
+
+class MemoryStore:
+    def __init__(self):
+        self.data = {}
+
+    def get(self, path, digest):
+        return self.data.get((path, digest))
+
+    def put(self, path, digest, data):
+        self.data[(path, digest)] = data
+
+
+def test_summaries_come_from_the_store_without_a_parse(tmp_path):
+    tree(tmp_path, {"pyproject.toml": "", "m.py": "def f(scaler, loss):\n    scaler.scale(loss).backward()\n"})
+    store = MemoryStore()
+    first = Project(tmp_path, store=store)
+    s1 = first.summary(str(tmp_path / "m.py"))
+    assert first.parsed == [str(tmp_path / "m.py")] and store.data
+    second = Project(tmp_path, store=store)
+    assert second.summary(str(tmp_path / "m.py")) == s1 and second.parsed == []
+    (tmp_path / "m.py").write_text("def f():\n    pass\n")  # changed: a new digest, a new parse
+    third = Project(tmp_path, store=store)
+    assert third.summary(str(tmp_path / "m.py")).functions["f"].effects == [] and third.parsed
+
+
+def test_a_module_offered_by_the_engine_is_not_parsed_again(tmp_path):
+    tree(tmp_path, {"pyproject.toml": "", "m.py": "def f():\n    pass\n"})
+    p = Project(tmp_path)
+    text = (tmp_path / "m.py").read_text()
+    p.offer(str(tmp_path / "m.py"), text, cst.parse_module(text))
+    assert p.summary(str(tmp_path / "m.py")) is not None and p.parsed == []
+
+
+def test_an_unparsable_module_is_unknown(tmp_path):
+    tree(tmp_path, {"pyproject.toml": "", "bad.py": "def (:\n", "t.py": "from bad import f\n"})
+    p = Project(tmp_path)
+    assert p.summary(str(tmp_path / "bad.py")) is None
+    assert p.resolve(str(tmp_path / "t.py"), "bad.f") is None
+
+
+def test_import_lines_are_read_without_a_parse():
+    text = "import a.b as c, d\nfrom . import x\nfrom ..pkg import (y,\n    z as w)\nfrom m import *\n"
+    assert set(import_lines(text)) >= {"a.b", "d", ".x", "..pkg.y", "..pkg.z", "m"}
+
+
+def test_callers_in_other_modules_bind_arguments(tmp_path):
+    tree(tmp_path, {
+        "pyproject.toml": "",
+        "engine.py": "def train(model, scaler):\n    scaler.step(model)\n",
+        "main.py": "import torch\nfrom engine import train\n\ntrain(None, torch.amp.GradScaler('cuda', enabled=False))\n",
+    })
+    p = Project(tmp_path)
+    m = model_of(p, tmp_path / "engine.py")
+    func = m.functions["train"][0]
+    (value,) = m.foreign_argument_values(func, "scaler")
+    assert m.is_synthetic(value) and m.built_disabled(value)

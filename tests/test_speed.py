@@ -1,0 +1,169 @@
+"""Issue 21: what makes ampfix fast must not change what it finds. Timings live in bench/
+(SPEED.md); these tests check the mechanisms: the index walk and the positions against LibCST's
+own visit and PositionProvider, the shipped table of rule facts against the rules, and that a
+file without AMP code is checked without importing LibCST or the rules, even with --no-cache."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import libcst as cst
+import pytest
+from libcst.metadata import MetadataWrapper, PositionProvider
+
+from ampfix.engine import registry, rulemeta
+from ampfix.engine.analyze import Analysis, Settings, fix_suggestions
+from ampfix.model.tree import Index, positions
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = sorted((ROOT / "fixtures").rglob("*.py"))
+SAMPLES = [p for p in FIXTURES if p.stat().st_size > 0][::7] + [ROOT / "ampfix" / "model" / "events.py",
+                                                                ROOT / "ampfix" / "migrations" / "apex.py"]
+
+# odd layouts: CR and CRLF line breaks, tabs, form feeds, a file without a final newline,
+# f-strings with format specs, star imports, decorators, walrus, global/nonlocal, lambdas
+ODD = [
+    "import torch\r\nfrom torch.cuda.amp import *\r\nx = 1\r\n",
+    "def f(a, *b, c=1, **d):\r    global g\r    return lambda y: (z := y)\r",
+    "class A:\n\tdef m(self):\n\t\tnonlocal_ = f'{self!r:>{10}}'\n\f\ndef g(): pass",
+    "@dec\nasync def h():\n    async with a as (b, c):\n        async for i in j:\n            yield i\n",
+    "try:\n    pass\nexcept E as e:\n    pass\nwith open(p) as f, g() as h: pass\nx: int = [i for i in y if i]",
+]
+
+
+class _Visit(cst.CSTVisitor):
+    def __init__(self):
+        super().__init__()
+        self.pre, self.post, self.parents, self.stack = [], [], {}, []
+
+    def on_visit(self, node):
+        if self.stack:
+            self.parents[node] = self.stack[-1]
+        self.pre.append(node)
+        self.stack.append(node)
+        return True
+
+    def on_leave(self, node):
+        self.post.append(node)
+        self.stack.pop()
+
+
+def _modules():
+    for p in SAMPLES:
+        yield p.name, cst.parse_module(p.read_bytes())
+    for i, text in enumerate(ODD):
+        yield f"odd{i}", cst.parse_module(text)
+
+
+@pytest.mark.parametrize("name,module", list(_modules()), ids=lambda v: v if isinstance(v, str) else "")
+def test_index_walks_the_tree_as_libcst_visits_it(name, module):
+    index = Index.of(module)
+    seen = _Visit()
+    module.visit(seen)
+    assert list(index.order) == seen.pre and list(index.order.values()) == list(range(len(seen.pre)))
+    assert list(index.post) == seen.post
+    assert index.parents == seen.parents
+    # the (slower) visitor form of the index records the same facts
+    slow = Index()
+    module.visit(slow)
+    for attr in ("parents", "order", "post", "scope", "calls", "functions", "classes", "imports", "local_names",
+                 "declared", "assignments"):
+        assert getattr(slow, attr) == getattr(index, attr), attr
+    assert {t: v for t, v in slow.by_type.items()} == index.by_type
+
+
+@pytest.mark.parametrize("name,module", list(_modules()), ids=lambda v: v if isinstance(v, str) else "")
+def test_positions_are_libcsts(name, module):
+    theirs = MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider)
+    ours = positions(module)
+    assert ours == {n: ((r.start.line, r.start.column), (r.end.line, r.end.column)) for n, r in theirs.items()}
+
+
+ODD_PLACES = [
+    "# header\n\n@dec(1)\n@dec2\ndef f():\n    return 1\n\n\nclass C(B):  # c\n    x = 1\n",
+    "def \\\n  g():\n    pass\nx = 1; y = 2\nif x:\n    pass\nelse:\n    pass\n# footer\n",
+    "import os\r\nasync def h():\r\n    async with a as b:\r\n        pass\r\nz = [\r\n 1,\r\n]",
+    "x = 1\rdef k(a,\r      b):\r    return a\r",
+    "try:\n    pass\nexcept E:\n    pass\nwhile 1:\n    break\nmatch x:\n    case 1:\n        pass\n",
+]
+
+
+@pytest.mark.parametrize("text", [*ODD_PLACES, *ODD, *(p.read_text(encoding="utf-8") for p in SAMPLES[:20])])
+def test_model_positions_per_statement_are_libcsts(text):
+    """`Tree.position` places each top-level statement by CPython's line for it (checked
+    against the text): every node, asked in any order, gets what PositionProvider gives."""
+    from ampfix.model.tree import Tree
+
+    module = cst.parse_module(text)
+    theirs = MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider)
+    tree = Tree()
+    tree._init_tree(module)
+    tree.source_text = text  # as ampfix.engine.analyze gives it
+    for node in reversed(list(tree._index.order)):
+        assert tree.position(node) == theirs[node], type(node).__name__
+
+
+def test_analysis_answers_as_fix_suggestions():
+    """The language server's kept analysis gives the diagnostics and fix edits that
+    `fix_suggestions` computes in one go, each fix edit only when asked for."""
+    rules = list(registry.all_rules().values())
+    checked = 0
+    for path in sorted((ROOT / "fixtures" / "rules").rglob("bad_*.py"))[::3]:
+        text = path.read_text(encoding="utf-8")
+        want = fix_suggestions(text, str(path), rules, Settings())
+        analysis = Analysis(text, str(path), rules, Settings())
+        assert [(d.code, d.line, d.column, d.message, d.fix) for d in analysis.diagnostics] == \
+               [(d.code, d.line, d.column, d.message, d.fix) for d in want]
+        assert all(d.fix_edit is None for d in analysis.diagnostics)
+        first = analysis.fix_edits(lambda d: d is analysis.diagnostics[0])
+        assert all(d.fix_edit is None for d in first[1:])
+        got = analysis.fix_edits()
+        assert [d.fix_edit for d in got] == [d.fix_edit for d in want]
+        checked += bool(want)
+    assert checked > 10
+
+
+def test_shipped_rule_facts_match_the_rules():
+    """ampfix/engine/rule_facts_table.py is what the rules say (regenerate it with
+    `python -m ampfix.engine.rulemeta` after changing a rule, ampfix/rule.py or the registry)."""
+    assert rulemeta.shipped_facts() == registry.rule_facts(), \
+        "stale ampfix/engine/rule_facts_table.py: run `python -m ampfix.engine.rulemeta`"
+
+
+# runs `ampfix` in-process and prints (stderr, last line) which heavy modules were imported
+WRAPPER = """
+import sys, runpy
+sys.argv = ["ampfix"] + sys.argv[1:]
+try:
+    runpy.run_module("ampfix", run_name="__main__", alter_sys=True)
+    code = 0
+except SystemExit as exc:
+    code = exc.code
+heavy = sorted(m for m in sys.modules if m == "libcst" or m.startswith(("libcst.", "ampfix.rules.", "ampfix.engine.analyze",
+                                                                    "ampfix.model", "tomllib", "difflib")))
+sys.stderr.write("\\nHEAVY=" + ",".join(heavy) + "\\n")
+sys.exit(code)
+"""
+
+
+def _heavy(args, cwd):
+    env = dict(os.environ, NO_COLOR="1")
+    env.pop("AMPFIX_CACHE_DIR", None)
+    p = subprocess.run([sys.executable, "-c", WRAPPER, *args], capture_output=True, text=True, env=env, cwd=cwd)
+    err, _, heavy = p.stderr.rpartition("\nHEAVY=")
+    return p.returncode, p.stdout, err, [m for m in heavy.strip().split(",") if m]
+
+
+@pytest.mark.parametrize("cache", [["--no-cache"], []], ids=["no-cache", "first-run"])
+def test_a_file_without_amp_code_imports_nothing_heavy(tmp_path, cache):
+    (tmp_path / "plain.py").write_text("import os\n\ndef f(x):\n    return os.path.join(x, 'y')\n")
+    (tmp_path / "mentions.py").write_text("# autocast and backward, in a comment only\nx = 1\n")  # AMP001's triggers
+    code, out, err, heavy = _heavy(["check", *cache, "plain.py"], tmp_path)
+    assert (code, heavy) == (0, []), err
+    assert "All checks passed" in out
+    # a file whose text holds a trigger is parsed and analysed as before
+    code, out, err, heavy = _heavy(["check", *cache, "plain.py", "mentions.py"], tmp_path)
+    assert code == 0 and "libcst" in heavy and "ampfix.engine.analyze" in heavy, err
