@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Dict, Iterator, Optional
+from typing import Dict, Iterator, Optional, Tuple
 
 import libcst as cst
 
-from ampfix.fixes.edits import in_block, insert_before
+from ampfix.fixes.edits import guarded, in_block, insert_before, statement
 from ampfix.model import AmpModel, TraceEvent
-from ampfix.model.events import BACKWARD, GRAD_READ, SCALER_STEP, UNSCALE, ZERO_GRAD
+from ampfix.model.events import BACKWARD, EXIT, Event, GRAD_READ, SCALER_STEP, UNSCALE, UPDATE, ZERO_GRAD
 from ampfix.rule import SAFE, FileContext, Fix, Rule, Violation
 
 
@@ -21,7 +21,8 @@ class ClipScaledGradients(Rule):
     requires = (("clip_grad", ".grad"), ("backward",))
     project_requires = (("backward", "clip_grad", ".grad", "unscale_", "scaler", "Scaler"),)
     fixable = "sometimes"
-    fix_note = "safe (`scaler.unscale_(opt)` before the clip) when the optimizer is unambiguous"
+    fix_note = ("safe (`scaler.unscale_(opt)` before the clip; under the scaled backward's test where the scaler may be "
+                "None) when the optimizer is unambiguous and every path after it updates the scaler")
     docs = """
 After `scaler.scale(loss).backward()` every `.grad` is multiplied by the current scale
 (e.g. 65536). Clipping then compares the norm against a threshold that is effectively 65536x
@@ -41,7 +42,11 @@ is not among those unscaled.
 
 The fix inserts `scaler.unscale_(optimizer)` before the clip (or the call that leads to it)
 when the optimizer that the scaler steps next (or that owns the clipped parameters) is
-unambiguous and no `unscale_` runs on some other path in between.
+unambiguous and no `unscale_` runs on some other path in between. It is not offered when some
+path from there leaves the step without `scaler.update()` (a helper that returns early to skip
+a step: the next `unscale_` would raise RuntimeError). Where the scaler may be None at the clip
+(`self.scaler = GradScaler() if amp else None`) the `unscale_` goes under the test the scaled
+backward runs under (`if self.scaler is not None:`), or is not offered.
 
 Bad:
 ```python
@@ -70,7 +75,7 @@ scaler.update()
     def check(self, ctx: FileContext) -> Iterator[Violation]:
         model = ctx.model
         for trace in model.traces():
-            shared: Dict[int, Optional[Fix]] = {}  # one unscale_ serves every read after the same backward
+            shared: Dict[int, Tuple[Optional[Fix], Optional[str]]] = {}  # one unscale_ serves every read after the same backward
             for read in trace.of(GRAD_READ):
                 if read.event.detail == "read" and not self._decides(model, read.node):
                     continue  # `.grad` read to be printed or logged: no training decision sees it
@@ -97,13 +102,15 @@ scaler.update()
                 unscales = [u for u in trace.between(bw, read, UNSCALE) if u.scaler == scaler]
                 partial = [u for u in unscales if covers(u)]  # they run on some paths only
                 later = [u for u in trace.after(read, UNSCALE) if covers(u)]
-                fix = None
+                fix, why = None, None
                 if not partial and not later:
                     if id(bw.node) not in shared:
-                        shared[id(bw.node)] = self._fix(model, shown, bw, read, local_owner, steps)
-                    fix = shared[id(bw.node)]
-                yield Violation(shown, message=self._message(model, read, shown, local_owner, owner, unscales, later,
-                                                             steps, fix), fix=fix)
+                        shared[id(bw.node)] = self._fix(model, trace, shown, bw, read, local_owner, steps)
+                    fix, why = shared[id(bw.node)]
+                message = self._message(model, read, shown, local_owner, owner, unscales, later, steps, fix)
+                if why is not None:
+                    message = f"{message or self.message} (not fixed: {why})"
+                yield Violation(shown, message=message, fix=fix)
 
     def _decides(self, model: AmpModel, node: cst.CSTNode) -> bool:
         memo = self.__dict__.setdefault("_decides_memo", {})
@@ -142,19 +149,51 @@ scaler.update()
         return None if not suffix else ClipScaledGradients.message + suffix
 
     @staticmethod
-    def _fix(model: AmpModel, shown: cst.CSTNode, bw: TraceEvent, read: TraceEvent, owner: Optional[str],
-             steps: list) -> Optional[Fix]:
+    def _fix(model: AmpModel, trace, shown: cst.CSTNode, bw: TraceEvent, read: TraceEvent, owner: Optional[str],
+             steps: list) -> Tuple[Optional[Fix], Optional[str]]:
         """`scaler.unscale_(opt)` before the statement that clips, written in that function's
-        own names (the backward and the step run there too)."""
+        own names (the backward and the step run there too), and (fix, None) only when it cannot
+        break the run: every path from there updates the scaler before the iteration ends (else
+        the next iteration's `unscale_` raises), and the scaler is assigned and not None there
+        (else the fix moves under the test the scaled backward runs under, or is not offered)."""
         frame = model.anchor(bw, read)
         if model.foreign_among(bw, read, *steps) or bw.node is not frame[0] or any(len(s.path) != len(bw.path) for s in steps):
-            return None
+            return None, None
         opts = {owner} if owner is not None else {s.event.target for s in steps}
         stmt = model.statement_of(shown)
         if len(opts) != 1 or None in opts or not isinstance(stmt, cst.SimpleStatementLine) or not in_block(model, stmt):
-            return None
+            return None, None
         (opt,) = opts
+        code = f"{bw.event.scaler}.unscale_({opt})"
+        new = [statement(model.module, code)]
+        problem = model.insertion_problem(new, stmt)
         what = "clipping" if read.event.detail == "clip" else "reading the gradients"
-        return Fix(insert_before(model.module, stmt, [f"{bw.event.scaler}.unscale_({opt})"]), applicability=SAFE,
-                   description=f"scaler.unscale_(optimizer) inserted before {what}")
-
+        description = f"scaler.unscale_(optimizer) inserted before {what}"
+        extra: dict = {}
+        if problem is not None:
+            # under the test the scaled backward runs under (`if self.scaler is not None:`): the
+            # gradients are scaled exactly when it holds
+            bw_stmt = model.statement_of(bw.node)
+            tests = model.branch_tests(bw_stmt, stmt) if bw_stmt is not None else None
+            if not tests:
+                return None, f"{problem}: an `unscale_` there could raise"
+            new = [statement(model.module, guarded(model, tests, code))]
+            if model.insertion_problem(new, stmt) is not None:
+                return None, f"{problem}: an `unscale_` there could raise"
+            description += ", under the test the scaled backward runs under"
+            extra = {g: br for g, br in bw.ctx.items() if g not in read.ctx}
+        # every path from the new `unscale_` updates the scaler before the iteration ends
+        point = TraceEvent(Event(UNSCALE, shown, scaler=bw.event.scaler, target=opt), bw.path[:-1] + (shown,),
+                           read.order - 0.5, {**read.ctx, **extra}, read.region, scaler=bw.scaler, target=opt,
+                           frame=read.frame, subst=read.subst)
+        end = model.leaves_iteration_without(trace, point, model.iteration_of(trace, read),
+                                             lambda e: e.kind == UPDATE and e.scaler == bw.scaler)
+        if end is not None:
+            exits = [e for e in trace.of(EXIT) if e.order > point.order and e.event.detail in ("return", "continue", "break")
+                     and model.may_precede(trace, point, e)]
+            leaving = end if end.kind == EXIT else (exits[0] if exits else None)
+            how = (f"the `{leaving.event.detail}` on line {model.line(leaving.node)} leaves" if leaving is not None
+                   else "a path ends the iteration")
+            return None, (f"{how} without `scaler.update()` after this point, so an `unscale_` here would make the next "
+                          "`unscale_` raise RuntimeError; update the scaler on that path too, then unscale")
+        return Fix(insert_before(model.module, stmt, new), applicability=SAFE, description=description), None

@@ -6,7 +6,7 @@ from typing import Dict, Iterator, List, Optional, Tuple
 
 import libcst as cst
 
-from ampfix.fixes.edits import in_block, replace_small_statement
+from ampfix.fixes.edits import guarded, in_block, replace_small_statement, replace_statement, statement
 from ampfix.model import AmpModel, Trace, TraceEvent, is_expression_statement_of
 from ampfix.model.events import BACKWARD, OPT_STEP, SCALER_STEP, UNSCALE, UPDATE, ZERO_GRAD
 from ampfix.rule import UNSAFE, FileContext, Fix, Rule, Violation
@@ -23,7 +23,8 @@ class StepBypassesScaler(Rule):
     requires = ((".step(",), ("backward",))
     project_requires = ((".step(",),)
     fixable = "unsafe"
-    fix_note = "unsafe (`scaler.step(opt)`, plus `scaler.update()` when the scaler is never stepped)"
+    fix_note = ("unsafe (`scaler.step(opt)`, plus `scaler.update()` when the scaler is never stepped; under the scaled "
+                "backward's test where the scaler may be None)")
     docs = """
 After `scaler.scale(loss).backward()` every `.grad` is the true gradient times the scale
 (65536 by default). `scaler.step(optimizer)` divides them back and skips the step when they
@@ -90,7 +91,7 @@ for x, y in loader:
             for h in hits:
                 by_backward.setdefault(id(h[1].node), []).append(h)
             for group in by_backward.values():
-                fixes = self._fixes(model, trace, group)
+                fixes, why = self._fixes(model, trace, group)
                 for (step, bw, scale, _), fix in zip(group, fixes):
                     shown = model.anchor(bw, step)[1]
                     opt = model.code(step.node.func.value)  # type: ignore[attr-defined]
@@ -98,6 +99,8 @@ for x, y in loader:
                     message = (f"`{opt}.step()` applies the gradients of `{scaler}.scale(...)` (backward on line "
                                f"{model.line(bw.node)}) still scaled, with no inf/NaN check; call "
                                f"`{scaler}.step({opt})`" + model.where(step, shown))
+                    if why is not None:
+                        message += f" (not fixed: {why})"
                     yield Violation(shown, message=message, fix=fix)
 
     @staticmethod
@@ -129,33 +132,73 @@ for x, y in loader:
         return None
 
     @staticmethod
-    def _fixes(model: AmpModel, trace: Trace, group: List[Hit]) -> List[Optional[Fix]]:
+    def _fixes(model: AmpModel, trace: Trace, group: List[Hit]) -> Tuple[List[Optional[Fix]], Optional[str]]:
         """`scaler.step(opt)` for every step fed by one backward, plus `scaler.update()` after the
-        last one when the scaler is never stepped nor updated; all or none."""
+        last one when the scaler is never stepped nor updated; all or none, and none where the
+        scaler may be unassigned or None (`if self.scaler is None: optimizer.step()`): (fixes,
+        why not)."""
         stmts = []
         if any(model.foreign_among(step, bw) for step, bw, _, _ in group):
-            return [None] * len(group)
+            return [None] * len(group), None
+        conditional = False  # the scaled backward runs only under a test the step is not under
         for step, bw, scale, _ in group:
             stmt = model.statement_of(step.node)
             if step.via != bw.via or model.scope_of(scale) is not model.scope_of(step.node) \
-                    or not model.mandatory_between(bw, None, step) \
                     or step.node.args or not is_expression_statement_of(stmt, step.node) \
                     or not isinstance(stmt.body[0], cst.Expr) or not in_block(model, stmt):  # type: ignore[union-attr]
-                return [None] * len(group)
+                return [None] * len(group), None
+            if not model.mandatory_between(bw, None, step):
+                if len(group) != 1:
+                    return [None] * len(group), None
+                conditional = True
             stmts.append(stmt)
         key = group[0][3]
         scaler = model.code(group[0][2].func.value)  # type: ignore[attr-defined]
         needs_update = not any(e.scaler == key for e in trace.of(UPDATE, SCALER_STEP))
         if needs_update and any(set(step.loops()) - set(bw.loops()) for step, bw, _, _ in group):
-            return [None] * len(group)  # `for opt in optimizers: opt.step()`: one update after that loop, by hand
+            return [None] * len(group), None  # `for opt in optimizers: opt.step()`: one update after that loop, by hand
         last = max(range(len(group)), key=lambda i: model.start(stmts[i]))
         fixes: List[Optional[Fix]] = []
         for i, ((step, bw, _, _), stmt) in enumerate(zip(group, stmts)):
             opt = model.code(step.node.func.value)  # type: ignore[attr-defined]
             then = [f"{scaler}.update()"] if needs_update and i == last else []
+            problem = model.insertion_problem([statement(model.module, c) for c in (f"{scaler}.step({opt})", *then)],
+                                              stmt)
+            if conditional:  # only the guarded step is right: without the scaled backward, a plain step
+                moved = StepBypassesScaler._guarded(model, bw, stmt, scaler, opt, then)
+                return [moved], None if moved is not None else (problem and f"{problem}: `{scaler}.step(...)` there "
+                                                                 "could raise")
+            if problem is not None:
+                moved = StepBypassesScaler._guarded(model, bw, stmt, scaler, opt, then) if len(group) == 1 else None
+                if moved is not None:
+                    return [moved], None
+                return [None] * len(group), f"{problem}: `{scaler}.step(...)` there could raise"
             fixes.append(Fix(replace_small_statement(model.module, stmt, f"{scaler}.step({opt})", then),
                              applicability=UNSAFE,
                              description="optimizer.step() replaced by scaler.step(optimizer)"
                              + (" and scaler.update()" if needs_update else ""),
                              group=f"bw{model.line(bw.node)}" if len(group) > 1 else None))
-        return fixes
+        return fixes, None
+
+    @staticmethod
+    def _guarded(model: AmpModel, bw: TraceEvent, stmt, scaler: str, opt: str, then: List[str]) -> Optional[Fix]:
+        """Where the scaler may be None (`self.scaler = GradScaler() if amp else None`): the step
+        goes through the scaler under the test the scaled backward runs under, and stays a plain
+        `optimizer.step()` otherwise."""
+        bw_stmt = model.statement_of(bw.node)
+        tests = model.branch_tests(bw_stmt, stmt) if bw_stmt is not None else None
+        if not tests:
+            return None
+        indent = model.module.default_indent
+        body = "".join(f"{indent}{c}\n" for c in (f"{scaler}.step({opt})", *then))
+        code = f"{guarded(model, tests, '')[:-len(indent)].rstrip()}\n{body}else:\n{indent}{model.code(stmt.body[0])}"
+        new = statement(model.module, code)
+        # the plain step itself (its comment with it) goes to the `else:`
+        assert isinstance(new, cst.If) and isinstance(new.orelse, cst.Else)
+        new = new.with_changes(orelse=new.orelse.with_changes(body=new.orelse.body.with_changes(
+            body=[stmt.with_changes(leading_lines=())])))
+        if model.insertion_problem([new], stmt) is not None:
+            return None
+        return Fix(replace_statement(model.module, stmt, [new]), applicability=UNSAFE,
+                   description="optimizer.step() replaced by scaler.step(optimizer) under the test the scaled "
+                               "backward runs under" + (" and scaler.update()" if then else ""))

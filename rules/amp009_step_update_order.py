@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Iterator, List, Optional
+from typing import Iterator, List, Optional, Tuple
 
 import libcst as cst
 
-from ampfix.fixes.edits import in_block, insert_after
+from ampfix.fixes.edits import guarded, in_block, insert_after, statement
 from ampfix.model import AmpModel, Trace, TraceEvent, is_expression_statement_of
 from ampfix.model.events import SCALER_STEP, UNSCALE, UPDATE
 from ampfix.rule import SAFE, FileContext, Fix, Rule, Violation
@@ -28,7 +28,8 @@ class StepUpdateOrder(Rule):
     requires = ((".step(", ".unscale_("),)
     project_requires = ((".scale(", ".step(", ".update(", "unscale_"),)
     fixable = "sometimes"
-    fix_note = "safe (`update()` after the iteration's last step) when the iteration has none; otherwise none"
+    fix_note = ("safe (`update()` after the iteration's last step; under the step's test where the scaler may be None) when "
+                "the iteration has none; otherwise none")
     docs = """
 Each iteration of a GradScaler is `scale(loss).backward()`, at most one `unscale_(opt)` and one
 `step(opt)` per optimizer, then ONE `update()`. `update()` adapts the scale and resets the
@@ -120,8 +121,11 @@ for x, y in loader:
                                     and (group is not None or self._built_here(model, ev))):
                 continue  # updated elsewhere, or a step method whose caller (elsewhere) hands in the scaler
             shown = model.anchor(ev, end)[0]
-            yield Violation(shown, message=self._message(model, ev, end, updates, shown),
-                            fix=None if updates else self._fix(model, trace, ev, group))
+            fix, why = (None, None) if updates else self._fix(model, trace, ev, group)
+            message = self._message(model, ev, end, updates, shown)
+            if why is not None:
+                message += f" (not fixed: {why})"
+            yield Violation(shown, message=message, fix=fix)
 
     @staticmethod
     def _message(model: AmpModel, ev: TraceEvent, end: TraceEvent, updates, shown) -> str:
@@ -167,20 +171,22 @@ for x, y in loader:
         return True
 
     @staticmethod
-    def _fix(model: AmpModel, trace: Trace, ev: TraceEvent, group) -> Optional[Fix]:
+    def _fix(model: AmpModel, trace: Trace, ev: TraceEvent, group) -> Tuple[Optional[Fix], Optional[str]]:
         """`scaler.update()` after the iteration's last step, when this is it and every other
-        step of the scaler in the iteration comes before it."""
+        step of the scaler in the iteration comes before it; under the test the step runs under
+        where the scaler may be None after it (`if scaler is not None: scaler.step(opt)` in a loop
+        over the optimizers), not offered where even that is not proven: (fix, why not)."""
         if ev.kind != SCALER_STEP or ev.event.foreign:
-            return None
+            return None, None
         frame = group[0] if group is not None else ()
         if ev.frame != frame:
-            return None  # the step is in a helper
+            return None, None  # the step is in a helper
         steps = [s for s in trace.of(SCALER_STEP) if s.scaler == ev.scaler and model.in_iteration(s, group)]
         if any(s is not ev and not model.may_precede(trace, s, ev) for s in steps):
-            return None
+            return None, None
         stmt = model.statement_of(ev.node)
         if not is_expression_statement_of(stmt, ev.node):
-            return None
+            return None, None
         stop = group[1][1] if group is not None else None
         while True:  # out of loops over optimizers inside the iteration
             loop = model.loop_of(stmt, stop)
@@ -188,10 +194,22 @@ for x, y in loader:
                 break
             stmt = loop
         if not in_block(model, stmt):
-            return None
+            return None, None
         receiver = model.code(ev.node.func.value)  # type: ignore[attr-defined]
-        return Fix(insert_after(model.module, stmt, [f"{receiver}.update()"]), applicability=SAFE,
-                   description="scaler.update() inserted after the last step")
+        code = f"{receiver}.update()"
+        problem = model.insertion_problem([statement(model.module, code)], stmt, after=True)
+        if problem is None:
+            return Fix(insert_after(model.module, stmt, [code]), applicability=SAFE,
+                       description="scaler.update() inserted after the last step"), None
+        step = model.statement_of(ev.node)
+        tests = model.branch_tests(step, stmt) if step is not None and step is not stmt else None
+        if tests:
+            moved = guarded(model, tests, code)
+            if model.insertion_problem([statement(model.module, moved)], stmt, after=True) is None:
+                return Fix(insert_after(model.module, stmt, [moved]), applicability=SAFE,
+                           description="scaler.update() inserted after the last step, under the test the step "
+                                       "runs under"), None
+        return None, f"{problem}: `update()` there could raise"
 
     # ------------------------------------------------------------------ twice before update
     def _twice(self, model: AmpModel, trace: Trace, skip) -> Iterator[Violation]:

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Iterator, Optional
+from typing import Dict, Iterator, List, Optional, Tuple
 
 import libcst as cst
 
-from ampfix.fixes.edits import comma, in_block, insert_after, string
-from ampfix.model import AmpModel, method_call
+from ampfix.fixes.edits import guard_test, in_block, insert_after, statement, string
+from ampfix.model import AmpModel, literal_string, method_call
 from ampfix.model.checkpoints import SavedState
 from ampfix.rule import UNSAFE, FileContext, Fix, Rule, Violation
 
@@ -21,7 +21,8 @@ class CheckpointWithoutScaler(Rule):
     requires = (("GradScaler", ".scale("), ("torch.save", "torch.load", "save(", "load("))
     project_requires = (("save", "checkpoint", "state_dict"),)
     fixable = "unsafe"
-    fix_note = "unsafe (a `scaler` entry saved, restored when present)"
+    fix_note = ("unsafe (a `scaler` entry saved, restored when present: every save and load of the file, or none; a load "
+                "only when a save holds the scaler)")
     docs = """
 A GradScaler's scale adapts during training (it backs off after overflows and grows after
 2000 clean steps). A checkpoint meant for resuming that stores the model and optimizer state but
@@ -35,7 +36,10 @@ Only checkpoints that hold an optimizer's state count (a weights-only
 GradScaler is reachable or a run that saves also steps one, and the dict may be built where `torch.save` is called or by the caller
 of a `save_checkpoint(state, ...)` helper. The fix (unsafe: it changes the checkpoint format)
 adds a `"scaler"` entry, and on the load side restores it when the checkpoint has one, so older
-checkpoints still load.
+checkpoints still load: every save and load of the file together, or none (a format saved on
+one side only breaks resuming). A load is fixed only when a checkpoint of the file saves the
+scaler; where the scaler is created after the restore, its restore goes after it, under the
+resume's own test.
 
 With bfloat16 the mistake rarely shows (its gradients hardly ever overflow, so the scale hardly
 matters); with float16 a resume shows as skipped steps.
@@ -62,12 +66,14 @@ torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
 
     def check(self, ctx: FileContext) -> Iterator[Violation]:
         model = ctx.model
+        saves = []  # (state, scalers): checkpoints that leave the scaler out
         for state in model.saved_states():
             if state.scaler_state or state.opaque or not state.optimizers:
                 continue
             scalers = model.scalers_at(state.dict_node)
             if scalers or model.runs_with_scaler(state.save):
-                yield Violation(state.dict_node, fix=self._save_fix(model, state, scalers))
+                saves.append((state, scalers))
+        loads = []  # (optimizer restore call, scalers): resumes that leave the scaler out
         scopes = {model.scope_of(c): None for c in model.calls if method_call(c, "load_state_dict") is not None}
         for scope in scopes:
             restores = model.restores(scope)
@@ -77,34 +83,187 @@ torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
                 receiver = method_call(call, "load_state_dict")
                 scalers = model.scalers_at(call)
                 if receiver is not None and model.is_optimizer(receiver) and (scalers or model.runs_with_scaler(call)):
-                    yield Violation(call, message=(
-                        "the optimizer is restored from a checkpoint but the GradScaler is not: after a resume the "
-                        "scale restarts at 65536; restore `scaler.load_state_dict(...)` too"),
-                        fix=self._load_fix(model, call, scalers))
+                    loads.append((call, scalers))
+        fixes, why = self._fixes(model, saves, loads)
+        for state, _ in saves:
+            yield Violation(state.dict_node, message=self._not_fixed(None, why.get(id(state.dict_node))),
+                            fix=fixes.get(id(state.dict_node)))
+        for call, _ in loads:
+            yield Violation(call, message=self._not_fixed(LOAD_MESSAGE, why.get(id(call))), fix=fixes.get(id(call)))
+
+    def _not_fixed(self, message: Optional[str], why: Optional[str]) -> Optional[str]:
+        return message if why is None else f"{message or self.message} (not fixed: {why})"
+
+    def _fixes(self, model: AmpModel, saves, loads) -> Tuple[Dict[int, Fix], Dict[int, str]]:
+        """The fixes of the file's checkpoint findings, as one group: a checkpoint that starts to
+        save the scaler is restored where the file resumes, or neither changes. A resume is only
+        fixed when some checkpoint of the file saves the scaler (already, or by this group)."""
+        fixes: Dict[int, Fix] = {}
+        why: Dict[int, str] = {}
+        key = self._scaler_key(model)
+        saved = key is not None or bool(saves)
+        key = key or "scaler"
+        if not saved:
+            for call, _ in loads:
+                why[id(call)] = ("no checkpoint saved in this file holds the GradScaler's state; save it "
+                                 f"(`\"{key}\": scaler.state_dict()`) first, then restore it")
+            return fixes, why
+        edits: Dict[int, Dict] = {}
+        for state, scalers in saves:
+            edit, reason = self._save_edit(model, state, scalers, key)
+            if edit is None:
+                why[id(state.dict_node)] = reason  # type: ignore[assignment]
+            else:
+                edits[id(state.dict_node)] = edit
+        for call, scalers in loads:
+            edit, reason = self._load_edit(model, call, scalers, key)
+            if edit is None:
+                why[id(call)] = reason  # type: ignore[assignment]
+            else:
+                edits[id(call)] = edit
+        if why:  # one place cannot change: none does (a checkpoint format saved here and not read back there)
+            first = next(iter(why.values()))
+            lines = {id(state.dict_node): model.line(state.dict_node) for state, _ in saves}
+            lines.update({id(call): model.line(call) for call, _ in loads})
+            blocker = next(i for i in why)
+            for i in edits:
+                why[i] = (f"the checkpoint saved and loaded here changes everywhere in the file or nowhere, and line "
+                          f"{lines[blocker]} cannot change: {first}")
+            return {}, why
+        for state, _ in saves:
+            fixes[id(state.dict_node)] = Fix(edits[id(state.dict_node)], applicability=UNSAFE, group="checkpoint",
+                                             description="GradScaler state saved in the checkpoint")
+        for call, _ in loads:
+            fixes[id(call)] = Fix(edits[id(call)], applicability=UNSAFE, group="checkpoint",
+                                  description="GradScaler state restored from the checkpoint when it has one")
+        if len(fixes) == 1:
+            only = next(iter(fixes.values()))
+            only.group = None
+        return fixes, why
 
     @staticmethod
-    def _save_fix(model: AmpModel, state: SavedState, scalers: list) -> Optional[Fix]:
+    def _scaler_key(model: AmpModel) -> Optional[str]:
+        """The key under which this file's checkpoints already save (or its resumes read) a
+        GradScaler's state, when there is exactly one."""
+        keys = set()
+        for state in model.saved_states():
+            if state.scaler_state and isinstance(state.dict_node, cst.Dict):
+                for el in state.dict_node.elements:
+                    k = literal_string(el.key) if isinstance(el, cst.DictElement) else None
+                    receiver = method_call(el.value, "state_dict") if isinstance(el, cst.DictElement) else None
+                    if k is not None and (receiver is not None and model.is_scaler(receiver) or "scaler" in k.lower()):
+                        keys.add(k)
+        for call in model.calls:
+            receiver = method_call(call, "load_state_dict")
+            if receiver is not None and model.is_scaler(receiver) and call.args:
+                arg = call.args[0].value
+                if isinstance(arg, cst.Subscript) and len(arg.slice) == 1 and isinstance(arg.slice[0].slice, cst.Index):
+                    k = literal_string(arg.slice[0].slice.value)
+                    if k is not None:
+                        keys.add(k)
+        return keys.pop() if len(keys) == 1 else None
+
+    @staticmethod
+    def _save_edit(model: AmpModel, state: SavedState, scalers: list, key: str):
+        """A `"scaler": scaler.state_dict()` entry after the dict's last one, in its layout, every
+        comment staying on the line it was on."""
         node = state.dict_node
-        if len(scalers) != 1 or not isinstance(node, cst.Dict) or "scaler" in state.keys:
-            return None
-        last = node.elements[-1]
-        entry = cst.DictElement(key=string("scaler", model.quote()), comma=last.comma,
-                                value=cst.parse_expression(f"{scalers[0]}.state_dict()"))
-        between = node.elements[-2].comma if len(node.elements) > 1 else None  # one entry a line stays so
-        elements = [*node.elements[:-1], last.with_changes(comma=between if isinstance(between, cst.Comma)
-                                                           else comma()), entry]
-        return Fix({node: node.with_changes(elements=elements)}, applicability=UNSAFE,
-                   description="GradScaler state saved in the checkpoint")
+        if len(scalers) != 1:
+            return None, ("several GradScalers are reachable here" if scalers else "no GradScaler is reachable here")
+        if not isinstance(node, cst.Dict) or not node.elements or key in state.keys:
+            return None, "the checkpoint is not a dict literal ampfix can extend"
+        new = add_dict_entry(node, string(key, model.quote()), cst.parse_expression(f"{scalers[0]}.state_dict()"))
+        return {node: new}, None
 
     @staticmethod
-    def _load_fix(model: AmpModel, call: cst.Call, scalers: list) -> Optional[Fix]:
+    def _load_edit(model: AmpModel, call: cst.Call, scalers: list, key: str):
+        """`if "scaler" in ckpt: scaler.load_state_dict(ckpt["scaler"])` after the optimizer's
+        restore, or, where the scaler is not assigned yet there, after the scaler is created
+        (under the test the restore runs under); never where the scaler may be unassigned or
+        None."""
         arg = call.args[0].value
         stmt = model.statement_of(call)
-        if len(scalers) != 1 or not isinstance(arg, cst.Subscript) or not isinstance(stmt, cst.SimpleStatementLine) \
+        if len(scalers) != 1:
+            return None, ("several GradScalers are reachable here" if scalers else "no GradScaler is reachable here")
+        if not isinstance(arg, cst.Subscript) or not isinstance(stmt, cst.SimpleStatementLine) \
                 or not in_block(model, stmt):
-            return None
+            return None, "the optimizer is not restored from `checkpoint[key]` in a statement of its own"
         ckpt = model.code(arg.value)
         q = model.quote()
-        code = f"if {q}scaler{q} in {ckpt}:\n    {scalers[0]}.load_state_dict({ckpt}[{q}scaler{q}])"
-        return Fix(insert_after(model.module, stmt, [code]), applicability=UNSAFE,
-                   description="GradScaler state restored from the checkpoint when it has one")
+        scaler = scalers[0]
+        has = f"{q}{key}{q} in {ckpt}"
+        restore = f"{scaler}.load_state_dict({ckpt}[{q}{key}{q}])"
+        indent = model.module.default_indent
+        code = f"if {has}:\n{indent}{restore}"
+        problem = model.insertion_problem([statement(model.module, code)], stmt, after=True)
+        if problem is None:
+            return insert_after(model.module, stmt, [code]), None
+        # after the scaler is created, later in the same function, under the resume's own test
+        for place in _assignments_after(model, scaler, stmt):
+            tests = model.branch_tests(stmt, place)
+            if tests is None:
+                continue
+            moved = f"if {guard_test(model, tests)} and {has}:\n{indent}{restore}" if tests else code
+            if model.insertion_problem([statement(model.module, moved)], place, after=True) is None:
+                return insert_after(model.module, place, [moved]), None
+        return None, f"{problem}, so restoring the scaler there would raise"
+
+
+LOAD_MESSAGE = ("the optimizer is restored from a checkpoint but the GradScaler is not: after a resume the "
+                "scale restarts at 65536; restore `scaler.load_state_dict(...)` too")
+
+
+def _assignments_after(model: AmpModel, key: str, stmt: cst.CSTNode) -> List[cst.CSTNode]:
+    """The statements of `stmt`'s function, after it and in no loop it is not in, that assign
+    `key` (where a restore of it can go)."""
+    func = model.scope_of(stmt)
+    loop = model.loop_of(stmt)
+    out = []
+    for node, _ in model.assignments_to(key):
+        line = model.statement_of(node)
+        if line is None or model.scope_of(line) is not func or not model.before(stmt, line) \
+                or not in_block(model, line) or model.loop_of(line) is not loop:
+            continue
+        out.append(line)
+    return out
+
+
+def add_dict_entry(node: cst.Dict, key: cst.BaseExpression, value: cst.BaseExpression) -> cst.Dict:
+    """`node` with `key: value` after its last entry, laid out like the entries before it: on a
+    line of its own when they are one a line. Every comment stays on the line it was on (a
+    trailing comment of the last entry stays on that entry, not on the new one)."""
+    elements = list(node.elements)
+    last = elements[-1]
+    prev = elements[-2].comma if len(elements) > 1 else None
+    # the whitespace that starts an entry's line (after the comma before it, or after `{`)
+    sep = prev.whitespace_after if isinstance(prev, cst.Comma) else node.lbrace.whitespace_after
+    entry = cst.DictElement(key=key, value=value)
+    rbrace = node.rbrace
+    trailing = isinstance(last.comma, cst.Comma)
+    no_space = cst.SimpleWhitespace("")
+    after_last = last.comma.whitespace_after if trailing else None  # type: ignore[union-attr]
+    closing = after_last if isinstance(after_last, cst.ParenthesizedWhitespace) else rbrace.whitespace_before
+    if isinstance(closing, cst.ParenthesizedWhitespace):
+        # the last entry ends its line (its comment with it); the new entry gets a line like it
+        line_start = sep if isinstance(sep, cst.ParenthesizedWhitespace) else closing
+        last_comma = last.comma if trailing else cst.Comma(whitespace_before=no_space)
+        last = last.with_changes(comma=last_comma.with_changes(whitespace_after=closing.with_changes(  # type: ignore[union-attr]
+            empty_lines=(), indent=line_start.indent, last_line=line_start.last_line)))
+        rest = closing.with_changes(first_line=cst.TrailingWhitespace(newline=closing.first_line.newline))
+        if closing is after_last:
+            entry = entry.with_changes(comma=cst.Comma(whitespace_before=no_space, whitespace_after=rest))
+        else:
+            entry = entry.with_changes(comma=cst.Comma(whitespace_before=no_space, whitespace_after=no_space)
+                                       if trailing else cst.MaybeSentinel.DEFAULT)
+            rbrace = rbrace.with_changes(whitespace_before=rest)
+    elif isinstance(sep, cst.ParenthesizedWhitespace):  # one a line, `}` right after the last
+        last = last.with_changes(comma=cst.Comma(whitespace_before=no_space, whitespace_after=sep.with_changes(
+            first_line=cst.TrailingWhitespace(newline=sep.first_line.newline), empty_lines=())))
+        if trailing:
+            entry = entry.with_changes(comma=last.comma.with_changes(whitespace_after=after_last))  # type: ignore[union-attr]
+    else:  # one line
+        space = sep if isinstance(sep, cst.SimpleWhitespace) and sep.value else cst.SimpleWhitespace(" ")
+        last = last.with_changes(comma=cst.Comma(whitespace_before=no_space, whitespace_after=space))
+        if trailing:
+            entry = entry.with_changes(comma=cst.Comma(whitespace_before=no_space, whitespace_after=after_last))
+    return node.with_changes(elements=[*elements[:-1], last, entry], rbrace=rbrace)

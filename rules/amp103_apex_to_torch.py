@@ -17,7 +17,7 @@ import libcst as cst
 
 from ampfix.knowledge.apex_api import APIS, actionable, adam_mode_unknown, canonical, category, fallback_targets, \
     first_import, flagged_try, is_legacy_mixed_precision, lookup, map_args, target_for, try_of
-from ampfix.fixes.edits import remove_import_alias, remove_statement, with_args
+from ampfix.fixes.edits import keep_comments, remove_import_alias, remove_statement, with_args
 from ampfix.model import AmpModel, ImportBinding, names_bound
 from ampfix.rule import UNSAFE, FileContext, Fix, Rule, Violation
 
@@ -385,6 +385,7 @@ model = torch.nn.parallel.DistributedDataParallel(model)
             isinstance(x, cst.Expr) for x in st.body))]  # log lines about installing apex go
         kept = [st.with_changes(leading_lines=()) for st in kept]
         kept[0] = kept[0].with_changes(leading_lines=tr.leading_lines)
+        kept = keep_comments(tr, kept)  # the comments of the apex branch stay, before the fallback
         edit: Dict[cst.CSTNode, object] = {tr: cst.FlattenSentinel(kept), **uses}
         yield Violation(first.stmt, message=msg, fix=Fix(edit, applicability=UNSAFE,  # type: ignore[arg-type]
                         description="optional apex import -> its torch fallback: installs with apex now run torch's "
@@ -419,7 +420,8 @@ model = torch.nn.parallel.DistributedDataParallel(model)
         block = model.block_of(line)
         if block is not None and len(block.body) == 1 and edit.get(line) is not None \
                 and isinstance(edit[line], cst.RemovalSentinel):
-            edit = {line: cst.SimpleStatementLine(body=[cst.Pass()], leading_lines=line.leading_lines)}
+            edit = {line: cst.SimpleStatementLine(body=[cst.Pass()], leading_lines=line.leading_lines,
+                                                  trailing_whitespace=line.trailing_whitespace)}
         elif block is not None and block is not model.module and block.body[0] is line and len(block.body) > 1 \
                 and isinstance(edit.get(line), cst.RemovalSentinel) and len(edit) == 1:
             nxt = block.body[1]  # first in its block: the blank line that followed the import goes too

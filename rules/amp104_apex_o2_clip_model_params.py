@@ -165,6 +165,14 @@ optimizer.step()
             why = "several optimizers" if len(opts) != 1 or opts[0] == "<several>" else \
                 "the optimizer amp.initialize returned is not visible here"
             return Violation(arg.value, message=f"{self.message} (not fixed: {why})")
+        # code that supports apex and native AMP: a clip that runs only where apex does not (the
+        # other branch of `if args.apex:`) is not apex's to change
+        apex = [c for c in model.calls if any(n.startswith("apex.amp.") for n in model.qualnames(c.func))]
+        if apex and all(model.exclusive(call, c) for c in apex):
+            return Violation(arg.value, message=(
+                f"{self.message} (not fixed: this clip runs only where apex amp does not (line "
+                f"{model.line(apex[0])} runs in another branch of the same test): a fix there would edit the other "
+                "backend's branch)"))
         q = model.quote()
         new = cst.parse_expression(f"[p for group in {opt}.param_groups for p in group[{q}params{q}]]")
         return Violation(arg.value, fix=Fix({arg.value: new}, applicability=SAFE,

@@ -12,6 +12,9 @@ import sys
 
 import pytest
 
+from ampfix.engine.analyze import Settings, check_text
+from ampfix.engine.registry import select_rules
+
 from conftest import FIXTURES, run_ampfix
 from test_migrate import deprecated_refs
 
@@ -125,8 +128,11 @@ def test_scaler_lives_where_both_reach_it():
     # script loads one: see test_migrated_scripts_run_without_deprecation)
     assert '        if "scale" in state["amp"]:\n            self.scaler.load_state_dict(state["amp"])' in trainer
     assert '"amp": self.scaler.state_dict()' in trainer
-    setup = (APEX / "bad_run_setup_function.unsafe.py").read_text()
-    assert "    global scaler\n    scaler = torch.amp.GradScaler(\"cuda\")\n" in setup
+    # no `global` is injected: a scaler only a setup function would assign is not migrated
+    setup = APEX / "bad_global_setup_function.py"
+    assert not (APEX / "bad_global_setup_function.unsafe.py").exists()
+    diags, _ = check_text(setup.read_text(), str(setup), select_rules(["AMP102"], []), Settings(unsafe_fixes=True))
+    assert diags and all(d.fix is None and "module global assigned inside `build`" in d.message for d in diags)
     returned = (APEX / "bad_run_returned.unsafe.py").read_text()
     assert "    return model, optimizer, scaler\n" in returned
     assert "    model, optimizer, scaler = prepare_model_and_optimizer(device, fp16)\n" in returned

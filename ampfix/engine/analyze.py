@@ -16,7 +16,9 @@ import libcst as cst
 
 from ampfix.engine import guard
 from ampfix.engine import fileio
+from ampfix.engine import fixcheck
 from ampfix.model import AmpModel
+from ampfix.model.tree import dotted as _dotted
 from ampfix.rule import Applicability, FileContext, Fix, Rule, Violation, trigger_test
 
 MAX_FIX_PASSES = 10
@@ -270,6 +272,7 @@ def _analyze(
                 noqa_lines=tuple(sorted(suppression.lines(v.node))),
             )
             found.append(_Found(rule_cls, v, diag, suppression(v.node, rule_cls.code, record=True)))
+    _prove_fixes(found, model)
     _block_suppressed_groups(found)
     # one finding per code and place: a rule may reach the same node twice
     seen: Set[Tuple[str, int, int]] = set()
@@ -281,6 +284,98 @@ def _analyze(
             unique.append(f)
     unique.sort(key=lambda f: (f.diagnostic.line, f.diagnostic.column, f.diagnostic.code))
     return unique, model
+
+
+def _prove_fixes(found: List[_Found], model: AmpModel) -> None:
+    """Every fix, before it is offered: the code it puts in place of a statement must not fail
+    where the statement would not (a name read that may be unassigned there, a method called on
+    something that may be None: `ampfix.model.bound`). A fix that cannot be proven is not offered,
+    with the whole of its group, and its finding says why."""
+    created: Dict[Optional[Tuple[str, str]], Set[str]] = {}
+    for f in found:
+        if f.violation.fix is not None:
+            key = _group_key(f) or ("", str(id(f)))
+            created.setdefault(key, set()).update(_bound_by_fix(f.violation.fix))
+    blocked: Dict[Tuple[str, str], str] = {}
+    for f in found:
+        fix = f.violation.fix
+        if fix is None:
+            continue
+        key = _group_key(f) or ("", str(id(f)))
+        why = _fix_problem(fix, model, created.get(key, set()))
+        if why is not None:
+            blocked.setdefault(key, why)
+    if not blocked:
+        return
+    for f in found:
+        fix = f.violation.fix
+        key = _group_key(f) or ("", str(id(f)))
+        if fix is not None and key in blocked:
+            f.violation.fix = None
+            f.diagnostic.fix = None
+            f.diagnostic.message += f" (not fixed: {blocked[key]})"
+
+
+def _fix_problem(fix: Fix, model: AmpModel, created: Set[str]) -> Optional[str]:
+    for node, new in fix.replacements.items():
+        stmt = node if isinstance(node, cst.BaseStatement) else model.statement_of(node)
+        if stmt is None or not isinstance(stmt, cst.BaseStatement):
+            continue
+        if node is stmt:
+            if isinstance(new, cst.FlattenSentinel):
+                stmts = [n for n in new.nodes if isinstance(n, cst.BaseStatement)]
+            elif isinstance(new, cst.BaseStatement):
+                stmts = [new]
+            else:
+                continue  # removed
+        elif isinstance(new, cst.CSTNode):
+            try:
+                replaced = stmt.deep_replace(node, new)
+            except Exception:  # pragma: no cover - a replacement LibCST cannot place: checked when applied
+                return "ampfix could not prove this fix (its replacement does not fit its statement)"
+            if not isinstance(replaced, cst.BaseStatement):
+                continue
+            stmts = [replaced]
+        else:
+            continue
+        why = model.replacement_problem(stmt, stmts, created)
+        if why is not None:
+            return f"{why}, so the fixed code could raise there"
+    return None
+
+
+def _bound_by_fix(fix: Fix) -> Set[str]:
+    """What the fix's new code binds (a scaler it creates, a name it imports): where that is
+    read, the fix answers for it (and the check of the applied pass sees the real flow)."""
+    out: Set[str] = set()
+
+    class V(cst.CSTVisitor):
+        def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
+            key = _dotted(node.target)
+            if key is not None:
+                out.add(key)
+
+        def visit_ImportAlias(self, node: cst.ImportAlias) -> None:
+            if node.asname is not None and isinstance(node.asname.name, cst.Name):
+                out.add(node.asname.name.value)
+            else:
+                name = _dotted(node.name) or ""
+                out.add(name.split(".")[0] if isinstance(self_parent.get(id(node)), cst.Import) else name)
+
+    self_parent: Dict[int, cst.CSTNode] = {}
+
+    class P(cst.CSTVisitor):
+        def visit_Import(self, node: cst.Import) -> None:
+            for a in node.names:
+                self_parent[id(a)] = node
+
+    for new in fix.replacements.values():
+        nodes = new.nodes if isinstance(new, cst.FlattenSentinel) else [new]
+        for n in nodes:
+            if isinstance(n, cst.CSTNode):
+                n.visit(P())
+                n.visit(V())
+    return out
 
 
 def _group_key(f: _Found) -> Optional[Tuple[str, str]]:
@@ -489,28 +584,56 @@ def _compiles(text: str, path: str) -> bool:
         return False
 
 
-def _applicable(f: _Found, settings: Settings) -> bool:
+def _applicable(f: _Found, settings: Settings, refused: Optional[Dict[tuple, str]] = None,
+                model: Optional[AmpModel] = None) -> bool:
     fix = f.violation.fix
     if fix is None or f.noqa:
+        return False
+    if refused and model is not None and _fix_key(f, model) in refused:
         return False
     return fix.applicability is Applicability.SAFE or (fix.applicability is Applicability.UNSAFE
                                                        and settings.unsafe_fixes)
 
 
-def _choose(found: List[_Found], model: AmpModel, settings: Settings) -> Tuple[List[_Found], List[Fix]]:
-    """The findings to fix in this pass and their fixes: no two fixes overlap, and a fix group
-    goes in whole (every fix applicable and clear of the others) or not at all."""
+def _fix_key(f: _Found, model: AmpModel) -> tuple:
+    """What identifies a fix from one pass to the next (its positions move as other fixes land):
+    the rule, what it does, the code it reports and the code it replaces."""
+    fix = f.violation.fix
+    assert fix is not None
+    cache = model.__dict__.setdefault("_fix_keys", {})
+    hit = cache.get(id(f))
+    if hit is not None and hit[0] is f:
+        return hit[1]
+    nodes = tuple(sorted(model.module.code_for_node(n) for n in fix.replacements))
+    key = (f.rule.code, fix.description, model.module.code_for_node(f.violation.node), nodes)
+    cache[id(f)] = (f, key)
+    return key
+
+
+@dataclass
+class _Unit:
+    """Fixes that go in together: one finding's, or a whole fix group's."""
+
+    members: List[_Found]
+    fixes: List[Fix]
+    ranges: List[Range]
+
+
+def _choose(found: List[_Found], model: AmpModel, settings: Settings,
+            refused: Optional[Dict[tuple, str]] = None) -> List[_Unit]:
+    """The fixes to apply in this pass: no two overlap, and a fix group goes in whole (every fix
+    applicable and clear of the others) or not at all; refused fixes are left out."""
     groups: Dict[Tuple[str, str], List[_Found]] = {}
     for f in found:
         key = _group_key(f)
         if key is not None:
             groups.setdefault(key, []).append(f)
-    chosen: List[_Found] = []
+    units: List[_Unit] = []
     fixes: Dict[int, Fix] = {}
     taken: List[Range] = []
     done_groups: Set[Tuple[str, str]] = set()
     for f in found:
-        if not _applicable(f, settings):
+        if not _applicable(f, settings, refused, model):
             continue
         key = _group_key(f)
         members = groups[key] if key is not None else [f]
@@ -518,68 +641,237 @@ def _choose(found: List[_Found], model: AmpModel, settings: Settings) -> Tuple[L
             if key in done_groups:
                 continue
             done_groups.add(key)
-            if not all(_applicable(m, settings) for m in members):
+            if not all(_applicable(m, settings, refused, model) for m in members):
                 continue
         new_fixes = {id(m.violation.fix): m.violation.fix for m in members if id(m.violation.fix) not in fixes}
         ranges = [r for fix in new_fixes.values() for r in _fix_ranges(fix, model)]  # type: ignore[arg-type]
         if any(_overlaps(r, t) for r in ranges for t in taken) or any(
                 _overlaps(a, b) for i, a in enumerate(ranges) for b in ranges[i + 1:]):
             continue
-        chosen.extend(members)
+        if not new_fixes:  # a fix another finding already brings (one unscale_ for two clips)
+            for u in units:
+                if any(id(m.violation.fix) in {id(x) for x in u.fixes} for m in members):
+                    u.members.extend(members)
+                    break
+            continue
+        units.append(_Unit(list(members), list(new_fixes.values()), ranges))  # type: ignore[arg-type]
         fixes.update(new_fixes)  # type: ignore[arg-type]
         taken.extend(ranges)
-    return chosen, list(fixes.values())
+    return units
+
+
+def _visible(found: List[_Found]) -> List[_Found]:
+    return [f for f in found if not f.noqa]
+
+
+@dataclass
+class _Pass:
+    """A text with its analysis, as the fix loop holds it between passes."""
+
+    text: str
+    module: cst.Module
+    found: List[_Found]
+    model: AmpModel
+    n_pass: int = 0  # how many passes of fixes changed the text before it
+
+
+@dataclass
+class _Introduced:
+    """A finding a pass of fixes added (allowed only while the next passes may fix it)."""
+
+    before: _Pass
+    units: List[_Unit]
+    code: str
+    message: str
+
+
+class _FixLoop:
+    """`fix_text`'s passes: apply, re-analyse, keep what passes `ampfix.engine.fixcheck`,
+    refuse the rest (see `fix_text`)."""
+
+    def __init__(self, text: str, path: str, rules: Sequence[Type[Rule]], settings: Settings,
+                 refused: Dict[tuple, str]):
+        self.text, self.path, self.rules, self.settings = text, path, rules, settings
+        self.selected = [r.code for r in rules]
+        self.refused = refused
+        self.original_compiles: Optional[bool] = None
+
+    def analyze(self, text: str, module: cst.Module, n_pass: int) -> _Pass:
+        # the rules a check of this text would run (a fix can bring a rule's trigger in);
+        # `n_pass`: how many passes changed the text already (a migration's follow-up edits)
+        found, model = _analyze(module, text, self.path, triggered(self.rules, text, self.path, self.settings),
+                                self.settings, self.selected, rewrite_pass=n_pass, memo=self.memo)
+        return _Pass(text, module, found, model, n_pass)
+
+    def run(self) -> Tuple[_Pass, _Pass, Dict[str, int], List[Tuple[_Found, _Introduced]]]:
+        """(the first pass, the last, {fix: count}, findings added by a fix and still there)."""
+        self.memo: dict = {}  # kept across the passes of one rewrite (`ctx.extra["rewrite_memo"]`)
+        first = cur = self.analyze(self.text, parse_in_project(self.text, self.path, self.settings), 0)
+        origin: List[Optional[_Introduced]] = [None] * len(_visible(cur.found))
+        fixed: Dict[str, int] = {}
+        for _ in range(MAX_FIX_PASSES):
+            units = _choose(cur.found, cur.model, self.settings, self.refused)
+            if not units:
+                break
+            accepted, nxt, mapping = self.apply_checked(cur, units)
+            if nxt is None:
+                if not accepted:
+                    continue  # every fix of this pass was refused: the next pass chooses again
+                break  # pragma: no cover - accepted fixes always produce a text
+            new_origin: List[Optional[_Introduced]] = []
+            for i, f in enumerate(_visible(nxt.found)):
+                if i in mapping:
+                    new_origin.append(origin[mapping[i]])
+                else:
+                    new_origin.append(_Introduced(cur, accepted, f.diagnostic.code, f.diagnostic.message))
+            origin = new_origin
+            for unit in accepted:
+                for f in unit.members:
+                    key = f"{f.diagnostic.code}: {f.violation.fix.description}"  # type: ignore[union-attr]
+                    fixed[key] = fixed.get(key, 0) + 1
+            cur = nxt
+        late = [(f, o) for f, o in zip(_visible(cur.found), origin) if o is not None]
+        return first, cur, fixed, late
+
+    # ---------------------------------------------------------------- one pass
+    def attempt(self, cur: _Pass, units: List[_Unit]):
+        """Apply `units` to `cur`: (troubles, the new pass or None, new index -> old index)."""
+        replacements: Dict[int, object] = {}
+        for u in units:
+            for fix in u.fixes:
+                for node, new in fix.replacements.items():
+                    replacements[id(node)] = new
+        everything = [fixcheck.Trouble((1, 1 << 30), "")]
+        paths = _paths(cur.model, [node for u in units for fix in u.fixes for node in fix.replacements])
+        try:
+            new_text = cur.module.visit(_ApplyFixes(replacements, paths)).code
+            reparsed = cst.parse_module(new_text)
+        except Exception:
+            everything[0].reason = "the fix does not produce valid Python"
+            return everything, None, {}
+        if new_text == cur.text:
+            return [], None, {}
+        if self.original_compiles is None:
+            self.original_compiles = _compiles(self.text, self.path)
+        if self.original_compiles and not _compiles(new_text, self.path):
+            everything[0].reason = "the fixed code does not compile"
+            return everything, None, {}
+        nxt = self.analyze(new_text, reparsed, cur.n_pass + 1)
+        ops = fixcheck.opcodes(cur.text, new_text)
+        old_vis, new_vis = _visible(cur.found), _visible(nxt.found)
+        mapping = fixcheck.match([f.diagnostic for f in old_vis], cur.text, [f.diagnostic for f in new_vis],
+                                 new_text, ops)
+        troubles: List[fixcheck.Trouble] = []
+        for i, f in enumerate(new_vis):
+            if i not in mapping and not _applicable(f, self.settings, self.refused, nxt.model):
+                d = f.diagnostic
+                troubles.append(fixcheck.Trouble(fixcheck.old_range(ops, d.line),
+                                                 f"it would add {d.code} on line {d.line}: {d.message}", d.line))
+        try:
+            troubles += fixcheck.unsafe_reads(cur.model, nxt.model, ops)
+            troubles += fixcheck.comment_troubles(cur.text, new_text, ops)
+        except Exception as exc:  # a check that cannot run keeps nothing it could not check
+            troubles.append(fixcheck.Trouble((1, 1 << 30), f"ampfix could not check this fix ({type(exc).__name__})"))
+        return troubles, nxt, mapping
+
+    def refuse(self, unit: _Unit, model: AmpModel, reason: str) -> None:
+        for f in unit.members:
+            self.refused.setdefault(_fix_key(f, model), reason)
+
+    def apply_checked(self, cur: _Pass, units: List[_Unit]):
+        """The units of this pass that can go in (refusing the others): (accepted, the new pass,
+        new index -> old index). Troubles are laid at the fixes whose code they are in; those that
+        cannot be placed are found by applying the fixes one at a time."""
+        left = list(units)
+        while left:
+            troubles, nxt, mapping = self.attempt(cur, left)
+            if not troubles:
+                return left, nxt, mapping
+            culprits = [(u, t) for u in left for t in troubles[:1] + troubles[1:]
+                        if any(_overlaps(r, ((t.old_lines[0], 0), (t.old_lines[1], 1 << 30))) for r in u.ranges)]
+            blamed = {id(u): t for u, t in reversed(culprits)}
+            if blamed and (len(blamed) < len(left) or len(left) == 1):
+                for u in left:
+                    if id(u) in blamed:
+                        self.refuse(u, cur.model, blamed[id(u)].reason)
+                left = [u for u in left if id(u) not in blamed]
+                continue
+            if len(left) == 1:
+                self.refuse(left[0], cur.model, troubles[0].reason)
+                return [], None, {}
+            accepted: List[_Unit] = []
+            product = (None, {})
+            for u in left:
+                troubles, nxt, mapping = self.attempt(cur, accepted + [u])
+                if troubles:
+                    self.refuse(u, cur.model, troubles[0].reason)
+                else:
+                    accepted.append(u)
+                    product = (nxt, mapping)
+            return accepted, product[0], product[1]
+        return [], None, {}
+
+    def blame_late(self, late: List[Tuple[_Found, _Introduced]]) -> bool:
+        """Refuse the fixes that added a finding that is still there at the end (tried one at a
+        time on the text of the pass that added it); False when none can be found."""
+        blamed = False
+        for f, origin in late:
+            for u in origin.units:
+                troubles, nxt, mapping = self.attempt(origin.before, [u])
+                if nxt is None:
+                    continue
+                new_vis = _visible(nxt.found)
+                if any(i not in mapping and g.diagnostic.code == origin.code
+                       and fixcheck._norm(g.diagnostic.message) == fixcheck._norm(origin.message)
+                       for i, g in enumerate(new_vis)):
+                    self.refuse(u, origin.before.model, f"it would add {origin.code}: {origin.message}")
+                    blamed = True
+        return blamed
+
+
+MAX_RESTARTS = 3
 
 
 def fix_text(text: str, path: str, rules: Sequence[Type[Rule]], settings: Settings,
              stats: Optional[Dict[str, int]] = None) -> Tuple[str, Dict[str, int], List[Diagnostic]]:
     """Apply fixes until nothing applicable is left.
 
-    Returns (new text, {"CODE: description": fixes applied}, remaining diagnostics). Every pass is
-    checked: its output must parse (LibCST, and CPython when the input compiled), or the pass is
-    dropped and the file keeps the last good text. `stats`, when given, receives the findings
-    of the text as it was, per code (what `check` reports), to tell fixed findings from the
-    follow-up edits a fix brings (an import rewritten once its last use is)."""
-    active = triggered(rules, text, path, settings)
-    fixed: Dict[str, int] = {}
-    if not active or _exempt(text):
-        return text, fixed, []
-    selected = [r.code for r in rules]
-    original_compiles = None
-    current = text
-    module = parse_in_project(current, path, settings)
-    memo: dict = {}
-    for n_pass in range(MAX_FIX_PASSES):
-        found, model = _analyze(module, current, path, active, settings, selected, rewrite_pass=n_pass, memo=memo)
-        remaining = [f.diagnostic for f in found if not f.noqa]
-        if stats is not None and current is text:
-            for d in remaining:
-                stats[d.code] = stats.get(d.code, 0) + 1
-        chosen, fixes = _choose(found, model, settings)
-        if not chosen:
-            return current, fixed, remaining
-        replacements: Dict[int, object] = {}
-        for fix in fixes:
-            for node, new in fix.replacements.items():
-                replacements[id(node)] = new
-        paths = _paths(model, [node for fix in fixes for node in fix.replacements])
-        new_text = module.visit(_ApplyFixes(replacements, paths)).code
-        if new_text == current:
-            return current, fixed, remaining
-        try:
-            reparsed = cst.parse_module(new_text)
-        except Exception:
-            return current, fixed, remaining
-        if original_compiles is None:
-            original_compiles = _compiles(text, path)
-        if original_compiles and not _compiles(new_text, path):
-            return current, fixed, remaining
-        for f in chosen:
-            key = f"{f.diagnostic.code}: {f.violation.fix.description}"  # type: ignore[union-attr]
-            fixed[key] = fixed.get(key, 0) + 1
-        current, module = new_text, reparsed
-    found, _ = _analyze(module, current, path, active, settings, selected, rewrite_pass=MAX_FIX_PASSES, memo=memo)
-    return current, fixed, [f.diagnostic for f in found if not f.noqa]
+    Returns (new text, {"CODE: description": fixes applied}, remaining diagnostics). Every pass
+    is checked before it is kept (`ampfix.engine.fixcheck`): its output parses (LibCST, and
+    CPython when the input compiled), it adds no finding that no later fix removes, the code it
+    adds reads only names assigned where it runs and calls no method on something that may be
+    None there, and it keeps every comment on its line. A fix that fails is refused: it is not
+    applied, and its finding stays in the remaining diagnostics with the reason. The remaining
+    diagnostics are a fresh check of the new text (what `check` reports for the written file).
+    `stats`, when given, receives the findings of the text as it was, per code (what `check`
+    reports), to tell fixed findings from the follow-up edits a fix brings (an import rewritten
+    once its last use is)."""
+    if not triggered(rules, text, path, settings) or _exempt(text):
+        return text, {}, []
+    refused: Dict[tuple, str] = {}
+    loop = _FixLoop(text, path, rules, settings, refused)
+    for _ in range(MAX_RESTARTS + 1):
+        first, last, fixed, late = loop.run()
+        if not late:
+            break
+        if not loop.blame_late(late):
+            last, fixed = first, {}  # a finding was added and no fix can be blamed: change nothing
+            break
+    else:  # pragma: no cover - each restart refuses at least one more fix
+        last, fixed = first, {}
+    if stats is not None:
+        for f in _visible(first.found):
+            stats[f.diagnostic.code] = stats.get(f.diagnostic.code, 0) + 1
+    remaining = []
+    for f in _visible(last.found):
+        d = f.diagnostic
+        if f.violation.fix is not None and refused:
+            reason = refused.get(_fix_key(f, last.model))
+            if reason is not None:
+                d.fix = None
+                d.message += f" (not fixed: {reason})"
+        remaining.append(d)
+    return last.text, fixed, remaining
 
 
 # ----------------------------------------------------------------------------- files

@@ -72,6 +72,40 @@ def _comment_lines(comments: Sequence[str]) -> List[cst.EmptyLine]:
     return [cst.EmptyLine(indent=True, whitespace=cst.SimpleWhitespace(""), comment=cst.Comment(c)) for c in comments]
 
 
+def _header_comment(stmt: cst.CSTNode) -> Optional[cst.TrailingWhitespace]:
+    """The whitespace that ends a statement's first line, when it carries a comment: a simple
+    line's trailing comment, a compound statement's header comment."""
+    if isinstance(stmt, cst.SimpleStatementLine):
+        ws = stmt.trailing_whitespace
+    else:
+        body = getattr(stmt, "body", None)
+        ws = getattr(body, "header", None) if isinstance(body, cst.IndentedBlock) else \
+            getattr(body, "trailing_whitespace", None)
+    return ws if isinstance(ws, cst.TrailingWhitespace) and ws.comment is not None else None
+
+
+def keep_comments(old: cst.CSTNode, new: List[cst.CSTNode]) -> List[cst.CSTNode]:
+    """`new` (the statements that replace `old`) with every comment of `old` they do not carry:
+    the comment on its first line on the first new line (when that is a simple line without
+    one), the others as comment lines before them."""
+    if not new or not isinstance(old, cst.CSTNode):
+        return new
+    lost = _lost_comments(old, new)
+    if not lost:
+        return new
+    out = list(new)
+    header = _header_comment(old)
+    first = out[0]
+    if header is not None and header.comment.value in lost and isinstance(first, cst.SimpleStatementLine) \
+            and first.trailing_whitespace.comment is None:
+        out[0] = first = first.with_changes(trailing_whitespace=first.trailing_whitespace.with_changes(
+            whitespace=header.whitespace, comment=header.comment))
+        lost.remove(header.comment.value)
+    if lost and hasattr(first, "leading_lines"):
+        out[0] = first.with_changes(leading_lines=[*first.leading_lines, *_comment_lines(lost)])
+    return out
+
+
 def insert_before(module: cst.Module, stmt: cst.BaseStatement, new: Sequence[StatementLike]) -> Replacements:
     """New statements before `stmt`; they take over its blank lines and comment lines."""
     first, *rest = [statement(module, s) for s in new]
@@ -162,6 +196,40 @@ def move_into_block(first: Sequence[cst.BaseStatement], target: cst.BaseCompound
     out: Replacements = {s: cst.RemoveFromParent() for s in (*first, *last)}
     out[target] = target.with_changes(body=body.with_changes(body=[*keep(first), *body.body, *keep(last)]))
     return out
+
+
+def negated(model, test: cst.BaseExpression) -> str:
+    """The source of `not test`, written the way people write it (`x is not None` for `x is
+    None`, `flag` for `not flag`)."""
+    if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+        return model.code(test.expression)
+    if isinstance(test, cst.Comparison) and len(test.comparisons) == 1:
+        target = test.comparisons[0]
+        swap = {cst.Is: " is not ", cst.IsNot: " is ", cst.Equal: " != ", cst.NotEqual: " == ",
+                cst.In: " not in ", cst.NotIn: " in "}
+        for op, text in swap.items():
+            if isinstance(target.operator, op):
+                return f"{model.code(test.left)}{text}{model.code(target.comparator)}"
+    if isinstance(test, (cst.Name, cst.Attribute, cst.Call, cst.Subscript)):
+        return f"not {model.code(test)}"
+    return f"not ({model.code(test)})"
+
+
+def guard_test(model, tests) -> str:
+    """The test of an `if` that holds exactly when each (test, value) has that value."""
+    parts = []
+    for test, value in tests:
+        text = model.code(test) if value else negated(model, test)
+        if value and isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.Or) and len(tests) > 1:
+            text = f"({text})"
+        parts.append(text)
+    return " and ".join(parts)
+
+
+def guarded(model, tests, code: str) -> str:
+    """`code` (one statement) under `if <tests>:` (see `guard_test`), in the file's indentation."""
+    indent = model.module.default_indent
+    return f"if {guard_test(model, tests)}:\n{indent}{code}"
 
 
 # ----------------------------------------------------------------------------- arguments

@@ -14,6 +14,8 @@ from typing import Callable, Dict, Hashable, List, Sequence, Tuple
 
 import libcst as cst
 
+from ampfix.fixes.edits import _comment_lines, _lost_comments, keep_comments
+
 # an edit maps the statement (or node) as rewritten so far to what replaces it: a node, a list
 # of statements (empty: removed)
 Edit = Callable[[cst.CSTNode], object]
@@ -32,22 +34,23 @@ class Rewrites:
 
     # ---------------------------------------------------------------- common edits
     def replace(self, owner: Hashable, stmt: cst.CSTNode, new: Sequence[cst.CSTNode]) -> None:
-        """`stmt` becomes the statements `new` (the first takes its comment and blank lines)."""
+        """`stmt` becomes the statements `new` (the first takes its comment and blank lines; a
+        comment on its line stays on the line that replaces it, any other comment of it that
+        the new statements do not carry becomes a comment line before them)."""
         def edit(cur, new=list(new)):
             out = list(new)
             if out and hasattr(cur, "leading_lines"):
                 out[0] = out[0].with_changes(leading_lines=cur.leading_lines)
-            return out
+            return keep_comments(cur, out)
         self.add(owner, stmt, edit)
 
     def remove(self, owner: Hashable, stmt: cst.CSTNode) -> None:
-        """Remove `stmt`; its comment lines (and trailing comment) go to the next statement of its
-        block, or stay behind a `pass` when it is the last one (as `edits.remove_statement`)."""
+        """Remove `stmt`; its comments (comment lines, a trailing one, those inside a compound
+        statement) go to the next statement of its block, or stay behind a `pass` when it is the
+        last one (as `edits.remove_statement`)."""
         self.add(owner, stmt, lambda cur: [])
         lines = [ln for ln in getattr(stmt, "leading_lines", ()) if ln.comment is not None]
-        trailing = stmt.trailing_whitespace.comment if isinstance(stmt, cst.SimpleStatementLine) else None
-        if trailing is not None:
-            lines.append(cst.EmptyLine(comment=trailing))
+        lines += _comment_lines(_lost_comments(stmt, lines))
         if not lines:
             return
         block = self.model.block_of(stmt)
@@ -111,7 +114,14 @@ class Rewrites:
         top = [n for n in results if not any(a in results for a in model.ancestors(n))]
         per_owner: Dict[Hashable, Dict[cst.CSTNode, object]] = {}
         for n in top:
-            per_owner.setdefault(owners[n], {})[n] = _as_replacement(results[n])
+            result = results[n]
+            if isinstance(n, cst.BaseStatement):
+                # a comment the edits inside dropped (a statement removed with the `if` that held
+                # it) stays, as a comment line before what replaces the outermost edited statement
+                seq = result if isinstance(result, list) else [result]
+                if seq and all(isinstance(x, cst.BaseStatement) for x in seq):
+                    result = keep_comments(n, list(seq))
+            per_owner.setdefault(owners[n], {})[n] = _as_replacement(result)
         absorbed: Dict[Hashable, Hashable] = {}
         for n in top:
             for inner, entries in edits.items():

@@ -459,13 +459,16 @@ def fix_summary(results: Sequence["runner.FileResult"], diff: bool = False, unsa
     """The summary of a rewrite, ruff-style: the findings fixed per rule (only in files that
     were written, or with --diff would be), the edits that came with them, what is left.
 
-    A finding counts as fixed when `check` reported it before the rewrite and it is gone
-    after; the other edits are follow-ups (an import rewritten once its last use was)."""
+    The remaining findings are a fresh check of the written text (the fix loop re-analyses what
+    it writes), and a finding counts as fixed when `check` reported it before the rewrite and it
+    is gone after, so found = fixed + remaining; the other edits are follow-ups (an import
+    rewritten once its last use was). A file that could not be written fixed nothing."""
     rules = all_rules()
     fixed: Counter = Counter()
     edits: Counter = Counter()
     by_what: dict = {}
     found_total = 0
+    added = 0
     n_files = 0
     for r in results:
         left = Counter(d.code for d in r.diagnostics)
@@ -476,23 +479,24 @@ def fix_summary(results: Sequence["runner.FileResult"], diff: bool = False, unsa
             what = key.split(": ", 1)[1] if ": " in key else ""
             by_what.setdefault(code, Counter())[what] += n
         found = Counter(r.found) if r.found else left + applied
-        found_total += sum(found.values()) if r.new_source is not None or r.found else sum(left.values())
-        file_fixed = 0
-        for code, n in applied.items():
-            k = min(n, max(0, found[code] - left[code]))
-            fixed[code] += k
-            edits[code] += n
-            file_fixed += k
-        n_files += bool(applied)
+        if r.new_source is None and not r.found:
+            found = left
+        found_total += sum(found.values())
+        if r.new_source is not None:
+            for code in set(found) | set(left):
+                fixed[code] += max(0, found[code] - left[code])
+                added += max(0, left[code] - found[code])
+            edits.update(applied)
+            n_files += bool(applied)
     n_fixed = sum(fixed.values())
     remaining = sum(len(r.diagnostics) for r in results)
     lines = []
     verb = "Would fix" if diff else "Fixed"
     if edits:
         lines.append(f"{verb} {_plural(n_fixed, 'finding')} in {_plural(n_files, 'file')}:")
-        for code in sorted(edits):
+        for code in sorted(set(edits) | {c for c, n in fixed.items() if n}):
             extra = edits[code] - fixed[code]
-            more = f"  (+{_plural(extra, 'follow-up edit')})" if extra else ""
+            more = f"  (+{_plural(extra, 'follow-up edit')})" if extra > 0 else ""
             name = rules[code].name if code in rules else ""
             lines.append(f"  {fixed[code]:>4}  {code}  {name}{more}")
             for what, n in sorted(by_what.get(code, {}).items()):
@@ -502,8 +506,8 @@ def fix_summary(results: Sequence["runner.FileResult"], diff: bool = False, unsa
         lines.append("Nothing to fix.")
     if edits or remaining:
         how = "would be fixed" if diff else "fixed"
-        lines.append(f"Found {_plural(max(found_total, n_fixed + remaining), 'finding')} "
-                     f"({n_fixed} {how}, {remaining} remaining).")
+        new = f", {added} added by the fixes" if added else ""
+        lines.append(f"Found {_plural(found_total + added, 'finding')} ({n_fixed} {how}, {remaining} remaining{new}).")
     if remaining:
         unsafe = sum(1 for r in results for d in r.diagnostics if d.fix == "unsafe")
         extra = f" ({unsafe} fixable with `--unsafe-fixes`)" if unsafe and not unsafe_fixes else ""

@@ -9,14 +9,18 @@ the whole migration as one unit, or says for each call why it cannot be done:
   tests apex's availability is simplified (native AMP is always there);
 * `amp.initialize` becomes one `torch.amp.GradScaler("cuda", ...)`, created unconditionally where
   the initialize ran (its enclosing `if args.fp16:` becomes `enabled=args.fp16`), as a local, a
-  `self.` attribute (initialize in a method, used in methods of its class) or a module global
-  (`global` in the function that creates it);
+  `self.` attribute (initialize in a method, used in methods of its class), a module-level name,
+  or one more value returned to the one caller that holds the other uses; never a global
+  assigned inside a function (no `global` is injected: the migration is not applied);
 * `amp.scale_loss(loss, opt[s], delay_unscale=..., loss_id=...)` becomes
   `scaler.scale(loss).backward()`, the statements the loss depends on run in
   `torch.autocast("cuda")`, every following `opt.step()` becomes `scaler.step(opt)`, with one
   `scaler.update()` after the last step of the iteration;
 * `amp.master_params(opt)` the optimizer's parameters, after `scaler.unscale_(opt)`;
-* `amp.state_dict()/load_state_dict()` the scaler's (same checkpoint key, with a comment).
+* `amp.state_dict()/load_state_dict()` the scaler's (same checkpoint key, with a comment); every
+  place in the file that reads that checkpoint entry back changes with it, or nothing does;
+* another module of the project that still uses apex amp (`ctx.extra["apex_amp_elsewhere"]`,
+  see `_elsewhere`) stops the migration: it is project-wide or not applied.
 
 Assumed apex semantics (NVIDIA/apex `apex/amp/frontend.py`, `handle.py`, `scaler.py`): O0 is
 fp32 with a static scale of 1 (no AMP); O1 patches torch functions (autocast's job); O2 casts the
@@ -165,6 +169,10 @@ class ApexMigration:
                 self._availability_ifs()
             except _Blocked as exc:
                 self.init.reason = str(exc)
+        if self.init.reason is None and self.reason is None:
+            self.reason = self._elsewhere() or self._checkpoint_readers()
+            if self.reason is not None:
+                return
         bad = next((u for u in self.uses if u.reason is not None), None)
         if bad is not None:
             self.reason = f"the apex code on line {self.line(bad.call)} cannot be migrated: {bad.reason}"
@@ -183,6 +191,68 @@ class ApexMigration:
             use.replacements = per_owner.get(use, {})
             if not use.replacements:
                 use.absorbed_by = absorbed.get(use, self.init)
+
+    # ---------------------------------------------------------------- what else the migration must change
+    def _elsewhere(self) -> Optional[str]:
+        """The one place to refuse a migration because of other modules: another module of the
+        project that still uses apex amp (a `scale_loss` in an optimizer hook, an `amp.state_dict`
+        in a checkpoint helper) would lose fp16 training or crash once this module no longer calls
+        `amp.initialize`. A migration is project-wide or it is not applied: the project model, when
+        the run has one, puts the other modules' apex amp uses in `ctx.extra["apex_amp_elsewhere"]`
+        as ("path", line) pairs."""
+        others = self.ctx.extra.get("apex_amp_elsewhere") or ()
+        if not others:
+            return None
+        path, line = others[0]
+        more = f" and {len(others) - 1} more" if len(others) > 1 else ""
+        return (f"apex amp is also used in {path}:{line}{more}: a migration changes every module that uses apex amp "
+                "or none; migrate them together")
+
+    def _checkpoint_readers(self) -> Optional[str]:
+        """A checkpoint entry that held `amp.state_dict()` holds the GradScaler's state after the
+        migration: every place in the file that reads that entry back must be a load the migration
+        changes too (an `amp.load_state_dict`), or the migration is not applied."""
+        model = self.model
+        saved: Dict[str, cst.CSTNode] = {}
+        for state in model.saved_states():
+            node = state.dict_node
+            if not isinstance(node, cst.Dict):
+                continue
+            for el in node.elements:
+                if isinstance(el, cst.DictElement) and isinstance(el.value, cst.Call) \
+                        and any(u.call is el.value and u.kind == "state_dict" for u in self.uses):
+                    key = literal_string(el.key)
+                    if key is not None:
+                        saved.setdefault(key, el)
+        if not saved:
+            return None
+        migrated = [u.call for u in self.uses if u.kind == "load_state_dict"]
+        for node in model.nodes_of(cst.Subscript, cst.Call):
+            key = self._loaded_key(node)
+            if key not in saved or any(model.is_ancestor(c, node) for c in migrated):
+                continue
+            return (f"the checkpoint entry {key!r} saved on line {self.line(saved[key])} would hold the GradScaler's "
+                    f"state, but line {self.line(node)} reads it back with code the migration does not change: "
+                    "migrate that load too (`scaler.load_state_dict(...)`), then migrate")
+        return None
+
+    def _loaded_key(self, node: cst.CSTNode) -> Optional[str]:
+        """For `ckpt["key"]` / `ckpt.get("key")` on a `torch.load` result: the key."""
+        model = self.model
+        if isinstance(node, cst.Subscript) and len(node.slice) == 1 and isinstance(node.slice[0].slice, cst.Index):
+            base, key = node.value, literal_string(node.slice[0].slice.value)
+        elif isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value == "get" \
+                and node.args:
+            base, key = node.func.value, literal_string(node.args[0].value)
+        else:
+            return None
+        if key is None or isinstance(model.parent(node), cst.AssignTarget):
+            return None
+        while isinstance(base, cst.Subscript):
+            base = base.value
+        if any(isinstance(v, cst.Call) and model.is_api(v, "load") for v in model.possible_values(base)):
+            return key
+        return None
 
     # ---------------------------------------------------------------- imports and availability
     def _imports(self) -> None:
@@ -545,12 +615,15 @@ class ApexMigration:
         elif self._returned(func, others):
             self.placement = "returned"
         else:
-            self.placement = "global"
+            # no `global` is injected: a module global set inside one function and read in
+            # another is unassigned wherever that function has not run yet
+            where = func.name.value
+            raise _Blocked(f"the scaler would have to be a module global assigned inside `{where}` and used in other "
+                           f"functions: create it where all of them can reach it (at module level, or return it from "
+                           f"`{where}`), then migrate")
         ref = self.scaler_ref(call)
         create = self.stmt(f"{ref} = {self.torch}.amp.GradScaler({', '.join(scaler_args)})")
         new = [create]
-        if self.placement == "global":
-            new.insert(0, self.stmt(f"global {name}"))
         keep = None
         if targets is not None and not isinstance(small.targets[0].target, (cst.Tuple, cst.List)):
             raise _Blocked("the result of amp.initialize is kept whole (apex returns the model alone when the "
@@ -679,7 +752,7 @@ class ApexMigration:
             if node is not self.init.call and not model.before(self.anchor, node):
                 raise _Blocked("this runs before amp.initialize")
             return self.scaler_name
-        if self.placement in ("module", "global") and model.function_of(node) is not None:
+        if self.placement == "module" and model.function_of(node) is not None:
             return self.scaler_name
         if self.placement == "returned" and scope is self.caller_scope and model.before(self.caller, node):
             return self.scaler_name
@@ -850,6 +923,9 @@ class ApexMigration:
                 or any(isinstance(n, cst.Name) and n.value in self.avail | self.none_names
                        for st in inside for n in self._names(st)):
             raise _Blocked("the forward pass of the scaled loss holds other apex code: migrate by hand")
+        # every statement keeps its own comment lines (the first one's blank lines go to what
+        # now comes first); the statements moved from later lines are dropped there, not removed
+        # with their comments handed on (they come back here with them)
         body = [stmts[i] for i in deps]
         lead = stmts[first].leading_lines
         body[0] = body[0].with_changes(leading_lines=())
@@ -857,11 +933,13 @@ class ApexMigration:
         region = cst.With(items=[cst.WithItem(item=cst.parse_expression(
             f"{self.torch}.autocast({self.q}cuda{self.q}{enabled})"))], body=cst.IndentedBlock(body=body))
         seq: List[cst.BaseStatement] = [*before, region, *after]
-        seq = [s.with_changes(leading_lines=()) for s in seq]
-        seq[0] = seq[0].with_changes(leading_lines=lead)
-        self.rw.replace(use, stmts[first], seq)
+        own = [] if seq[0] is region else list(seq[0].leading_lines)
+        while own and own[0].comment is None:
+            own.pop(0)  # its blank lines: `lead` has the first statement's
+        seq[0] = seq[0].with_changes(leading_lines=[*lead, *own])
+        self.rw.add(use, stmts[first], lambda cur, seq=seq: seq)
         for i in range(first + 1, last + 1):
-            self.rw.remove(use, stmts[i])
+            self.rw.add(use, stmts[i], lambda cur: [])
 
     def _steps(self, use: ApexUse, with_node: cst.With, opt_names: List[str]) -> None:
         model = self.model

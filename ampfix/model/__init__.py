@@ -27,6 +27,8 @@ and cached. Its parts, one module each:
   is ever multiplied or divided by some factor (`scaler.get_scale()`);
 * `precision`: the dtypes the file chooses (`amp_dtype`, `{...}[dtype]` tables) and the dtype
   each autocast region runs in (its `dtype=` or the device's default); GradScaler `enabled=`;
+* `bound`: what a name or `self.` attribute may be at a point (assigned on every path? None on
+  some?), for fixes that insert code;
 * `syntax`: small helpers over nodes (`dotted`, `get_arg`, literals).
 """
 
@@ -36,6 +38,7 @@ from typing import Optional
 
 import libcst as cst
 
+from ampfix.model.bound import Bound
 from ampfix.model.callgraph import CallGraph
 from ampfix.model.checkpoints import Checkpoints
 from ampfix.model.dataflow import Dataflow
@@ -57,7 +60,7 @@ from ampfix.model.values import Values
 
 
 class AmpModel(Tree, Names, Values, CallGraph, Regions, Objects, Flow, Events, Guards, Environ, Checkpoints,
-               Iterations, Dataflow, Precision, Foreign):
+               Iterations, Dataflow, Precision, Foreign, Bound):
     """Facts about one parsed file (see the package docstring for its parts). `foreign`: the
     project the file belongs to (`ampfix/project/`), which answers for the other modules;
     `path`: the file's path (absolute), as the project knows it."""
