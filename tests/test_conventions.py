@@ -296,7 +296,9 @@ def test_verify_lists_fixes_total_time_and_user_tracebacks(tmp_path, torch_avail
     src = (ROOT / "fixtures" / "train" / "buggy_clip_scaled.py").read_text().splitlines(keepends=True)
     clip = next(i for i, line in enumerate(src) if "torch.nn.utils.clip_grad_norm_(" in line)
     # a script that raises a few steps in, below the line the fix inserts a statement above
-    src.insert(clip + 1, "    if step == 3:\n        raise RuntimeError('boom at step 3')\n")
+    # (a call that raises, not a `raise` statement: a path that leaves the loop without
+    # `scaler.update()` makes AMP003's fix refuse itself)
+    src.insert(clip + 1, "    if step == 3:\n        boom = {}['boom at step 3']\n")
     script = write(tmp_path, "boom.py", "".join(src))
     raise_line = clip + 3  # 1-based line of the raise in the user's file
     res = run_ampfix("verify", script, "--steps", "10", "--warmup", "2", "--reps", "1", "--threads", "1", "--yes",

@@ -31,7 +31,7 @@ from ampfix.model.bound import NONE, UNBOUND, head_expressions as _head_expressi
 
 Opcodes = List[Tuple[str, int, int, int, int]]
 _DIGITS = re.compile(r"\d+")
-_NOQA = re.compile(r"#\s*noqa", re.IGNORECASE)
+_NOQA = re.compile(r"#\s*(?:ampfix:\s*)?noqa", re.IGNORECASE)  # `# noqa`, `# ampfix: noqa`
 _CELL_MARKER = re.compile(r"^# ampfix-cell: \d+$")  # the notebook layer's own (it checks them itself)
 
 

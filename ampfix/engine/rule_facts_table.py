@@ -2,7 +2,7 @@
 them before it analyses anything (see ampfix/engine/rulemeta.py). Do not edit; regenerate.
 """
 
-DIGEST = '5ac9810c220653263d5dda4a320f3fb6afddf0c090ac9f557c5a26dc025a4598'
+DIGEST = 'eea871df31fa3b0047e4b9eca91bfc27042034aa3b28612df534ba0eddb4c499'
 
 RULES = [
     ('AMP001', 'backward-in-autocast', True, ('autocast',), (),
