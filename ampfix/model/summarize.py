@@ -298,9 +298,13 @@ class Summarizer:
         if qual in self.skip:
             return summary
         summary.effects = self.effects(func)
+        dtypes: set = set()
         for r in m.nodes_of(cst.Return):
             if r.value is not None and m.scope_of(r) is func:
                 summary.returns.extend(self.canon.values(r.value))
+                if m.autocast_regions():  # a loss computed under autocast and returned
+                    dtypes |= m.value_dtypes(r.value)
+        summary.return_dtypes = sorted(dtypes)
         summary.saves = self.saves(func)
         summary.options = self.options(func)
         return summary
@@ -371,6 +375,8 @@ class Summarizer:
 
     def _scale_source(self, te: TraceEvent, func: cst.FunctionDef) -> str:
         m = self.model
+        if te.event.detail == "tensor" and any(a.keyword is None for a in te.node.args):  # type: ignore[attr-defined]
+            return "unknown"  # `optimizer.backward(loss)`, `engine.backward(loss)`, `x.backward(gradient)`
         tensor = m.argument_at(te, m.backward_tensor(te.node))
         if isinstance(tensor, cst.Name):
             scope = m.function_of(tensor)
