@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from typing import Iterator, List, Optional
 
 import libcst as cst
 
 from ampfix.fixes.edits import in_block, insert_after, insert_before, replace_statement, set_keyword
-from ampfix.model import AmpModel, Region, Trace, TraceEvent, call_name
+from ampfix.model import AmpModel, Region, Trace, TraceEvent, call_name, dotted, get_arg
 from ampfix.model.events import BACKWARD, GRAD_READ, OPT_STEP, SCALE, SCALER_STEP, UNSCALE, UPDATE
 from ampfix.model.frameworks import frameworks
 from ampfix.rule import UNSAFE, FileContext, Fix, Rule, Violation
@@ -96,9 +97,9 @@ for x, y in loader:
                 loss = model.unscaled_loss(bw)
                 if loss is None or model.scalers_at(bw.node) or _scales_unseen(model, bw):
                     continue
-                regions, foreign = model.computing_regions(loss)
-                if {model.region_dtype(r) or "unknown" for r in regions} | foreign != {"float16"}:
+                if model.value_dtypes(loss) != {"float16"}:
                     continue
+                regions, foreign = model.computing_regions(loss)
                 step = model.first_after(trace, bw, lambda e: e.kind == OPT_STEP)
                 if step is None or frameworks(model).derives_from_prepared_module(loss):
                     continue
@@ -110,9 +111,13 @@ for x, y in loader:
                 if id(shown) in reported:
                     continue
                 reported.add(id(shown))
-                where = f" (line {model.line(regions[0].node)})" if regions else ""
+                related = tuple((f.path, f.line, 1, f"float16 autocast region in `{f.function}`")
+                                for f in sorted(foreign))
+                first = min(foreign) if foreign else None
+                where = f" (line {model.line(regions[0].node)})" if regions else \
+                    f" (in `{first.function}`, {_rel(model, first.path)}:{first.line})" if first else ""
                 message = self.message.replace("autocast,", f"autocast{where},", 1) + model.where(bw, shown)
-                yield Violation(shown, message=message,
+                yield Violation(shown, message=message, related=related,
                                 fix=None if foreign else _fix(model, trace, bw, step, loss, regions))
 
 
@@ -126,13 +131,12 @@ def _fix(model: AmpModel, trace: Trace, bw: TraceEvent, step: TraceEvent, loss: 
 def _scaler_fix(model: AmpModel, trace: Trace, bw: TraceEvent, step: TraceEvent,
                 regions: List[Region]) -> Optional[Fix]:
     """GradScaler around backward/step/update, built after the optimizer."""
-    devices = {d for r in regions for d in (model.region_devices(r) or {"?"})}
     opt, torch_name = step.event.target, model.torch_alias()
     func = model.scope_of(bw.node)
     steps = [e for e in trace.of(OPT_STEP) if model.scope_of(e.node) is func]
     reads = trace.between(bw, step, GRAD_READ)  # a clip: unscale first
     stmt = model.statement_of(step.node)
-    if len(devices) != 1 or not devices <= {"cuda", "cpu"} or torch_name is None or opt is None \
+    if torch_name is None or opt is None \
             or bw.via != step.via or {e.node for e in steps} != {step.node} or step.node.args \
             or len(reads) > 1 or len([e for e in trace.of(BACKWARD)
                                                           if model.scope_of(e.node) is func]) != 1 \
@@ -146,12 +150,12 @@ def _scaler_fix(model: AmpModel, trace: Trace, bw: TraceEvent, step: TraceEvent,
     if not in_block(model, made) or not _visible(model, opt, made, bw.node):
         return None
     name = next((n for n in ("scaler", "grad_scaler") if _free(model, n, opt)), None)
-    if name is None:
+    device = _device(model, regions, made)
+    if name is None or device is None:
         return None
     if opt.startswith("self."):
         name = "self." + name
-    device = devices.pop()
-    edits = dict(insert_after(model.module, made, [f'{name} = {torch_name}.amp.GradScaler("{device}")']))
+    edits = dict(insert_after(model.module, made, [f"{name} = {torch_name}.amp.GradScaler({device})"]))
     written = model.code(step.node.func.value)  # type: ignore[attr-defined]
     edits.update(replace_statement(model.module, stmt, [f"{name}.step({written})", f"{name}.update()"]))
     if reads:
@@ -187,12 +191,37 @@ def _bf16_fix(model: AmpModel, regions: List[Region]) -> Optional[Fix]:
         "or newer: elsewhere use a GradScaler)")) if edits else None
 
 
+def _rel(model: AmpModel, path: str) -> str:
+    return os.path.relpath(path, os.path.dirname(os.path.abspath(model.path))) if model.path else path
+
+
 def _scales_unseen(model: AmpModel, bw: TraceEvent) -> bool:
     """A function on the backward's call path calls something named like a loss scaler
     (`loss_scaler(loss, optimizer)`, `amp.scale_loss(...)`): it may scale what it is given."""
     scopes = {model.scope_of(n) for n in bw.path}
     return any("scale" in (call_name(c) or "").lower() and not (call_name(c) or "").startswith("unscale")
                for scope in scopes for c in model.calls_in_scope(scope))
+
+
+def _device(model: AmpModel, regions: List[Region], made: cst.CSTNode) -> Optional[str]:
+    """The GradScaler's device, as code that holds it after `made`: the regions' one literal
+    device, or the variable they all take it from (`device_type=device`)."""
+    texts = set()
+    for r in regions:
+        devices = model.region_devices(r)
+        if not devices or not devices <= {"cuda", "cpu"}:
+            return None
+        if len(devices) == 1:
+            texts.add(f'"{next(iter(devices))}"')
+            continue
+        arg = get_arg(r.call, 0, "device_type") if r.call is not None and model.autocast_call_info(r.call) \
+            and r.api.device is None else None
+        key = dotted(arg.value) if arg is not None else None
+        if key is None or not frameworks(model).usable_at(key, r.call, made) or not any(
+                model.before(n, made) for n, _ in model.assignments_to(key)):
+            return None
+        texts.add(key)
+    return texts.pop() if len(texts) == 1 else None
 
 
 def _alone(stmt: Optional[cst.CSTNode], call: cst.CSTNode) -> bool:

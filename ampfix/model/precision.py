@@ -18,7 +18,7 @@
 from __future__ import annotations
 
 import re
-from typing import FrozenSet, List, Optional, Tuple
+from typing import FrozenSet, List, NamedTuple, Optional, Set, Tuple
 
 import libcst as cst
 
@@ -37,6 +37,15 @@ MAX_VALUE_NODES = 400
 DETACHING = {"detach", "detach_", "item", "tolist", "numpy"}
 NO_GRAD = {"torch.no_grad", "torch.inference_mode", "torch.autograd.grad_mode.no_grad",
            "torch.autograd.grad_mode.inference_mode", "torch.autograd.no_grad"}
+
+
+class ForeignRegion(NamedTuple):
+    """An autocast region of another module in which a function computes what it returns."""
+
+    dtype: str  # "float16", "bfloat16", "float32" or "unknown"
+    path: str
+    line: int
+    function: str  # the function of that module (`Trainer.compute_loss`)
 
 
 class Precision:
@@ -125,9 +134,9 @@ class Precision:
         gradient (`computing_regions`): "float16", "bfloat16", "float32", or "unknown" for a
         region whose dtype is not known. Empty: no region this model sees computes it."""
         regions, foreign = self.computing_regions(expr)
-        return frozenset({self.region_dtype(r) or "unknown" for r in regions} | foreign)
+        return frozenset({self.region_dtype(r) or "unknown" for r in regions} | {f.dtype for f in foreign})
 
-    def computing_regions(self, expr: Optional[cst.CSTNode]) -> Tuple[List[Region], FrozenSet[str]]:
+    def computing_regions(self, expr: Optional[cst.CSTNode]) -> Tuple[List[Region], FrozenSet["ForeignRegion"]]:
         """The autocast regions of this file that compute (part of) the value of `expr` with
         gradient, and the dtypes of those of other modules: the region each of its values is
         computed in, following names back through their assignments (at most
@@ -137,7 +146,7 @@ class Precision:
         does not count: `.detach()`, `.item()`, values computed under `torch.no_grad()` /
         `inference_mode()`."""
         regions: List[Region] = []
-        foreign: set = set()
+        foreign: Set[ForeignRegion] = set()
         seen: set = set()
         stack: List[tuple] = [(expr, 0, True)] if expr is not None else []
         while stack and len(seen) < MAX_VALUE_NODES:
@@ -175,9 +184,11 @@ class Precision:
             stack.extend((c, hops, False) for c in n.children)
         return regions, frozenset(foreign)
 
-    def _foreign_return_dtypes(self, call: cst.Call) -> FrozenSet[str]:
+    def _foreign_return_dtypes(self, call: cst.Call) -> Set["ForeignRegion"]:
         ff = self.foreign_callee(call) if isinstance(call, cst.Call) else None
-        return frozenset(ff.summary.return_dtypes) if ff is not None else frozenset()
+        if ff is None:
+            return set()
+        return {ForeignRegion(d, ff.path, line, ff.qual) for d, line in ff.summary.return_dtypes.items()}
 
     def under_no_grad(self, node: cst.CSTNode) -> bool:
         """`node` runs under `with torch.no_grad()` / `torch.inference_mode()` in its function."""

@@ -298,13 +298,15 @@ class Summarizer:
         if qual in self.skip:
             return summary
         summary.effects = self.effects(func)
-        dtypes: set = set()
         for r in m.nodes_of(cst.Return):
             if r.value is not None and m.scope_of(r) is func:
                 summary.returns.extend(self.canon.values(r.value))
                 if m.autocast_regions():  # a loss computed under autocast and returned
-                    dtypes |= m.value_dtypes(r.value)
-        summary.return_dtypes = sorted(dtypes)
+                    regions, foreign = m.computing_regions(r.value)
+                    for region in regions:
+                        summary.return_dtypes.setdefault(m.region_dtype(region) or "unknown", m.line(region.node))
+                    for fr in foreign:
+                        summary.return_dtypes.setdefault(fr.dtype, m.line(r))
         summary.saves = self.saves(func)
         summary.options = self.options(func)
         return summary
