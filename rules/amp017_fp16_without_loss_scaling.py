@@ -8,7 +8,7 @@ from typing import Iterator, List, Optional
 import libcst as cst
 
 from ampfix.fixes.edits import in_block, insert_after, insert_before, replace_statement, set_keyword
-from ampfix.model import AmpModel, Region, Trace, TraceEvent, call_name, dotted, get_arg
+from ampfix.model import AmpModel, Region, Trace, TraceEvent, call_name, is_expression_statement_of
 from ampfix.model.events import BACKWARD, GRAD_READ, OPT_STEP, SCALE, SCALER_STEP, UNSCALE, UPDATE
 from ampfix.model.frameworks import frameworks
 from ampfix.rule import UNSAFE, FileContext, Fix, Rule, Violation
@@ -130,35 +130,31 @@ def _fix(model: AmpModel, trace: Trace, bw: TraceEvent, step: TraceEvent, loss: 
 
 def _scaler_fix(model: AmpModel, trace: Trace, bw: TraceEvent, step: TraceEvent,
                 regions: List[Region]) -> Optional[Fix]:
-    """GradScaler around backward/step/update, built after the optimizer."""
-    opt, torch_name = step.event.target, model.torch_alias()
-    func = model.scope_of(bw.node)
-    steps = [e for e in trace.of(OPT_STEP) if model.scope_of(e.node) is func]
-    reads = trace.between(bw, step, GRAD_READ)  # a clip: unscale first
+    """A GradScaler built after the optimizer, around backward, the step (and a clip) and update:
+    when the backward, the function's one `opt.step()` and the optimizer's one construction
+    are all readable from one another."""
+    func, opt = model.scope_of(bw.node), step.event.target
+    reads = trace.between(bw, step, GRAD_READ)
     stmt = model.statement_of(step.node)
-    if torch_name is None or opt is None \
-            or bw.via != step.via or {e.node for e in steps} != {step.node} or step.node.args \
-            or len(reads) > 1 or len([e for e in trace.of(BACKWARD)
-                                                          if model.scope_of(e.node) is func]) != 1 \
-            or not _alone(stmt, step.node) or not in_block(model, stmt):
+    if opt is None or bw.via != step.via or step.node.args or len(reads) > 1 or not in_block(model, stmt) \
+            or not is_expression_statement_of(stmt, step.node) or not isinstance(stmt.body[0], cst.Expr) \
+            or [e.node for e in trace.of(OPT_STEP, BACKWARD) if model.scope_of(e.node) is func] != [bw.node, step.node]:
         return None
-    built = [n for n, v in model.assignments_to(opt) if isinstance(v, cst.Call)
-             and (model.is_api(v, "optimizer") or model.builds_optimizer(v))]
-    if len(built) != 1 or len(model.assignments_to(opt)) != 1:
+    built = [n for n, v in model.assignments_to(opt) if isinstance(v, cst.Call) and model.builds_optimizer(v)]
+    made = model.statement_of(built[0]) if len(built) == 1 == len(model.assignments_to(opt)) else None
+    if made is None or not in_block(model, made) or not frameworks(model).usable_at(opt, made, bw.node):
         return None
-    made = model.statement_of(built[0])
-    if not in_block(model, made) or not _visible(model, opt, made, bw.node):
+    own = opt.startswith("self.")
+    name = next((n for n in ("scaler", "grad_scaler") if not any(
+        (a.attr.value if own else a.value) == n for a in model.nodes_of(cst.Attribute if own else cst.Name))), None)
+    device, torch_name = model.region_device_code(regions, made), model.torch_alias()
+    if name is None or device is None or torch_name is None:
         return None
-    name = next((n for n in ("scaler", "grad_scaler") if _free(model, n, opt)), None)
-    device = _device(model, regions, made)
-    if name is None or device is None:
-        return None
-    if opt.startswith("self."):
-        name = "self." + name
-    edits = dict(insert_after(model.module, made, [f"{name} = {torch_name}.amp.GradScaler({device})"]))
+    name = "self." + name if own else name
     written = model.code(step.node.func.value)  # type: ignore[attr-defined]
+    edits = dict(insert_after(model.module, made, [f"{name} = {torch_name}.amp.GradScaler({device})"]))
     edits.update(replace_statement(model.module, stmt, [f"{name}.step({written})", f"{name}.update()"]))
-    if reads:
+    if reads:  # `clip_grad_norm_` in between: unscale first
         clip = model.statement_of(reads[0].node)
         if reads[0].via != bw.via or not in_block(model, clip):
             return None
@@ -166,7 +162,7 @@ def _scaler_fix(model: AmpModel, trace: Trace, bw: TraceEvent, step: TraceEvent,
     receiver = bw.node.func.value  # type: ignore[attr-defined]
     edits[receiver] = cst.parse_expression(f"{name}.scale({model.code(receiver)})")
     return Fix(edits, applicability=UNSAFE, description=(
-        f"GradScaler added: `{name}.scale(...).backward()`, `{name}.step({opt})`, `{name}.update()` (float16 "
+        f"GradScaler added: `{name}.scale(...).backward()`, `{name}.step({written})`, `{name}.update()` (float16 "
         "needs loss scaling; this works on every GPU)"))
 
 
@@ -201,46 +197,3 @@ def _scales_unseen(model: AmpModel, bw: TraceEvent) -> bool:
     scopes = {model.scope_of(n) for n in bw.path}
     return any("scale" in (call_name(c) or "").lower() and not (call_name(c) or "").startswith("unscale")
                for scope in scopes for c in model.calls_in_scope(scope))
-
-
-def _device(model: AmpModel, regions: List[Region], made: cst.CSTNode) -> Optional[str]:
-    """The GradScaler's device, as code that holds it after `made`: the regions' one literal
-    device, or the variable they all take it from (`device_type=device`)."""
-    texts = set()
-    for r in regions:
-        devices = model.region_devices(r)
-        if not devices or not devices <= {"cuda", "cpu"}:
-            return None
-        if len(devices) == 1:
-            texts.add(f'"{next(iter(devices))}"')
-            continue
-        arg = get_arg(r.call, 0, "device_type") if r.call is not None and model.autocast_call_info(r.call) \
-            and r.api.device is None else None
-        key = dotted(arg.value) if arg is not None else None
-        if key is None or not frameworks(model).usable_at(key, r.call, made) or not any(
-                model.before(n, made) for n, _ in model.assignments_to(key)):
-            return None
-        texts.add(key)
-    return texts.pop() if len(texts) == 1 else None
-
-
-def _alone(stmt: Optional[cst.CSTNode], call: cst.CSTNode) -> bool:
-    return isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 \
-        and isinstance(stmt.body[0], cst.Expr) and stmt.body[0].value is call
-
-
-def _visible(model: AmpModel, key: str, made: cst.CSTNode, at: cst.CSTNode) -> bool:
-    """A name bound at `made` is read as the same object at `at`."""
-    root = key.split(".")[0]
-    if root == "self":
-        return model.self_class(made) is not None and model.self_class(made) is model.self_class(at)
-    scope = model.scope_of(made)
-    return scope is model.scope_of(at) or (scope is model.module
-                                           and model.binding_scope(root, model.scope_of(at)) is model.module)
-
-
-def _free(model: AmpModel, name: str, opt: str) -> bool:
-    """`name` (a `self.` attribute when the optimizer is one) is used nowhere in the file."""
-    if opt.startswith("self."):
-        return not any(a.attr.value == name for a in model.nodes_of(cst.Attribute))
-    return not any(n.value == name for n in model.nodes_of(cst.Name))

@@ -223,6 +223,29 @@ class Precision:
             out.add(s.split(":")[0])
         return frozenset(out)
 
+    def region_device_code(self, regions: List[Region], at: cst.CSTNode) -> Optional[str]:
+        """The device type these regions run on, as code that means it at `at` (where a
+        GradScaler for them is built): their one literal device (`"cuda"`), or the variable
+        they all take it from (`device_type=device`) when it is set by then; None otherwise."""
+        texts = set()
+        for r in regions:
+            devices = self.region_devices(r)
+            if not devices or not devices <= {"cuda", "cpu"}:
+                return None
+            if len(devices) == 1:
+                texts.add(f'"{next(iter(devices))}"')
+                continue
+            direct = r.call is not None and r.api.device is None and self.autocast_call_info(r.call) is not None
+            arg = get_arg(r.call, 0, "device_type") if direct else None  # type: ignore[arg-type]
+            key = dotted(arg.value) if arg is not None else None
+            root = (key or "").split(".")[0]
+            if key is None or root == "self" or self.binding_scope(root, self.scope_of(r.call)) is not \
+                    self.binding_scope(root, self.scope_of(at)) or not any(
+                        self.before(n, at) for n, _ in self.assignments_to(key)):
+                return None
+            texts.add(key)
+        return texts.pop() if len(texts) == 1 else None
+
     def region_dtype(self, region: Region) -> Optional[str]:
         """The dtype the region runs in: "float16", "bfloat16", "float32", or None (unknown)."""
         if region.dtype in ("float16", "bfloat16", "float32"):
