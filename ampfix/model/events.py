@@ -840,6 +840,27 @@ class Events:
             return [ev.node]
         return self.scale_sources(self.argument_at(ev, self.backward_tensor(ev.node)))  # type: ignore[attr-defined]
 
+    def unscaled_loss(self, ev: TraceEvent) -> Optional[cst.BaseExpression]:
+        """For a BACKWARD that runs on a loss no GradScaler scaled (`loss.backward()`,
+        `torch.autograd.backward(loss)`, a function of another module whose `loss.backward()`
+        runs on what the call passes): that loss, as the trace's root reads it. None when the
+        backward is scaled or may be (`backward_scale_sources`), is a wrapper's
+        (`optimizer.backward(loss)`, `engine.backward(loss)`), takes explicit gradients, or
+        runs on a value of the other module's own."""
+        if ev.kind != BACKWARD or ev.event.detail == "scaled" or self.backward_scale_sources(ev):
+            return None
+        if ev.event.foreign:
+            key = ev.target
+            if key is None or any(mark in key for mark in ("@", ":", "__")):
+                return None
+            return self.key_expression(key, ev.path[0])
+        call = ev.node
+        if ev.event.detail == "tensor" and any(a.keyword is None for a in call.args):  # type: ignore[attr-defined]
+            return None
+        if ev.event.detail == "autograd" and get_arg(call, 1, "grad_tensors") is not None:  # type: ignore[arg-type]
+            return None
+        return self.argument_at(ev, self.backward_tensor(call))  # type: ignore[arg-type]
+
     def argument_at(self, ev: TraceEvent, expr: Optional[cst.BaseExpression]) -> Optional[cst.BaseExpression]:
         """`expr` as it is bound in this trace: a parameter of the event's function (or of its
         callers, up the call path) is replaced by the argument the call on the path passes;

@@ -8,13 +8,16 @@
   default: float16 on CUDA, bfloat16 on the CPU), None when unknown;
 * `autocast_regions()`: every enabled (or possibly enabled) region of the file;
 * `float16_gated(expr)`: an `enabled=` expression that is tied to float16
-  (`dtype == torch.float16`, `use_fp16`, `args.precision == "16"`).
+  (`dtype == torch.float16`, `use_fp16`, `args.precision == "16"`);
+* `value_dtypes(expr)`: the dtypes of the autocast regions that compute the value of `expr`
+  with gradient (a loss: `loss = crit(out, y)` after `with autocast(...): out = model(x)`),
+  through assignments, helpers of this file and functions of other modules that return it.
 """
 
 from __future__ import annotations
 
 import re
-from typing import FrozenSet, List, Optional
+from typing import FrozenSet, List, NamedTuple, Optional, Set, Tuple
 
 import libcst as cst
 
@@ -27,6 +30,21 @@ DTYPE_STRINGS = {"float16": "float16", "fp16": "float16", "half": "float16", "bf
                  "bf16": "bfloat16", "float32": "float32", "fp32": "float32", "float": "float32"}
 DEFAULT_DTYPE = {"cuda": "float16", "cpu": "bfloat16"}
 FLOAT16_WORDS = re.compile(r"fp16|float16|half|dtype|precision|16", re.IGNORECASE)
+MAX_VALUE_HOPS = 3  # assignments followed back from a value (`loss` <- `crit(out, y)` <- `out` <- `model(x)`)
+MAX_VALUE_NODES = 400
+# methods whose result carries no gradient back: what feeds them is not part of the backward
+DETACHING = {"detach", "detach_", "item", "tolist", "numpy"}
+NO_GRAD = {"torch.no_grad", "torch.inference_mode", "torch.autograd.grad_mode.no_grad",
+           "torch.autograd.grad_mode.inference_mode", "torch.autograd.no_grad"}
+
+
+class ForeignRegion(NamedTuple):
+    """An autocast region of another module in which a function computes what it returns."""
+
+    dtype: str  # "float16", "bfloat16", "float32" or "unknown"
+    path: str
+    line: int
+    function: str  # the function of that module (`Trainer.compute_loss`)
 
 
 class Precision:
@@ -110,6 +128,79 @@ class Precision:
             return all(isinstance(el, cst.DictElement) and self._torch_dtype_leaf(el.value) for el in v.value.elements)
         return True
 
+    def value_dtypes(self, expr: Optional[cst.CSTNode]) -> FrozenSet[str]:
+        """The dtypes of the autocast regions that compute (part of) the value of `expr` with
+        gradient (`computing_regions`): "float16", "bfloat16", "float32", or "unknown" for a
+        region whose dtype is not known. Empty: no region this model sees computes it."""
+        regions, foreign = self.computing_regions(expr)
+        return frozenset({self.region_dtype(r) or "unknown" for r in regions} | {f.dtype for f in foreign})
+
+    def computing_regions(self, expr: Optional[cst.CSTNode]) -> Tuple[List[Region], FrozenSet["ForeignRegion"]]:
+        """The autocast regions of this file that compute (part of) the value of `expr` with
+        gradient, and the dtypes of those of other modules: the region each of its values is
+        computed in, following names back through their assignments (at most
+        `MAX_VALUE_HOPS`), parameters (the arguments at call sites) and the returns of this
+        file's functions; a function of another module contributes the regions in which it
+        computes what it returns (its summary's `return_dtypes`). What is cut from the graph
+        does not count: `.detach()`, `.item()`, values computed under `torch.no_grad()` /
+        `inference_mode()`."""
+        regions: List[Region] = []
+        foreign: Set[ForeignRegion] = set()
+        seen: set = set()
+        stack: List[tuple] = [(expr, 0, True)] if expr is not None else []
+        while stack and len(seen) < MAX_VALUE_NODES:
+            n, hops, is_value = stack.pop()
+            if id(n) in seen or isinstance(n, (cst.Lambda, cst.FunctionDef)):
+                continue
+            seen.add(id(n))
+            if isinstance(n, ReturnedElement):  # `logits, loss = model(x, y)`: the call's region and returns
+                foreign |= self._foreign_return_dtypes(n.call)
+                stack.append((n.call, hops, True))
+                stack.extend((r, hops, True) for r in self.returned(n.call, n.index))
+                continue
+            if isinstance(n, cst.Call) and isinstance(n.func, cst.Attribute) and n.func.attr.value in DETACHING:
+                continue
+            if is_value and not self.is_synthetic(n):
+                if self.under_no_grad(n):
+                    continue
+                region = self.region_of(n)
+                if region is not None and all(region.node is not r.node for r in regions):
+                    regions.append(region)
+            if isinstance(n, (cst.Name, cst.Attribute)) and dotted(n) is not None:
+                if hops < MAX_VALUE_HOPS:
+                    stack.extend((v, hops + 1, True) for v in self.values_of(n) if v is not n)
+                if isinstance(n, cst.Attribute):
+                    stack.append((n.value, hops, False))  # `out.loss`, `out.sum`: what `out` holds
+                continue
+            if isinstance(n, cst.Call):
+                foreign |= self._foreign_return_dtypes(n)
+                if hops < MAX_VALUE_HOPS and self.callees(n):
+                    stack.extend((r, hops + 1, True) for r in self.returned(n, None))
+                if isinstance(n.func, cst.Attribute):
+                    stack.append((n.func.value, hops, False))
+                stack.extend((a.value, hops, False) for a in n.args)
+                continue
+            stack.extend((c, hops, False) for c in n.children)
+        return regions, frozenset(foreign)
+
+    def _foreign_return_dtypes(self, call: cst.Call) -> Set["ForeignRegion"]:
+        ff = self.foreign_callee(call) if isinstance(call, cst.Call) else None
+        if ff is None:
+            return set()
+        return {ForeignRegion(d, ff.path, line, ff.qual) for d, line in ff.summary.return_dtypes.items()}
+
+    def under_no_grad(self, node: cst.CSTNode) -> bool:
+        """`node` runs under `with torch.no_grad()` / `torch.inference_mode()` in its function."""
+        for anc in self.ancestors(node):
+            if isinstance(anc, cst.With) and any(
+                    self.qualnames(i.item.func if isinstance(i.item, cst.Call) else i.item) & NO_GRAD
+                    for i in anc.items):
+                return True
+            if isinstance(anc, (cst.FunctionDef, cst.Lambda, cst.ClassDef)):
+                return any(self.qualnames(d.decorator.func if isinstance(d.decorator, cst.Call) else d.decorator)
+                           & NO_GRAD for d in getattr(anc, "decorators", ()))
+        return False
+
     def region_devices(self, region: Region) -> Optional[FrozenSet[str]]:
         """The device types a region may run on; None when unknown."""
         if region.effective_device is not None:
@@ -130,6 +221,29 @@ class Precision:
                 return None
             out.add(s.split(":")[0])
         return frozenset(out)
+
+    def region_device_code(self, regions: List[Region], at: cst.CSTNode) -> Optional[str]:
+        """The device type these regions run on, as code that means it at `at` (where a
+        GradScaler for them is built): their one literal device (`"cuda"`), or the variable
+        they all take it from (`device_type=device`) when it is set by then; None otherwise."""
+        texts = set()
+        for r in regions:
+            devices = self.region_devices(r)
+            if not devices or not devices <= {"cuda", "cpu"}:
+                return None
+            if len(devices) == 1:
+                texts.add(f'"{next(iter(devices))}"')
+                continue
+            direct = r.call is not None and r.api.device is None and self.autocast_call_info(r.call) is not None
+            arg = get_arg(r.call, 0, "device_type") if direct else None  # type: ignore[arg-type]
+            key = dotted(arg.value) if arg is not None else None
+            root = (key or "").split(".")[0]
+            if key is None or root == "self" or self.binding_scope(root, self.scope_of(r.call)) is not \
+                    self.binding_scope(root, self.scope_of(at)) or not any(
+                        self.before(n, at) for n, _ in self.assignments_to(key)):
+                return None
+            texts.add(key)
+        return texts.pop() if len(texts) == 1 else None
 
     def region_dtype(self, region: Region) -> Optional[str]:
         """The dtype the region runs in: "float16", "bfloat16", "float32", or None (unknown)."""

@@ -359,6 +359,12 @@ class Summarizer:
         for r in m.nodes_of(cst.Return):
             if r.value is not None and m.scope_of(r) is func:
                 summary.returns.extend(self.canon.values(r.value))
+                if m.autocast_regions():  # a loss computed under autocast and returned
+                    regions, foreign = m.computing_regions(r.value)
+                    for region in regions:
+                        summary.return_dtypes.setdefault(m.region_dtype(region) or "unknown", m.line(region.node))
+                    for fr in foreign:
+                        summary.return_dtypes.setdefault(fr.dtype, m.line(r))
         summary.saves = self.saves(func)
         summary.options = self.options(func)
         return summary
@@ -429,6 +435,8 @@ class Summarizer:
 
     def _scale_source(self, te: TraceEvent, func: cst.FunctionDef) -> str:
         m = self.model
+        if te.event.detail == "tensor" and any(a.keyword is None for a in te.node.args):  # type: ignore[attr-defined]
+            return "unknown"  # `optimizer.backward(loss)`, `engine.backward(loss)`, `x.backward(gradient)`
         tensor = m.argument_at(te, m.backward_tensor(te.node))
         if isinstance(tensor, cst.Name):
             scope = m.function_of(tensor)

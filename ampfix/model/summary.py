@@ -102,6 +102,9 @@ class FunctionSummary:
     # the command-line options of the parser whose parse_args() it returns: dest -> values
     options: Dict[str, List[Value]] = field(default_factory=dict)
     opaque: bool = False  # it runs code the summary cannot follow (*args forwarding, getattr dispatch)
+    # the autocast regions that compute what it returns (`Precision.computing_regions`): dtype
+    # ("float16", ..., "unknown") -> the line of the first such region (or of the call leading to it)
+    return_dtypes: Dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -229,7 +232,7 @@ def _function(raw: Any) -> FunctionSummary:
         effects=[_effect(e) for e in _list(raw["effects"])], returns=[_value(v) for v in _list(raw["returns"])],
         saves=[_dict(s) for s in _list(raw["saves"])], loads=[_dict(s) for s in _list(raw["loads"])],
         options={_str(k): [_value(v) for v in _list(vs)] for k, vs in _dict(raw["options"]).items()},
-        opaque=bool(raw["opaque"]))
+        opaque=bool(raw["opaque"]), return_dtypes={_str(k): _int(v) for k, v in _dict(raw.get("return_dtypes", {})).items()})
 
 
 def _class(raw: Any) -> ClassSummary:
