@@ -75,7 +75,7 @@ def one_run(env_root: Optional[Path], tree: Path, unsafe: bool) -> dict:
             except py_compile.PyCompileError as exc:
                 broken.append(f"{k}: {exc.msg.splitlines()[-1]}")
         fresh = findings(env_root, copy)
-        again = ampfix(env_root, "rewrite", "--no-cache", *opts, str(copy))
+        ampfix(env_root, "rewrite", "--no-cache", *opts, str(copy))
         second = [k for k, v in snapshot(copy).items() if v != new.get(k)]
         key = lambda d: (d["path"], d["line"], d["column"], d["code"])  # noqa: E731
         refused = [(d["code"], NOT_FIXED.search(d["message"]).group(1)) for d in reported

@@ -2,7 +2,7 @@
 them before it analyses anything (see ampfix/engine/rulemeta.py). Do not edit; regenerate.
 """
 
-DIGEST = 'eea871df31fa3b0047e4b9eca91bfc27042034aa3b28612df534ba0eddb4c499'
+DIGEST = '1e1b86937d8b09680307b611875352d22221e53539bd4f872653c64c41880d7e'
 
 RULES = [
     ('AMP001', 'backward-in-autocast', True, ('autocast',), (),
@@ -37,6 +37,8 @@ RULES = [
      (('bfloat16', 'autocast'),), (('GradScaler',),), False),
     ('AMP016', 'autocast-dtype-ignored', True, ('autocast',), (),
      (('dtype', 'GradScaler'),), (('autocast',),), False),
+    ('AMP017', 'fp16-without-loss-scaling', True, ('autocast',), (),
+     (('backward',),), (('backward', 'autocast'),), False),
     ('AMP101', 'deprecated-amp-api', True, ('cuda.amp', 'cpu.amp', 'torch.cuda import', 'torch.cpu import'), (),
      (), None, False),
     ('AMP102', 'apex-amp', True, ('apex',), (),
