@@ -7,9 +7,8 @@ from typing import Iterator, Optional
 import libcst as cst
 
 from ampfix.fixes.edits import in_block, move_after, remove_statement
-from ampfix.model import AmpModel, Trace, TraceEvent, is_expression_statement_of
-from ampfix.model.tree import target_names
-from ampfix.model.events import BACKWARD, SCALER_STEP, UPDATE, ZERO_GRAD
+from ampfix.model import AmpModel, TraceEvent, UpdateMisplaced, UpdatePlace, is_expression_statement_of
+from ampfix.model.events import UPDATE
 from ampfix.rule import SAFE, UNSAFE, FileContext, Fix, Rule, Violation
 
 
@@ -68,66 +67,36 @@ scaler.update()
         model = ctx.model
         for trace in model.traces():
             for upd in trace.of(UPDATE):
-                v = self._in_optimizer_loop(model, trace, upd) or self._between_steps(model, trace, upd) \
-                    or self._wrong_scaler(model, trace, upd)
-                if v is not None:
-                    yield v
+                fact = model.update_misplaced(trace, upd)
+                if fact is not None:
+                    yield (self._in_optimizer_loop if fact.place is UpdatePlace.OPTIMIZER_LOOP else self._between_steps
+                           if fact.place is UpdatePlace.BETWEEN_STEPS else self._wrong_scaler)(model, fact)
 
     @staticmethod
-    def _same(kind: str, scaler: Optional[str]):
-        return lambda e: e.kind == kind and e.scaler == scaler
+    def _in_optimizer_loop(model: AmpModel, fact: UpdateMisplaced) -> Violation:
+        upd, loop, shown = fact.update, fact.loop, fact.shown
+        message = ("`scaler.update()` runs once per optimizer inside the loop over optimizers; move it after "
+                   "the loop" + model.where(upd, shown))
+        stmt = model.statement_of(upd.node)
+        body = loop.body
+        fix = None
+        if shown is upd.node and not upd.event.foreign and is_expression_statement_of(stmt, upd.node) \
+                and isinstance(body, cst.IndentedBlock) \
+                and any(s is stmt for s in body.body) and len(body.body) > 1 and loop.orelse is None \
+                and in_block(model, loop) and all(model.before(s.node, upd.node) for s in fact.steps):
+            new_loop = loop.with_changes(body=body.with_changes(body=[s for s in body.body if s is not stmt]))
+            fix = Fix({loop: cst.FlattenSentinel([new_loop, stmt.with_changes(leading_lines=())])},
+                      applicability=SAFE, description="scaler.update() moved after the loop over optimizers")
+        return Violation(shown, message=message, fix=fix)
 
-    def _in_optimizer_loop(self, model: AmpModel, trace: Trace, upd: TraceEvent) -> Optional[Violation]:
-        """An update inside a loop over optimizers (its variable is what the steps step, and it
-        runs no backward), so it updates once per optimizer."""
-        backwards = trace.of(BACKWARD)
-        for group in upd.loops():
-            frame, (_, loop) = group  # the loop's frame, and the loop
-            if not isinstance(loop, cst.For):
-                continue
-            names = set(target_names(loop.target))
-            memo = self.__dict__.setdefault("_steps_memo", {})  # the same for every update of the loop
-            key = (id(trace), group, upd.scaler)
-            if key not in memo:
-                memo[key] = [e for e in trace.members(group) if e.kind == SCALER_STEP and e.scaler == upd.scaler
-                             and names & model.reads_of(e.path[len(frame)])]
-            steps = memo[key]
-            if not steps or any(group in b.ctx for b in backwards):
-                continue
-            shown = upd.path[len(frame)]
-            message = ("`scaler.update()` runs once per optimizer inside the loop over optimizers; move it after "
-                       "the loop" + model.where(upd, shown))
-            stmt = model.statement_of(upd.node)
-            body = loop.body
-            fix = None
-            if shown is upd.node and not upd.event.foreign and is_expression_statement_of(stmt, upd.node) \
-                    and isinstance(body, cst.IndentedBlock) \
-                    and any(s is stmt for s in body.body) and len(body.body) > 1 and loop.orelse is None \
-                    and in_block(model, loop) and all(model.before(s.node, upd.node) for s in steps):
-                new_loop = loop.with_changes(body=body.with_changes(body=[s for s in body.body if s is not stmt]))
-                fix = Fix({loop: cst.FlattenSentinel([new_loop, stmt.with_changes(leading_lines=())])},
-                          applicability=SAFE, description="scaler.update() moved after the loop over optimizers")
-            return Violation(shown, message=message, fix=fix)
-        return None
-
-    def _between_steps(self, model: AmpModel, trace: Trace, upd: TraceEvent) -> Optional[Violation]:
+    def _between_steps(self, model: AmpModel, fact: UpdateMisplaced) -> Violation:
         """`scaler.step(o1); scaler.update(); scaler.step(o2)` in one iteration."""
-        loops = set(upd.loops())
-        same_step = self._same(SCALER_STEP, upd.scaler)
-        earlier = model.last_before(trace, upd, lambda e: same_step(e) and loops <= set(e.loops()),
-                                    stop=self._same(UPDATE, upd.scaler))
-        later = model.first_after(trace, upd, lambda e: same_step(e) and loops <= set(e.loops()))
-        if earlier is None or later is None or model.within_one_call(earlier, upd, later) \
-                or self._next_iteration(model, trace, earlier, upd, later):
-            return None
-        shown = model.anchor(earlier, upd, later)[1]
-        message = self._between_message(model, earlier, upd, later) + model.where(upd, shown)
+        upd, shown = fact.update, fact.shown
+        message = self._between_message(model, fact.earlier, upd, fact.later) + model.where(upd, shown)
         if shown is not upd.node:
             return Violation(shown, message=message)
-        last = self._chain_end(model, trace, later, (upd.scaler, frozenset(loops)),
-                               lambda e: same_step(e) and loops <= set(e.loops()))
-        final = model.first_after(trace, last, self._same(UPDATE, upd.scaler))
-        fix = None if model.foreign_among(upd, last, final) else self._fix_between(model, upd, last, final)
+        fix = None if model.foreign_among(upd, fact.last, fact.final) else \
+            self._fix_between(model, upd, fact.last, fact.final)
         return Violation(upd.node, message=message, fix=fix)
 
     @staticmethod
@@ -147,45 +116,6 @@ scaler.update()
                 "first, then call `update()` once")
 
     @staticmethod
-    def _next_iteration(model: AmpModel, trace: Trace, earlier: TraceEvent, upd: TraceEvent,
-                        later: TraceEvent) -> bool:
-        """`later` steps gradients made entirely after `upd`: a backward runs on every path between
-        them, and `later` steps the optimizer `earlier` stepped (two whole iterations, e.g. a
-        step-and-update helper called twice) or that optimizer's gradients were zeroed after
-        `earlier`'s backward. Its gradients were then scaled with the scale `upd` set: this is
-        the next iteration, not a second optimizer of this one."""
-        backwards = [b for b in trace.between(upd, later, BACKWARD) if model.mandatory_between(b, upd, later)]
-        if not backwards:
-            return False
-        if later.target is not None and later.target == earlier.target:
-            return True
-        first = backwards[0]
-        start = max([earlier, *(b for b in trace.between(earlier, upd, BACKWARD))], key=lambda e: e.order)
-        return any(z.target == later.target and model.mandatory_between(z, start, first)
-                   for z in trace.between(start, first, ZERO_GRAD))
-
-    def _chain_end(self, model: AmpModel, trace: Trace, start: TraceEvent, key, match) -> TraceEvent:
-        """The last step of this scaler in the iteration: `first_after` from step to step, each
-        chain walked once per file (memoized; the walk from every update is linear in all)."""
-        memo = self.__dict__.setdefault("_chain_memo", {})
-        walked = []
-        cur = start
-        while True:
-            k = (id(trace), key, id(cur))
-            if k in memo:
-                end = memo[k]
-                break
-            walked.append(k)
-            nxt = model.first_after(trace, cur, match)
-            if nxt is None:
-                end = cur
-                break
-            cur = nxt
-        for k in walked:
-            memo[k] = end
-        return end
-
-    @staticmethod
     def _fix_between(model: AmpModel, upd: TraceEvent, last: TraceEvent, final: Optional[TraceEvent]) -> Optional[Fix]:
         stmt = model.statement_of(upd.node)
         if not is_expression_statement_of(stmt, upd.node) or not in_block(model, stmt):
@@ -198,20 +128,11 @@ scaler.update()
         return Fix(move_after(model.module, stmt, last_stmt), applicability=SAFE,
                    description="scaler.update() moved after the last step")
 
-    def _wrong_scaler(self, model: AmpModel, trace: Trace, upd: TraceEvent) -> Optional[Violation]:
+    @staticmethod
+    def _wrong_scaler(model: AmpModel, fact: UpdateMisplaced) -> Violation:
         """An update of a scaler that has not stepped since its last update, right after the
         step of another scaler that is never updated afterwards."""
-        if model.last_before(trace, upd, self._same(SCALER_STEP, upd.scaler), stop=self._same(UPDATE, upd.scaler)):
-            return None
-        prev = model.last_before(trace, upd, lambda e: e.kind == SCALER_STEP and e.scaler != upd.scaler)
-        if prev is None or model.first_after(trace, prev, self._same(UPDATE, prev.scaler)) is not None:
-            return None
-        same_update = self._same(UPDATE, upd.scaler)
-        if model.last_before(trace, upd, same_update) is None and model.first_after(trace, upd, same_update) is None:
-            return None  # this scaler is updated once: only the other one is missing its update
-        if model.within_one_call(prev, upd):
-            return None
-        shown = model.anchor(prev, upd)[1]
+        upd, prev, shown = fact.update, fact.other, fact.shown
         other = prev.event.scaler
         message = (f"`{upd.event.scaler}.update()` follows `{other}.step(...)`: `{upd.event.scaler}` is updated twice "
                    f"this iteration and `{other}` never; call `{other}.update()` here" + model.where(upd, shown))
@@ -222,4 +143,3 @@ scaler.update()
             fix = Fix({func.value: cst.parse_expression(other)}, applicability=UNSAFE,
                       description="update() called on the scaler that stepped")
         return Violation(shown, message=message, fix=fix)
-

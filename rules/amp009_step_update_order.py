@@ -10,7 +10,6 @@ from ampfix.fixes.edits import guarded, in_block, insert_after, statement
 from ampfix.model import AmpModel, Trace, TraceEvent, is_expression_statement_of
 from ampfix.model.events import SCALER_STEP, UNSCALE, UPDATE
 from ampfix.rule import SAFE, FileContext, Fix, Rule, Violation
-from ampfix.rules.amp004_update_per_optimizer import UpdatePerOptimizer
 
 RAISES = {
     (SCALER_STEP, SCALER_STEP): 'RuntimeError "step() has already been called since the last update()"',
@@ -81,12 +80,10 @@ for x, y in loader:
 
     def check(self, ctx: FileContext) -> Iterator[Violation]:
         model = ctx.model
-        amp004 = UpdatePerOptimizer()
         shown = set()
         for trace in model.traces():
             skip = {id(m.event) for m in model.accumulation_misplaced(trace)}  # AMP010's
-            theirs = [u for u in trace.of(UPDATE) if amp004._in_optimizer_loop(model, trace, u)
-                      or amp004._between_steps(model, trace, u) or amp004._wrong_scaler(model, trace, u)]
+            theirs = [u for u in trace.of(UPDATE) if model.update_misplaced(trace, u) is not None]  # AMP004's
             found = [*self._missing(model, trace, skip, theirs), *self._twice(model, trace, skip),
                      *self._update_first(model, trace, theirs)]
             for v in found:

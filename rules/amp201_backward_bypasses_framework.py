@@ -14,8 +14,8 @@ from ampfix.rule import SAFE, UNSAFE, FileContext, Fix, Rule, Violation
 class BackwardBypassesFramework(Rule):
     code = "AMP201"
     name = "backward-bypasses-framework"
-    message = ("`{loss}.backward()` on a model set up by {fw}: it bypasses {fw}'s precision handling (with fp16 the "
-               "loss is never scaled, yet the wrapped optimizer's step unscales it); call `{call}` instead")
+    message = "`{loss}.backward()` on a model set up by {fw}: it bypasses {fw}'s precision handling ({harm}); call `{call}` instead"
+    harm = "with fp16 the loss is never scaled, yet the wrapped optimizer's step unscales it"
     triggers = ("fabric", "Fabric", "accelerator", "Accelerator", "automatic_optimization")
     requires = ((".backward(",), (".setup(", ".setup_module(", ".setup_optimizers(", ".prepare(", ".prepare_model(",
                                   ".prepare_optimizer(", "automatic_optimization"))
@@ -103,12 +103,11 @@ optimizer.step()
             if all(f.precisions is not None and not f.scales and (f.kind == "accelerate" or set(f.precisions) <=
                                                                   {"32-true", "64-true"}) for f in prepared.frameworks):
                 continue  # a precision known to need nothing from the framework's backward
-            message = self.message.format(loss=model.code(loss), fw=fw.name, call=f"{key}.backward({model.code(loss)})")
-            if fw.precisions is None:
-                message = message.replace("(with fp16", "(its precision is chosen at launch; with fp16")
-            elif not fw.scales:
-                message = message.replace("(with fp16 the loss is never scaled, yet the wrapped optimizer's step "
-                                          "unscales it)", f"(with {fw.describe()} Fabric raises at run time)")
+            harm = self.harm if fw.precisions is not None else "its precision is chosen at launch; " + self.harm
+            if fw.precisions is not None and not fw.scales:
+                harm = f"with {fw.describe()} Fabric raises at run time"
+            message = self.message.format(loss=model.code(loss), fw=fw.name, call=f"{key}.backward({model.code(loss)})",
+                                          harm=harm)
             yield Violation(call, message=message, fix=self._fix(model, facts, call, loss, key, prepared))
 
     @staticmethod

@@ -30,8 +30,7 @@ class MsFixedScaleOptimizer(Rule):
     code = "AMP251"
     name = "ms-fixed-scale-optimizer"
     message = ("`FixedLossScaleManager({scale}, drop_overflow_update=False)` leaves dividing the gradients to the "
-               "optimizer, but `{opt}` is built {how}: every update is applied {factor} too large; "
-               "build it with `loss_scale={scale}`")
+               "optimizer, but `{opt}` is built {how}: {effect}; build it with `loss_scale={scale}`")
     triggers = ("FixedLossScaleManager",)
     requires = (("mindspore",),)
     fixable = "sometimes"
@@ -103,12 +102,11 @@ model = ms.Model(network, net_loss, net_opt, amp_level="O2", loss_scale_manager=
                     continue
             seen.add(id(opt))
             how = "without `loss_scale`" if have is None else f"with `loss_scale={model.code(have.value)}`"
-            message = self.message.format(scale=scale, opt=name, how=how,
-                                          factor=factor(want, have and _number(model, have.value)))
-            if name in MS_ADAPTIVE:
-                message = message.replace("every update is applied", "its gradients arrive").replace(
-                    " too large;", f" too large ({name} normalises their size away, but its weight decay and eps "
-                                   "act that much weaker);")
+            times = factor(want, have and _number(model, have.value))
+            effect = f"every update is applied {times} too large" if name not in MS_ADAPTIVE else (
+                f"its gradients arrive {times} too large ({name} normalises their size away, but its weight decay "
+                "and eps act that much weaker)")
+            message = self.message.format(scale=scale, opt=name, how=how, effect=effect)
             yield Violation(opt, message=message,
                             fix=self._fix(model, frameworks(model), opt, mgr, scale_arg, have))
 

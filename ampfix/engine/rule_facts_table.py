@@ -2,7 +2,7 @@
 them before it analyses anything (see ampfix/engine/rulemeta.py). Do not edit; regenerate.
 """
 
-DIGEST = '1e1b86937d8b09680307b611875352d22221e53539bd4f872653c64c41880d7e'
+DIGEST = 'a3910303802ec764113a70999ac406e8e1a55bbc476c3e9f5918f5f018259756'
 
 RULES = [
     ('AMP001', 'backward-in-autocast', True, ('autocast',), (),

@@ -48,6 +48,7 @@ from ampfix.model.flow import Flow
 from ampfix.model.foreign import Foreign, ForeignFacts
 from ampfix.model.guards import Guards
 from ampfix.model.iterations import Iterations, Misplaced
+from ampfix.model.updates import UpdateMisplaced, UpdatePlace, Updates
 from ampfix.model.names import API_TABLE, Api, ImportBinding, Names
 from ampfix.model.objects import BackwardCall, Objects
 from ampfix.model.precision import Precision
@@ -60,7 +61,7 @@ from ampfix.model.values import Values
 
 
 class AmpModel(Tree, Names, Values, CallGraph, Regions, Objects, Flow, Events, Guards, Environ, Checkpoints,
-               Iterations, Dataflow, Precision, Foreign, Bound):
+               Iterations, Updates, Dataflow, Precision, Foreign, Bound):
     """Facts about one parsed file (see the package docstring for its parts). `foreign`: the
     project the file belongs to (`ampfix/project/`), which answers for the other modules;
     `path`: the file's path (absolute), as the project knows it."""
@@ -87,6 +88,7 @@ class AmpModel(Tree, Names, Values, CallGraph, Regions, Objects, Flow, Events, G
 
 __all__ = [
     "API_TABLE", "AmpModel", "Api", "BackwardCall", "Event", "ImportBinding", "Misplaced", "Region", "Trace", "TraceEvent",
+    "UpdateMisplaced", "UpdatePlace",
     "anchor", "call_name", "dotted", "get_arg", "is_expression_statement_of", "literal_bool", "literal_string",
     "method_call", "names_bound", "reads_writes", "receiver", "uses_only",
 ]

@@ -25,6 +25,7 @@ import math
 import os
 import re
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Callable, Dict, Hashable, List, Optional, Tuple
 
 import libcst as cst
@@ -33,26 +34,47 @@ from ampfix.model.regions import Region
 from ampfix.model.syntax import call_name, get_arg
 from ampfix.model.tree import dotted
 
-# event kinds
-BACKWARD = "backward"  # detail: "tensor" | "scaled" | "autograd"; scaler; target: loss text
-SCALE = "scale"  # scaler.scale(x) whose result is not `.backward()`-ed on the spot
-UNSCALE = "unscale"  # scaler; target: optimizer
-GRAD_READ = "grad_read"  # detail: "clip" | "read"
-SCALER_STEP = "scaler_step"  # scaler; target: optimizer
-OPT_STEP = "opt_step"  # target: optimizer (a direct optimizer.step())
-UPDATE = "update"  # scaler
-ZERO_GRAD = "zero_grad"  # target
-SCALER_NEW = "scaler_new"  # GradScaler(...) constructed
-OPT_NEW = "opt_new"  # an optimizer constructed (torch.optim.X(...), or `opt = build_optimizer(...)`)
-CUDA_INIT = "cuda_init"  # detail: reason
-AUTOGRAD_GRAD = "autograd_grad"
-EXIT = "exit"  # detail: "continue" | "break" | "return" | "raise" | "exit"
-DP_FORWARD = "dp_forward"  # a module run by nn.DataParallel / parallel_apply / data_parallel (worker threads)
-THREAD_RUN = "thread_run"  # a function handed to a thread (Thread(target=f), pool.submit/map(f, ...))
-CALL = "call"  # a call to functions of this file (expanded in traces)
-# a call that may run a function of another module of the project (a project is known): traces
-# inline the callee's summary (`foreign.py`); a module's own summary keeps it as a CALL effect
-EXTERNAL = "external"
+class EventKind(StrEnum):
+    """What an event does (a `str`: equal to, and hashed like, its value; summaries store the value)."""
+    BACKWARD = "backward"  # detail: "tensor" | "scaled" | "autograd"; scaler; target: loss text
+    SCALE = "scale"  # scaler.scale(x) whose result is not `.backward()`-ed on the spot
+    UNSCALE = "unscale"  # scaler; target: optimizer
+    GRAD_READ = "grad_read"  # detail: "clip" | "read"
+    SCALER_STEP = "scaler_step"  # scaler; target: optimizer
+    OPT_STEP = "opt_step"  # target: optimizer (a direct optimizer.step())
+    UPDATE = "update"  # scaler
+    ZERO_GRAD = "zero_grad"  # target
+    SCALER_NEW = "scaler_new"  # GradScaler(...) constructed
+    OPT_NEW = "opt_new"  # an optimizer constructed (torch.optim.X(...), or `opt = build_optimizer(...)`)
+    CUDA_INIT = "cuda_init"  # detail: reason
+    AUTOGRAD_GRAD = "autograd_grad"
+    EXIT = "exit"  # detail: "continue" | "break" | "return" | "raise" | "exit"
+    DP_FORWARD = "dp_forward"  # a module run by nn.DataParallel / parallel_apply / data_parallel (worker threads)
+    THREAD_RUN = "thread_run"  # a function handed to a thread (Thread(target=f), pool.submit/map(f, ...))
+    CALL = "call"  # a call to functions of this file (expanded in traces)
+    # a call that may run a function of another module of the project (a project is known): traces
+    # inline the callee's summary (`foreign.py`); a module's own summary keeps it as a CALL effect
+    EXTERNAL = "external"
+
+
+# the kinds by their names, as the rules import them
+BACKWARD = EventKind.BACKWARD
+SCALE = EventKind.SCALE
+UNSCALE = EventKind.UNSCALE
+GRAD_READ = EventKind.GRAD_READ
+SCALER_STEP = EventKind.SCALER_STEP
+OPT_STEP = EventKind.OPT_STEP
+UPDATE = EventKind.UPDATE
+ZERO_GRAD = EventKind.ZERO_GRAD
+SCALER_NEW = EventKind.SCALER_NEW
+OPT_NEW = EventKind.OPT_NEW
+CUDA_INIT = EventKind.CUDA_INIT
+AUTOGRAD_GRAD = EventKind.AUTOGRAD_GRAD
+EXIT = EventKind.EXIT
+DP_FORWARD = EventKind.DP_FORWARD
+THREAD_RUN = EventKind.THREAD_RUN
+CALL = EventKind.CALL
+EXTERNAL = EventKind.EXTERNAL
 
 MAX_INLINE_DEPTH = 6
 MAX_TRACE_EVENTS = 20000
@@ -68,7 +90,7 @@ VALUE_METHODS = {"norm", "abs", "max", "min", "mean", "sum", "std", "var", "pow"
 class Event:
     """An AMP event in a function's own body."""
 
-    kind: str
+    kind: EventKind
     node: cst.CSTNode  # the call, or the exiting statement
     scaler: Optional[str] = None  # scaler key, in the function's own names
     target: Optional[str] = None  # optimizer key (step/unscale_/zero_grad), loss text (backward)
@@ -702,7 +724,7 @@ class Events:
                 loop = self._foreign_group(("loop", e.loop), ff, fframe, keys)
             origin = Origin(ff.path, e.line, e.col, e.text, ff.qual)
             self.__dict__.setdefault("_site_origins", {}).setdefault(call, []).append(origin)
-            event = Event(e.kind, call, scaler=e.scaler, target=e.target, detail=e.detail, loop=loop,
+            event = Event(EventKind(e.kind), call, scaler=e.scaler, target=e.target, detail=e.detail, loop=loop,
                           origin=origin, scale_source=self._foreign_scale_source(e, call, ff), chosen_here=chosen)
             frame = fframe + tuple(-(i + 1) for i in e.frame)
             trace.events.append(TraceEvent(event, path, len(trace.events), ev_ctx, region, scaler=tr(e.scaler),

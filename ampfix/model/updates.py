@@ -1,0 +1,146 @@
+"""Where a GradScaler's `update()` runs relative to the optimizer steps of its iteration.
+
+One fact, asked by two rules: AMP004 reports an update that runs once per optimizer (inside a
+loop over optimizers, between two optimizers' steps of one iteration, or on the scaler that did
+not step), and AMP009 (step/update order) leaves those updates to it. `update_misplaced(trace,
+upd)` answers with an `UpdateMisplaced` (which of the three shapes, and the events that show it)
+or None.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import Callable, Dict, Optional, Tuple
+
+import libcst as cst
+
+from ampfix.model.events import BACKWARD, SCALER_STEP, UPDATE, ZERO_GRAD, Trace, TraceEvent
+from ampfix.model.tree import target_names
+
+
+class UpdatePlace(str, Enum):
+    OPTIMIZER_LOOP = "optimizer_loop"  # inside a loop over optimizers that runs no backward
+    BETWEEN_STEPS = "between_steps"  # `step(o1); update(); step(o2)` in one iteration
+    WRONG_SCALER = "wrong_scaler"  # the update of a scaler that did not step, after another's step
+
+
+@dataclass(frozen=True)
+class UpdateMisplaced:
+    place: UpdatePlace
+    update: TraceEvent
+    shown: cst.CSTNode  # the node of the reported function that runs the update
+    loop: Optional[cst.For] = None  # OPTIMIZER_LOOP: the loop; `steps`: its scaler steps
+    steps: Tuple[TraceEvent, ...] = ()
+    earlier: Optional[TraceEvent] = None  # BETWEEN_STEPS: the step before, the step after,
+    later: Optional[TraceEvent] = None  # the iteration's last step of this scaler and the
+    last: Optional[TraceEvent] = None  # update after it (if any)
+    final: Optional[TraceEvent] = None
+    other: Optional[TraceEvent] = None  # WRONG_SCALER: the other scaler's step
+
+
+def _same(kind: str, scaler: Optional[str]) -> Callable[[TraceEvent], bool]:
+    return lambda e: e.kind == kind and e.scaler == scaler
+
+
+class Updates:
+    """Mixin of AmpModel (uses the trace queries of Events and Iterations)."""
+
+    def update_misplaced(self, trace: Trace, upd: TraceEvent) -> Optional[UpdateMisplaced]:
+        memo: Dict = self.__dict__.setdefault("_update_misplaced", {})
+        key = (id(trace), id(upd))
+        if key not in memo:
+            memo[key] = (trace, self._in_optimizer_loop(trace, upd) or self._between_steps(trace, upd)
+                         or self._wrong_scaler(trace, upd))
+        return memo[key][1]
+
+    def _in_optimizer_loop(self, trace: Trace, upd: TraceEvent) -> Optional[UpdateMisplaced]:
+        """An update inside a loop over optimizers (its variable is what the steps step, and it
+        runs no backward), so it updates once per optimizer."""
+        backwards = trace.of(BACKWARD)
+        for group in upd.loops():
+            frame, (_, loop) = group  # the loop's frame, and the loop
+            if not isinstance(loop, cst.For):
+                continue
+            names = set(target_names(loop.target))
+            memo = self.__dict__.setdefault("_loop_steps_memo", {})  # the same for every update of the loop
+            key = (id(trace), group, upd.scaler)
+            if key not in memo:
+                memo[key] = [e for e in trace.members(group) if e.kind == SCALER_STEP and e.scaler == upd.scaler
+                             and names & self.reads_of(e.path[len(frame)])]
+            steps = memo[key]
+            if not steps or any(group in b.ctx for b in backwards):
+                continue
+            return UpdateMisplaced(UpdatePlace.OPTIMIZER_LOOP, upd, upd.path[len(frame)], loop=loop, steps=tuple(steps))
+        return None
+
+    def _between_steps(self, trace: Trace, upd: TraceEvent) -> Optional[UpdateMisplaced]:
+        loops = set(upd.loops())
+        same_step = _same(SCALER_STEP, upd.scaler)
+        earlier = self.last_before(trace, upd, lambda e: same_step(e) and loops <= set(e.loops()),
+                                   stop=_same(UPDATE, upd.scaler))
+        later = self.first_after(trace, upd, lambda e: same_step(e) and loops <= set(e.loops()))
+        if earlier is None or later is None or self.within_one_call(earlier, upd, later) \
+                or self._next_iteration(trace, earlier, upd, later):
+            return None
+        shown = self.anchor(earlier, upd, later)[1]
+        last = self._chain_end(trace, later, (upd.scaler, frozenset(loops)),
+                               lambda e: same_step(e) and loops <= set(e.loops()))
+        final = self.first_after(trace, last, _same(UPDATE, upd.scaler))
+        return UpdateMisplaced(UpdatePlace.BETWEEN_STEPS, upd, shown, earlier=earlier, later=later, last=last,
+                               final=final)
+
+    def _next_iteration(self, trace: Trace, earlier: TraceEvent, upd: TraceEvent, later: TraceEvent) -> bool:
+        """`later` steps gradients made entirely after `upd`: a backward runs on every path between
+        them, and `later` steps the optimizer `earlier` stepped (two whole iterations, e.g. a
+        step-and-update helper called twice) or that optimizer's gradients were zeroed after
+        `earlier`'s backward. Its gradients were then scaled with the scale `upd` set: this is
+        the next iteration, not a second optimizer of this one."""
+        backwards = [b for b in trace.between(upd, later, BACKWARD) if self.mandatory_between(b, upd, later)]
+        if not backwards:
+            return False
+        if later.target is not None and later.target == earlier.target:
+            return True
+        first = backwards[0]
+        start = max([earlier, *(b for b in trace.between(earlier, upd, BACKWARD))], key=lambda e: e.order)
+        return any(z.target == later.target and self.mandatory_between(z, start, first)
+                   for z in trace.between(start, first, ZERO_GRAD))
+
+    def _chain_end(self, trace: Trace, start: TraceEvent, key, match) -> TraceEvent:
+        """The last step of this scaler in the iteration: `first_after` from step to step, each
+        chain walked once per file (memoized; the walk from every update is linear in all)."""
+        memo = self.__dict__.setdefault("_step_chain_memo", {})
+        walked = []
+        cur = start
+        while True:
+            k = (id(trace), key, id(cur))
+            if k in memo:
+                end = memo[k]
+                break
+            walked.append(k)
+            nxt = self.first_after(trace, cur, match)
+            if nxt is None:
+                end = cur
+                break
+            cur = nxt
+        for k in walked:
+            memo[k] = end
+        return end
+
+    def _wrong_scaler(self, trace: Trace, upd: TraceEvent) -> Optional[UpdateMisplaced]:
+        """An update of a scaler that has not stepped since its last update, right after the
+        step of another scaler that is never updated afterwards."""
+        if self.last_before(trace, upd, _same(SCALER_STEP, upd.scaler), stop=_same(UPDATE, upd.scaler)):
+            return None
+        prev = self.last_before(trace, upd, lambda e: e.kind == SCALER_STEP and e.scaler != upd.scaler)
+        if prev is None or self.first_after(trace, prev, _same(UPDATE, prev.scaler)) is not None:
+            return None
+        same_update = _same(UPDATE, upd.scaler)
+        if self.last_before(trace, upd, same_update) is None and self.first_after(trace, upd, same_update) is None:
+            return None  # this scaler is updated once: only the other one is missing its update
+        if self.within_one_call(prev, upd):
+            return None
+        return UpdateMisplaced(UpdatePlace.WRONG_SCALER, upd, self.anchor(prev, upd)[1], other=prev)
+
+
+__all__ = ["UpdatePlace", "UpdateMisplaced", "Updates"]
