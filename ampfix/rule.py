@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, ClassVar, Dict, Iterator, Optional, Tuple
 
 from ampfix.knowledge.torch_versions import DEFAULT_MIN_TORCH
-from ampfix.triggers import trigger_test  # noqa: F401  (a run tests triggers without this module: ampfix/engine/rulemeta.py)
+from ampfix.triggers import project_candidate_test, trigger_test  # noqa: F401  (a run tests triggers without this module: ampfix/engine/rulemeta.py)
 
 if TYPE_CHECKING:  # pragma: no cover
     import libcst as cst
@@ -141,5 +141,6 @@ class Rule:
 
     @classmethod
     def project_candidate(cls, text: str) -> bool:
-        """The text holds what `project_requires` asks (the triggers may be in a related module)."""
-        return cls.project_requires is not None and all(any(t in text for t in g) for g in cls.project_requires)
+        """The text may take part in a step whose rest is in related modules (`project_candidate_test`)."""
+        return project_candidate_test(text, text.lower(), cls.triggers, cls.triggers_lower, cls.requires,
+                                      cls.project_requires)

@@ -14,3 +14,17 @@ def trigger_test(text: str, lowered: str, triggers: Sequence[str], triggers_lowe
     if not (any(t in text for t in triggers) or any(t in lowered for t in triggers_lower)):
         return False
     return all(any(t in text for t in group) for group in requires)
+
+
+def project_candidate_test(text: str, lowered: str, triggers: Sequence[str], triggers_lower: Sequence[str],
+                           requires: Sequence[Sequence[str]], project_requires) -> bool:
+    """A file a rule may fire on through the modules related to it (`Rule.project_candidate`):
+    it holds every `project_requires` group, and at least one string of the rule's own
+    vocabulary (a trigger, or a string of a `requires` group): the other modules supply the
+    rest of a training step this file takes part in. A file with none of it (a model
+    definition importing a package whose other modules train) is not one."""
+    if project_requires is None or not all(any(t in text for t in g) for g in project_requires):
+        return False
+    return any(t in text for t in triggers) or any(t in lowered for t in triggers_lower) \
+        or any(t in text for group in requires for t in group)
+

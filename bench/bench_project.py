@@ -6,9 +6,10 @@
 For a tree (default: the timm 1.0.31 sdist that `bench_check.py --sdists timm==1.0.31` or
 `ecosystem.py --packages timm` downloads into the git-ignored bench/.cache/), in one run:
 
-1. the whole tree, `ampfix check --no-cache -j 1`, with this checkout and with a baseline
-   interpreter holding ampfix before the project layer (`--baseline-python`; the ratio is the
-   project layer's cost there), interleaved, median of `--repeat`; the findings of both;
+1. the whole tree, `ampfix check --no-cache -j 1`, with the project layer and without it
+   (`AMPFIX_NO_PROJECT=1`: each file alone, the same checkout), interleaved, median of
+   `--repeat`; the ratio is the project layer's cost; the findings of both (those the project
+   layer adds or removes are listed); optionally also a baseline interpreter (`--baseline-python`);
 2. one changed file, as pre-commit passes it: `ampfix check FILE` on a scratch copy of the tree,
    cold (`--no-cache`: the project reads, and parses, what the file imports) and warm (the cache
    filled by a whole-tree run, then a comment added to FILE: only FILE is parsed, the summaries
@@ -52,6 +53,16 @@ def median_of(cmd, repeat, cwd=None, env=None, before=None):
     return statistics.median(times), last
 
 
+def findings(stdout: str) -> set:
+    import json
+
+    try:
+        return {(d["filename"], d["location"]["row"], d["code"]) for d in json.loads(stdout or "[]")
+                if d.get("type", "finding") == "finding"}
+    except (ValueError, KeyError, TypeError):
+        return set()
+
+
 def stats(stderr: str) -> str:
     lines = [ln for ln in stderr.splitlines() if ln.startswith("ampfix stats:")]
     return lines[-1][len("ampfix stats:"):].strip() if lines else "-"
@@ -73,14 +84,24 @@ def main() -> None:
     print(f"# project layer cost: {name} ({files} .py files), {platform.python_version()}, "
           f"{os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}, repeat {args.repeat}\n")
 
-    # 1. the whole tree, before and after
+    # 1. the whole tree, with and without the project layer (the same checkout, interleaved)
     rows = []
-    whole, res = median_of([*me, "--no-cache", "-j", "1", str(tree)], args.repeat, env={"AMPFIX_STATS": "1"})
-    rows.append(("whole tree, this checkout", whole, stats(res.stderr)))
+    whole_cmd = [*me, "--no-cache", "-j", "1", "--output-format", "json", str(tree)]
+    on_times, off_times, on_res, off_res = [], [], None, None
+    for _ in range(args.repeat):
+        t, on_res = run(whole_cmd, env={"AMPFIX_STATS": "1"})
+        on_times.append(t)
+        t, off_res = run(whole_cmd, env={"AMPFIX_STATS": "1", "AMPFIX_NO_PROJECT": "1"})
+        off_times.append(t)
+    whole, alone = statistics.median(on_times), statistics.median(off_times)
+    rows.append(("whole tree, project layer on", whole, stats(on_res.stderr)))
+    rows.append(("whole tree, each file alone (AMPFIX_NO_PROJECT=1)", alone, stats(off_res.stderr)))
+    found_on, found_off = findings(on_res.stdout), findings(off_res.stdout)
+    base = None
     if args.baseline_python:
         base, bres = median_of([args.baseline_python, "-m", "ampfix", "check", "--select", "ALL", "--exit-zero", "-q",
                                 "--no-cache", "-j", "1", str(tree)], args.repeat, cwd=tempfile.gettempdir())
-        rows.append(("whole tree, baseline (no project layer)", base, "-"))
+        rows.append(("whole tree, baseline interpreter", base, "-"))
     # 2. one changed file, cold and warm
     scratch = Path(tempfile.mkdtemp(prefix="ampfix-bench-project-"))
     try:
@@ -108,8 +129,12 @@ def main() -> None:
     print("|---|---:|---|")
     for what, t, s in rows:
         print(f"| {what} | {t:.2f} | {s} |")
-    if args.baseline_python:
-        print(f"\nproject layer / baseline on the whole tree: {whole / base:.2f}x")
+    print(f"\nproject layer on / off on the whole tree: {whole / alone:.2f}x (medians; "
+          f"per-run ratios {', '.join(f'{a / b:.2f}' for a, b in zip(on_times, off_times))})")
+    print(f"findings: {len(found_on)} with the project layer, {len(found_off)} without; only with it: "
+          f"{sorted(found_on - found_off)}; only without it: {sorted(found_off - found_on)}")
+    if base is not None:
+        print(f"this checkout / baseline interpreter on the whole tree: {whole / base:.2f}x")
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 them before it analyses anything (see ampfix/engine/rulemeta.py). Do not edit; regenerate.
 """
 
-DIGEST = 'a3910303802ec764113a70999ac406e8e1a55bbc476c3e9f5918f5f018259756'
+DIGEST = '8deb5ea42535039e2b65786e248ed71359067827289dda4cd8e5f87786845be2'
 
 RULES = [
     ('AMP001', 'backward-in-autocast', True, ('autocast',), (),

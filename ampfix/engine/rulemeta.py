@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from ampfix import __version__
-from ampfix.triggers import trigger_test
+from ampfix.triggers import project_candidate_test, trigger_test
 
 _FINGERPRINT: Optional[str] = None
 
@@ -61,8 +61,8 @@ class RuleInfo:
     def maybe_triggered(self, text: str, lowered: str, project: bool = False) -> bool:
         if trigger_test(text, lowered, self.triggers, self.triggers_lower, self.requires):
             return True
-        return project and self.project_requires is not None and \
-            all(any(t in text for t in g) for g in self.project_requires)
+        return project and project_candidate_test(text, lowered, self.triggers, self.triggers_lower, self.requires,
+                                                  self.project_requires)
 
 
 _INFO: Dict[Optional[str], Dict[str, RuleInfo]] = {}

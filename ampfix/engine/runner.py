@@ -165,7 +165,9 @@ def make_plan(options: Options) -> Plan:
 
         summaries = str(cache_dir(config.root))
     settings = Settings(min_torch_version=min_version, min_torch_source=min_source, unsafe_fixes=options.unsafe_fixes,
-                        details=options.details, add_noqa=options.add_noqa, project=True, cache_folder=summaries)
+                        details=options.details, add_noqa=options.add_noqa, cache_folder=summaries,
+                        # AMPFIX_NO_PROJECT=1: each file alone (bench/bench_project.py measures the layer's cost)
+                        project=os.environ.get("AMPFIX_NO_PROJECT") != "1")
     notes = [FileError(p, None, None, "no Python files found under this folder (*.py, *.pyi, *.ipynb, after "
                                       "exclude and .gitignore)", level="warning")
              for p in _empty_folders(paths, files)]

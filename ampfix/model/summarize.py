@@ -308,7 +308,7 @@ class Summarizer:
             kind = cst.Call if isinstance(node, cst.Call) else cst.SimpleStatementLine
             if not isinstance(node, kind):
                 return None
-            same = [n for n in m.nodes_of(kind) if self._owner(n)[0] == qual and self._needle(n) == needle]
+            same = [n for n in self._owned(qual, kind) if self._needle(n) == needle]
             self._same[key] = same
         places = []
         pos = text.find(needle, span[0], span[1])
@@ -319,6 +319,16 @@ class Summarizer:
             return None
         pos = places[next(i for i, n in enumerate(same) if n is node)]
         return text.count("\n", 0, pos) + 1, pos - (text.rfind("\n", 0, pos) + 1)
+
+    def _owned(self, qual: str, kind: type) -> List[cst.CSTNode]:
+        """The module's nodes of `kind` held by the top-level function or method `qual` (the
+        module's nodes of that kind grouped by owner once)."""
+        groups = self.__dict__.get("_by_owner_" + kind.__name__)
+        if groups is None:
+            groups = self.__dict__["_by_owner_" + kind.__name__] = {}
+            for n in self.model.nodes_of(kind):
+                groups.setdefault(self._owner(n)[0], []).append(n)
+        return groups.get(qual, [])
 
     def _owner(self, node: cst.CSTNode) -> Tuple[Optional[str], Optional[cst.FunctionDef]]:
         m = self.model
@@ -332,10 +342,13 @@ class Summarizer:
         return None, None
 
     def _needle(self, node: cst.CSTNode) -> str:
-        if isinstance(node, cst.SimpleStatementLine) and node.body:
-            node = node.body[0]  # not its leading comment lines
-        code = self.model.code(node.func if isinstance(node, cst.Call) else node)
-        return code.splitlines()[0] if code else ""
+        memo = self.__dict__.setdefault("_needles", {})
+        hit = memo.get(node)
+        if hit is None:
+            shown = node.body[0] if isinstance(node, cst.SimpleStatementLine) and node.body else node  # not its comments
+            code = self.model.code(shown.func if isinstance(shown, cst.Call) else shown)
+            hit = memo[node] = code.splitlines()[0] if code else ""
+        return hit
 
     def function(self, func: cst.FunctionDef, is_method: bool) -> FunctionSummary:
         m = self.model
