@@ -350,7 +350,7 @@ def run(plan: Plan, stdin: Optional[BinaryIO] = None) -> Run:
             # rules nor LibCST; a miss tests the triggers as ampfix/engine/rulemeta.py knows them
             # (without the rules), and only then loads the rules; every verdict is kept
             keys[i] = store.key(f, data, file_codes, plan.settings)
-            hit = store.get(keys[i], f)
+            hit = store.get(keys[i], f, file_codes)
             if hit is not None:
                 results[i] = hit
                 continue
