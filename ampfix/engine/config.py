@@ -137,6 +137,9 @@ def load_config(path: Optional[Path]) -> Config:
     cfg = Config(path=path)
     if "select" in table:
         cfg.select = _str_list(table["select"], "select", where)
+        if not any(s.strip() for s in cfg.select):
+            raise ConfigError(f"{where}: `select` in [tool.ampfix] names no rule: it would check nothing (remove it "
+                              "for the default rules, or name codes or prefixes such as \"AMP0\" or \"ALL\")")
     cfg.ignore = _str_list(table.get("ignore", []), "ignore", where)
     cfg.exclude = _str_list(table.get("exclude", []), "exclude", where) + _str_list(
         table.get("extend-exclude", []), "extend-exclude", where)

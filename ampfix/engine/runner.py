@@ -62,6 +62,7 @@ class Plan:
     settings: Settings
     max_file_size: int = 0
     problems: List[str] = field(default_factory=list)  # paths that could not be read while discovering
+    warnings: List[str] = field(default_factory=list)  # e.g. every file excluded (exit status unchanged)
 
 
 @dataclass
@@ -116,12 +117,36 @@ def make_plan(options: Options) -> Plan:
         raise OptionsError(str(exc)) from None
     selection = cli_select if cli_select is not None else cfg_select
     codes = rulemeta.select_codes(selection, cfg_ignore + cli_ignore, info)
+    if not codes:
+        raise OptionsError(_nothing_selected(options, config))
     problems: List[str] = []
     files, missing = discover(paths, config.exclude, config.root, force_exclude=options.force_exclude,
                               problems=problems)
     settings = Settings(min_torch_version=min_version, unsafe_fixes=options.unsafe_fixes, details=options.details,
                         add_noqa=options.add_noqa)
-    return Plan(options, config, tuple(codes), files, missing, settings, max_size, problems)
+    plan = Plan(options, config, tuple(codes), files, missing, settings, max_size, problems)
+    if not files and not missing and config.exclude and any(os.path.isdir(p) for p in paths if p != "-"):
+        everything, _ = discover(paths, (), config.root, problems=[])
+        if everything:
+            plan.warnings.append(
+                f"{config.path}: warning: `exclude` in [tool.ampfix] excludes every file under "
+                f"{', '.join(paths)} ({len(everything)} Python file{'s' if len(everything) != 1 else ''}); "
+                "nothing was checked")
+    return plan
+
+
+def _nothing_selected(options: Options, config: Config) -> str:
+    """Why no rule is left: the selection and the ignores, and where each comes from."""
+    parts = []
+    if options.select:
+        parts.append(f"--select {','.join(split_codes(options.select))}")
+    elif config.select is not None:
+        parts.append(f"select = {config.select} in {config.path}")
+    for values, where in ((config.ignore, f" in {config.path}"), (split_codes(options.ignore), " (--ignore)")):
+        if values:
+            parts.append(f"ignore = {list(values)}{where}")
+    return (f"no rule is left to check ({'; '.join(parts) or 'the selection is empty'}): nothing would be "
+            "checked; select a rule, or ignore fewer")
 
 
 def _uses_cache(options: Options) -> bool:
@@ -390,7 +415,8 @@ def run(plan: Plan, stdin: Optional[BinaryIO] = None) -> Run:
         for i, _ in jobs:
             if cacheable(results[i]):
                 store.put(keys[i], results[i])
-    return Run(plan, [results[i] for i in range(len(plan.files))], warnings=warnings, snapshots=snapshots)
+    return Run(plan, [results[i] for i in range(len(plan.files))], warnings=plan.warnings + warnings,
+               snapshots=snapshots)
 
 
 def _size(n: int) -> str:
