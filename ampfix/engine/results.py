@@ -88,6 +88,7 @@ class FileResult:
     old_source: Optional[bytes] = None
     fixed: Dict[str, int] = field(default_factory=dict)  # "CODE" or "CODE: what" -> fixes applied
     found: Dict[str, int] = field(default_factory=dict)  # fixing: "CODE" -> findings before any fix
+    notes: List[str] = field(default_factory=list)  # warnings about this file (exit status unchanged)
 
 
 class InputError(Exception):

@@ -415,6 +415,7 @@ def run(plan: Plan, stdin: Optional[BinaryIO] = None) -> Run:
         for i, _ in jobs:
             if cacheable(results[i]):
                 store.put(keys[i], results[i])
+    warnings.extend(note for i in range(len(plan.files)) for note in results[i].notes)
     return Run(plan, [results[i] for i in range(len(plan.files))], warnings=plan.warnings + warnings,
                snapshots=snapshots)
 
