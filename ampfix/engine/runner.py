@@ -348,6 +348,7 @@ def run(plan: Plan, stdin: Optional[BinaryIO] = None) -> Run:
         store = Cache(cache_dir(plan.config.root))
         info = rulemeta.rule_info(registry.rule_facts, store.folder)
     snapshots: Dict[str, fileio.Snapshot] = {}
+    journals = fileio.Journals()
     for i, f in enumerate(plan.files):
         if f == "-":
             name = plan.options.stdin_filename or "-"
@@ -357,6 +358,9 @@ def run(plan: Plan, stdin: Optional[BinaryIO] = None) -> Run:
             results[i] = isolated(job) if guard.risky(data.decode("utf-8", "replace")) else _work(job)
             results[i].old_source = data
             continue
+        note = journals.recover(f)  # a rewrite killed half way through writing f: restored first
+        if note is not None:
+            warnings.append(note)
         try:
             size = os.stat(f).st_size
             if plan.max_file_size and size > plan.max_file_size:
@@ -438,23 +442,43 @@ def write_atomically(path: str, data: bytes) -> None:
 def write_fixes(run_: Run) -> List[str]:
     """Write every changed file back (re-checked, locked, see ampfix/engine/fileio.py); returns one
     error line per file that was not written. A file not written counts no fix: its result
-    gets its findings back, as `check` reports them."""
+    gets its findings back, as `check` reports them. A file given under two names (hard links,
+    a symlink and its target: the same device and inode) is written once."""
     errors = []
     fileio.sweep_folders(f for f in run_.plan.files if f != "-")  # temp files a killed run left
+    written: Dict[Tuple[int, int], Tuple[str, bytes]] = {}
     for i, (f, r) in enumerate(zip(run_.plan.files, run_.results)):
         if f == "-" or r.error is not None or r.new_source is None:
             continue
+        snapshot = run_.snapshots.get(f)
+        same = written.get(snapshot.identity) if snapshot is not None else None
+        if same is not None:
+            if same[1] == r.new_source:  # written already, under its other name: the fixes count once
+                r.new_source, r.fixed, r.found = None, {}, {}
+                continue
+            errors.append(f"{r.path}: error: not rewritten: it is the same file as {same[0]} (a link), which this run "
+                          "rewrote with other fixes (other per-file settings); run ampfix again")
+            _unfixed(run_, f, r, same[1])
+            continue
         try:
-            fileio.write_fixed(r.path, r.new_source, run_.snapshots.get(f))
+            fileio.write_fixed(r.path, r.new_source, snapshot)
+            if snapshot is not None:
+                written[snapshot.identity] = (r.path, r.new_source)
             continue
         except fileio.WriteRefused as exc:
             errors.append(f"{r.path}: error: {exc}")
+        except fileio.RestorePending as exc:
+            errors.append(f"{r.path}: error: {exc.strerror}")
         except OSError as exc:
             errors.append(f"{r.path}: error: cannot write: {exc.strerror or exc}; nothing was written")
-        old = r.old_source
-        check_only = replace(run_.plan.settings, add_noqa=False)
-        unfixed = _work((f, codes_for(f, run_.plan), check_only, False, old)) if old is not None else None
-        r.new_source, r.fixed, r.found = None, {}, {}
-        if unfixed is not None and unfixed.error is None:
-            r.diagnostics = unfixed.diagnostics
+        _unfixed(run_, f, r, r.old_source)
     return errors
+
+
+def _unfixed(run_: Run, f: str, r: FileResult, source: Optional[bytes]) -> None:
+    """`r` as `check` reports the file with `source` in it (its fixes were not written)."""
+    check_only = replace(run_.plan.settings, add_noqa=False)
+    unfixed = _work((f, codes_for(f, run_.plan), check_only, False, source)) if source is not None else None
+    r.new_source, r.fixed, r.found = None, {}, {}
+    if unfixed is not None and unfixed.error is None:
+        r.diagnostics = unfixed.diagnostics
