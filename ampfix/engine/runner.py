@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import tempfile
 import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -17,7 +16,7 @@ from typing import BinaryIO, Dict, List, Optional, Sequence, Tuple
 from ampfix.engine import fileio
 from ampfix.engine.config import Config, ConfigError, parse_size, parse_version, resolve_config
 from ampfix.engine.discovery import discover, matches_any
-from ampfix.engine import guard
+from ampfix.engine import guard, signals
 from ampfix.engine import registry, rulemeta
 from ampfix.engine.results import FileError, FileResult, InputError, Settings, decode_source
 from ampfix.engine.rulemeta import SelectionError
@@ -215,7 +214,8 @@ def _crashed(path: str, exitcode: Optional[int]) -> FileResult:
                           "code nested very deeply is the usual cause"))
 
 
-def _child(job: Job, conn) -> None:  # pragma: no cover - runs in the child process
+def _child(job: Job, conn, parent: int) -> None:  # pragma: no cover - runs in the child process
+    signals.child_setup(parent)
     try:
         conn.send(_work(job))
     finally:
@@ -223,16 +223,21 @@ def _child(job: Job, conn) -> None:  # pragma: no cover - runs in the child proc
 
 
 def isolated(job: Job) -> FileResult:
-    """`_work(job)` in a child process: a crash (segfault, abort) costs only this file."""
+    """`_work(job)` in a child process: a crash (segfault, abort) costs only this file. The
+    child dies with this process; stopped (Ctrl-C, SIGTERM), this process ends it first."""
     ctx = _mp_context()
     recv, send = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_child, args=(job, send), daemon=True)
+    proc = ctx.Process(target=_child, args=(job, send, os.getpid()), daemon=True)
     proc.start()
     send.close()
     try:
         result = recv.recv()
     except (EOFError, OSError):
         result = None
+    except BaseException:
+        proc.kill()
+        proc.join()
+        raise
     finally:
         recv.close()
     proc.join()
@@ -240,11 +245,33 @@ def isolated(job: Job) -> FileResult:
 
 
 _MARKS: Optional[str] = None
+RUN_PREFIX = "ampfix-run-"  # the pool's temporary folder: ampfix-run-<pid>-XXXXXXXX
 
 
-def _init_marks(folder: str) -> None:  # pragma: no cover - runs in the pool's workers
+def _init_worker(folder: str, parent: int) -> None:  # pragma: no cover - runs in the pool's workers
+    """A worker dies with the run (SIGKILL included) and leaves Ctrl-C to it."""
     global _MARKS
+    signals.child_setup(parent)
     _MARKS = folder
+
+
+def _kill_pool(pool) -> None:
+    """End a pool's workers now (the run is stopped): SIGKILL, then reap them."""
+    procs = list((getattr(pool, "_processes", None) or {}).values())
+    for p in procs:
+        try:
+            p.kill()
+        except (OSError, ValueError, AttributeError):
+            pass
+    try:
+        pool.shutdown(wait=False, cancel_futures=True)
+    except Exception:  # pragma: no cover - a pool already broken
+        pass
+    for p in procs:
+        try:
+            p.join(5)
+        except (OSError, ValueError, AssertionError, AttributeError):
+            pass
 
 
 def _marked_work(item: Tuple[int, Job]) -> FileResult:
@@ -262,27 +289,37 @@ def _marked_work(item: Tuple[int, Job]) -> FileResult:
 
 def _pool(jobs: List[Tuple[int, Job]], n: int, results: Dict[int, FileResult]) -> None:
     """Analyse `jobs` on `n` worker processes. When a worker dies (a native crash), the files
-    it was analysing are each re-run alone (`isolated`) and the others in a fresh pool."""
+    it was analysing are each re-run alone (`isolated`) and the others in a fresh pool. When
+    the run is stopped (Ctrl-C, SIGTERM: an exception here), the workers are killed and the
+    temporary folder removed before the exception goes on; a run killed with SIGKILL takes its
+    workers with it (`signals.child_setup`), and its folder is removed by the next run."""
     from concurrent.futures import ProcessPoolExecutor
     from concurrent.futures.process import BrokenProcessPool
 
+    signals.sweep_temp_folders(RUN_PREFIX)
     pending = list(jobs)
     while pending:
-        marks = tempfile.mkdtemp(prefix="ampfix-run-")
+        marks = signals.make_temp_folder(RUN_PREFIX)
         broken = False
+        pool = None
         try:
-            with ProcessPoolExecutor(max_workers=min(n, len(pending)), mp_context=_mp_context(),
-                                     initializer=_init_marks, initargs=(marks,)) as pool:
-                futures = [(i, job, pool.submit(_marked_work, (i, job))) for i, job in pending]
-                for i, job, fut in futures:
-                    try:
-                        results[i] = fut.result()
-                    except BrokenProcessPool:
-                        broken = True
-                    except Exception as exc:  # e.g. a result that cannot be sent back
-                        why = f"internal error: {type(exc).__name__}: {exc} (please report this file)"
-                        results[i] = FileResult(path=job[0], error=FileError(job[0], None, None, why))
+            pool = ProcessPoolExecutor(max_workers=min(n, len(pending)), mp_context=_mp_context(),
+                                       initializer=_init_worker, initargs=(marks, os.getpid()))
+            futures = [(i, job, pool.submit(_marked_work, (i, job))) for i, job in pending]
+            for i, job, fut in futures:
+                try:
+                    results[i] = fut.result()
+                except BrokenProcessPool:
+                    broken = True
+                except Exception as exc:  # e.g. a result that cannot be sent back
+                    why = f"internal error: {type(exc).__name__}: {exc} (please report this file)"
+                    results[i] = FileResult(path=job[0], error=FileError(job[0], None, None, why))
             suspects = {int(name) for name in os.listdir(marks)} if broken else set()
+            pool.shutdown(wait=True)
+        except BaseException:
+            if pool is not None:
+                _kill_pool(pool)
+            raise
         finally:
             shutil.rmtree(marks, ignore_errors=True)
         left = [(i, job) for i, job in pending if i not in results]
