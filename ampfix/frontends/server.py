@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import List, Optional, Sequence, Tuple
+import sys
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from lsprotocol import types
 from pygls.lsp.server import LanguageServer
@@ -19,6 +20,7 @@ from pygls.uris import to_fs_path
 from ampfix import __version__
 
 from ampfix.engine import runner
+from ampfix.frontends import lsp_io
 from ampfix.engine.analyze import Diagnostic, InputError, Settings, TextEdit, fix_suggestions, fix_text, text_edits
 from ampfix.engine.registry import all_rules
 
@@ -32,7 +34,10 @@ class AmpfixServer(LanguageServer):
     pass
 
 
-server = AmpfixServer("ampfix", __version__)
+# the transport (framing, params, lifecycle, one-line errors) is ampfix/frontends/lsp_io.py
+server = AmpfixServer("ampfix", __version__, protocol_cls=lsp_io.Protocol)
+_shown_config_errors: set = set()  # a broken configuration is said once, not on every keystroke
+_last_good: Dict[str, list] = {}  # uri -> the diagnostics of its last version that parsed
 
 
 def _is_python(doc) -> bool:
@@ -51,11 +56,15 @@ def _setup(path: Optional[str]) -> Optional[Tuple[list, Settings]]:
     try:
         plan = runner.make_plan(options)
     except runner.OptionsError as exc:
-        # a broken configuration: say so, and check with the defaults meanwhile
-        server.window_show_message(types.ShowMessageParams(type=types.MessageType.Error, message=f"ampfix: {exc}"))
+        # a broken configuration: say so (once), and check with the defaults meanwhile
+        if str(exc) not in _shown_config_errors:
+            _shown_config_errors.add(str(exc))
+            server.window_show_message(types.ShowMessageParams(type=types.MessageType.Error,
+                                                               message=f"ampfix: {exc}"))
         from ampfix.engine.registry import select_rules
 
         return select_rules(None, []), Settings()
+    _shown_config_errors.clear()  # fixed: a later error is news again
     if os.path.isfile(path) and not plan.files:
         return None  # excluded by the configuration
     rules = all_rules()
@@ -87,7 +96,9 @@ def _lsp_diagnostic(doc, d: Diagnostic) -> types.Diagnostic:
                             source=SOURCE, tags=tags, data={"fix": d.fix, "name": d.name})
 
 
-def _findings(doc) -> List[Diagnostic]:
+def _findings(doc) -> Optional[List[Diagnostic]]:
+    """The findings in `doc`; None when it cannot be analysed as it is (a syntax error while
+    the user types: the Python tooling shows it)."""
     path = to_fs_path(doc.uri) if doc.uri.startswith("file:") else None
     setup = _setup(path)
     if setup is None:
@@ -95,17 +106,19 @@ def _findings(doc) -> List[Diagnostic]:
     rules, settings = setup
     try:
         return fix_suggestions(doc.source, path or doc.uri, rules, settings)
-    except InputError:  # a syntax error while typing: the Python tooling shows it
-        return []
-    except RecursionError:
-        return []
+    except (InputError, RecursionError):
+        return None
 
 
 def publish(ls: LanguageServer, uri: str) -> None:
     doc = ls.workspace.get_text_document(uri)
     if not _is_python(doc):
         return
-    diags = [_lsp_diagnostic(doc, d) for d in _findings(doc)]
+    found = _findings(doc)
+    if found is None:  # mid-edit syntax error: the last good diagnostics stay
+        diags = _last_good.get(uri, [])
+    else:
+        diags = _last_good[uri] = [_lsp_diagnostic(doc, d) for d in found]
     ls.text_document_publish_diagnostics(types.PublishDiagnosticsParams(uri=uri, version=doc.version,
                                                                         diagnostics=diags))
 
@@ -127,6 +140,7 @@ def did_save(ls: LanguageServer, params: types.DidSaveTextDocumentParams) -> Non
 
 @server.feature(types.TEXT_DOCUMENT_DID_CLOSE)
 def did_close(ls: LanguageServer, params: types.DidCloseTextDocumentParams) -> None:
+    _last_good.pop(params.text_document.uri, None)
     ls.text_document_publish_diagnostics(types.PublishDiagnosticsParams(uri=params.text_document.uri, diagnostics=[]))
 
 
@@ -146,12 +160,14 @@ def _wanted(kinds: Optional[Sequence[str]], kind: str) -> bool:
     types.CodeActionOptions(code_action_kinds=[types.CodeActionKind.QuickFix, FIX_ALL_KIND], resolve_provider=False),
 )
 def code_action(ls: LanguageServer, params: types.CodeActionParams) -> List[types.CodeAction]:
+    if not lsp_io.is_open(ls, params.text_document.uri):
+        return []  # never opened (or closed): nothing of ampfix's to offer
     doc = ls.workspace.get_text_document(params.text_document.uri)
     if not _is_python(doc):
         return []
     kinds = params.context.only
     actions: List[types.CodeAction] = []
-    findings = _findings(doc)
+    findings = _findings(doc) or []
     if _wanted(kinds, types.CodeActionKind.QuickFix.value):
         for d in findings:
             fe = d.fix_edit
@@ -188,4 +204,4 @@ def code_action(ls: LanguageServer, params: types.CodeActionParams) -> List[type
 
 
 def main() -> None:
-    server.start_io()
+    sys.exit(lsp_io.serve(server))
