@@ -18,6 +18,7 @@ from typing import Dict, List, Optional
 
 import click
 
+from ampfix.engine import signals
 from ampfix.verify import checks as C
 from ampfix.verify import report
 from ampfix.verify.runner import RunOptions, RunResult, RunSpec, make_tmpdir, run_one
@@ -168,9 +169,15 @@ def verify(script, script_args, fixed, steps, warmup, reps, device, threads, see
     so and asks first when stdin is a terminal (--yes does not ask).
 
     Exit status: 0 every check passes, 1 a check fails or is inconclusive, 2 the script could
-    not be run.  Arguments after `--` are passed to the script.
+    not be run; stopped by Ctrl-C or SIGTERM, 130 or 143 (the runs and the temporary folder
+    are gone first).  Arguments after `--` are passed to the script.
     """
-    sys.exit(_verify(**locals()))
+    try:
+        with signals.terminable():
+            code = _verify(**locals())
+    except (KeyboardInterrupt, signals.Terminated) as exc:  # the runs ended and the folder removed on the way
+        sys.exit(signals.exit_status(exc))
+    sys.exit(code)
 
 
 def _consent(script: str, fixed: Optional[str], yes: bool) -> bool:
@@ -249,7 +256,8 @@ def _verify(script, script_args, fixed, steps, warmup, reps, device, threads, se
         if keep:
             click.echo("ampfix verify: kept %s" % tmpdir, err=True)
         else:
-            shutil.rmtree(tmpdir, ignore_errors=True)
+            with signals.critical():  # a second Ctrl-C does not leave half a folder
+                shutil.rmtree(tmpdir, ignore_errors=True)
 
 
 def _verify_in(tmpdir, script, script_args, fixed, steps, warmup, reps, device, threads, seed,
