@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from ampfix.engine.budget import DEFAULT_MAX_FILE_MEMORY
 from ampfix.knowledge.torch_versions import DEFAULT_MIN_TORCH  # noqa: F401  (re-exported)
 
 if sys.version_info >= (3, 11):
@@ -17,7 +18,7 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 KNOWN_KEYS = {"select", "ignore", "exclude", "extend-exclude", "per-file-ignores", "min-torch-version",
-              "max-file-size"}
+              "max-file-size", "max-file-memory"}
 DEFAULT_MAX_FILE_SIZE = 4 * 1024 * 1024  # bytes; larger files are skipped (reported), not analysed
 _UNITS = {"": 1, "b": 1, "kb": 1000, "kib": 1024, "mb": 1000 ** 2, "mib": 1024 ** 2, "gb": 1000 ** 3,
           "gib": 1024 ** 3}
@@ -36,6 +37,7 @@ class Config:
     per_file_ignores: Dict[str, List[str]] = field(default_factory=dict)
     min_torch_version: Tuple[int, ...] = DEFAULT_MIN_TORCH
     max_file_size: int = DEFAULT_MAX_FILE_SIZE
+    max_file_memory: int = DEFAULT_MAX_FILE_MEMORY  # estimated before parsing (ampfix/engine/budget.py)
 
     @property
     def root(self) -> Path:
@@ -152,6 +154,8 @@ def load_config(path: Optional[Path]) -> Config:
         cfg.min_torch_version = parse_version(table["min-torch-version"], where)
     if "max-file-size" in table:
         cfg.max_file_size = parse_size(table["max-file-size"], where)
+    if "max-file-memory" in table:
+        cfg.max_file_memory = parse_size(table["max-file-memory"], where, "max-file-memory")
     return cfg
 
 

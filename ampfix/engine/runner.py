@@ -46,6 +46,7 @@ class Options:
     details: bool = False  # attach each finding's fix as edits (SARIF, `full` text, the language server)
     add_noqa: bool = False  # add `# noqa: CODE` to each finding's line instead of fixing
     max_file_size: Optional[str] = None  # --max-file-size (else the config's, else 4 MiB)
+    max_file_memory: Optional[str] = None  # the config's `max-file-memory` unless given (else 1 GiB)
     no_cache: bool = False  # --no-cache
 
 
@@ -62,6 +63,7 @@ class Plan:
     max_file_size: int = 0
     problems: List[str] = field(default_factory=list)  # paths that could not be read while discovering
     warnings: List[str] = field(default_factory=list)  # e.g. every file excluded (exit status unchanged)
+    max_file_memory: int = 0  # the bound on one file's analysis, estimated before parsing (0: none)
 
 
 @dataclass
@@ -112,6 +114,8 @@ def make_plan(options: Options) -> Plan:
                        if options.min_torch_version else config.min_torch_version)
         max_size = (parse_size(options.max_file_size, "--max-file-size", "--max-file-size")
                     if options.max_file_size else config.max_file_size)
+        max_memory = (parse_size(options.max_file_memory, "max_file_memory", "max-file-memory")
+                      if options.max_file_memory else config.max_file_memory)
     except (ConfigError, SelectionError) as exc:
         raise OptionsError(str(exc)) from None
     selection = cli_select if cli_select is not None else cfg_select
@@ -124,6 +128,7 @@ def make_plan(options: Options) -> Plan:
     settings = Settings(min_torch_version=min_version, unsafe_fixes=options.unsafe_fixes, details=options.details,
                         add_noqa=options.add_noqa)
     plan = Plan(options, config, tuple(codes), files, missing, settings, max_size, problems)
+    plan.max_file_memory = max_memory
     if not files and not missing and config.exclude and any(os.path.isdir(p) for p in paths if p != "-"):
         everything, _ = discover(paths, (), config.root, problems=[])
         if everything:
@@ -391,6 +396,11 @@ def run(plan: Plan, stdin: Optional[BinaryIO] = None) -> Run:
             name = plan.options.stdin_filename or "-"
             data = (stdin or sys.stdin.buffer).read()
             file_codes = codes_for(name, plan) if plan.options.stdin_filename else plan.codes
+            too_big = _over_memory(name, data, plan.max_file_memory)
+            if too_big is not None:
+                results[i] = FileResult(path=name, old_source=data)
+                warnings.append(too_big)
+                continue
             job = (name, file_codes, plan.settings, fix, data)
             results[i] = isolated(job) if guard.risky(data.decode("utf-8", "replace")) else _work(job)
             results[i].old_source = data
@@ -438,11 +448,15 @@ def run(plan: Plan, stdin: Optional[BinaryIO] = None) -> Run:
                 if cacheable(early):
                     store.put(keys[i], early)
                 continue
-            jobs.append((i, (f, file_codes, plan.settings, fix, data)))
-            continue
-        early = _needs_analysis(f, data, file_codes, risky)
-        if early is not None:
-            results[i] = early
+        else:
+            early = _needs_analysis(f, data, file_codes, risky)
+            if early is not None:
+                results[i] = early
+                continue
+        too_big = _over_memory(f, data, plan.max_file_memory)
+        if too_big is not None:
+            results[i] = FileResult(path=f)
+            warnings.append(too_big)
             continue
         jobs.append((i, (f, file_codes, plan.settings, fix, data)))
     n = workers(plan.options.jobs, len(jobs))
@@ -459,6 +473,22 @@ def run(plan: Plan, stdin: Optional[BinaryIO] = None) -> Run:
     warnings.extend(note for i in range(len(plan.files)) for note in results[i].notes)
     return Run(plan, [results[i] for i in range(len(plan.files))], warnings=plan.warnings + warnings,
                snapshots=snapshots)
+
+
+def _over_memory(path: str, data: bytes, limit: int) -> Optional[str]:
+    """A warning when analysing the file would take more memory than `limit` (estimated from
+    its tokens before it is parsed, see ampfix/engine/budget.py), else None."""
+    from ampfix.engine import budget
+
+    if not limit or len(data) * (budget.BYTES_PER_TOKEN + budget.BYTES_PER_BYTE) <= limit:
+        return None  # cannot be over: at most one token per byte
+    text = data.decode("utf-8", "replace")
+    need = budget.estimate(text)
+    if need <= limit:
+        return None
+    return (f"{path}: warning: skipped, not analysed: analysing it would take about {_size(need)} of memory "
+            f"({budget.tokens(text)} tokens), over max-file-memory ({_size(limit)}; set `max-file-memory` in "
+            "[tool.ampfix] to check it)")
 
 
 def _size(n: int) -> str:

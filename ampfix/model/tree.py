@@ -14,7 +14,9 @@ from __future__ import annotations
 from typing import Dict, Iterator, List, Optional, Set, Tuple
 
 import libcst as cst
-from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
+from libcst.metadata import CodeRange
+
+from ampfix.model.positions import Positions
 
 BLOCK_TYPES = (cst.IndentedBlock, cst.Module)
 SCOPE_TYPES = (cst.FunctionDef, cst.Lambda, cst.ClassDef, cst.Module)
@@ -167,7 +169,7 @@ class Tree:
         module.visit(index)
         self._index = index
         self._parents = index.parents
-        self._positions: Optional[Dict[cst.CSTNode, CodeRange]] = None
+        self._positions: Optional[Positions] = None
 
     # ---------------------------------------------------------------- navigation
     def parent(self, node: cst.CSTNode) -> Optional[cst.CSTNode]:
@@ -183,9 +185,10 @@ class Tree:
         return any(p is anc for p in self.ancestors(node))
 
     def position(self, node: cst.CSTNode) -> CodeRange:
-        """Line/column range of `node` (computed on first use: only reported nodes need it)."""
+        """Line/column range of `node` (computed on first use, per top-level statement: only
+        reported nodes need it; see ampfix/model/positions.py)."""
         if self._positions is None:
-            self._positions = MetadataWrapper(self.module, unsafe_skip_copy=True).resolve(PositionProvider)
+            self._positions = Positions(self.module, self._parents.get)
         return self._positions[node]
 
     def start(self, node: cst.CSTNode) -> Tuple[int, int]:
