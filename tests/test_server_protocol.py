@@ -303,3 +303,59 @@ async def test_a_configuration_error_is_shown_once(client: LanguageClient, tmp_p
     _change(client, uris[2], 2, BAD_CLIP + "# broken again\n")
     await _next_diagnostics(client, uris[2])
     assert len([m for m in client.messages if "AMP777" in m.message]) == 2
+
+
+# ----------------------------------------------------------------------------- the framer alone
+
+
+def _framed(obj, delta=0):
+    body = json.dumps(obj).encode()
+    return f"Content-Length: {len(body) + delta}\r\n\r\n".encode() + body
+
+
+def _framer_items(chunks, settle=0.05):
+    """What `Framer` reads from a real pipe fed `chunks` (with a pause between them)."""
+    from ampfix.frontends.lsp_io import Framer
+
+    r, w = os.pipe()
+
+    def feed():
+        for chunk in chunks:
+            os.write(w, chunk)
+            time.sleep(0.1)
+        os.close(w)
+
+    threading.Thread(target=feed, daemon=True).start()
+    framer = Framer(r, settle=settle)
+    out = []
+    while True:
+        item = framer.next()
+        if item is None:
+            break
+        kind, payload = item
+        out.append((kind, json.loads(payload) if kind == "message" else payload))
+    os.close(r)
+    return out
+
+
+def test_framer_reads_messages_split_and_joined_anyhow():
+    a, b, c = ({"jsonrpc": "2.0", "id": i, "method": "m", "params": {"x": "é" * i}} for i in range(3))
+    stream = _framed(a) + _framed(b) + _framed(c)
+    assert _framer_items([stream]) == [("message", a), ("message", b), ("message", c)]
+    pieces = [stream[i: i + 7] for i in range(0, len(stream), 7)]
+    assert _framer_items(pieces) == [("message", a), ("message", b), ("message", c)]
+    lower = _framed(a).replace(b"Content-Length", b"content-length")
+    typed = _framed(b).replace(b"\r\n\r\n", b"\r\nContent-Type: application/vscode-jsonrpc; charset=utf-8\r\n\r\n")
+    assert _framer_items([lower + typed]) == [("message", a), ("message", b)]
+
+
+def test_framer_recovers_from_wrong_lengths_oversized_headers_and_garbage():
+    a, b = {"jsonrpc": "2.0", "id": 1, "method": "m"}, {"jsonrpc": "2.0", "id": 2, "method": "n"}
+    assert _framer_items([_framed(a, -5) + _framed(b)]) == [("message", a), ("message", b)]
+    assert _framer_items([_framed(a, -5), _framed(b)]) == [("message", a), ("message", b)]
+    assert _framer_items([_framed(a, +5) + _framed(b)]) == [("message", a), ("message", b)]
+    assert _framer_items([_framed(a, +5)]) == [("message", a)]  # nothing more comes: taken as it is
+    items = _framer_items([b"Content-Length: 99999999999999\r\n\r\n" + json.dumps(a).encode(), _framed(b)])
+    assert items[0] == ("oversized", 99999999999999) and items[1][0] == "garbage" and items[2] == ("message", b)
+    items = _framer_items([b"\x00\x01junk\r\n" + _framed(a) + b"more junk" + _framed(b)])
+    assert [k for k, _ in items] == ["garbage", "message", "garbage", "message"]

@@ -41,6 +41,17 @@ MAX_MESSAGE = 64 * 1024 * 1024  # bytes of one message; an editor's largest file
 MAX_HEADERS = 8 * 1024
 _HEADER_RE = re.compile(rb"content-length[ \t]*:[ \t]*(\d+)[ \t]*\r?\n", re.IGNORECASE)
 _END_RE = re.compile(rb"\r?\n\r?\n")
+# the beginning of a `Content-Length: N` line, cut where the bytes that came so far end
+
+
+def _partial(word: bytes, tail: bytes) -> "re.Pattern[bytes]":
+    pattern = tail
+    for ch in reversed(word[1:]):
+        pattern = re.escape(bytes([ch])) + b"(?:" + pattern + b")?"
+    return re.compile(re.escape(word[:1]) + b"(?:" + pattern + b")?\\Z", re.IGNORECASE)
+
+
+_PARTIAL_RE = _partial(b"content-length", rb"[ \t]*(?::[ \t]*\d*[ \t]*\r?)?")
 _ID_RE = re.compile(rb'"id"\s*:\s*(-?\d+|"(?:[^"\\]|\\.)*")')
 
 PARSE_ERROR, INVALID_REQUEST, INVALID_PARAMS, INTERNAL_ERROR = -32700, -32600, -32602, -32603
@@ -79,14 +90,16 @@ class Framer:
         while True:
             m = _HEADER_RE.search(self.buf)
             if m is None:
-                keep = max(len(self.buf) - 64, 0)  # the start of a header may be at the end
+                partial = _PARTIAL_RE.search(self.buf)  # the start of a header may be at the end
+                keep = partial.start() if partial and partial.end() > partial.start() else len(self.buf)
                 if len(garbage) < MAX_MESSAGE:
                     garbage += self.buf[:keep]
                 del self.buf[:keep]
-                waiting = bool(garbage.strip() or self.buf.strip())
-                if not self._fill(self.settle if waiting else None):
-                    garbage += self.buf
-                    self.buf.clear()
+                # bytes that cannot be a message: looked at once no more come for a moment
+                if not self._fill(self.settle if garbage.strip() else None):
+                    if self.eof:
+                        garbage += self.buf
+                        self.buf.clear()
                     if garbage.strip():
                         return ("garbage", bytes(garbage))
                     if self.eof:
