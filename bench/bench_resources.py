@@ -3,7 +3,7 @@ finding (issue 22: "1 MB of simple lines costs 37 s and 2 GB"), this checkout ag
 baseline checkout, interleaved in one run.
 
     python bench/bench_resources.py [--lines 20000 40000 80000 170000] [--baseline /path/to/old/checkout]
-        [--shape short|long] [--profile N]
+        [--reps N] [--shape short|long] [--profile N]
 
 Each file is the AMP007 trainer of tests/test_robust_check.py followed by N lines `aK = K`
 (--shape short, 5-7 bytes a line) or `x_K_padding_name = K` (long, ~25 bytes). Each run is a
@@ -58,6 +58,12 @@ def run(path: Path, pythonpath: str):
     return time.perf_counter() - t, usage.ru_maxrss / 1024, found
 
 
+def _median(runs):
+    runs = sorted(runs)
+    mid = runs[len(runs) // 2]
+    return mid[0], sorted(r[1] for r in runs)[len(runs) // 2], all(r[2] for r in runs)
+
+
 def main() -> None:
     from ampfix.engine import budget
 
@@ -65,6 +71,7 @@ def main() -> None:
     ap.add_argument("--lines", type=int, nargs="+", default=[20000, 40000, 80000, 170000])
     ap.add_argument("--baseline", default=None, help="a checkout of the code before the change")
     ap.add_argument("--shape", choices=["short", "long"], default="short")
+    ap.add_argument("--reps", type=int, default=1, help="runs of each (interleaved); the medians are shown")
     ap.add_argument("--profile", type=int, default=None, help="cProfile the analysis of N lines instead")
     args = ap.parse_args()
     if args.profile:
@@ -94,11 +101,17 @@ def main() -> None:
             path = folder / f"gen_{n}.py"
             path.write_text(text)
             row = f"| {n} | {len(text.encode())} | {budget.tokens(text)} | {budget.estimate(text) / 2 ** 20:.0f} |"
+            new_runs, base_runs = [], []
             if args.baseline:
                 (base_folder / path.name).write_text(text)
-                bs, bm, bfound = run(base_folder / path.name, args.baseline)
-            s, m, found = run(path, str(ROOT))
+            for _ in range(args.reps):
+                if args.baseline:
+                    base_runs.append(run(base_folder / path.name, args.baseline))
+                new_runs.append(run(path, str(ROOT)))
+            s, m, found = _median(new_runs)
             assert found, "the finding was not reported"
+            if args.baseline:
+                bs, bm, bfound = _median(base_runs)
             row += f" {s:.1f} | {m:.0f} |"
             if args.baseline:
                 assert bfound

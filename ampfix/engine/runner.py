@@ -127,8 +127,8 @@ def make_plan(options: Options) -> Plan:
                               problems=problems)
     settings = Settings(min_torch_version=min_version, unsafe_fixes=options.unsafe_fixes, details=options.details,
                         add_noqa=options.add_noqa)
-    plan = Plan(options, config, tuple(codes), files, missing, settings, max_size, problems)
-    plan.max_file_memory = max_memory
+    plan = Plan(options, config, tuple(codes), files, missing, settings, max_size, problems,
+                max_file_memory=max_memory)
     if not files and not missing and config.exclude and any(os.path.isdir(p) for p in paths if p != "-"):
         everything, _ = discover(paths, (), config.root, problems=[])
         if everything:

@@ -64,7 +64,8 @@ def _setup(path: Optional[str]) -> Optional[Tuple[list, Settings]]:
         from ampfix.engine.registry import select_rules
 
         return select_rules(None, []), Settings()
-    _shown_config_errors.clear()  # fixed: a later error is news again
+    if plan.config.path is not None:  # this configuration works (again): a later error in it is news
+        _shown_config_errors.difference_update({m for m in _shown_config_errors if str(plan.config.path) in m})
     if os.path.isfile(path) and not plan.files:
         return None  # excluded by the configuration
     rules = all_rules()
