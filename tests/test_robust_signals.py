@@ -172,3 +172,27 @@ def test_sigterm_while_a_risky_file_is_parsed_in_a_child(tmp_path):
     code, out, err = _finish(proc)
     assert code == 143 and "Traceback" not in err, err
     _assert_all_gone(child)
+
+
+def test_critical_sections_hold_ctrl_c_and_sigterm_back_until_they_end():
+    """What the in-place write relies on, in a process of its own (real signals to itself)."""
+    code = (
+        "import os, signal\n"
+        "from ampfix.engine import signals\n"
+        "done = []\n"
+        "for sig, exc in ((signal.SIGINT, KeyboardInterrupt), (signal.SIGTERM, signals.Terminated)):\n"
+        "    try:\n"
+        "        with signals.terminable():\n"
+        "            with signals.critical():\n"
+        "                os.kill(os.getpid(), sig)\n"
+        "                for _ in range(1000):\n"
+        "                    sum(range(100))  # bytecodes run: the handler would have raised here\n"
+        "                done.append(sig)\n"
+        "    except exc:\n"
+        "        done.append('raised after')\n"
+        "assert done == [signal.SIGINT, 'raised after', signal.SIGTERM, 'raised after'], done\n"
+        "assert signal.getsignal(signal.SIGINT) is signal.default_int_handler\n"
+        "print('ok')\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, env=dict(os.environ, PYTHONPATH=str(ROOT)),
+                         timeout=TIMEOUT)
+    assert res.returncode == 0 and res.stdout == b"ok\n", res.stderr
