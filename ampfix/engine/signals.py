@@ -46,6 +46,21 @@ def exit_status(exc: BaseException) -> int:
     return 128 + signal.SIGINT
 
 
+def leave(status: int) -> None:
+    """End the process with `status` once a stopped run has cleaned up. When a thread is still
+    at work (the analysis runs on a thread of its own, maybe inside LibCST's native parser),
+    the interpreter's finalization would abort the process (SIGABRT) under it: then the
+    streams are flushed and the process ends at once."""
+    if threading.active_count() > 1:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(status)
+    sys.exit(status)
+
+
 _state = threading.local()
 _pending: List[int] = []
 

@@ -130,7 +130,7 @@ class _Main(click.Group):
             with signals.terminable():  # SIGTERM/SIGHUP: clean up on the way out, like Ctrl-C
                 return super().invoke(ctx)
         except (KeyboardInterrupt, signals.Terminated) as exc:  # workers, children, temp folders are gone
-            ctx.exit(signals.exit_status(exc))
+            signals.leave(signals.exit_status(exc))
         except _ReportWriteError as exc:
             _silence_stdout()
             click.echo(f"error: {exc}", err=True)

@@ -176,7 +176,7 @@ def verify(script, script_args, fixed, steps, warmup, reps, device, threads, see
         with signals.terminable():
             code = _verify(**locals())
     except (KeyboardInterrupt, signals.Terminated) as exc:  # the runs ended and the folder removed on the way
-        sys.exit(signals.exit_status(exc))
+        signals.leave(signals.exit_status(exc))
     sys.exit(code)
 
 
