@@ -2,7 +2,7 @@
 them before it analyses anything (see ampfix/engine/rulemeta.py). Do not edit; regenerate.
 """
 
-DIGEST = '5ac9810c220653263d5dda4a320f3fb6afddf0c090ac9f557c5a26dc025a4598'
+DIGEST = '1e1b86937d8b09680307b611875352d22221e53539bd4f872653c64c41880d7e'
 
 RULES = [
     ('AMP001', 'backward-in-autocast', True, ('autocast',), (),
@@ -37,6 +37,8 @@ RULES = [
      (('bfloat16', 'autocast'),), (('GradScaler',),), False),
     ('AMP016', 'autocast-dtype-ignored', True, ('autocast',), (),
      (('dtype', 'GradScaler'),), (('autocast',),), False),
+    ('AMP017', 'fp16-without-loss-scaling', True, ('autocast',), (),
+     (('backward',),), (('backward', 'autocast'),), False),
     ('AMP101', 'deprecated-amp-api', True, ('cuda.amp', 'cpu.amp', 'torch.cuda import', 'torch.cpu import'), (),
      (), None, False),
     ('AMP102', 'apex-amp', True, ('apex',), (),
