@@ -22,7 +22,7 @@ from typing import FrozenSet, List, NamedTuple, Optional, Set, Tuple
 import libcst as cst
 
 from ampfix.model.regions import Region
-from ampfix.model.syntax import call_name, literal_string
+from ampfix.model.syntax import call_name, get_arg, literal_string
 from ampfix.model.tree import dotted
 from ampfix.model.values import ReturnedElement
 
