@@ -350,9 +350,10 @@ def _verify_in(tmpdir, script, script_args, fixed, steps, warmup, reps, device, 
         kind = "safe and unsafe fixes" if unsafe else "safe fixes"
         notes.append("ampfix rewrote the script (%s) into a temporary copy" % kind
                      if rewritten else "ampfix made no changes: the script is verified as written")
+        # tracebacks and warnings of the copy name the user's script (its lines, when rewritten)
+        relabel = relabeller(fixed_path, script, line_map(source, new))
         if rewritten:
             fixes = fixes_applied(found, applied)
-            relabel = relabeller(fixed_path, script, line_map(source, new))
 
     th = C.Thresholds(max_gap=max_gap, final_gap=final_gap, min_reduction=min_reduction,
                       max_skipped=max_skipped, require_speedup=require_speedup,
