@@ -288,11 +288,12 @@ def test_rewrite_reports_remaining_unfixable(tmp_path):
 def test_unsafe_fixes_only_on_request(tmp_path):
     src = (FIXTURES / "rules" / "AMP001" / "bad_unsafe.py").read_text()
     p = write(tmp_path, "t.py", src)
-    res = run_ampfix("rewrite", p)
+    # AMP001's golden: the file also trains float16 unscaled (AMP017, whose fix adds a GradScaler)
+    res = run_ampfix("rewrite", p, "--select", "AMP001")
     assert res.returncode == 1
     assert p.read_text() == src
     assert "fixable with `--unsafe-fixes`" in out(res)[0]
-    run_ampfix("rewrite", "--unsafe-fixes", p)
+    run_ampfix("rewrite", "--unsafe-fixes", "--select", "AMP001", p)
     assert p.read_text() == (FIXTURES / "rules" / "AMP001" / "bad_unsafe.unsafe.py").read_text()
 
 

@@ -83,12 +83,18 @@ def test_warm_check_still_validates_select(tree):
     assert code == 2 and "unknown rule code or prefix 'AMP999'" in err
 
 
-def test_rule_facts_kept_in_the_cache_folder_match_the_registry(tmp_path):
+def test_rule_facts_kept_in_the_cache_folder_match_the_registry(tmp_path, monkeypatch):
+    rulemeta._INFO.clear()
+    # the shipped table matches the rules: it answers, and nothing is kept in the folder
+    assert rulemeta.rule_info(registry.rule_facts, tmp_path) == registry.rule_facts()
+    assert not list(tmp_path.glob("v*/rules-*.json"))
+    # a table that does not match (a rule edited in a checkout): the facts are kept in the folder
+    monkeypatch.setattr(rulemeta, "shipped_facts", lambda: None)
     rulemeta._INFO.clear()
     first = rulemeta.rule_info(registry.rule_facts, tmp_path)
-    assert list(tmp_path.glob("v*/rules-*.json"))
+    assert [p.name for p in tmp_path.glob("v*/rules-*.json")] == [f"rules-{rulemeta.source_digest()}.json"]
     rulemeta._INFO.clear()
-    again = rulemeta.rule_info(registry.rule_facts, tmp_path)  # read back from the JSON
+    again = rulemeta.rule_info(lambda: pytest.fail("read from the rules again"), tmp_path)  # read back from the JSON
     rulemeta._INFO.clear()
     assert first == again == registry.rule_facts()
     assert list(again) == list(all_rules())

@@ -186,7 +186,7 @@ def project_for(path: str, settings: Settings):
     from ampfix.project.layout import find_root
 
     root = str(find_root(Path(os.path.abspath(path))))
-    key = (root, settings.cache_folder)
+    key = (root, settings.cache_folder, settings.max_file_memory)
     project = _PROJECTS.get(key)
     if project is None:
         store = None
@@ -194,7 +194,8 @@ def project_for(path: str, settings: Settings):
             from ampfix.engine.cache import Summaries
 
             store = Summaries(Path(settings.cache_folder))
-        project = _PROJECTS[key] = Project(Path(root), store=store, parse=_parse_quietly)
+        project = _PROJECTS[key] = Project(Path(root), store=store, parse=_parse_quietly,
+                                           max_memory=settings.max_file_memory)
     return project
 
 

@@ -5,18 +5,27 @@ nothing (ruff-style).
   ampfix (else in the current folder). The folder holds a `.gitignore` (`*`) and a
   `CACHEDIR.TAG`, so that it is never committed nor backed up.
 * Key of an entry: a SHA-256 over the file's content and reported path, ampfix's version and a
-  fingerprint of its own code (the size and mtime of every module of ampfix and of its rules: an
-  edited rule invalidates the cache), the rule codes that apply to the file and the settings.
+  fingerprint of its own code (a hash of the content of every module of ampfix and of its
+  rules: an edited rule invalidates the cache), the rule codes that apply to the file and the
+  settings.
 * An entry is JSON (never pickle: a cache folder can come with a checkout), written to a
   temporary file in the same folder and renamed into place, so concurrent runs never read half
-  an entry; an unreadable or malformed entry is a miss.
+  an entry. It is believed only when it passes the checks of `ampfix.engine.entries` (its
+  kind, its key, a checksum, and the kind's validator: a finding of this file, by a rule that
+  applies to it, at a real position, with related locations, fix edits and dependencies of
+  the shapes ampfix writes); anything else (unreadable, malformed, edited, copied from
+  another key) is a miss, and the file is analysed.
 * Only checking is cached: `rewrite` and `--add-noqa` always analyse. A report that carries the
   fixes (`json`, `sarif`, `full`) keeps them in its entries (their settings differ, so they are
   entries of their own).
+* A result that depends on other modules of the project (`FileResult.deps`: path -> SHA-256)
+  is a miss as soon as one of them changed. Module summaries (the project layer's store,
+  `Summaries`) are entries of their own kind, sealed and validated the same way.
 * Every verdict on a file is kept, "no selected rule's trigger" and "cannot decode" included, and
   the cache is looked up before anything else (`runner.run`): a warm run hashes and reads, and
   imports neither LibCST nor the rules. What it needs to know of the rules (codes, default set,
-  triggers) is kept here too, as `v<version>/rules-<fingerprint>.json` (`ampfix.engine.rulemeta`).
+  triggers) comes from the shipped table, or, when the rules' sources are not the ones it was
+  made for, is kept here too, as `v<version>/rules-<digest>.json` (`ampfix.engine.rulemeta`).
 """
 
 from __future__ import annotations
@@ -24,10 +33,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Callable, Dict, Optional, Sequence
 
 from ampfix import __version__
+from ampfix.engine import entries as E
 from ampfix.engine.results import Diagnostic, FileError, FileResult, FixEdit, Settings, TextEdit, file_digest
 from ampfix.engine.rulemeta import fingerprint as _code_fingerprint, write_json
 
@@ -39,6 +50,136 @@ def cache_dir(project_root: Path) -> Path:
     return Path(env) if env else project_root / DIR_NAME
 
 
+# ----------------------------------------------------------------------------- kinds of entry
+# One encoder and one validator per kind (see ampfix/engine/entries.py); a new kind of entry
+# (a project summary, say) is one more `E.Kind` and its two functions.
+
+FIXES = (None, "safe", "unsafe", "display")
+LEVELS = ("error", "warning", "note")
+
+
+def _encode_error(e: FileError) -> dict:
+    return dict(e.__dict__)
+
+
+def _encode_result(result: FileResult) -> dict:
+    return {
+        "diagnostics": [{**d.to_json(), "noqa_lines": list(d.noqa_lines), "source_lines": list(d.source_lines),
+                         "fix_edit": _fix_json(d.fix_edit)} for d in result.diagnostics],
+        "error": None if result.error is None else _encode_error(result.error),
+        "notes": [_encode_error(n) for n in result.notes],
+        "deps": dict(result.deps),
+    }
+
+
+def _range(line: int, column: int, end_line: int, end_column: int) -> None:
+    if (end_line, end_column) < (line, column):
+        raise E.Invalid("a range that ends before it starts")
+
+
+def _decode_related(raw) -> dict:
+    r = E.obj(raw, ["path", "line", "column", "message"])
+    return {"path": E.string(r["path"], nonempty=True), "line": E.integer(r["line"], 1),
+            "column": E.integer(r["column"], 0), "message": E.string(r["message"])}
+
+
+def _decode_cell_region(raw) -> Optional[tuple]:
+    if raw is None:
+        return None
+    region = tuple(E.array(raw, lambda n: E.integer(n, 1)))
+    if len(region) != 4:
+        raise E.Invalid("a cell region is four numbers")
+    _range(*region)
+    return region
+
+
+def _decode_text_edit(raw) -> TextEdit:
+    e = E.array(raw, lambda v: v)
+    if len(e) != 5:
+        raise E.Invalid("an edit is five values")
+    start_line, start_column, end_line, end_column = (E.integer(v, 1) for v in e[:4])
+    _range(start_line, start_column, end_line, end_column)
+    return TextEdit(start_line, start_column, end_line, end_column, E.string(e[4]))
+
+
+def _decode_fix_edit(raw) -> Optional[FixEdit]:
+    if raw is None:
+        return None
+    f = E.obj(raw, ["description", "applicability", "edits", "diff"])
+    edits = None if f["edits"] is None else E.array(f["edits"], _decode_text_edit)
+    return FixEdit(E.string(f["description"], nonempty=True), E.string(f["applicability"], choices=FIXES[1:]),
+                   edits, E.string(f["diff"]))
+
+
+def _decode_diagnostic(raw, path: str, codes: Optional[Sequence[str]]) -> Diagnostic:
+    d = E.obj(raw, ["path", "line", "column", "end_line", "end_column", "code", "name", "message", "fix", "cell",
+                    "related", "cell_region", "noqa_lines", "source_lines", "fix_edit"])
+    if d["path"] != path:
+        raise E.Invalid("a finding of another file")
+    line, end_line = E.integer(d["line"], 1), E.integer(d["end_line"], 1)
+    column, end_column = E.integer(d["column"], 1), E.integer(d["end_column"], 1)
+    _range(line, column, end_line, end_column)
+    code = E.string(d["code"], nonempty=True)
+    if codes is not None and code not in codes:
+        raise E.Invalid(f"{code} is not a rule that applies to the file")
+    if d["fix"] not in FIXES:
+        raise E.Invalid(f"fix {d['fix']!r}")
+    return Diagnostic(path=path, line=line, column=column, end_line=end_line, end_column=end_column, code=code,
+                      name=E.string(d["name"], nonempty=True), message=E.string(d["message"], nonempty=True),
+                      fix=d["fix"], cell=E.optional_integer(d["cell"], 1),
+                      related=tuple(E.array(d["related"], _decode_related)),
+                      cell_region=_decode_cell_region(d["cell_region"]),
+                      noqa_lines=tuple(E.array(d["noqa_lines"], lambda n: E.integer(n, 1))),
+                      source_lines=tuple(E.array(d["source_lines"], E.string)),
+                      fix_edit=_decode_fix_edit(d["fix_edit"]))
+
+
+def _decode_error(raw, path: str) -> FileError:
+    err = E.obj(raw, ["path", "line", "column", "message", "cell", "level"])
+    if not isinstance(err["path"], str) or not err["path"].startswith(path):
+        raise E.Invalid("an error of another file")
+    return FileError(err["path"], E.optional_integer(err["line"], 1), E.optional_integer(err["column"], 1),
+                     E.string(err["message"], nonempty=True), cell=E.optional_integer(err["cell"], 1),
+                     level=E.string(err["level"], choices=LEVELS))
+
+
+def _decode_deps(raw) -> Dict[str, str]:
+    if not isinstance(raw, dict):
+        raise E.Invalid(f"deps: expected an object, got {type(raw).__name__}")
+    for p, digest in raw.items():
+        E.string(p, nonempty=True)
+        if not isinstance(digest, str) or not _SHA256.fullmatch(digest):
+            raise E.Invalid(f"deps: {p!r} has no SHA-256")
+    return dict(raw)
+
+
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+def _decode_result(data, path: str, codes: Optional[Sequence[str]] = None,
+                   fresh: Optional[Callable[[str, str], bool]] = None) -> FileResult:
+    """The validator of a file's result: findings of this file, by rules that apply to it,
+    with positions that are positions (related locations, cell regions and fix edits
+    included); an error only of the kinds that are kept; notes of this file; dependencies as
+    path -> SHA-256, each still of that content (`fresh`), else a miss."""
+    raw = E.obj(data, ["diagnostics", "error", "notes", "deps"])
+    result = FileResult(path=path)
+    result.diagnostics = E.array(raw["diagnostics"], lambda d: _decode_diagnostic(d, path, codes))
+    if raw["error"] is not None:
+        result.error = _decode_error(raw["error"], path)
+        if result.error.level != "error" or not cacheable(result):
+            raise E.Invalid("an error that is never kept")
+    result.notes = E.array(raw["notes"], lambda n: _decode_error(n, path))
+    deps = _decode_deps(raw["deps"])
+    if fresh is not None and not all(fresh(p, d) for p, d in deps.items()):
+        raise E.Invalid("a module this result depends on changed")
+    result.deps = deps
+    return result
+
+
+RESULT = E.Kind("result", _encode_result, _decode_result)
+
+
 class Cache:
     def __init__(self, folder: Path):
         self.folder = folder
@@ -48,7 +189,7 @@ class Cache:
 
     def key(self, path: str, data: bytes, codes: Sequence[str], settings: Settings) -> str:
         h = hashlib.sha256()
-        h.update(_code_fingerprint().encode())
+        h.update(_code_fingerprint(self.folder).encode())
         h.update(json.dumps([path, list(codes), repr(settings)]).encode())
         h.update(b"\0")
         h.update(data)
@@ -59,58 +200,42 @@ class Cache:
 
     def _fresh(self, path: str, digest: str) -> bool:
         """A module a cached result depends on still has the content it had (hashed once a run)."""
-        if not isinstance(path, str) or not isinstance(digest, str):
-            return False
         seen = self.__dict__.setdefault("_digests", {})
         if path not in seen:
             seen[path] = file_digest(path) or ""
         return seen[path] == digest
 
-    def get(self, key: str, path: str) -> Optional[FileResult]:
+    def load(self, kind: E.Kind, key: str, **context):
+        """The object kept under `key`, or None: missing, unreadable, or failing the entry's
+        checks (ampfix/engine/entries.py and the kind's validator) is a miss."""
         try:
-            raw = json.loads(self._entry(key).read_bytes())
-            result = FileResult(path=path)
-            for d in raw["diagnostics"]:
-                d["noqa_lines"] = tuple(d.get("noqa_lines", ()))
-                d["related"] = tuple(dict(r) for r in d.get("related", ()))
-                d["source_lines"] = tuple(d.get("source_lines", ()))
-                if d.get("cell_region") is not None:
-                    d["cell_region"] = tuple(d["cell_region"])
-                fix = d.get("fix_edit")
-                if fix is not None:
-                    edits = fix["edits"]
-                    d["fix_edit"] = FixEdit(fix["description"], fix["applicability"],
-                                            None if edits is None else [TextEdit(*e) for e in edits], fix["diff"])
-                result.diagnostics.append(Diagnostic(**d))
-            if raw.get("error") is not None:
-                result.error = FileError(**raw["error"])
-            result.notes = [FileError(**n) for n in raw.get("notes", ())]
-            deps = raw.get("deps") or {}
-            if not isinstance(deps, dict) or not all(self._fresh(p, d) for p, d in deps.items()):
-                raise ValueError("a module this result depends on changed")
-            result.deps = dict(deps)
-        except (OSError, ValueError, TypeError, KeyError):
+            value = kind.decode(E.unseal(self._entry(key).read_bytes(), kind.name, key), **context)
+        except (OSError, E.Invalid):
             self.misses += 1
             return None
         self.hits += 1
-        return result
+        return value
 
-    def put(self, key: str, result: FileResult) -> None:
-        if result.new_source is not None:
-            return
-        entry = {
-            "diagnostics": [{**d.to_json(), "noqa_lines": list(d.noqa_lines), "source_lines": list(d.source_lines),
-                             "fix_edit": _fix_json(d.fix_edit)} for d in result.diagnostics],
-            "error": None if result.error is None else result.error.__dict__,
-            "notes": [n.__dict__ for n in result.notes],
-            "deps": result.deps,
-        }
-        target = self._entry(key)
+    def store(self, kind: E.Kind, key: str, value) -> None:
         try:
             self._prepare()
         except OSError:
             return  # a cache that cannot be written costs speed, never the check
-        write_json(target, entry)
+        try:
+            entry = E.seal(kind.name, key, kind.encode(value))
+        except (ValueError, TypeError):
+            return  # not JSON (a NaN, say): not kept
+        write_json(self._entry(key), entry)
+
+    def get(self, key: str, path: str, codes: Optional[Sequence[str]] = None) -> Optional[FileResult]:
+        """The result kept for `path` under `key` (None: a miss); with `codes`, a finding of
+        any other rule makes the entry a miss."""
+        return self.load(RESULT, key, path=path, codes=codes, fresh=self._fresh)
+
+    def put(self, key: str, result: FileResult) -> None:
+        if result.new_source is not None:
+            return
+        self.store(RESULT, key, result)
 
     def _prepare(self) -> None:
         if self._ready:
@@ -144,25 +269,56 @@ def cacheable(result: FileResult) -> bool:
                                             "cannot determine the encoding", "not analysed: the code is nested"))
 
 
+def _encode_summary(data: dict) -> dict:
+    return data
+
+
+def _decode_summary(data, path: str, digest: str) -> dict:
+    """The validator of a module summary read back: `{"unreadable": true}` (the module could not
+    be summarised), or a summary `ModuleSummary.from_json` reads, of this module and content."""
+    if data == {"unreadable": True}:
+        return data
+    from ampfix.model.summary import ModuleSummary  # only a run that reads other modules gets here
+
+    try:
+        summary = ModuleSummary.from_json(data)
+    except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as exc:
+        raise E.Invalid(f"not a module summary: {exc}") from None
+    if summary.path != path or summary.digest != digest:
+        raise E.Invalid("a summary of another module or content")
+    return data
+
+
+SUMMARY = E.Kind("summary", _encode_summary, _decode_summary)
+
+
 class Summaries:
     """Module summaries (`ampfix/model/summary.py`) kept between runs, keyed by the module's
-    path and content hash and by ampfix's own code: the project layer's store."""
+    path and content hash and by ampfix's own code: the project layer's store. Entries are
+    sealed and validated as every entry of the cache (`SUMMARY`): a summary of the wrong shape,
+    of another module or of other content is a miss, and the module is summarised again."""
 
     def __init__(self, folder: Path):
         self.folder = folder
         self.bucket = folder / ("v" + __version__) / "summaries"
 
-    def _entry(self, path: str, digest: str) -> Path:
-        key = hashlib.sha256(f"{_code_fingerprint()}\0{path}\0{digest}".encode()).hexdigest()
+    def _key(self, path: str, digest: str) -> str:
+        return hashlib.sha256(f"{_code_fingerprint(self.folder)}\0{path}\0{digest}".encode()).hexdigest()
+
+    def _entry(self, key: str) -> Path:
         return self.bucket / key[:2] / key
 
     def get(self, path: str, digest: str) -> Optional[dict]:
+        key = self._key(path, digest)
         try:
-            raw = json.loads(self._entry(path, digest).read_bytes())
-        except (OSError, ValueError):
+            return SUMMARY.decode(E.unseal(self._entry(key).read_bytes(), SUMMARY.name, key), path=path, digest=digest)
+        except (OSError, E.Invalid):
             return None
-        return raw if isinstance(raw, dict) else None
 
     def put(self, path: str, digest: str, data: dict) -> None:
-        write_json(self._entry(path, digest), data)
-
+        key = self._key(path, digest)
+        try:
+            entry = E.seal(SUMMARY.name, key, SUMMARY.encode(data))
+        except (ValueError, TypeError, RecursionError):
+            return  # not JSON: not kept
+        write_json(self._entry(key), entry)

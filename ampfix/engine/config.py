@@ -9,12 +9,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from ampfix.engine.budget import DEFAULT_MAX_FILE_MEMORY
 from ampfix.knowledge.torch_versions import DEFAULT_MIN_TORCH  # noqa: F401  (re-exported)
 
 # tomllib is imported when a configuration file is read (`_read_toml`): a run without one never needs it
 
 KNOWN_KEYS = {"select", "extend-select", "ignore", "exclude", "extend-exclude", "per-file-ignores",
-              "min-torch-version", "max-file-size", "preview"}
+              "min-torch-version", "max-file-size", "max-file-memory", "preview"}
 DEFAULT_MAX_FILE_SIZE = 4 * 1024 * 1024  # bytes; larger files are skipped (reported), not analysed
 _UNITS = {"": 1, "b": 1, "kb": 1000, "kib": 1024, "mb": 1000 ** 2, "mib": 1024 ** 2, "gb": 1000 ** 3,
           "gib": 1024 ** 3}
@@ -36,6 +37,7 @@ class Config:
     min_torch_configured: bool = False  # `min-torch-version` was set (else it may be inferred)
     max_file_size: int = DEFAULT_MAX_FILE_SIZE
     preview: bool = False  # preview rules run too
+    max_file_memory: int = DEFAULT_MAX_FILE_MEMORY  # estimated before parsing (ampfix/engine/budget.py)
 
     @property
     def root(self) -> Path:
@@ -142,6 +144,9 @@ def load_config(path: Optional[Path]) -> Config:
     if "select" in table:
         cfg.select = _str_list(table["select"], "select", where)
     cfg.extend_select = _str_list(table.get("extend-select", []), "extend-select", where)
+    if cfg.select is not None and not any(s.strip() for s in cfg.select + cfg.extend_select):
+        raise ConfigError(f"{where}: `select` in [tool.ampfix] names no rule: it would check nothing (remove it "
+                          "for the default rules, or name codes or prefixes such as \"AMP0\" or \"ALL\")")
     cfg.ignore = _str_list(table.get("ignore", []), "ignore", where)
     cfg.exclude = _str_list(table.get("exclude", []), "exclude", where) + _str_list(
         table.get("extend-exclude", []), "extend-exclude", where)
@@ -160,6 +165,8 @@ def load_config(path: Optional[Path]) -> Config:
             raise ConfigError(f"{where}: `preview` in [tool.ampfix] must be a boolean (true or false), "
                               f"got {_type_name(table['preview'])}")
         cfg.preview = table["preview"]
+    if "max-file-memory" in table:
+        cfg.max_file_memory = parse_size(table["max-file-memory"], where, "max-file-memory")
     return cfg
 
 

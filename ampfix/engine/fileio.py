@@ -9,20 +9,24 @@ that the fixes did not change is the original line, byte for byte (its line brea
 feeds included); a changed or moved line keeps the line break (and a leading form feed) of
 the line it came from; a new line takes the line break of the line before it.
 
-Writing. `Snapshot` records a file as it was read (size, mtime_ns, SHA-256 of the bytes).
-`write_fixed` replaces it only when it is still exactly that, under a per-file lock
-(`fcntl.flock` on the file itself, so two ampfix runs never interleave their check and write);
-through a symlink it writes the target and keeps the link; a file with several hard links is
-written through in place; otherwise a temporary file in the same folder (same mode and owner)
-is renamed over it. A read-only file is refused. Temporary files are named
-`.NAME.XXXXXXXX.ampfix.tmp` next to NAME; one left behind by a killed run is removed by the
-next run that writes NAME (or that rewrites files in its folder).
+Writing. `Snapshot` records a file as it was read (size, mtime_ns, SHA-256 of the bytes, and
+its device and inode: the same file under two names is written once, see
+`runner.write_fixes`). `write_fixed` replaces it only when it is still exactly that, under a
+per-file lock (`fcntl.flock` on the file itself, so two ampfix runs never interleave their
+check and write); through a symlink it writes the target and keeps the link; a file with
+several hard links is written through in place, journalled (see "in-place writes" below);
+otherwise a temporary file in the same folder (same mode and owner) is renamed over it. A
+read-only file is refused. A full disk or a short write leaves the file as it was. Temporary
+files are named `.NAME.XXXXXXXX.ampfix.tmp` next to NAME; one left behind by a killed run is
+removed by the next run that writes NAME (or that rewrites files in its folder).
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
+import json
 import os
 import re
 import stat
@@ -30,6 +34,8 @@ import time
 import tokenize
 from dataclasses import dataclass
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+
+from ampfix.engine import signals
 
 try:  # POSIX; elsewhere the re-check before the write still applies, without the lock
     import fcntl
@@ -218,10 +224,17 @@ class Snapshot:
     size: int
     mtime_ns: int
     sha256: str
+    dev: int = 0
+    ino: int = 0
 
     @classmethod
     def of(cls, data: bytes, st: os.stat_result) -> "Snapshot":
-        return cls(st.st_size, st.st_mtime_ns, hashlib.sha256(data).hexdigest())
+        return cls(st.st_size, st.st_mtime_ns, hashlib.sha256(data).hexdigest(), st.st_dev, st.st_ino)
+
+    @property
+    def identity(self) -> Tuple[int, int]:
+        """(device, inode): the same file under two names (hard links, a symlink and its target)."""
+        return (self.dev, self.ino)
 
 
 def read_file(path: str) -> Tuple[bytes, Snapshot]:
@@ -237,6 +250,11 @@ def read_file(path: str) -> Tuple[bytes, Snapshot]:
 
 class WriteRefused(Exception):
     """The file was left as it is; the message says why (one line, no path)."""
+
+
+class RestorePending(OSError):
+    """A write failed half way and so did its rollback: the journal is left for the next run
+    (`strerror` is the whole message)."""
 
 
 CHANGED = "the file changed on disk during the rewrite; nothing was written (run ampfix again)"
@@ -349,8 +367,14 @@ def write_fixed(path: str, data: bytes, snapshot: Optional[Snapshot]) -> None:
                                "(make it writable to rewrite it)")
         folder, name = os.path.split(target)
         _remove_own_temps(folder or ".", name)
+        if os.path.lexists(journal_of(target)):  # another run was killed writing it since it was read
+            note = _recover_locked(target, fd)
+            if os.path.lexists(journal_of(target)):
+                raise WriteRefused(f"{(note or '').split(': warning: ', 1)[-1]}; nothing was written")
+            if note is not None:
+                raise WriteRefused(CHANGED)  # restored from the journal: not what was read
         if st.st_nlink > 1:
-            _write_in_place(target, data)
+            _write_in_place(target, data, st)
         else:
             _replace(target, data, st)
     finally:
@@ -366,13 +390,249 @@ def _remove_own_temps(folder: str, name: str) -> None:
             pass
 
 
-def _write_in_place(target: str, data: bytes) -> None:
-    """Write through the file itself (it has other hard links that must see the change)."""
-    with open(target, "r+b") as fh:
-        fh.write(data)
-        fh.truncate()
-        fh.flush()
-        os.fsync(fh.fileno())
+def _write_all(fd: int, data: bytes, offset: int = 0) -> None:
+    """`data` written at `offset`, all of it: a short write goes on where it stopped; a write
+    that makes no progress is a full disk (OSError ENOSPC)."""
+    view = memoryview(data)
+    os.lseek(fd, offset, os.SEEK_SET)
+    while view:
+        n = os.write(fd, view)
+        if n <= 0:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        view = view[n:]
+
+
+def _fsync_folder(folder: str) -> None:
+    try:
+        dfd = os.open(folder or ".", os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(dfd)
+    except OSError:
+        pass
+    finally:
+        os.close(dfd)
+
+
+# ----------------------------------------------------------------------------- in-place writes
+#
+# A file with several hard links is written through in place (a rename would give this name a
+# new file and leave the other names with the old one): write the new bytes from offset 0, then
+# truncate to the new length. Killed between the two, the file would keep the old tail after
+# the new end - and might even still parse. So the old and the new bytes are first written to a
+# journal next to the file (`.NAME.ampfix.journal`, fsynced, renamed into place); the write
+# follows, and the journal is removed when the file is complete. A write that fails (a full
+# disk, a short write, a failing truncate) is rolled back from memory at once; a run that was
+# killed leaves the journal, and the next run that reads the file restores it (`recover`).
+
+JOURNAL_SUFFIX = ".ampfix.journal"
+_JOURNAL_MAGIC = b"ampfix-journal-1\n"
+
+
+def journal_of(target: str) -> str:
+    folder, name = os.path.split(target)
+    return os.path.join(folder, f".{name}{JOURNAL_SUFFIX}")
+
+
+def _journal_bytes(st: os.stat_result, old: bytes, new: bytes) -> bytes:
+    head = {"dev": st.st_dev, "ino": st.st_ino, "old_len": len(old), "new_len": len(new),
+            "old_sha256": hashlib.sha256(old).hexdigest(), "new_sha256": hashlib.sha256(new).hexdigest()}
+    text = json.dumps(head, sort_keys=True)
+    head["sum"] = hashlib.sha256(text.encode()).hexdigest()
+    return _JOURNAL_MAGIC + json.dumps(head, sort_keys=True).encode() + b"\n" + old + new
+
+
+def _read_journal(path: str) -> Optional[Tuple[dict, bytes, bytes]]:
+    """(header, old bytes, new bytes), or None when the journal is not one ampfix wrote whole."""
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read()
+    except OSError:
+        return None
+    if not raw.startswith(_JOURNAL_MAGIC):
+        return None
+    nl = raw.find(b"\n", len(_JOURNAL_MAGIC))
+    try:
+        head = json.loads(raw[len(_JOURNAL_MAGIC):nl])
+        body = {k: head[k] for k in ("dev", "ino", "old_len", "new_len", "old_sha256", "new_sha256")}
+        if hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest() != head["sum"]:
+            return None
+        old = raw[nl + 1: nl + 1 + head["old_len"]]
+        new = raw[nl + 1 + head["old_len"]:]
+    except (ValueError, KeyError, TypeError):
+        return None
+    if (hashlib.sha256(old).hexdigest(), hashlib.sha256(new).hexdigest()) != (head["old_sha256"], head["new_sha256"]):
+        return None
+    return head, old, new
+
+
+def _write_journal(target: str, st: os.stat_result, old: bytes, new: bytes) -> str:
+    folder, name = os.path.split(target)
+    import tempfile
+
+    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=TEMP_SUFFIX, dir=folder or ".")
+    try:
+        try:
+            _write_all(fd, _journal_bytes(st, old, new))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        path = journal_of(target)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    _fsync_folder(folder)
+    return path
+
+
+def _put(fd: int, data: bytes) -> None:
+    """The file's content becomes `data` (in place: the write, then the truncate)."""
+    _write_all(fd, data)
+    if os.fstat(fd).st_size != len(data):
+        os.ftruncate(fd, len(data))
+    os.fsync(fd)
+
+
+def _write_in_place(target: str, data: bytes, st: os.stat_result) -> None:
+    """Write through the file itself (it has other hard links that must see the change),
+    journalled (see above)."""
+    with open(target, "rb") as fh:
+        old = fh.read()
+    try:
+        journal = _write_journal(target, st, old, data)
+    except OSError as exc:
+        raise OSError(exc.errno, f"cannot write the journal next to the file ({exc.strerror or exc})") from None
+    with signals.critical():  # Ctrl-C / SIGTERM wait for the write (or its rollback)
+        fd = os.open(target, os.O_RDWR)
+        try:
+            try:
+                _put(fd, data)
+            except BaseException as exc:
+                try:
+                    _put(fd, old)
+                except OSError:  # the journal stays: the next run restores the file
+                    raise RestorePending(getattr(exc, "errno", None) or errno.EIO,
+                                         f"cannot write: {getattr(exc, 'strerror', None) or exc}, and the file could "
+                                         f"not be put back either: the next ampfix run restores it from {journal}"
+                                         ) from None
+                os.unlink(journal)
+                raise
+        finally:
+            os.close(fd)
+        os.unlink(journal)
+
+
+def _mixes(current: bytes, old: bytes, new: bytes) -> bool:
+    """Whether `current` is what an interrupted in-place write of `new` over `old` can leave:
+    a prefix of the new bytes, then the old ones (a killed process); or, after a power cut,
+    pieces of either (blocks of 512 bytes, split where either version ends), with the length
+    of one of them."""
+    k = 0
+    limit = min(len(current), len(new))
+    step = 4096
+    while k < limit and current[k: k + step] == new[k: k + step]:
+        k += step
+    while k < limit and current[k] == new[k]:
+        k += 1
+    k = min(k, limit)
+    if len(current) == max(len(old), k) and current[k:] == old[k:len(current)]:
+        return True
+    if len(current) not in (len(old), len(new), max(len(old), len(new))):
+        return False
+    cuts = sorted({*range(0, len(current), 512), len(old), len(new), len(current)})
+    for a, b in zip(cuts, cuts[1:]):
+        if b > len(current):
+            break
+        piece = current[a:b]
+        if not ((b <= len(old) and piece == old[a:b]) or (b <= len(new) and piece == new[a:b])):
+            return False
+    return True
+
+
+def _recover_locked(target: str, fd: int, shown: Optional[str] = None) -> Optional[str]:
+    """Complete or roll back what a journal next to `target` records (the lock is held):
+    None when there was nothing to say, else a warning line (about `shown`, the name the file
+    was given by)."""
+    path = journal_of(target)
+    name = shown or target
+    found = _read_journal(path)
+    if found is None:
+        if not os.path.lexists(path):
+            return None
+        return (f"{name}: warning: {path} is not a journal ampfix can read; nothing was restored (delete it "
+                "once the file is right)")
+    head, old, new = found
+    st = os.fstat(fd)
+    if (st.st_dev, st.st_ino) != (head["dev"], head["ino"]):
+        return (f"{name}: warning: {path} is the journal of an interrupted rewrite of another file that was "
+                "at this path; nothing was restored (delete it once the file is right)")
+    with open(target, "rb") as fh:
+        current = fh.read()
+    if current in (old, new):  # not begun, or complete: nothing to restore
+        os.unlink(path)
+        return None
+    if not _mixes(current, old, new):
+        return (f"{name}: warning: {path} is the journal of an interrupted rewrite, but the file was changed "
+                "since; nothing was restored (delete the journal once the file is right)")
+    with signals.critical():
+        wfd = os.open(target, os.O_RDWR)
+        try:
+            _put(wfd, old)
+        finally:
+            os.close(wfd)
+        os.unlink(path)
+    return (f"{name}: warning: restored as it was before an interrupted rewrite (the file was half "
+            "written; from its journal)")
+
+
+def recover(path: str) -> Optional[str]:
+    """Restore `path` from the journal a killed in-place write left next to it, under the
+    file's lock; None when there was none (or nothing to say), else a warning line."""
+    target = os.path.realpath(path)
+    if not os.path.lexists(journal_of(target)):
+        return None
+    try:
+        fd = os.open(target, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        try:
+            _lock(fd)
+        except WriteRefused as exc:
+            return f"{path}: warning: a journal of an interrupted rewrite is left, and {exc}"
+        try:
+            return _recover_locked(target, fd, path)
+        except OSError as exc:
+            return (f"{path}: warning: the file could not be restored from its journal "
+                    f"({exc.strerror or exc}); the next run tries again")
+    finally:
+        os.close(fd)
+
+
+class Journals:
+    """Which files of a run have a journal next to them: one folder listing per folder."""
+
+    def __init__(self) -> None:
+        self._names: Dict[str, set] = {}
+
+    def _has(self, target: str) -> bool:
+        folder, name = os.path.split(target)
+        if folder not in self._names:
+            try:
+                self._names[folder] = {e for e in os.listdir(folder or ".") if e.endswith(JOURNAL_SUFFIX)}
+            except OSError:
+                self._names[folder] = set()
+        return f".{name}{JOURNAL_SUFFIX}" in self._names[folder]
+
+    def recover(self, path: str) -> Optional[str]:
+        if self._has(path) or (os.path.islink(path) and self._has(os.path.realpath(path))):
+            return recover(path)
+        return None
 
 
 def _replace(target: str, data: bytes, st: os.stat_result) -> None:
@@ -381,19 +641,20 @@ def _replace(target: str, data: bytes, st: os.stat_result) -> None:
 
     fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=TEMP_SUFFIX, dir=folder or ".")
     try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
+        try:
+            _write_all(fd, data)  # a full disk: OSError, the temporary file goes, the file is as it was
             if hasattr(os, "fchown"):
                 try:
-                    os.fchown(fh.fileno(), st.st_uid, st.st_gid)
+                    os.fchown(fd, st.st_uid, st.st_gid)
                 except PermissionError:  # not root: keep at least the group when allowed
                     try:
-                        os.fchown(fh.fileno(), -1, st.st_gid)
+                        os.fchown(fd, -1, st.st_gid)
                     except PermissionError:
                         pass
             os.chmod(tmp, stat.S_IMODE(st.st_mode))  # after chown, which may clear set-id bits
-            os.fsync(fh.fileno())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
         os.replace(tmp, target)
     except BaseException:
         try:
@@ -416,5 +677,6 @@ def write_atomically(path: str, data: bytes) -> None:
     write_fixed(path, data, None)
 
 
-__all__ = ["CHANGED", "Snapshot", "WriteRefused", "read_file", "remove_stale_temp_files", "restore_layout",
-           "split_lines", "sweep_folders", "temp_files_of", "working_text", "write_atomically", "write_fixed"]
+__all__ = ["CHANGED", "Journals", "Snapshot", "WriteRefused", "journal_of", "read_file", "recover",
+           "remove_stale_temp_files", "restore_layout", "split_lines", "sweep_folders", "temp_files_of", "working_text",
+           "write_atomically", "write_fixed"]

@@ -62,20 +62,70 @@ def _error(path: str, message: str, line: Optional[int] = None, column: Optional
 
 
 def load_json(data: bytes, path: str) -> Tuple[str, dict]:
-    """The notebook's text and its JSON (no nbformat needed: used to pre-filter)."""
+    """The notebook's text and its JSON (no nbformat needed: used to pre-filter), checked to
+    have the shape the rest of this module reads (`check_shape`)."""
     try:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         raise _error(path, f"not a valid notebook: not UTF-8 (byte 0x{data[exc.start]:02x} at offset {exc.start})")
+    nb = _loads(text, path)
+    if not isinstance(nb, dict) or not isinstance(nb.get("cells"), list):
+        raise _error(path, "not a valid notebook: no list of cells (nbformat 4 is supported)")
+    check_shape(nb, path)
+    return text, nb
+
+
+def _loads(text: str, path: str):
     try:
-        nb = json.loads(text)
+        return json.loads(text)
     except json.JSONDecodeError as exc:
         raise _error(path, f"not a valid notebook: invalid JSON: {exc.msg}", exc.lineno, exc.colno) from None
     except RecursionError:
         raise _error(path, "not a valid notebook: JSON nested too deeply") from None
-    if not isinstance(nb, dict) or not isinstance(nb.get("cells"), list):
-        raise _error(path, "not a valid notebook: no list of cells (nbformat 4 is supported)")
-    return text, nb
+    except ValueError as exc:  # e.g. an integer of more than 4300 digits (sys.get_int_max_str_digits)
+        why = str(exc).split(":")[0].strip() or type(exc).__name__
+        raise _error(path, f"not a valid notebook: a value Python's JSON reader refuses ({why})") from None
+
+
+def _kind(value) -> str:
+    return {dict: "an object", list: "an array", str: "a string", bool: "a boolean", int: "a number",
+            float: "a number", type(None): "null"}.get(type(value), type(value).__name__)
+
+
+def check_shape(nb: dict, path: str) -> None:
+    """What nbformat 4 requires of the parts ampfix reads: integer versions, `metadata` (and
+    its `kernelspec` and `language_info`) objects, each cell an object whose `source` is a
+    string or a list of strings. Raises InputError naming the part (and the cell)."""
+    for key in ("nbformat", "nbformat_minor"):
+        if key in nb and (not isinstance(nb[key], int) or isinstance(nb[key], bool)):
+            raise _error(path, f"not a valid notebook: `{key}` is {_kind(nb[key])}, not an integer")
+    meta = nb.get("metadata", {})
+    if not isinstance(meta, dict):
+        raise _error(path, f"not a valid notebook: `metadata` is {_kind(meta)}, not an object")
+    for key, field in (("kernelspec", "language"), ("language_info", "name")):
+        part = meta.get(key)
+        if part is None:
+            continue
+        if not isinstance(part, dict):
+            raise _error(path, f"not a valid notebook: `metadata.{key}` is {_kind(part)}, not an object")
+        if part.get(field) is not None and not isinstance(part[field], str):
+            raise _error(path, f"not a valid notebook: `metadata.{key}.{field}` is {_kind(part[field])}, "
+                               "not a string")
+    for n, cell in enumerate(nb["cells"], 1):
+        if not isinstance(cell, dict):
+            raise _error(f"{path}:cell {n}", f"not a valid notebook: the cell is {_kind(cell)}, not an object")
+        if not isinstance(cell.get("cell_type", ""), str):
+            raise _error(f"{path}:cell {n}", f"not a valid notebook: `cell_type` is {_kind(cell['cell_type'])}, "
+                                             "not a string")
+        src = cell.get("source", "")
+        if isinstance(src, list):
+            bad = [x for x in src if not isinstance(x, str)]
+            if bad:
+                raise _error(f"{path}:cell {n}", f"not a valid notebook: `source` holds {_kind(bad[0])}; "
+                                                 "it must be a string or a list of strings")
+        elif not isinstance(src, str):
+            raise _error(f"{path}:cell {n}", f"not a valid notebook: `source` is {_kind(src)}; it must be a string "
+                                             "or a list of strings")
 
 
 def _source(cell) -> str:
@@ -84,6 +134,7 @@ def _source(cell) -> str:
 
 
 def _is_python(nb: dict) -> bool:
+    """From the kernel's language (the shape is checked first: `check_shape`)."""
     meta = nb.get("metadata") or {}
     lang = ((meta.get("kernelspec") or {}).get("language") or (meta.get("language_info") or {}).get("name") or "python")
     return str(lang).lower() in ("python", "python3", "ipython", "ipython3")
@@ -387,7 +438,8 @@ def _skip_ws(s: str, i: int) -> int:
     return i
 
 
-_SCALAR_RE = re.compile(r"-?(?:0|[1-9]\d*)(?:\.\d+)?(?:[eE][-+]?\d+)?|true|false|null")
+# NaN and Infinity are not JSON, but Python's reader and writer (and so Jupyter) accept them
+_SCALAR_RE = re.compile(r"-?(?:0|[1-9]\d*)(?:\.\d+)?(?:[eE][-+]?\d+)?|true|false|null|NaN|-?Infinity")
 
 
 def _value_end(s: str, i: int) -> int:
@@ -513,25 +565,34 @@ def _read_nb(text: str, path: str):
     return nb
 
 
-def write_back(text: str, path: str, new_sources: Dict[int, str]) -> Optional[str]:
-    """The new notebook text, or None when it would not read back as the same notebook with
-    just these sources changed."""
+def _constant(name: str) -> str:
+    """NaN, Infinity and -Infinity read as markers: equal to themselves (a NaN is not)."""
+    return "\0" + name
+
+
+class NotWritable(Exception):
+    """The fixed cells cannot be written back; the message says why (one line)."""
+
+
+def write_back(text: str, path: str, new_sources: Dict[int, str]) -> str:
+    """The new notebook text; raises NotWritable when it would not read back as the same
+    notebook with just these sources changed."""
     try:
         new_text = splice(text, new_sources)
-        old_nb, new_nb = json.loads(text), json.loads(new_text)
-    except (ValueError, KeyError, IndexError):
-        return None
+        old_nb, new_nb = json.loads(text, parse_constant=_constant), json.loads(new_text, parse_constant=_constant)
+    except (ValueError, KeyError, IndexError) as exc:
+        raise NotWritable(f"the fixed cells could not be put back into the notebook's JSON ({type(exc).__name__})")
     for i, src in new_sources.items():
         old_nb["cells"][i]["source"] = src
         new_nb["cells"][i]["source"] = _source(new_nb["cells"][i])
     if old_nb != new_nb:
-        return None
+        raise NotWritable("putting the fixed cells back would change other parts of the notebook")
     try:
         nb = _read_nb(new_text, path)
-    except InputError:
-        return None
+    except InputError as exc:
+        raise NotWritable(f"nbformat would not read the fixed notebook ({exc.error.message})") from None
     if [_source(c) for c in nb.cells] != [_source(c) for c in new_nb["cells"]]:
-        return None
+        raise NotWritable("nbformat reads the fixed notebook back with other cell sources")
     return new_text
 
 
@@ -563,13 +624,17 @@ def process_notebook(data: bytes, path: str, rules: Sequence[Type[Rule]], settin
         new_sources = None
         if new_text != program.text:
             cells = split(program, new_text)
-            if cells is not None:
-                changed = {i: s for i, s in cells.items() if s != _source(nb.cells[i])}
-                new_nb = write_back(text, path, changed) if changed else None
-                if new_nb is not None:
-                    new_sources = new_nb
+            changed = {} if cells is None else {i: s for i, s in cells.items() if s != _source(nb.cells[i])}
+            try:
+                if cells is None:
+                    raise NotWritable("the fixes changed the cells' structure")
+                if changed:
+                    new_sources = write_back(text, path, changed)
                     program = rebuilt(program, new_text, cells)
                     lines_of = {c.index: c.source.splitlines() for c in program.cells}
+            except NotWritable as exc:
+                result.notes.append(FileError(path, None, None, f"not rewritten: {exc}; its findings are reported as "
+                                                 "they are", level="warning"))
             if new_sources is None:  # the cells could not be written back safely: report, change nothing
                 _, fixed, diags = transform_text(program.text, path, rules, Settings(
                     min_torch_version=settings.min_torch_version, details=settings.details), False)

@@ -102,7 +102,7 @@ class FileError:
     def parse(cls, line: str, level: str = "error") -> "FileError":
         """A `PATH: error: MESSAGE` line (as discovery and writing report them) as a FileError."""
         path, sep, message = line.partition(f": {level}: ")
-        return cls(path, None, None, message) if sep else cls("", None, None, line, level=level)
+        return cls(path, None, None, message, level=level) if sep else cls("", None, None, line, level=level)
 
     @property
     def kind(self) -> str:
@@ -205,6 +205,9 @@ class Settings:
     # off for a text with no place on disk (`api.check_source`, tests of one snippet)
     project: bool = False
     cache_folder: Optional[str] = None  # where module summaries are kept between runs (None: nowhere)
+    # the bound on one module's analysis (`max-file-memory`), for the modules the project reads
+    # too: one whose estimate is over it is not parsed for its summary (unknown); 0: none
+    max_file_memory: int = 0
 
 
 def unified_diff(old: str, new: str, fromfile: str, tofile: str, context: int = 3) -> str:

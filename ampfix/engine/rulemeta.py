@@ -2,10 +2,14 @@
 default set and triggers - without importing them (and LibCST): a warm run, every file a cache
 hit, then never pays for those imports.
 
-The facts are read from the rules once (`ampfix.engine.registry`) and kept in the cache folder as
-JSON, keyed by a fingerprint of ampfix's code (the size and mtime of every module of ampfix and
-of its rules, see `fingerprint`): an edited rule brings a fresh read. Without a cache folder
-(`--no-cache`) they come straight from the registry.
+The facts are keyed by `source_digest`, a hash of the content of the sources they come from
+(the rule modules, `ampfix/rule.py`, the registry, the measured precision), so they cannot
+disagree with the rules that are installed. They come from the shipped table
+(`rule_facts_table.py`, generated, carrying the digest it was made for) while it matches, else
+from a cache folder's `rules-<digest>.json` (checksummed and validated by
+`ampfix.engine.entries`: one that does not pass is read from the rules again, and facts kept
+for other sources, a cache folder restored from another branch, are never read), else from the
+registry (which imports the rules).
 
 `maybe_triggered` is the triggers' test as `Rule.triggered_by` does it by default; for a rule
 that overrides `triggered_by` it tests the default triggers only (an override may only narrow
@@ -18,32 +22,75 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from ampfix import __version__
+from ampfix.engine import entries as E
 from ampfix.triggers import project_candidate_test, trigger_test
 
 _FINGERPRINT: Optional[str] = None
 
 
-def fingerprint() -> str:
-    """ampfix's version and the size/mtime of its modules and rules (cheap: a few dozen stats)."""
-    global _FINGERPRINT
-    if _FINGERPRINT is None:
-        import ampfix
-        import ampfix.rules as rules_pkg
+def _code_files() -> List[Tuple[str, str]]:
+    """(name within its package, path) of every module of ampfix and of its rules."""
+    import ampfix
+    import ampfix.rules as rules_pkg
 
-        h = hashlib.sha256(__version__.encode())
-        for pkg in (ampfix, rules_pkg):
-            for folder in getattr(pkg, "__path__", []):
-                for root, _, names in sorted(os.walk(folder)):
-                    for name in sorted(names):
-                        if name.endswith(".py"):
-                            st = os.stat(os.path.join(root, name))
-                            h.update(f"{root}/{name}:{st.st_size}:{st.st_mtime_ns}\n".encode())
-        _FINGERPRINT = h.hexdigest()
+    out = []
+    for pkg in (ampfix, rules_pkg):
+        for folder in getattr(pkg, "__path__", []):
+            for root, _, names in sorted(os.walk(folder)):
+                for name in sorted(names):
+                    if name.endswith(".py"):
+                        path = os.path.join(root, name)
+                        out.append((f"{pkg.__name__}:{os.path.relpath(path, folder)}", path))
+    return out
+
+
+def fingerprint(memo: Optional[Path] = None) -> str:
+    """A SHA-256 of ampfix's version and of the content of its modules and rules: results and
+    module summaries cached under it cannot disagree with the code that is installed, wherever
+    the cache folder came from (a CI cache restored on another branch included).
+
+    Hashing the content reads ~0.8 MB; a warm run takes it from a memo in the cache folder
+    (`memo`), keyed by each file's path, size, mtime, ctime, device and inode: any write to a
+    file changes its ctime, which no tool can set back, and a copied folder has other inodes."""
+    global _FINGERPRINT
+    if _FINGERPRINT is not None:
+        return _FINGERPRINT
+    files = _code_files()
+    sig = hashlib.sha256(__version__.encode())
+    for _, path in files:
+        try:
+            st = os.stat(path)
+        except OSError:
+            continue
+        sig.update(f"{path}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}:{st.st_dev}:{st.st_ino}\n".encode())
+    memo_file = None if memo is None else memo / ("v" + __version__) / f"code-{sig.hexdigest()}.json"
+    if memo_file is not None:
+        try:
+            raw = json.loads(memo_file.read_bytes())
+            if (isinstance(raw, dict) and raw.get("sig") == sig.hexdigest() and isinstance(raw.get("content"), str)
+                    and len(raw["content"]) == 64):
+                _FINGERPRINT = raw["content"]
+                return _FINGERPRINT
+        except (OSError, ValueError):
+            pass
+    h = hashlib.sha256(__version__.encode())
+    for name, path in files:
+        try:
+            with open(path, "rb") as fh:
+                data = fh.read()
+        except OSError:
+            continue
+        h.update(f"{name}:{len(data)}\n".encode())
+        h.update(data)
+    _FINGERPRINT = h.hexdigest()
+    if memo_file is not None:
+        write_json(memo_file, {"sig": sig.hexdigest(), "content": _FINGERPRINT})
     return _FINGERPRINT
 
 
@@ -68,30 +115,72 @@ class RuleInfo:
 _INFO: Dict[Optional[str], Dict[str, RuleInfo]] = {}
 
 
+def _encode_rules(info: Dict[str, RuleInfo]) -> dict:
+    return {"rules": [{"code": r.code, "name": r.name, "default_enabled": r.default_enabled,
+                       "triggers": list(r.triggers), "triggers_lower": list(r.triggers_lower),
+                       "requires": [list(g) for g in r.requires],
+                       "project_requires": None if r.project_requires is None else [list(g) for g in r.project_requires],
+                       "preview": r.preview} for r in info.values()]}
+
+
+def _decode_rules(data) -> Dict[str, RuleInfo]:
+    """The validator of the rule facts read back (see ampfix/engine/entries.py), from the cache
+    folder or from the shipped table: every rule with a code, a name and at least one trigger,
+    as `_encode_rules` writes them."""
+    def strings(v):
+        return tuple(E.array(v, lambda s: E.string(s, nonempty=True)))
+
+    def groups(v, code, what):
+        out = tuple(E.array(v, strings))
+        if any(not group for group in out):
+            raise E.Invalid(f"{code}: an empty group of {what}")
+        return out
+
+    rules = E.obj(data, ["rules"])["rules"]
+    out: Dict[str, RuleInfo] = {}
+    for raw in E.array(rules, lambda r: r):
+        r = E.obj(raw, ["code", "name", "default_enabled", "triggers", "triggers_lower", "requires",
+                        "project_requires", "preview"])
+        code = E.string(r["code"])
+        if not re.fullmatch(r"[A-Z]+[0-9]+", code) or code in out:
+            raise E.Invalid(f"rule code {code!r}")
+        triggers, lower = strings(r["triggers"]), strings(r["triggers_lower"])
+        if not triggers and not lower:
+            raise E.Invalid(f"{code}: no trigger")
+        requires = groups(r["requires"], code, "required strings")
+        project = None if r["project_requires"] is None else groups(r["project_requires"], code, "project strings")
+        out[code] = RuleInfo(code, E.string(r["name"], nonempty=True), E.boolean(r["default_enabled"]),
+                             triggers, lower, requires, project, E.boolean(r["preview"]))
+    if not out or list(out) != sorted(out):
+        raise E.Invalid("no rules, or not in code order")
+    return out
+
+
+RULES = E.Kind("rules", _encode_rules, _decode_rules)
+
+
 def rule_info(load: Callable[[], Dict[str, RuleInfo]], folder: Optional[Path] = None) -> Dict[str, RuleInfo]:
-    """code -> RuleInfo for every rule, in code order; read from `folder` (a cache folder) when
-    it holds them for this fingerprint, else from `load` (the registry's `rule_facts`, which
-    imports the rules) and then kept there."""
+    """code -> RuleInfo for every rule, in code order. The facts are keyed by `source_digest`, a
+    hash of the content of the sources they come from, so they cannot disagree with the rules
+    that are installed: the shipped table (`rule_facts_table.py`) when its digest is theirs (the
+    fast path: no cache folder needed); else the entry `rules-<digest>.json` of `folder` (a
+    cache folder) when it passes the checks of ampfix/engine/entries.py (its kind, the digest
+    as its key, a checksum, `_decode_rules`); else `load` (the registry's `rule_facts`, which
+    imports the rules), then kept in `folder`."""
     key = None if folder is None else str(folder)
     if key in _INFO:
         return _INFO[key]
-    info: Optional[Dict[str, RuleInfo]] = None
-    entry = None if folder is None else folder / ("v" + __version__) / f"rules-{fingerprint()}.json"
-    if entry is not None:
+    info = shipped_facts()
+    if info is None and folder is not None:
+        digest = source_digest()
+        entry = folder / ("v" + __version__) / f"rules-{digest}.json"
         try:
-            raw = json.loads(entry.read_bytes())
-            info = {r["code"]: RuleInfo(r["code"], r["name"], bool(r["default_enabled"]), tuple(r["triggers"]),
-                                        tuple(r["triggers_lower"]), tuple(tuple(g) for g in r["requires"]),
-                                        None if r.get("project_requires") is None
-                                        else tuple(tuple(g) for g in r["project_requires"]),
-                                        bool(r["preview"]))
-                    for r in raw["rules"]}
-        except (OSError, ValueError, TypeError, KeyError):
-            info = None
+            info = RULES.decode(E.unseal(entry.read_bytes(), RULES.name, digest))
+        except (OSError, E.Invalid):
+            info = load()
+            write_json(entry, E.seal(RULES.name, digest, RULES.encode(info)))
     if info is None:
-        info = shipped_facts() or load()
-        if entry is not None:
-            write_json(entry, {"rules": [r.__dict__ for r in info.values()]})
+        info = load()
     _INFO[key] = info
     return info
 
@@ -99,17 +188,23 @@ def rule_info(load: Callable[[], Dict[str, RuleInfo]], folder: Optional[Path] = 
 # ----------------------------------------------------------------------------- the shipped table
 #
 # `ampfix/engine/rule_facts_table.py` holds the same facts, generated from the rules
-# (`python -m ampfix.engine.rulemeta`), with a digest of the sources they come from: the rule
-# modules, `ampfix/rule.py` and the registry. It is used only while that digest matches the
-# sources (reading and hashing them costs about a millisecond), so a run without a cache folder
-# (`--no-cache`, or the first run in a folder) still tests the triggers without importing the
-# rules and LibCST; a stale table costs that speed, never a wrong answer.
+# (`python -m ampfix.engine.rulemeta`), with the digest of the sources they come from
+# (`source_digest`: the rule modules, `ampfix/rule.py`, the registry and the measured precision,
+# by content). It is used only while that digest matches the sources (reading and hashing them
+# costs about a millisecond) and its rows pass the facts' validator, so a run without a cache
+# folder (`--no-cache`, or the first run in a folder) still tests the triggers without importing
+# the rules and LibCST; a stale table costs that speed, never a wrong answer. The same digest
+# keys the facts kept in a cache folder (`rule_info`): one key, two places.
 
 _TABLE = Path(__file__).with_name("rule_facts_table.py")
+_SOURCE_DIGEST: Optional[str] = None
 
 
 def source_digest() -> str:
-    """sha256 of the sources the rule facts come from (names and contents)."""
+    """sha256 of the sources the rule facts come from (names and contents), once a process."""
+    global _SOURCE_DIGEST
+    if _SOURCE_DIGEST is not None:
+        return _SOURCE_DIGEST
     import ampfix.rules as rules_pkg
 
     files = [Path(__file__).with_name("registry.py"), Path(__file__).parent.parent / "rule.py",
@@ -121,20 +216,31 @@ def source_digest() -> str:
         data = f.read_bytes()
         h.update(f"{f.name}:{len(data)}\n".encode())
         h.update(data)
-    return h.hexdigest()
+    _SOURCE_DIGEST = h.hexdigest()
+    return _SOURCE_DIGEST
+
+
+def _row(r) -> dict:
+    """A row of the shipped table as `_encode_rules` writes a rule (lists for tuples)."""
+    def lists(v):
+        return [lists(x) for x in v] if isinstance(v, (list, tuple)) else v
+
+    code, name, default_enabled, triggers, lower, requires, project, preview = r
+    return {"code": code, "name": name, "default_enabled": default_enabled, "triggers": lists(triggers),
+            "triggers_lower": lists(lower), "requires": lists(requires),
+            "project_requires": None if project is None else lists(project), "preview": preview}
 
 
 def shipped_facts() -> Optional[Dict[str, RuleInfo]]:
-    """The facts of `rule_facts_table.py` when it matches the sources, else None."""
+    """The facts of `rule_facts_table.py` when it matches the sources and passes the facts'
+    validator (`_decode_rules`), else None."""
     try:
         from ampfix.engine import rule_facts_table as table
 
         if table.DIGEST != source_digest():
             return None
-        return {r[0]: RuleInfo(r[0], r[1], bool(r[2]), tuple(r[3]), tuple(r[4]), tuple(tuple(g) for g in r[5]),
-                               None if r[6] is None else tuple(tuple(g) for g in r[6]), bool(r[7]))
-                for r in table.RULES}
-    except (ImportError, OSError, AttributeError, IndexError, TypeError):
+        return _decode_rules({"rules": [_row(r) for r in table.RULES]})
+    except (ImportError, OSError, AttributeError, ValueError, TypeError):  # E.Invalid is a ValueError
         return None
 
 

@@ -14,7 +14,7 @@ from typing import BinaryIO, Dict, List, Optional, Sequence, Tuple
 from ampfix.engine import fileio
 from ampfix.engine.config import Config, ConfigError, parse_size, parse_version, resolve_config
 from ampfix.engine.discovery import discover, matches_any
-from ampfix.engine import guard
+from ampfix.engine import guard, signals
 from ampfix.engine import registry, rulemeta
 from ampfix.engine.results import FileError, FileResult, InputError, Settings, decode_source, error_objects
 from ampfix.engine.rulemeta import SelectionError
@@ -50,6 +50,7 @@ class Options:
     details: bool = False  # attach each finding's fix as edits (SARIF, `full` text, the language server)
     add_noqa: bool = False  # add `# noqa: CODE` to each finding's line instead of fixing
     max_file_size: Optional[str] = None  # --max-file-size (else the config's, else 4 MiB)
+    max_file_memory: Optional[str] = None  # the config's `max-file-memory` unless given (else 1 GiB)
     no_cache: bool = False  # --no-cache
     preview: Optional[bool] = None  # --preview / --no-preview (None: the config's `preview`)
 
@@ -67,8 +68,10 @@ class Plan:
     max_file_size: int = 0
     problems: List[str] = field(default_factory=list)  # paths that could not be read while discovering
     notes: List[FileError] = field(default_factory=list)  # warnings about the paths (a folder with no Python file)
-    warnings: List[str] = field(default_factory=list)  # about the options (a preview rule selected without preview)
+    warnings: List[str] = field(default_factory=list)  # about the options (a preview rule selected without
+    # preview) and the configuration (an exclude that leaves no file): the exit status is not changed
     preview: bool = False
+    max_file_memory: int = 0  # the bound on one file's analysis, estimated before parsing (0: none)
 
 
 @dataclass
@@ -76,12 +79,13 @@ class Run:
     plan: Plan
     results: List[FileResult] = field(default_factory=list)
     snapshots: Dict[str, fileio.Snapshot] = field(default_factory=dict)  # path -> as read (for the write)
+    notes: List[str] = field(default_factory=list)  # `PATH: warning: ...` lines of the run (a journal restored)
 
     @property
     def warnings(self) -> List[str]:
-        """Folders with nothing to check, files and notebook cells skipped, with the reason (the
-        exit status is not changed)."""
-        return list(self.plan.warnings) + [str(n) for n in self.plan.notes] + \
+        """Folders with nothing to check, files restored from a journal, files and notebook cells
+        skipped, with the reason (the exit status is not changed)."""
+        return list(self.plan.warnings) + [str(n) for n in self.plan.notes] + list(self.notes) + \
             [str(n) for r in self.results for n in r.notes]
 
     @property
@@ -94,7 +98,8 @@ class Run:
     def error_objects(self, more: Sequence[str] = ()) -> List[FileError]:
         """The errors (and, after them, the warnings) as FileErrors, for the machine formats;
         `more`: error lines of the writing step."""
-        return error_objects(self.plan.missing, self.plan.problems, self.results, more) + list(self.plan.notes)
+        return error_objects(self.plan.missing, self.plan.problems, self.results, more) + list(self.plan.notes) + \
+            [FileError.parse(n, "warning") for n in self.notes]
 
     @property
     def n_checked(self) -> int:
@@ -143,6 +148,8 @@ def make_plan(options: Options) -> Plan:
         min_version, min_source = _min_torch(options, config, paths)
         max_size = (parse_size(options.max_file_size, "--max-file-size", "--max-file-size")
                     if options.max_file_size else config.max_file_size)
+        max_memory = (parse_size(options.max_file_memory, "max_file_memory", "max-file-memory")
+                      if options.max_file_memory else config.max_file_memory)
     except ConfigError as exc:
         raise OptionsError(str(exc), in_config=str(exc).startswith(str(config.path))) from None
     except SelectionError as exc:
@@ -156,6 +163,19 @@ def make_plan(options: Options) -> Plan:
     preview = options.preview if options.preview is not None else config.preview
     codes = rulemeta.select_codes(selection, cfg_ignore + cli_ignore, info, extend, preview)
     warnings = rulemeta.preview_warnings(selection, info, preview)
+    if not codes:
+        # a selection that leaves no rule is an error; one that names only rules that run when
+        # named by their own code (AMP901, off by default) or with preview on (ruff warns then,
+        # `preview_warnings`) checks nothing, and says so
+        anyway = {c: replace(r, default_enabled=True, preview=False) for c, r in info.items()}
+        named = rulemeta.select_codes(selection, cfg_ignore + cli_ignore, anyway, extend, True)
+        if not named:
+            raise OptionsError(_nothing_selected(options, config))
+        if not warnings:
+            how = "by their code (or ALL)" + ("" if preview or not any(info[c].preview for c in named)
+                                              else ", with preview on (--preview)")
+            warnings.append(f"warning: the selection runs no rule ({', '.join(named)}: only when selected "
+                            f"{how}): nothing was checked")
     problems: List[str] = []
     files, missing = discover(paths, config.exclude, config.root, force_exclude=options.force_exclude,
                               problems=problems)
@@ -166,12 +186,41 @@ def make_plan(options: Options) -> Plan:
         summaries = str(cache_dir(config.root))
     settings = Settings(min_torch_version=min_version, min_torch_source=min_source, unsafe_fixes=options.unsafe_fixes,
                         details=options.details, add_noqa=options.add_noqa, cache_folder=summaries,
+                        max_file_memory=max_memory,
                         # AMPFIX_NO_PROJECT=1: each file alone (bench/bench_project.py measures the layer's cost)
                         project=os.environ.get("AMPFIX_NO_PROJECT") != "1")
     notes = [FileError(p, None, None, "no Python files found under this folder (*.py, *.pyi, *.ipynb, after "
                                       "exclude and .gitignore)", level="warning")
              for p in _empty_folders(paths, files)]
-    return Plan(options, config, tuple(codes), files, missing, settings, max_size, problems, notes, warnings, preview)
+    if not files and not missing and config.exclude and any(os.path.isdir(p) for p in paths if p != "-"):
+        everything, _ = discover(paths, (), config.root, problems=[])
+        if everything:  # said once, for all: not also "no Python files" for each folder it emptied
+            still_empty = set(_empty_folders(paths, everything))
+            notes = [n for n in notes if n.path in still_empty]
+            warnings.append(
+                f"{config.path}: warning: `exclude` in [tool.ampfix] excludes every file under "
+                f"{', '.join(paths)} ({len(everything)} Python file{'s' if len(everything) != 1 else ''}); "
+                "nothing was checked")
+    return Plan(options, config, tuple(codes), files, missing, settings, max_size, problems, notes, warnings, preview,
+                max_file_memory=max_memory)
+
+
+def _nothing_selected(options: Options, config: Config) -> str:
+    """Why no rule is left: the selection and the ignores, and where each comes from."""
+    parts = []
+    if options.select:
+        parts.append(f"--select {','.join(split_codes(options.select))}")
+    elif config.select is not None:
+        parts.append(f"select = {config.select} in {config.path}")
+    if config.extend_select and not options.select:
+        parts.append(f"extend-select = {config.extend_select} in {config.path}")
+    if options.extend_select:
+        parts.append(f"--extend-select {','.join(split_codes(options.extend_select))}")
+    for values, where in ((config.ignore, f" in {config.path}"), (split_codes(options.ignore), " (--ignore)")):
+        if values:
+            parts.append(f"ignore = {list(values)}{where}")
+    return (f"no rule is left to check ({'; '.join(parts) or 'the selection is empty'}): nothing would be "
+            "checked; select a rule, or ignore fewer")
 
 
 def _empty_folders(paths: Sequence[str], files: Sequence[str]) -> List[str]:
@@ -291,7 +340,8 @@ def _crashed(path: str, exitcode: Optional[int]) -> FileResult:
                           "code nested very deeply is the usual cause"))
 
 
-def _child(job: Job, conn) -> None:  # pragma: no cover - runs in the child process
+def _child(job: Job, conn, parent: int) -> None:  # pragma: no cover - runs in the child process
+    signals.child_setup(parent)
     try:
         conn.send(_work(job))
     finally:
@@ -299,16 +349,21 @@ def _child(job: Job, conn) -> None:  # pragma: no cover - runs in the child proc
 
 
 def isolated(job: Job) -> FileResult:
-    """`_work(job)` in a child process: a crash (segfault, abort) costs only this file."""
+    """`_work(job)` in a child process: a crash (segfault, abort) costs only this file. The
+    child dies with this process; stopped (Ctrl-C, SIGTERM), this process ends it first."""
     ctx = _mp_context()
     recv, send = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_child, args=(job, send), daemon=True)
+    proc = ctx.Process(target=_child, args=(job, send, os.getpid()), daemon=True)
     proc.start()
     send.close()
     try:
         result = recv.recv()
     except (EOFError, OSError):
         result = None
+    except BaseException:
+        proc.kill()
+        proc.join()
+        raise
     finally:
         recv.close()
     proc.join()
@@ -316,11 +371,33 @@ def isolated(job: Job) -> FileResult:
 
 
 _MARKS: Optional[str] = None
+RUN_PREFIX = "ampfix-run-"  # the pool's temporary folder: ampfix-run-<pid>-XXXXXXXX
 
 
-def _init_marks(folder: str) -> None:  # pragma: no cover - runs in the pool's workers
+def _init_worker(folder: str, parent: int) -> None:  # pragma: no cover - runs in the pool's workers
+    """A worker dies with the run (SIGKILL included) and leaves Ctrl-C to it."""
     global _MARKS
+    signals.child_setup(parent)
     _MARKS = folder
+
+
+def _kill_pool(pool) -> None:
+    """End a pool's workers now (the run is stopped): SIGKILL, then reap them."""
+    procs = list((getattr(pool, "_processes", None) or {}).values())
+    for p in procs:
+        try:
+            p.kill()
+        except (OSError, ValueError, AttributeError):
+            pass
+    try:
+        pool.shutdown(wait=False, cancel_futures=True)
+    except Exception:  # pragma: no cover - a pool already broken
+        pass
+    for p in procs:
+        try:
+            p.join(5)
+        except (OSError, ValueError, AssertionError, AttributeError):
+            pass
 
 
 def _marked_work(item: Tuple[int, Job]) -> FileResult:
@@ -338,29 +415,38 @@ def _marked_work(item: Tuple[int, Job]) -> FileResult:
 
 def _pool(jobs: List[Tuple[int, Job]], n: int, results: Dict[int, FileResult]) -> None:
     """Analyse `jobs` on `n` worker processes. When a worker dies (a native crash), the files
-    it was analysing are each re-run alone (`isolated`) and the others in a fresh pool."""
+    it was analysing are each re-run alone (`isolated`) and the others in a fresh pool. When
+    the run is stopped (Ctrl-C, SIGTERM: an exception here), the workers are killed and the
+    temporary folder removed before the exception goes on; a run killed with SIGKILL takes its
+    workers with it (`signals.child_setup`), and its folder is removed by the next run."""
     import shutil
-    import tempfile
     from concurrent.futures import ProcessPoolExecutor
     from concurrent.futures.process import BrokenProcessPool
 
+    signals.sweep_temp_folders(RUN_PREFIX)
     pending = list(jobs)
     while pending:
-        marks = tempfile.mkdtemp(prefix="ampfix-run-")
+        marks = signals.make_temp_folder(RUN_PREFIX)
         broken = False
+        pool = None
         try:
-            with ProcessPoolExecutor(max_workers=min(n, len(pending)), mp_context=_mp_context(),
-                                     initializer=_init_marks, initargs=(marks,)) as pool:
-                futures = [(i, job, pool.submit(_marked_work, (i, job))) for i, job in pending]
-                for i, job, fut in futures:
-                    try:
-                        results[i] = fut.result()
-                    except BrokenProcessPool:
-                        broken = True
-                    except Exception as exc:  # e.g. a result that cannot be sent back
-                        why = f"internal error: {type(exc).__name__}: {exc} (please report this file)"
-                        results[i] = FileResult(path=job[0], error=FileError(job[0], None, None, why))
+            pool = ProcessPoolExecutor(max_workers=min(n, len(pending)), mp_context=_mp_context(),
+                                       initializer=_init_worker, initargs=(marks, os.getpid()))
+            futures = [(i, job, pool.submit(_marked_work, (i, job))) for i, job in pending]
+            for i, job, fut in futures:
+                try:
+                    results[i] = fut.result()
+                except BrokenProcessPool:
+                    broken = True
+                except Exception as exc:  # e.g. a result that cannot be sent back
+                    why = f"internal error: {type(exc).__name__}: {exc} (please report this file)"
+                    results[i] = FileResult(path=job[0], error=FileError(job[0], None, None, why))
             suspects = {int(name) for name in os.listdir(marks)} if broken else set()
+            pool.shutdown(wait=True)
+        except BaseException:
+            if pool is not None:
+                _kill_pool(pool)
+            raise
         finally:
             shutil.rmtree(marks, ignore_errors=True)
         left = [(i, job) for i, job in pending if i not in results]
@@ -425,6 +511,8 @@ def run(plan: Plan, stdin: Optional[BinaryIO] = None) -> Run:
         store = Cache(cache_dir(plan.config.root))
     info = rulemeta.rule_info(_rule_facts, store.folder if store is not None else None)
     snapshots: Dict[str, fileio.Snapshot] = {}
+    journals = fileio.Journals()
+    notes: List[str] = []  # warnings of the run itself (a file restored from its journal)
     for i, f in enumerate(plan.files):
         if f == "-":
             name = plan.options.stdin_filename or "-"
@@ -434,10 +522,17 @@ def run(plan: Plan, stdin: Optional[BinaryIO] = None) -> Run:
                 results[i] = FileResult(path=name, old_source=data, skipped=True)
                 continue
             file_codes = codes_for(name, plan) if plan.options.stdin_filename else plan.codes
+            too_big = _over_memory(name, data, plan.max_file_memory)
+            if too_big is not None:
+                results[i] = FileResult(path=name, old_source=data, skipped=True, notes=[too_big])
+                continue
             job = (name, file_codes, plan.settings, fix, data)
             results[i] = isolated(job) if guard.risky(data.decode("utf-8", "replace")) else _work(job)
             results[i].old_source = data
             continue
+        note = journals.recover(f)  # a rewrite killed half way through writing f: restored first
+        if note is not None:
+            notes.append(note)
         try:
             size = os.stat(f).st_size
             if plan.max_file_size and size > plan.max_file_size:
@@ -455,7 +550,7 @@ def run(plan: Plan, stdin: Optional[BinaryIO] = None) -> Run:
             # rules nor LibCST; a miss tests the triggers as ampfix/engine/rulemeta.py knows them
             # (without the rules), and only then loads the rules; every verdict is kept
             keys[i] = store.key(f, data, file_codes, plan.settings)
-            hit = store.get(keys[i], f)
+            hit = store.get(keys[i], f, file_codes)
             if hit is not None:
                 results[i] = hit
                 continue
@@ -477,21 +572,24 @@ def run(plan: Plan, stdin: Optional[BinaryIO] = None) -> Run:
                 if cacheable(early):
                     store.put(keys[i], early)
                 continue
-            jobs.append((i, (f, file_codes, plan.settings, fix, data)))
-            continue
-        if not f.lower().endswith(".ipynb"):
-            # the triggers as ampfix/engine/rulemeta.py knows them first: a file that holds none
-            # needs neither the rules nor LibCST (a decoding error is `_needs_analysis`'s to report)
-            try:
-                text = decode_source(data, f).text
-            except InputError:
-                text = None
-            if text is not None and not rulemeta.maybe_triggered(file_codes, text, info, plan.settings.project):
-                results[i] = FileResult(path=f)
+        else:
+            if not f.lower().endswith(".ipynb"):
+                # the triggers as ampfix/engine/rulemeta.py knows them first: a file that holds none
+                # needs neither the rules nor LibCST (a decoding error is `_needs_analysis`'s to report)
+                try:
+                    text = decode_source(data, f).text
+                except InputError:
+                    text = None
+                if text is not None and not rulemeta.maybe_triggered(file_codes, text, info, plan.settings.project):
+                    results[i] = FileResult(path=f)
+                    continue
+            early = _needs_analysis(f, data, file_codes, risky)
+            if early is not None:
+                results[i] = early
                 continue
-        early = _needs_analysis(f, data, file_codes, risky)
-        if early is not None:
-            results[i] = early
+        too_big = _over_memory(f, data, plan.max_file_memory)
+        if too_big is not None:
+            results[i] = FileResult(path=f, skipped=True, notes=[too_big])
             continue
         jobs.append((i, (f, file_codes, plan.settings, fix, data)))
     n = workers(plan.options.jobs, len(jobs))
@@ -507,7 +605,7 @@ def run(plan: Plan, stdin: Optional[BinaryIO] = None) -> Run:
                 store.put(keys[i], results[i])
     if os.environ.get("AMPFIX_STATS"):
         _print_stats()
-    return Run(plan, [results[i] for i in range(len(plan.files))], snapshots=snapshots)
+    return Run(plan, [results[i] for i in range(len(plan.files))], snapshots=snapshots, notes=notes)
 
 
 def _print_stats() -> None:
@@ -522,6 +620,23 @@ def _print_stats() -> None:
     stored = sum(p.from_store for p in projects)  # type: ignore[attr-defined]
     print(f"ampfix stats: parsed {analyze.STATS['parsed']}, summaries parsed {parsed}, "
           f"summaries from the cache {stored}", file=sys.stderr)
+
+
+def _over_memory(path: str, data: bytes, limit: int) -> Optional[FileError]:
+    """A warning when analysing the file would take more memory than `limit` (estimated from
+    its tokens before it is parsed, see ampfix/engine/budget.py), else None."""
+    from ampfix.engine import budget
+
+    if not limit or len(data) * (budget.BYTES_PER_TOKEN + budget.BYTES_PER_BYTE) <= limit:
+        return None  # cannot be over: at most one token per byte
+    text = data.decode("utf-8", "replace")
+    need = budget.estimate(text)
+    if need <= limit:
+        return None
+    return FileError(path, None, None,
+                     f"skipped, not analysed: analysing it would take about {_size(need)} of memory "
+                     f"({budget.tokens(text)} tokens), over max-file-memory ({_size(limit)}; set `max-file-memory` "
+                     "in [tool.ampfix] to check it)", level="warning")
 
 
 def _size(n: int) -> str:
@@ -542,23 +657,43 @@ def write_atomically(path: str, data: bytes) -> None:
 def write_fixes(run_: Run) -> List[str]:
     """Write every changed file back (re-checked, locked, see ampfix/engine/fileio.py); returns one
     error line per file that was not written. A file not written counts no fix: its result
-    gets its findings back, as `check` reports them."""
+    gets its findings back, as `check` reports them. A file given under two names (hard links,
+    a symlink and its target: the same device and inode) is written once."""
     errors = []
     fileio.sweep_folders(f for f in run_.plan.files if f != "-")  # temp files a killed run left
+    written: Dict[Tuple[int, int], Tuple[str, bytes]] = {}
     for i, (f, r) in enumerate(zip(run_.plan.files, run_.results)):
         if f == "-" or r.error is not None or r.new_source is None:
             continue
+        snapshot = run_.snapshots.get(f)
+        same = written.get(snapshot.identity) if snapshot is not None else None
+        if same is not None:
+            if same[1] == r.new_source:  # written already, under its other name: the fixes count once
+                r.new_source, r.fixed, r.found = None, {}, {}
+                continue
+            errors.append(f"{r.path}: error: not rewritten: it is the same file as {same[0]} (a link), which this run "
+                          "rewrote with other fixes (other per-file settings); run ampfix again")
+            _unfixed(run_, f, r, same[1])
+            continue
         try:
-            fileio.write_fixed(r.path, r.new_source, run_.snapshots.get(f))
+            fileio.write_fixed(r.path, r.new_source, snapshot)
+            if snapshot is not None:
+                written[snapshot.identity] = (r.path, r.new_source)
             continue
         except fileio.WriteRefused as exc:
             errors.append(f"{r.path}: error: {exc}")
+        except fileio.RestorePending as exc:
+            errors.append(f"{r.path}: error: {exc.strerror}")
         except OSError as exc:
             errors.append(f"{r.path}: error: cannot write: {exc.strerror or exc}; nothing was written")
-        old = r.old_source
-        check_only = replace(run_.plan.settings, add_noqa=False)
-        unfixed = _work((f, codes_for(f, run_.plan), check_only, False, old)) if old is not None else None
-        r.new_source, r.fixed, r.found = None, {}, {}
-        if unfixed is not None and unfixed.error is None:
-            r.diagnostics = unfixed.diagnostics
+        _unfixed(run_, f, r, r.old_source)
     return errors
+
+
+def _unfixed(run_: Run, f: str, r: FileResult, source: Optional[bytes]) -> None:
+    """`r` as `check` reports the file with `source` in it (its fixes were not written)."""
+    check_only = replace(run_.plan.settings, add_noqa=False)
+    unfixed = _work((f, codes_for(f, run_.plan), check_only, False, source)) if source is not None else None
+    r.new_source, r.fixed, r.found = None, {}, {}
+    if unfixed is not None and unfixed.error is None:
+        r.diagnostics = unfixed.diagnostics

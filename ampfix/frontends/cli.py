@@ -15,7 +15,7 @@ from ampfix import __version__
 
 from ampfix.formats import reporters
 
-from ampfix.engine import runner
+from ampfix.engine import runner, signals
 from ampfix.engine.results import Diagnostic
 
 # the registry (the rules, LibCST) is imported where it is needed: a warm `check` (every file a
@@ -128,7 +128,9 @@ class _ReportWriteError(Exception):
 
 class _Main(click.Group):
     """The command group: a report that cannot be written (a full disk, `/dev/full`, a closed
-    pipe) ends the run with one line on stderr and exit status 2, not a traceback."""
+    pipe) ends the run with one line on stderr and exit status 2, not a traceback; Ctrl-C and
+    SIGTERM/SIGHUP end it with 128 + the signal's number (130, 143, 129), after the clean-up
+    (see ampfix/engine/signals.py)."""
 
     def list_commands(self, ctx):
         names = super().list_commands(ctx)
@@ -139,12 +141,15 @@ class _Main(click.Group):
 
     def invoke(self, ctx):
         try:
-            return super().invoke(ctx)
+            with signals.terminable():  # SIGTERM/SIGHUP: clean up on the way out, like Ctrl-C
+                return super().invoke(ctx)
         except BrokenPipeError:
             # the reader went away (`ampfix check | head -1`): exit quietly, with the status the
             # run had when its report was cut (findings: 1), as a Unix filter does
             _silence_stdout()
             ctx.exit(ctx.meta.get("ampfix.status", EXIT_CLEAN))
+        except (KeyboardInterrupt, signals.Terminated) as exc:  # workers, children, temp folders are gone
+            signals.leave(signals.exit_status(exc))
         except _ReportWriteError as exc:
             _silence_stdout()
             click.echo(f"error: {exc}", err=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -23,6 +24,7 @@ from ampfix import __version__
 
 from ampfix.engine import runner
 from ampfix.engine.analyze import Analysis, Diagnostic, InputError, Settings, TextEdit, fix_text, text_edits
+from ampfix.frontends import lsp_io
 from ampfix.engine.registry import all_rules
 
 SOURCE = "ampfix"
@@ -47,8 +49,10 @@ class _DocState:
 
     key: Optional[tuple] = None
     analysis: Optional[Analysis] = None
+    broken: bool = False  # the text of `key` does not parse (mid-edit): `analysis` is None
     fix_all: Optional[Tuple[str, str, Dict[str, int]]] = None  # (text, fixed text, fixes applied)
     pending: Optional[asyncio.TimerHandle] = None
+    last_good: Optional[list] = None  # the LSP diagnostics of its last version that parsed
 
 
 _docs: Dict[str, _DocState] = {}
@@ -58,7 +62,9 @@ class AmpfixServer(LanguageServer):
     pass
 
 
-server = AmpfixServer("ampfix", __version__)
+# the transport (framing, params, lifecycle, one-line errors) is ampfix/frontends/lsp_io.py
+server = AmpfixServer("ampfix", __version__, protocol_cls=lsp_io.Protocol)
+_shown_config_errors: set = set()  # a broken configuration is said once, not on every keystroke
 
 
 def _is_python(doc) -> bool:
@@ -77,11 +83,16 @@ def _setup(path: Optional[str]) -> Optional[Tuple[list, Settings]]:
     try:
         plan = runner.make_plan(options)
     except runner.OptionsError as exc:
-        # a broken configuration: say so, and check with the defaults meanwhile
-        server.window_show_message(types.ShowMessageParams(type=types.MessageType.Error, message=f"ampfix: {exc}"))
+        # a broken configuration: say so (once), and check with the defaults meanwhile
+        if str(exc) not in _shown_config_errors:
+            _shown_config_errors.add(str(exc))
+            server.window_show_message(types.ShowMessageParams(type=types.MessageType.Error,
+                                                               message=f"ampfix: {exc}"))
         from ampfix.engine.registry import select_rules
 
         return select_rules(None, []), Settings()
+    if plan.config.path is not None:  # this configuration works (again): a later error in it is news
+        _shown_config_errors.difference_update({m for m in _shown_config_errors if str(plan.config.path) in m})
     if os.path.isfile(path) and not plan.files:
         return None  # excluded by the configuration
     rules = all_rules()
@@ -128,33 +139,42 @@ def _analysis(doc) -> Optional[Analysis]:
     the settings are those it was made for, else a new one (kept in place of the last)."""
     path = _path(doc)
     setup = _setup(path)
-    if setup is None:
+    state = _docs.setdefault(doc.uri, _DocState())
+    if setup is None:  # excluded by the configuration
+        state.key, state.analysis, state.broken, state.fix_all = None, None, False, None
         return None
     rules, settings = setup
     key = (doc.source, path, tuple(r.code for r in rules), repr(settings))
-    state = _docs.setdefault(doc.uri, _DocState())
     if state.key == key:
         return state.analysis
     try:
         analysis: Optional[Analysis] = Analysis(doc.source, path or doc.uri, rules, settings)
-    except InputError:  # a syntax error while typing: the Python tooling shows it
+    except (InputError, RecursionError):  # a syntax error while typing: the Python tooling shows it
         analysis = None
-    except RecursionError:
-        analysis = None
-    state.key, state.analysis, state.fix_all = key, analysis, None
+    state.key, state.analysis, state.broken, state.fix_all = key, analysis, analysis is None, None
     return analysis
 
 
-def _findings(doc) -> List[Diagnostic]:
+def _findings(doc) -> Optional[List[Diagnostic]]:
+    """The findings in `doc` (from its last analysis); None when it cannot be analysed as it is
+    (a syntax error while the user types: the Python tooling shows it)."""
     analysis = _analysis(doc)
-    return [] if analysis is None else analysis.diagnostics
+    if analysis is not None:
+        return analysis.diagnostics
+    state = _docs.get(doc.uri)
+    return None if state is not None and state.broken else []
 
 
 def publish(ls: LanguageServer, uri: str) -> None:
     doc = ls.workspace.get_text_document(uri)
     if not _is_python(doc):
         return
-    diags = [_lsp_diagnostic(doc, d) for d in _findings(doc)]
+    found = _findings(doc)
+    state = _docs.setdefault(uri, _DocState())
+    if found is None:  # mid-edit syntax error: the last good diagnostics stay
+        diags = state.last_good or []
+    else:
+        diags = state.last_good = [_lsp_diagnostic(doc, d) for d in found]
     ls.text_document_publish_diagnostics(types.PublishDiagnosticsParams(uri=uri, version=doc.version,
                                                                         diagnostics=diags))
     _later(ls, uri, WARM_S, _warm)
@@ -292,13 +312,15 @@ def code_action(ls: LanguageServer, params: types.CodeActionParams) -> List[type
     """Quick fixes and "apply all safe fixes", from the last analysis of the text: a quick fix's
     edit is computed for the findings in the asked range only; "apply all safe fixes" is
     computed when the client resolves it (or here, for a client that cannot resolve)."""
+    if not lsp_io.is_open(ls, params.text_document.uri):
+        return []  # never opened (or closed): nothing of ampfix's to offer
     doc = ls.workspace.get_text_document(params.text_document.uri)
     if not _is_python(doc):
         return []
     kinds = params.context.only
     actions: List[types.CodeAction] = []
     analysis = _analysis(doc)
-    if analysis is None:
+    if analysis is None:  # excluded, or mid-edit syntax error: no fix to offer on this text
         return []
     findings = analysis.diagnostics
     if _wanted(kinds, types.CodeActionKind.QuickFix.value):
@@ -340,6 +362,8 @@ def resolve_code_action(ls: LanguageServer, action: types.CodeAction) -> types.C
     uri = data.get("uri")
     if action.kind != FIX_ALL_KIND or not isinstance(uri, str) or action.edit is not None:
         return action
+    if not lsp_io.is_open(ls, uri):
+        return action  # closed meanwhile (or never opened): no edit of ampfix's to give
     doc = ls.workspace.get_text_document(uri)
     done = _fix_all(doc)
     if done is not None:
@@ -348,4 +372,4 @@ def resolve_code_action(ls: LanguageServer, action: types.CodeAction) -> types.C
 
 
 def main() -> None:
-    server.start_io()
+    sys.exit(lsp_io.serve(server))

@@ -84,8 +84,9 @@ class Project:
     """The project of one root folder (see the module docstring). One per run and process."""
 
     def __init__(self, root: Path, store: Optional[SummaryStore] = None,
-                 parse: Optional[Callable[[str, str], Optional[cst.Module]]] = None):
+                 parse: Optional[Callable[[str, str], Optional[cst.Module]]] = None, max_memory: int = 0):
         self.layout = Layout(root)
+        self.max_memory = max_memory  # `max-file-memory`: a module over it is not parsed (its summary unknown)
         self.root = self.layout.root
         self.store = store
         self._parse = parse or _parse
@@ -163,6 +164,8 @@ class Project:
                 except (ValueError, TypeError, KeyError):
                     summary = None
         if summary is None and not stored:
+            if source.module is None and self._over_memory(source.text):
+                return None  # unknown, and not kept: a larger bound may read it
             summary = self._summarize(path, source)
             if self.store is not None:  # a module that cannot be summarised is kept as such too
                 self.store.put(path, source.digest, summary.to_json() if summary is not None else {"unreadable": True})
@@ -170,6 +173,17 @@ class Project:
         if summary is not None:
             self.used[path] = source.digest
         return summary
+
+    def _over_memory(self, text: str) -> bool:
+        """Parsing `text` would take more than `max_memory` (ampfix/engine/budget.py), as the
+        engine bounds the files it analyses."""
+        if not self.max_memory:
+            return False
+        from ampfix.engine import budget
+
+        if len(text) * (budget.BYTES_PER_TOKEN + budget.BYTES_PER_BYTE) <= self.max_memory:
+            return False  # cannot be over: at most one token per character
+        return budget.estimate(text) > self.max_memory
 
     def _summarize(self, path: str, source: Source) -> Optional[ModuleSummary]:
         from ampfix.model import AmpModel

@@ -21,6 +21,7 @@ from typing import Callable, Dict, List, Optional
 
 import click
 
+from ampfix.engine import signals
 from ampfix.verify import checks as C
 from ampfix.verify import report
 from ampfix.verify.runner import RunOptions, RunResult, RunSpec, make_tmpdir, run_one
@@ -220,14 +221,20 @@ def verify(script, script_args, fixed, steps, warmup, reps, device, threads, see
     so and asks first when stdin is a terminal (--yes does not ask).
 
     Exit status: 0 every check passes, 1 a check fails or is inconclusive, 2 the script could
-    not be run.  Arguments after `--` are passed to the script.
+    not be run; stopped by Ctrl-C or SIGTERM, 130 or 143 (the runs and the temporary folder
+    are gone first).  Arguments after `--` are passed to the script.
     """
     if unsafe_old:
         click.echo("ampfix verify: warning: --unsafe is deprecated, use --unsafe-fixes (the name `check` and "
                    "`rewrite` use)", err=True)
         unsafe = True
     del unsafe_old
-    sys.exit(_verify(**locals()))
+    try:
+        with signals.terminable():
+            code = _verify(**locals())
+    except (KeyboardInterrupt, signals.Terminated) as exc:  # the runs ended and the folder removed on the way
+        signals.leave(signals.exit_status(exc))
+    sys.exit(code)
 
 
 def _consent(script: str, fixed: Optional[str], yes: bool) -> bool:
@@ -306,7 +313,8 @@ def _verify(script, script_args, fixed, steps, warmup, reps, device, threads, se
         if keep:
             click.echo("ampfix verify: kept %s" % tmpdir, err=True)
         else:
-            shutil.rmtree(tmpdir, ignore_errors=True)
+            with signals.critical():  # a second Ctrl-C does not leave half a folder
+                shutil.rmtree(tmpdir, ignore_errors=True)
 
 
 def _verify_in(tmpdir, script, script_args, fixed, steps, warmup, reps, device, threads, seed,
@@ -342,9 +350,10 @@ def _verify_in(tmpdir, script, script_args, fixed, steps, warmup, reps, device, 
         kind = "safe and unsafe fixes" if unsafe else "safe fixes"
         notes.append("ampfix rewrote the script (%s) into a temporary copy" % kind
                      if rewritten else "ampfix made no changes: the script is verified as written")
+        # tracebacks and warnings of the copy name the user's script (its lines, when rewritten)
+        relabel = relabeller(fixed_path, script, line_map(source, new))
         if rewritten:
             fixes = fixes_applied(found, applied)
-            relabel = relabeller(fixed_path, script, line_map(source, new))
 
     th = C.Thresholds(max_gap=max_gap, final_gap=final_gap, min_reduction=min_reduction,
                       max_skipped=max_skipped, require_speedup=require_speedup,

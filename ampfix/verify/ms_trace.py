@@ -527,7 +527,21 @@ def _write(out, res):
     os.replace(tmp, out)
 
 
+def _watch_parent():
+    """reaper.py's watch_parent (loaded by path: this interpreter may lack ampfix)."""
+    try:
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location("_ampfix_reaper", os.path.join(_HERE, "reaper.py"))
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        module.watch_parent()
+    except Exception:  # noqa: BLE001 - without it the run is still ended by the verifier
+        pass
+
+
 def main(argv=None):
+    _watch_parent()  # the verifier killed outright (SIGKILL): end this run with it
     args = _parse(sys.argv[1:] if argv is None else argv)
     out = args.out
     if args.threads > 0:

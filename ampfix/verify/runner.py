@@ -1,9 +1,13 @@
 """Run a training script under the `ampfix.verify.trace` bootstrap in a time-limited subprocess.
 
-Each run is its own process group (``start_new_session=True``); when it runs over its time
-limit the whole group (the script and anything it spawned: dataloader workers, torchrun
-ranks) is sent SIGTERM, then SIGKILL.  Thread counts are pinned through the environment
-(OMP/MKL) and ``torch.set_num_threads`` in the bootstrap; seeds are fixed.
+Each run is its own session and process group (``start_new_session=True``); when it ends,
+runs over its time limit, or the verifier is stopped (Ctrl-C, SIGTERM), the whole group (the
+script and anything it spawned: dataloader workers, torchrun ranks) is sent SIGTERM, then
+SIGKILL, and so is every process that left the group but carries the run's token (a daemon:
+see `ampfix.verify.reaper`, which also ends the run when the verifier is killed outright).
+Its output is captured through pipes into capped files (`_Capture`). Thread counts are pinned
+through the environment (OMP/MKL) and ``torch.set_num_threads`` in the bootstrap; seeds are
+fixed. The temporary folder is ``ampfix-verify-<pid>-*`` (`make_tmpdir`).
 """
 
 from __future__ import annotations
@@ -13,12 +17,15 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
+import threading
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence
 
 import ampfix
+from ampfix.engine import signals
+from ampfix.verify import reaper
 
 
 @dataclass
@@ -163,6 +170,89 @@ def _tail(path: str, limit: int = 20000) -> str:
         return ""
 
 
+OUTPUT_HEAD = 512 * 1024  # bytes of each stream kept from its start ...
+OUTPUT_TAIL = 512 * 1024  # ... and from its end; what lies between is dropped, with a note
+
+
+class _Capture:
+    """Drain a run's stdout and stderr pipes into capped log files: the first OUTPUT_HEAD and
+    the last OUTPUT_TAIL bytes of each stream are kept, and a note says how much was dropped
+    between them (300 MB of output cost 300 MB of temporary files before). Reading goes on
+    for as long as the pipes are open, so the script never blocks on a full pipe."""
+
+    def __init__(self, streams: Dict[int, str]):
+        self.files = {fd: open(path, "wb") for fd, path in streams.items()}
+        self.head_left = {fd: OUTPUT_HEAD for fd in streams}
+        self.tail: Dict[int, bytearray] = {fd: bytearray() for fd in streams}
+        self.dropped = {fd: 0 for fd in streams}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._pump, name="ampfix-verify-output", daemon=True)
+        self._thread.start()
+
+    def _keep(self, fd: int, data: bytes) -> None:
+        n = min(len(data), self.head_left[fd])
+        if n:
+            self.files[fd].write(data[:n])
+            self.head_left[fd] -= n
+            data = data[n:]
+        if data:
+            tail = self.tail[fd]
+            tail += data
+            if len(tail) > OUTPUT_TAIL:
+                cut = len(tail) - OUTPUT_TAIL
+                self.dropped[fd] += cut
+                del tail[:cut]
+
+    def _pump(self) -> None:
+        import select
+
+        live = set(self.files)
+        deadline = None
+        while live:
+            try:
+                ready, _, _ = select.select(list(live), [], [], 0.2)
+            except (OSError, ValueError):
+                break
+            for fd in ready:
+                try:
+                    data = os.read(fd, 1 << 16)
+                except OSError:
+                    data = b""
+                if not data:
+                    live.discard(fd)
+                    continue
+                self._keep(fd, data)
+            if self._stop.is_set():
+                # the run is over: read what is left in the pipes, but not forever (a process
+                # that escaped every clean-up may still hold a pipe open)
+                deadline = deadline or time.monotonic() + 2.0
+                if not ready or time.monotonic() > deadline:
+                    break
+
+    def close(self) -> None:
+        """Stop reading (the run and everything it started are gone) and complete the files."""
+        self._stop.set()
+        self._thread.join()  # bounded: it stops reading 2 s after this at the latest
+        for fd, fh in self.files.items():
+            if self.dropped[fd]:
+                fh.write(("\n[ampfix: %d bytes of output not kept here (the first %d and the last %d bytes "
+                          "are)]\n" % (self.dropped[fd], OUTPUT_HEAD, OUTPUT_TAIL)).encode())
+            fh.write(bytes(self.tail[fd]))
+            fh.close()
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+def _end_run(pgid: int, token: str, grace: float, proc: Optional[subprocess.Popen] = None) -> None:
+    """End the run's process group, then any process that left it but carries the run's token
+    (a daemon), as one step that a second Ctrl-C or SIGTERM does not cut short."""
+    with signals.critical():
+        _kill_group(pgid, grace=grace, proc=proc)
+        reaper.kill_tagged(token)
+
+
 def run_one(spec: RunSpec, opts: RunOptions, tmpdir: str) -> RunResult:
     tag = "%s-%d" % (spec.label, spec.rep)
     out_path = os.path.join(tmpdir, tag + ".json")
@@ -170,21 +260,30 @@ def run_one(spec: RunSpec, opts: RunOptions, tmpdir: str) -> RunResult:
     log_path = os.path.join(tmpdir, tag + ".stdout")
     cmd = build_command(spec, opts, out_path)
     env = child_env(opts.threads, opts.device, opts.framework)
+    token = "%d-%s-%s" % (os.getpid(), tag, uuid.uuid4().hex)
+    env[reaper.TOKEN_VAR] = token  # inherited by everything the run starts (see ampfix/verify/reaper.py)
+    env[reaper.PARENT_VAR] = str(os.getpid())
     t0 = time.monotonic()
     timed_out = False
-    with open(err_path, "wb") as ferr, open(log_path, "wb") as fout:
-        proc = subprocess.Popen(cmd, stdout=fout, stderr=ferr, stdin=subprocess.DEVNULL,
-                                env=env, cwd=opts.workdir or os.getcwd(), start_new_session=True)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                            env=env, cwd=opts.workdir or os.getcwd(), start_new_session=True)
+    out_fd, err_fd = os.dup(proc.stdout.fileno()), os.dup(proc.stderr.fileno())
+    proc.stdout.close()
+    proc.stderr.close()
+    capture = _Capture({out_fd: log_path, err_fd: err_path})
+    try:
         try:
             proc.wait(timeout=opts.timeout)
         except subprocess.TimeoutExpired:
             timed_out = True
-            _kill_group(proc.pid, proc=proc)
-        except BaseException:  # Ctrl-C: take the run down with us
-            _kill_group(proc.pid, grace=1.0, proc=proc)
+            _end_run(proc.pid, token, grace=3.0, proc=proc)
+        except BaseException:  # Ctrl-C, SIGTERM: take the run down with us
+            _end_run(proc.pid, token, grace=1.0, proc=proc)
             raise
         else:
-            _kill_group(proc.pid, grace=1.0)  # stray children left behind by the script
+            _end_run(proc.pid, token, grace=1.0)  # stray children and daemons left behind by the script
+    finally:
+        capture.close()
     elapsed = time.monotonic() - t0
     result = None
     if not timed_out:
@@ -201,5 +300,11 @@ def run_one(spec: RunSpec, opts: RunOptions, tmpdir: str) -> RunResult:
                      command=cmd)
 
 
+TMP_PREFIX = "ampfix-verify-"  # ampfix-verify-<pid>-XXXXXXXX
+
+
 def make_tmpdir() -> str:
-    return tempfile.mkdtemp(prefix="ampfix-verify-")
+    """A temporary folder for one verification; those of verifications killed with SIGKILL
+    (their process is gone) are removed first."""
+    signals.sweep_temp_folders(TMP_PREFIX)
+    return signals.make_temp_folder(TMP_PREFIX)

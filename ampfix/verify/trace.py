@@ -627,6 +627,9 @@ def _seed_everything(torch, seed, offset):
 
 def main(argv=None):
     global _STATE
+    from ampfix.verify import reaper
+
+    reaper.watch_parent()  # the verifier killed outright (SIGKILL): end this run with it
     args = _parse(sys.argv[1:] if argv is None else argv)
     rank = int(os.environ.get("RANK", "0"))
     out = args.out
