@@ -51,9 +51,9 @@ after the optimizer is built, `scaler.scale(loss).backward()`, `scaler.step(opti
 whose dtype is written there, it switches the region to `dtype=torch.bfloat16`, which needs no
 scaling but needs hardware with bfloat16 (Ampere and newer; on older GPUs use a GradScaler).
 
-On the CPU float16 autocast exists too (torch 2.13): `fixtures/train/buggy_fp16_no_scaler.py`
-shows the harm there (small gradients flush to zero and the loss stalls; with the GradScaler the
-run tracks float32).
+float16 autocast exists on the CPU too (torch 2.13), so `ampfix verify` can show the harm without
+a GPU: a loss small enough that its float16 gradients flush to zero stalls, and with the
+GradScaler the run tracks float32.
 
 Bad:
 ```python

@@ -102,14 +102,14 @@ def check_shape(nb: dict, path: str) -> None:
     meta = nb.get("metadata", {})
     if not isinstance(meta, dict):
         raise _error(path, f"not a valid notebook: `metadata` is {_kind(meta)}, not an object")
-    for key, field in (("kernelspec", "language"), ("language_info", "name")):
+    for key, member in (("kernelspec", "language"), ("language_info", "name")):
         part = meta.get(key)
         if part is None:
             continue
         if not isinstance(part, dict):
             raise _error(path, f"not a valid notebook: `metadata.{key}` is {_kind(part)}, not an object")
-        if part.get(field) is not None and not isinstance(part[field], str):
-            raise _error(path, f"not a valid notebook: `metadata.{key}.{field}` is {_kind(part[field])}, "
+        if part.get(member) is not None and not isinstance(part[member], str):
+            raise _error(path, f"not a valid notebook: `metadata.{key}.{member}` is {_kind(part[member])}, "
                                "not a string")
     for n, cell in enumerate(nb["cells"], 1):
         if not isinstance(cell, dict):

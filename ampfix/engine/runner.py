@@ -15,7 +15,7 @@ from ampfix.engine import fileio
 from ampfix.engine.config import Config, ConfigError, parse_size, parse_version, resolve_config
 from ampfix.engine.discovery import discover, matches_any
 from ampfix.engine import guard, signals
-from ampfix.engine import registry, rulemeta
+from ampfix.engine import rulemeta
 from ampfix.engine.results import FileError, FileResult, InputError, Settings, decode_source, error_objects
 from ampfix.engine.rulemeta import SelectionError
 

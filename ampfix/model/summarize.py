@@ -294,7 +294,7 @@ class Summarizer:
         return hit
 
     def _find(self, node: cst.CSTNode) -> Optional[Tuple[int, int]]:
-        m, text = self.model, self.text
+        text = self.text
         if text is None:
             return None
         qual, owner = self._owner(node)
