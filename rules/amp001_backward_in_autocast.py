@@ -23,7 +23,7 @@ class BackwardInAutocast(Rule):
     )
     triggers = ("autocast",)
     requires = (("backward",),)
-    project_requires = (("with",),)
+    project_requires = (("with",), ("autocast", ".backward("))
     fixable = "sometimes"
     fix_note = "safe when only backward/step/zero_grad/scaler calls move, else unsafe"
     docs = """

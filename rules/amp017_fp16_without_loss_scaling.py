@@ -22,7 +22,7 @@ class Fp16WithoutLossScaling(Rule):
                "bfloat16 where the hardware has it")
     triggers = ("autocast",)
     requires = (("backward",),)
-    project_requires = (("backward", "autocast"),)
+    project_requires = (("autocast", ".backward("),)
     fixable = "unsafe"
     fix_note = "unsafe (a GradScaler around backward/step/update when all are in the function; else `dtype=torch.bfloat16`)"
     docs = """

@@ -2,11 +2,11 @@
 them before it analyses anything (see ampfix/engine/rulemeta.py). Do not edit; regenerate.
 """
 
-DIGEST = '6389a2ddcebb99841f682349662750a5e7a713af266f09be2e198693b798f014'
+DIGEST = '5c433d30256b794411326a427bfcccc39ed453c3f199f2895275fcf6fe700f69'
 
 RULES = [
     ('AMP001', 'backward-in-autocast', True, ('autocast',), (),
-     (('backward',),), (('with',),), False),
+     (('backward',),), (('with',), ('autocast', '.backward(')), False),
     ('AMP002', 'autocast-outside-dataparallel', True, ('DataParallel', 'parallel_apply', 'data_parallel', 'Thread'), (),
      (('autocast',),), (('DataParallel', 'parallel_apply', 'data_parallel', 'Thread'),), False),
     ('AMP003', 'clip-scaled-gradients', True, ('.scale(',), (),
@@ -38,7 +38,7 @@ RULES = [
     ('AMP016', 'autocast-dtype-ignored', True, ('autocast',), (),
      (('dtype', 'GradScaler'),), (('autocast',),), False),
     ('AMP017', 'fp16-without-loss-scaling', True, ('autocast',), (),
-     (('backward',),), (('backward', 'autocast'),), False),
+     (('backward',),), (('autocast', '.backward('),), False),
     ('AMP101', 'deprecated-amp-api', True, ('cuda.amp', 'cpu.amp', 'torch.cuda import', 'torch.cpu import'), (),
      (), None, False),
     ('AMP102', 'apex-amp', True, ('apex',), (),

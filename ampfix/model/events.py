@@ -788,21 +788,35 @@ class Events:
                         return ForeignFunction(c.module, f"{c.qual}.{rest}", c)
             return None
         if kind == "value":
-            from ampfix.model.foreign import Synthetic
-            from ampfix.model.summary import Value
-
-            expr = self.materialize(Value(rest), Synthetic(ff.module, ff.owner, bindings or None))  # type: ignore[attr-defined]
-            if expr is None:
-                return None
-            d = self.foreign_definition(expr)  # type: ignore[attr-defined]
-            if d is not None and type(d).__name__ == "ForeignFunction":
-                return d
-            if d is not None and type(d).__name__ == "ForeignClass":
-                return self.foreign_method(d, "__init__")  # type: ignore[attr-defined]
-            if isinstance(expr, cst.Attribute):
-                return self._method_on_values(expr.value, expr.attr.value)  # type: ignore[attr-defined]
-            return self._method_on_values(expr, "__call__")  # type: ignore[attr-defined]
+            # what a value callee names depends on its module, its class and, for a parameter
+            # (`__param__`), the call's bindings: without a parameter, resolved once per file
+            memo = None if "__param__" in rest else self.__dict__.setdefault("_value_callees", {})
+            mkey = (id(ff.module), getattr(ff.owner, "key", None), rest)
+            if memo is not None and mkey in memo:
+                return memo[mkey]
+            found = self._value_callee(rest, ff, bindings)
+            if memo is not None:
+                memo[mkey] = found
+            return found
         return None
+
+    def _value_callee(self, rest: str, ff, bindings):
+        """A `value:` callee of a summary: the function of another module it names, or a method of
+        the objects it holds."""
+        from ampfix.model.foreign import Synthetic
+        from ampfix.model.summary import Value
+
+        expr = self.materialize(Value(rest), Synthetic(ff.module, ff.owner, bindings or None))  # type: ignore[attr-defined]
+        if expr is None:
+            return None
+        d = self.foreign_definition(expr)  # type: ignore[attr-defined]
+        if d is not None and type(d).__name__ == "ForeignFunction":
+            return d
+        if d is not None and type(d).__name__ == "ForeignClass":
+            return self.foreign_method(d, "__init__")  # type: ignore[attr-defined]
+        if isinstance(expr, cst.Attribute):
+            return self._method_on_values(expr.value, expr.attr.value)  # type: ignore[attr-defined]
+        return self._method_on_values(expr, "__call__")  # type: ignore[attr-defined]
 
     def _foreign_scale_source(self, e, call: cst.Call, ff) -> Optional[str]:
         source = e.scale_source
