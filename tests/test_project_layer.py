@@ -310,3 +310,24 @@ def test_callers_in_other_modules_bind_arguments(tmp_path):
     func = m.functions["train"][0]
     (value,) = m.foreign_argument_values(func, "scaler")
     assert m.is_synthetic(value) and m.built_disabled(value)
+
+
+def test_an_apex_migration_is_project_wide_or_not_applied(tmp_path):
+    """A module migrated to native AMP while another one still calls apex amp would lose fp16
+    training there (nothing initialises apex any more): the migration is refused with the other
+    module named; without that other use it is applied."""
+    from conftest import FIXTURES, run_ampfix
+
+    script = (FIXTURES / "rules" / "AMP102" / "bad_basic.py").read_text()
+    hook = "from apex import amp\n\n\ndef backward(loss, optimizer):\n" \
+           "    with amp.scale_loss(loss, optimizer) as scaled:\n        scaled.backward()\n"
+    tree(tmp_path, {"pyproject.toml": "", "train.py": script, "hooks.py": hook})
+    res = run_ampfix("rewrite", "--unsafe-fixes", "--no-cache", "train.py", cwd=tmp_path)
+    assert (tmp_path / "train.py").read_text() == script
+    out = res.stdout.decode() if isinstance(res.stdout, bytes) else res.stdout
+    check = run_ampfix("check", "--no-cache", "--output-format", "full", "train.py", cwd=tmp_path)
+    shown = check.stdout.decode() if isinstance(check.stdout, bytes) else check.stdout
+    assert "apex amp is also used in hooks.py:5" in shown, shown + out
+    (tmp_path / "hooks.py").write_text("def backward(loss, optimizer):\n    loss.backward()\n")
+    run_ampfix("rewrite", "--unsafe-fixes", "--no-cache", "train.py", cwd=tmp_path)
+    assert "GradScaler" in (tmp_path / "train.py").read_text()

@@ -248,6 +248,10 @@ def _analyze(
     # migration's follow-up edits (an import its fixed uses left unused) exist only after one
     ctx.extra["rewrite_pass"] = rewrite_pass
     ctx.extra["rewrite_memo"] = {} if memo is None else memo  # kept across the passes of one rewrite
+    if "apex" in text and any(r.code == "AMP102" for r in rules):
+        # an apex migration is project-wide or not applied (`migrations/apex.py`, `_elsewhere`)
+        uses = getattr(model.foreign, "apex_amp_uses", None)
+        ctx.extra["apex_amp_elsewhere"] = uses(path) if uses is not None and path else ()
     found: List[_Found] = []
     # a rule that judges the `# noqa` directives themselves (AMP901) runs after the others,
     # told which directives silenced something and which codes were selected for this file

@@ -36,6 +36,9 @@ SKIP_DIRS = {".git", ".hg", ".svn", "__pycache__", ".venv", "venv", "env", ".env
 _IMPORTED_RE = re.compile(r'^__imported__\("([^"]*)"\)((?:\.\w+)*)$')
 _LOCAL_RE = re.compile(r"^__local__((?:\.\w+)+)$")
 _DOTTED_RE = re.compile(r"^[A-Za-z_]\w*(?:\.\w+)*$")
+_APEX_AMP_IMPORT = re.compile(r"^[ \t]*(?:from[ \t]+apex[ \t]+import[ \t]+(?:\(?[\w, \t]*\b)?amp\b|import[ \t]+apex\b)",
+                              re.MULTILINE)
+_APEX_AMP_USE = re.compile(r"\bamp\.(?:initialize|scale_loss|master_params|state_dict|load_state_dict)\(")
 
 
 class SummaryStore(Protocol):
@@ -447,6 +450,30 @@ class Project:
         path = os.path.abspath(path)
         related = [*self.imports_of(path), *self.importers_of(path)]
         return "\n".join(self.text(f) or "" for f in related)
+
+    def apex_amp_uses(self, path: str) -> List[Tuple[str, int]]:
+        """The other modules of the project that use NVIDIA apex's amp (`amp.initialize`,
+        `amp.scale_loss`, `amp.master_params`, `amp.state_dict`, `amp.load_state_dict`, after an
+        import of apex's amp): (path relative to the root, line) of the first use in each, read
+        from their text. A migration of one module to native AMP is project-wide or not applied
+        (`ampfix/migrations/apex.py`)."""
+        path = os.path.abspath(path)
+        out: List[Tuple[str, int]] = []
+        for f in self.files():
+            if f == path:
+                continue
+            source = self._sources.get(f) or _read(f)
+            if source is None or "apex" not in source.text:
+                continue
+            self._sources.setdefault(f, source)
+            text = source.text
+            if not _APEX_AMP_IMPORT.search(text):
+                continue
+            use = _APEX_AMP_USE.search(text)
+            if use is not None:
+                self._touch(f)
+                out.append((os.path.relpath(f, self.root), text.count("\n", 0, use.start()) + 1))
+        return out
 
     # ------------------------------------------------------------------ callers
     def files(self) -> List[str]:
