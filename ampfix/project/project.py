@@ -203,6 +203,7 @@ class Project:
                 self._kept.pop(next(iter(self._kept)))
         try:
             model = AmpModel(module, foreign=NO_FACTS, path=path)
+            model.source_text = source.text  # type: ignore[attr-defined]  # positions per statement, no full pass
             return summarize(model, source.digest, source.text)
         except (RecursionError, MemoryError, ValueError, KeyError, AttributeError, TypeError):
             return None  # a module the model cannot read costs only its own facts
