@@ -2,7 +2,7 @@
 them before it analyses anything (see ampfix/engine/rulemeta.py). Do not edit; regenerate.
 """
 
-DIGEST = '5c433d30256b794411326a427bfcccc39ed453c3f199f2895275fcf6fe700f69'
+DIGEST = '3fa7044af0bb9d583dffec20e5871e8ebf0081a4ece39e290f54bafafd44ce8a'
 
 RULES = [
     ('AMP001', 'backward-in-autocast', True, ('autocast',), (),
