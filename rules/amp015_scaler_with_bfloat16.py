@@ -33,12 +33,21 @@ reader that this code runs float16.
 Reported when every enabled (or possibly enabled) autocast region of the file provably runs in
 bfloat16 (`dtype=torch.bfloat16`, a variable or table whose values are all bfloat16, or CPU
 autocast's default) and the scaler's `enabled=` is not tied to float16 (`enabled=use_fp16`,
-`enabled=(dtype == torch.float16)` are correct). A region whose dtype is a variable that may be
-float16, or any float16 region, keeps the file silent.
+`enabled=(dtype == torch.float16)` are correct). Also reported when every region takes its dtype
+from one variable that the code chooses among bfloat16 and float16 (`torch.bfloat16 if
+torch.cuda.is_bf16_supported() else torch.float16`, `{"fp16": torch.float16, "bf16":
+torch.bfloat16}[args.precision]`, a test of a setting) and the scaler is enabled whatever it
+holds (always, or by an AMP switch that is on under bfloat16 too: `enabled=args.amp`): the
+bfloat16 runs scale for nothing. Regions used as decorators (`@torch.autocast(...)` on
+`forward`) count like `with` blocks. Silent: any float16 region, a region whose dtype is
+unknown or taken from another variable, a scaler built under a test of the dtype (`GradScaler()
+if dtype == torch.float16 else None`).
 
 The fix (unsafe: a disabled scaler saves an empty state and takes a plain `optimizer.step()`)
 sets `enabled=<dtype> == torch.float16` when every region takes its dtype from one variable that
-the scaler's code can read, else `enabled=False`.
+the scaler's code can read, else `enabled=False`; when that variable may be float16 only the
+first is offered (with `enabled=` an AMP switch: `(<switch>) and <dtype> == torch.float16`), and
+no fix when it cannot be read there or may hold strings.
 
 The results do not change: multiplying by a power of two is exact and bfloat16 gradients have
 float32's range, so they overflow no more than float32 ones and the scale stays where it is.
@@ -71,11 +80,20 @@ scaler.update()
 ```
 """
 
+    configured_message = ("this GradScaler is enabled whatever `{dtype}` holds, and the code may choose bfloat16 "
+                          "there ({values}): under bfloat16 the scaler only adds work (an inf/NaN check per step); "
+                          "enable it only for float16")
+
     def check(self, ctx: FileContext) -> Iterator[Violation]:
         model = ctx.model
         regions = model.autocast_regions()
-        if not regions or any(model.region_dtype(r) != "bfloat16" for r in regions):
+        if not regions:
             return
+        configured = None
+        if any(model.region_dtype(r) != "bfloat16" for r in regions):
+            configured = _configured_dtype(model, regions)
+            if configured is None:
+                return
         scaling = {dotted(c.func.value) for c in model.calls  # type: ignore[attr-defined]
                    if isinstance(c.func, cst.Attribute) and c.func.attr.value == "scale"
                    and model.is_scaler(c.func.value)}
@@ -87,11 +105,20 @@ scaler.update()
             enabled = model.scaler_enabled(call)
             if enabled is not None and (literal_bool(enabled) is False or model.float16_gated(enabled)):
                 continue
-            yield Violation(call, fix=self._fix(model, call, enabled, regions))
+            if configured is None:
+                yield Violation(call, fix=self._fix(model, call, enabled, regions))
+                continue
+            if _built_under_dtype_test(model, call):
+                continue  # `GradScaler() if dtype == torch.float16 else None`
+            fix = self._fix(model, call, enabled, regions, tie_only=True)
+            values = " or ".join(sorted(configured[1]))
+            yield Violation(call, message=self.configured_message.format(dtype=configured[0], values=values), fix=fix)
 
     @staticmethod
     def _fix(model: AmpModel, call: cst.Call, enabled: Optional[cst.BaseExpression],
-             regions: List[Region]) -> Optional[Fix]:
+             regions: List[Region], tie_only: bool = False) -> Optional[Fix]:
+        """`tie_only`: the dtype may be float16 too; only `enabled=<dtype> == torch.float16` keeps
+        the scaler where it is needed (a dtype of strings cannot be compared with it)."""
         if any(a.star for a in call.args):
             return None
         texts = {model.code(r.dtype_node) if r.dtype_node is not None else None for r in regions}
@@ -101,6 +128,8 @@ scaler.update()
         if text is not None and node is not None and model.dtype_name(node) == "dynamic" \
                 and _readable(model, node, call):
             tie = f"{text} == {model.torch_alias() or 'torch'}.float16"
+        if tie_only and (tie is None or not model.torch_dtype_valued(node)):
+            return None
         if tie is None:
             value = "False"
         elif enabled is None or literal_bool(enabled) is True:
@@ -128,3 +157,30 @@ def _readable(model: AmpModel, expr: cst.CSTNode, at: cst.CSTNode) -> bool:
         return False
     same = [n for n, _ in model.assignments_to(key) if model.scope_of(n) is model.scope_of(at)]
     return not same or any(model.before(n, at) for n in same)
+
+
+def _configured_dtype(model: AmpModel, regions: List[Region]):
+    """Every region runs in the dtype of one expression (`dtype=amp_dtype`) that the code
+    chooses among bfloat16 and float16 (or float32): a table read by a setting, a test of
+    `torch.cuda.is_bf16_supported()`, a flag. (its text, its dtypes), or None."""
+    texts = {model.code(r.dtype_node) if r.dtype == "dynamic" and r.dtype_node is not None else None
+             for r in regions}
+    if len(texts) != 1 or None in texts:
+        return None
+    values = {model.dtype_values(r.dtype_node) for r in regions}
+    if len(values) != 1 or None in values:
+        return None
+    (dtypes,) = values
+    if "bfloat16" not in dtypes or len(dtypes) < 2 or not dtypes <= {"bfloat16", "float16", "float32"}:
+        return None
+    return texts.pop(), dtypes
+
+
+def _built_under_dtype_test(model: AmpModel, call: cst.Call) -> bool:
+    """The scaler is built (or enabled) under a condition on the dtype or the precision."""
+    child: cst.CSTNode = call
+    for anc in model.ancestors(call):
+        if isinstance(anc, (cst.If, cst.IfExp)) and child is not anc.test and model.float16_gated(anc.test):
+            return True
+        child = anc
+    return False

@@ -2,7 +2,7 @@
 them before it analyses anything (see ampfix/engine/rulemeta.py). Do not edit; regenerate.
 """
 
-DIGEST = '3fa7044af0bb9d583dffec20e5871e8ebf0081a4ece39e290f54bafafd44ce8a'
+DIGEST = 'ee79484b41aba26161c8fc3cf914f2444286d83bf8e00967ec2ba389027c0a47'
 
 RULES = [
     ('AMP001', 'backward-in-autocast', True, ('autocast',), (),
