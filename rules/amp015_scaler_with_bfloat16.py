@@ -7,7 +7,7 @@ from typing import Iterator, List, Optional
 import libcst as cst
 
 from ampfix.fixes.edits import set_keyword
-from ampfix.model import AmpModel, Region, dotted, literal_bool
+from ampfix.model import AmpModel, Region, call_name, dotted, literal_bool, literal_string
 from ampfix.rule import UNSAFE, FileContext, Fix, Rule, Violation
 
 
@@ -37,8 +37,10 @@ autocast's default) and the scaler's `enabled=` is not tied to float16 (`enabled
 from one variable that the code chooses among bfloat16 and float16 (`torch.bfloat16 if
 torch.cuda.is_bf16_supported() else torch.float16`, `{"fp16": torch.float16, "bf16":
 torch.bfloat16}[args.precision]`, a test of a setting) and the scaler is enabled whatever it
-holds (always, or by an AMP switch that is on under bfloat16 too: `enabled=args.amp`): the
-bfloat16 runs scale for nothing. Regions used as decorators (`@torch.autocast(...)` on
+holds (always, or by an AMP switch that is on under bfloat16 too: `enabled=args.amp`), when the
+choice gives bfloat16 where nothing is asked for (on hardware that has it, or by the default of
+the command-line option it reads): the default runs scale for nothing. A choice that gives
+bfloat16 only when asked for (`--precision bf16` with a float16 default) is left alone. Regions used as decorators (`@torch.autocast(...)` on
 `forward`) count like `with` blocks. Silent: any float16 region, a region whose dtype is
 unknown or taken from another variable, a scaler built under a test of the dtype (`GradScaler()
 if dtype == torch.float16 else None`).
@@ -173,7 +175,63 @@ def _configured_dtype(model: AmpModel, regions: List[Region]):
     (dtypes,) = values
     if "bfloat16" not in dtypes or len(dtypes) < 2 or not dtypes <= {"bfloat16", "float16", "float32"}:
         return None
+    chosen = _default_choice(model, regions[0].dtype_node)
+    if chosen is None or model.dtype_values(chosen) != {"bfloat16"}:
+        return None  # bfloat16 only when asked for (`--amp-dtype bfloat16`): the default run needs the scaler
     return texts.pop(), dtypes
+
+
+def _default_choice(model: AmpModel, expr: cst.CSTNode, depth: int = 0) -> Optional[cst.CSTNode]:
+    """What a dtype choice gives where nothing is asked for: on hardware that has bfloat16
+    (`torch.bfloat16 if torch.cuda.is_bf16_supported() else ...`), with the defaults of this
+    file's command-line options (a table read by one, a test of one); None when unknown."""
+    if depth > 4:
+        return None
+    api = model.api_of(expr)
+    if api is not None and api.kind.startswith("dtype."):
+        return expr
+    if isinstance(expr, (cst.Name, cst.Attribute)):
+        default = model.option_default(expr)
+        if default is not None:
+            return default
+        values = [v for v in model.values_of(expr) if v is not expr]
+        return _default_choice(model, values[0], depth + 1) if len(values) == 1 \
+            and isinstance(values[0], cst.CSTNode) else None
+    if isinstance(expr, cst.IfExp):
+        test = _default_test(model, expr.test, depth)
+        return None if test is None else _default_choice(model, expr.body if test else expr.orelse, depth + 1)
+    if isinstance(expr, cst.Subscript) and isinstance(expr.value, cst.Dict) and len(expr.slice) == 1 \
+            and isinstance(expr.slice[0].slice, cst.Index):
+        key = _default_choice(model, expr.slice[0].slice.value, depth + 1)
+        name = literal_string(key) if key is not None else None
+        hit = [el.value for el in expr.value.elements if isinstance(el, cst.DictElement)
+               and name is not None and literal_string(el.key) == name]
+        return _default_choice(model, hit[0], depth + 1) if len(hit) == 1 else None
+    if isinstance(expr, cst.Call) and model.is_builtin(expr.func, "getattr") and len(expr.args) == 2 \
+            and dotted(expr.args[0].value) == model.torch_alias():
+        return _default_choice(model, expr.args[1].value, depth + 1)
+    return expr
+
+
+def _default_test(model: AmpModel, test: cst.BaseExpression, depth: int) -> Optional[bool]:
+    """A choice's test where nothing is asked for: `torch.cuda.is_bf16_supported()` (alone or
+    with `torch.cuda.is_available()`) is true on hardware that has bfloat16; `opt == "bf16"`
+    compares an option's default."""
+    if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.And):
+        left, right = _default_test(model, test.left, depth), _default_test(model, test.right, depth)
+        return None if left is None or right is None else left and right
+    if isinstance(test, cst.Call) and call_name(test) in ("is_bf16_supported", "is_available") \
+            and "cuda" in (dotted(test.func) or ""):
+        return True
+    if isinstance(test, cst.Comparison) and len(test.comparisons) == 1 \
+            and isinstance(test.comparisons[0].operator, (cst.Equal, cst.NotEqual)):
+        left = _default_choice(model, test.left, depth + 1)
+        right = test.comparisons[0].comparator
+        a, b = literal_string(left) if left is not None else None, literal_string(right)
+        if a is None or b is None:
+            return None
+        return (a == b) == isinstance(test.comparisons[0].operator, cst.Equal)
+    return None
 
 
 def _built_under_dtype_test(model: AmpModel, call: cst.Call) -> bool:

@@ -2,7 +2,7 @@
 them before it analyses anything (see ampfix/engine/rulemeta.py). Do not edit; regenerate.
 """
 
-DIGEST = 'ee79484b41aba26161c8fc3cf914f2444286d83bf8e00967ec2ba389027c0a47'
+DIGEST = '149d9a6befd0664b3f6be15a83e1dc5b4f5fbd9b351c5eaecb1aac6e0aa82de2'
 
 RULES = [
     ('AMP001', 'backward-in-autocast', True, ('autocast',), (),
