@@ -7,7 +7,7 @@ from typing import Iterator, List, Optional
 import libcst as cst
 
 from ampfix.fixes.edits import set_keyword
-from ampfix.model import AmpModel, Region, dotted, literal_bool
+from ampfix.model import AmpModel, Region, call_name, dotted, literal_bool, literal_string
 from ampfix.rule import UNSAFE, FileContext, Fix, Rule, Violation
 
 
@@ -33,12 +33,23 @@ reader that this code runs float16.
 Reported when every enabled (or possibly enabled) autocast region of the file provably runs in
 bfloat16 (`dtype=torch.bfloat16`, a variable or table whose values are all bfloat16, or CPU
 autocast's default) and the scaler's `enabled=` is not tied to float16 (`enabled=use_fp16`,
-`enabled=(dtype == torch.float16)` are correct). A region whose dtype is a variable that may be
-float16, or any float16 region, keeps the file silent.
+`enabled=(dtype == torch.float16)` are correct). Also reported when every region takes its dtype
+from one variable that the code chooses among bfloat16 and float16 (`torch.bfloat16 if
+torch.cuda.is_bf16_supported() else torch.float16`, `{"fp16": torch.float16, "bf16":
+torch.bfloat16}[args.precision]`, a test of a setting) and the scaler is enabled whatever it
+holds (always, or by an AMP switch that is on under bfloat16 too: `enabled=args.amp`), when the
+choice gives bfloat16 where nothing is asked for (on hardware that has it, or by the default of
+the command-line option it reads): the default runs scale for nothing. A choice that gives
+bfloat16 only when asked for (`--precision bf16` with a float16 default) is left alone. Regions used as decorators (`@torch.autocast(...)` on
+`forward`) count like `with` blocks. Silent: any float16 region, a region whose dtype is
+unknown or taken from another variable, a scaler built under a test of the dtype (`GradScaler()
+if dtype == torch.float16 else None`).
 
 The fix (unsafe: a disabled scaler saves an empty state and takes a plain `optimizer.step()`)
 sets `enabled=<dtype> == torch.float16` when every region takes its dtype from one variable that
-the scaler's code can read, else `enabled=False`.
+the scaler's code can read, else `enabled=False`; when that variable may be float16 only the
+first is offered (with `enabled=` an AMP switch: `(<switch>) and <dtype> == torch.float16`), and
+no fix when it cannot be read there or may hold strings.
 
 The results do not change: multiplying by a power of two is exact and bfloat16 gradients have
 float32's range, so they overflow no more than float32 ones and the scale stays where it is.
@@ -71,11 +82,20 @@ scaler.update()
 ```
 """
 
+    configured_message = ("this GradScaler is enabled whatever `{dtype}` holds, and the code may choose bfloat16 "
+                          "there ({values}): under bfloat16 the scaler only adds work (an inf/NaN check per step); "
+                          "enable it only for float16")
+
     def check(self, ctx: FileContext) -> Iterator[Violation]:
         model = ctx.model
         regions = model.autocast_regions()
-        if not regions or any(model.region_dtype(r) != "bfloat16" for r in regions):
+        if not regions:
             return
+        configured = None
+        if any(model.region_dtype(r) != "bfloat16" for r in regions):
+            configured = _configured_dtype(model, regions)
+            if configured is None:
+                return
         scaling = {dotted(c.func.value) for c in model.calls  # type: ignore[attr-defined]
                    if isinstance(c.func, cst.Attribute) and c.func.attr.value == "scale"
                    and model.is_scaler(c.func.value)}
@@ -87,11 +107,20 @@ scaler.update()
             enabled = model.scaler_enabled(call)
             if enabled is not None and (literal_bool(enabled) is False or model.float16_gated(enabled)):
                 continue
-            yield Violation(call, fix=self._fix(model, call, enabled, regions))
+            if configured is None:
+                yield Violation(call, fix=self._fix(model, call, enabled, regions))
+                continue
+            if _built_under_dtype_test(model, call):
+                continue  # `GradScaler() if dtype == torch.float16 else None`
+            fix = self._fix(model, call, enabled, regions, tie_only=True)
+            values = " or ".join(sorted(configured[1]))
+            yield Violation(call, message=self.configured_message.format(dtype=configured[0], values=values), fix=fix)
 
     @staticmethod
     def _fix(model: AmpModel, call: cst.Call, enabled: Optional[cst.BaseExpression],
-             regions: List[Region]) -> Optional[Fix]:
+             regions: List[Region], tie_only: bool = False) -> Optional[Fix]:
+        """`tie_only`: the dtype may be float16 too; only `enabled=<dtype> == torch.float16` keeps
+        the scaler where it is needed (a dtype of strings cannot be compared with it)."""
         if any(a.star for a in call.args):
             return None
         texts = {model.code(r.dtype_node) if r.dtype_node is not None else None for r in regions}
@@ -101,6 +130,8 @@ scaler.update()
         if text is not None and node is not None and model.dtype_name(node) == "dynamic" \
                 and _readable(model, node, call):
             tie = f"{text} == {model.torch_alias() or 'torch'}.float16"
+        if tie_only and (tie is None or not model.torch_dtype_valued(node)):
+            return None
         if tie is None:
             value = "False"
         elif enabled is None or literal_bool(enabled) is True:
@@ -128,3 +159,86 @@ def _readable(model: AmpModel, expr: cst.CSTNode, at: cst.CSTNode) -> bool:
         return False
     same = [n for n, _ in model.assignments_to(key) if model.scope_of(n) is model.scope_of(at)]
     return not same or any(model.before(n, at) for n in same)
+
+
+def _configured_dtype(model: AmpModel, regions: List[Region]):
+    """Every region runs in the dtype of one expression (`dtype=amp_dtype`) that the code
+    chooses among bfloat16 and float16 (or float32): a table read by a setting, a test of
+    `torch.cuda.is_bf16_supported()`, a flag. (its text, its dtypes), or None."""
+    texts = {model.code(r.dtype_node) if r.dtype == "dynamic" and r.dtype_node is not None else None
+             for r in regions}
+    if len(texts) != 1 or None in texts:
+        return None
+    values = {model.dtype_values(r.dtype_node) for r in regions}
+    if len(values) != 1 or None in values:
+        return None
+    (dtypes,) = values
+    if "bfloat16" not in dtypes or len(dtypes) < 2 or not dtypes <= {"bfloat16", "float16", "float32"}:
+        return None
+    chosen = _default_choice(model, regions[0].dtype_node)
+    if chosen is None or model.dtype_values(chosen) != {"bfloat16"}:
+        return None  # bfloat16 only when asked for (`--amp-dtype bfloat16`): the default run needs the scaler
+    return texts.pop(), dtypes
+
+
+def _default_choice(model: AmpModel, expr: cst.CSTNode, depth: int = 0) -> Optional[cst.CSTNode]:
+    """What a dtype choice gives where nothing is asked for: on hardware that has bfloat16
+    (`torch.bfloat16 if torch.cuda.is_bf16_supported() else ...`), with the defaults of this
+    file's command-line options (a table read by one, a test of one); None when unknown."""
+    if depth > 4:
+        return None
+    api = model.api_of(expr)
+    if api is not None and api.kind.startswith("dtype."):
+        return expr
+    if isinstance(expr, (cst.Name, cst.Attribute)):
+        default = model.option_default(expr)
+        if default is not None:
+            return default
+        values = [v for v in model.values_of(expr) if v is not expr]
+        return _default_choice(model, values[0], depth + 1) if len(values) == 1 \
+            and isinstance(values[0], cst.CSTNode) else None
+    if isinstance(expr, cst.IfExp):
+        test = _default_test(model, expr.test, depth)
+        return None if test is None else _default_choice(model, expr.body if test else expr.orelse, depth + 1)
+    if isinstance(expr, cst.Subscript) and isinstance(expr.value, cst.Dict) and len(expr.slice) == 1 \
+            and isinstance(expr.slice[0].slice, cst.Index):
+        key = _default_choice(model, expr.slice[0].slice.value, depth + 1)
+        name = literal_string(key) if key is not None else None
+        hit = [el.value for el in expr.value.elements if isinstance(el, cst.DictElement)
+               and name is not None and literal_string(el.key) == name]
+        return _default_choice(model, hit[0], depth + 1) if len(hit) == 1 else None
+    if isinstance(expr, cst.Call) and model.is_builtin(expr.func, "getattr") and len(expr.args) == 2 \
+            and dotted(expr.args[0].value) == model.torch_alias():
+        return _default_choice(model, expr.args[1].value, depth + 1)
+    return expr
+
+
+def _default_test(model: AmpModel, test: cst.BaseExpression, depth: int) -> Optional[bool]:
+    """A choice's test where nothing is asked for: `torch.cuda.is_bf16_supported()` (alone or
+    with `torch.cuda.is_available()`) is true on hardware that has bfloat16; `opt == "bf16"`
+    compares an option's default."""
+    if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.And):
+        left, right = _default_test(model, test.left, depth), _default_test(model, test.right, depth)
+        return None if left is None or right is None else left and right
+    if isinstance(test, cst.Call) and call_name(test) in ("is_bf16_supported", "is_available") \
+            and "cuda" in (dotted(test.func) or ""):
+        return True
+    if isinstance(test, cst.Comparison) and len(test.comparisons) == 1 \
+            and isinstance(test.comparisons[0].operator, (cst.Equal, cst.NotEqual)):
+        left = _default_choice(model, test.left, depth + 1)
+        right = test.comparisons[0].comparator
+        a, b = literal_string(left) if left is not None else None, literal_string(right)
+        if a is None or b is None:
+            return None
+        return (a == b) == isinstance(test.comparisons[0].operator, cst.Equal)
+    return None
+
+
+def _built_under_dtype_test(model: AmpModel, call: cst.Call) -> bool:
+    """The scaler is built (or enabled) under a condition on the dtype or the precision."""
+    child: cst.CSTNode = call
+    for anc in model.ancestors(call):
+        if isinstance(anc, (cst.If, cst.IfExp)) and child is not anc.test and model.float16_gated(anc.test):
+            return True
+        child = anc
+    return False

@@ -2,7 +2,7 @@
 them before it analyses anything (see ampfix/engine/rulemeta.py). Do not edit; regenerate.
 """
 
-DIGEST = '5c433d30256b794411326a427bfcccc39ed453c3f199f2895275fcf6fe700f69'
+DIGEST = '149d9a6befd0664b3f6be15a83e1dc5b4f5fbd9b351c5eaecb1aac6e0aa82de2'
 
 RULES = [
     ('AMP001', 'backward-in-autocast', True, ('autocast',), (),

@@ -93,18 +93,8 @@ class Precision:
         """For `args.name` where `args` holds `parser.parse_args()` (or `parse_known_args`) and
         this file declares `add_argument("--name", default=..., choices=[...])`: the default
         and the choices (the values the option may hold); None when not such an option."""
-        if not (isinstance(expr, cst.Attribute) and isinstance(expr.value, cst.Name)):
-            return None
-        if not any(isinstance(v, cst.Call) and call_name(v) in ("parse_args", "parse_known_args")
-                   or isinstance(v, ReturnedElement) and call_name(v.call) == "parse_known_args"
-                   for v in self.possible_values(expr.value)):
-            return None
-        flag = "--" + expr.attr.value
-        for call in self.calls:
-            if call_name(call) != "add_argument" or not any(
-                    (literal_string(a.value) or "").replace("-", "_") == flag.replace("-", "_")
-                    for a in call.args if a.keyword is None):
-                continue
+        call = self._option_declaration(expr)
+        if call is not None:
             out: List[cst.BaseExpression] = []
             for a in call.args:
                 if a.keyword is not None and a.keyword.value == "default":
@@ -113,6 +103,27 @@ class Precision:
                         and isinstance(a.value, (cst.List, cst.Tuple)):
                     out.extend(e.value for e in a.value.elements)
             return out or None
+        return None
+
+    def option_default(self, expr: cst.CSTNode) -> Optional[cst.BaseExpression]:
+        """For a command-line option of this file (see `option_values`): its `default=`."""
+        call = self._option_declaration(expr)
+        return None if call is None else next(
+            (a.value for a in call.args if a.keyword is not None and a.keyword.value == "default"), None)
+
+    def _option_declaration(self, expr: cst.CSTNode) -> Optional[cst.Call]:
+        if not (isinstance(expr, cst.Attribute) and isinstance(expr.value, cst.Name)):
+            return None
+        if not any(isinstance(v, cst.Call) and call_name(v) in ("parse_args", "parse_known_args")
+                   or isinstance(v, ReturnedElement) and call_name(v.call) == "parse_known_args"
+                   for v in self.possible_values(expr.value)):
+            return None
+        flag = "--" + expr.attr.value
+        for call in self.calls:
+            if call_name(call) == "add_argument" and any(
+                    (literal_string(a.value) or "").replace("-", "_") == flag.replace("-", "_")
+                    for a in call.args if a.keyword is None):
+                return call
         return None
 
     def torch_dtype_valued(self, expr: cst.CSTNode) -> bool:
