@@ -2,7 +2,7 @@
 them before it analyses anything (see ampfix/engine/rulemeta.py). Do not edit; regenerate.
 """
 
-DIGEST = '5c433d30256b794411326a427bfcccc39ed453c3f199f2895275fcf6fe700f69'
+DIGEST = 'a9fbac6c105ca8827b313f0ebbd8d44521ea3f6d86ee2f134f1488a3d270ebfd'
 
 RULES = [
     ('AMP001', 'backward-in-autocast', True, ('autocast',), (),
