@@ -2,7 +2,7 @@
 them before it analyses anything (see ampfix/engine/rulemeta.py). Do not edit; regenerate.
 """
 
-DIGEST = 'a9fbac6c105ca8827b313f0ebbd8d44521ea3f6d86ee2f134f1488a3d270ebfd'
+DIGEST = 'e61f9c5db5da8b705a64d3f6901b2a74ad239fcedb35cbaae4a4b269bfbb5f4d'
 
 RULES = [
     ('AMP001', 'backward-in-autocast', True, ('autocast',), (),
@@ -24,7 +24,7 @@ RULES = [
     ('AMP009', 'step-update-order', True, ('.scale(',), (),
      (('.step(', '.unscale_('),), (('.scale(', '.step(', '.update(', 'unscale_'),), False),
     ('AMP010', 'accumulation-boundary', True, ('.scale(',), (),
-     (('.step(',), ('%', 'accum', 'ACCUM', 'Accum', 'should_step', 'update_grad', 'need_update', 'sync_grad', 'boundary', 'update_freq', 'optimizer_step', 'do_step', 'grad_acc', 'acc_step')), None, False),
+     (('.step(',), ('%', 'accum', 'ACCUM', 'Accum', 'should_step', 'update_grad', 'need_update', 'sync_grad', 'boundary', 'update_freq', 'optimizer_step', 'do_step', 'grad_acc', 'acc_step', 'len(', 'last', '= 0', '-=')), None, False),
     ('AMP011', 'half-with-autocast', True, ('.half()', 'float16', 'torch.half'), (),
      (('autocast', 'GradScaler'),), (('.half()', 'float16', 'torch.half'),), False),
     ('AMP012', 'gradient-penalty-unscaled', True, ('autograd.grad', 'autograd import grad'), (),
