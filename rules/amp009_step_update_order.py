@@ -42,7 +42,9 @@ Found, per iteration of the training loop (or per call of a step function whose 
 another file), through helpers, methods and wrappers: a `step`/`unscale_` from which some path
 reaches the end of the iteration (or a `continue`) without `update()`, e.g. an update only
 under a condition; `unscale_` or `step` twice on one optimizer before `update()`, or `unscale_`
-after `step`; `update()` before the iteration's `step()`. A step function with no `update()` is
+after `step`; `update()` before the iteration's `step()`; `step` on every batch while `update()`
+runs only after the loop over the batches (once per epoch; reported, not fixed; a loop that
+steps a different optimizer on each pass, then updates once, is correct). A step function with no `update()` is
 reported only when nothing in the file updates that scaler (its caller may). Several updates
 between steps and the wrong scaler's update are AMP004; `unscale_`/`step`/`update` on every
 micro-batch of gradient accumulation are AMP010.
@@ -114,6 +116,11 @@ for x, y in loader:
                 continue  # the iteration of a helper of another module: reported there
             updates = [u for u in trace.of(UPDATE) if u.scaler == scaler and model.in_iteration(u, group)
                        and model.may_precede(trace, ev, u)]
+            later = model.after_iteration(trace, ev, group, UPDATE) if not updates and ev.kind == SCALER_STEP else []
+            if later and not ev.event.foreign:
+                shown = model.anchor(ev, end)[0]
+                yield Violation(shown, message=self._once_per_loop(model, ev, later[0], group, shown))
+                continue
             if not updates and not (self._never_updated(model, ev)
                                     and (group is not None or self._built_here(model, ev))):
                 continue  # updated elsewhere, or a step method whose caller (elsewhere) hands in the scaler
@@ -145,6 +152,15 @@ for x, y in loader:
         if ev.kind == UNSCALE:
             return f"`{call}` with no `scaler.update()` after it in the iteration: {again}" + where
         return StepUpdateOrder.message + where
+
+    @staticmethod
+    def _once_per_loop(model: AmpModel, ev: TraceEvent, update: TraceEvent, group, shown) -> str:
+        loop = group[1][1]
+        where = f"the loop on line {model.line(loop)}" if isinstance(loop, cst.CSTNode) else "the loop"
+        return (f"`scaler.step()` runs on every iteration of {where}, but `scaler.update()` (line "
+                f"{model.line(update.node)}) only after that loop: the second `step()` raises RuntimeError (\"step() "
+                "has already been called since the last update()\"); update after every step, in the loop"
+                + model.where(ev, shown))
 
     @staticmethod
     def _built_here(model: AmpModel, ev: TraceEvent) -> bool:

@@ -21,7 +21,8 @@ class AccumulationBoundary(Rule):
                "boundary; unscale under the boundary, right before `scaler.step()`")
     triggers = (".scale(",)
     requires = ((".step(",), ("%", "accum", "ACCUM", "Accum", "should_step", "update_grad", "need_update", "sync_grad",
-                              "boundary", "update_freq", "optimizer_step", "do_step", "grad_acc", "acc_step"))
+                              "boundary", "update_freq", "optimizer_step", "do_step", "grad_acc", "acc_step",
+                              "len(", "last", "= 0", "-="))
     fixable = "sometimes"
     fix_note = "safe (scaler and clip calls moved under the boundary) when next to it; unsafe when they assign"
     docs = """
@@ -35,10 +36,15 @@ only on the boundary) apply each partial sum of the gradients, so the model take
 steps per window on stale, growing gradients; an `update()` on every micro-batch while `step`
 waits for the boundary raises AssertionError ("No inf checks were recorded prior to update").
 
-Found: a boundary is an `if` inside the training iteration whose test is a modulo test or names
+Found: a boundary is an `if` inside the training iteration whose test is a modulo test, names
 accumulation or a should-step flag (`accum`, `should_step`, `update_grad`, `sync_gradients`,
-...) and that guards the optimizer's `scaler.step` or `zero_grad`, while a backward of the same
-iteration runs outside it. Not found: code that already steps on the boundary (also through
+...), says the micro-batch is the last one (`(i + 1) == len(loader)`, `is_last_batch`) or
+compares a counter that the `if` resets (`if tokens_seen >= tokens_per_step: ... tokens_seen =
+0`), and that guards the optimizer's `scaler.step` or `zero_grad`, while a backward of the same
+iteration runs outside it. Also found: `unscale_` inside the loop over micro-batches (the loop
+that runs the backward) when the optimizer steps after that loop (reported, not fixed). A test
+that guards neither (logging every N steps, evaluation on the last batch) is not a boundary.
+Not found: code that already steps on the boundary (also through
 helpers and wrappers called with `update_grad=...`), an inner `for micro_step in
 range(accum):` loop with the step after it, `scaler.scale(loss / accum).backward()` on every
 micro-batch (correct), a flush after the loop, and a GAN whose second optimizer steps every k
@@ -101,6 +107,14 @@ for i, (x, y) in enumerate(loader):
 
     @staticmethod
     def _message(model: AmpModel, trace: Trace, m: Misplaced, shown: cst.CSTNode) -> str:
+        if m.boundary == m.iteration:  # the micro-batch loop itself: the step runs after it
+            loop = m.boundary[1][1]  # type: ignore[index]
+            which = f"the loop on line {model.line(loop)}" if isinstance(loop, cst.CSTNode) else "the loop"
+            return (f"`scaler.unscale_()` runs on every micro-batch of {which} that runs the backward, but the "
+                    f"optimizer steps after that loop (`scaler.step()` on line {model.line(m.guarded.node)}): the "
+                    "second micro-batch raises RuntimeError (\"unscale_() has already been called on this optimizer "
+                    "since the last update()\"); unscale once, after the loop, right before `scaler.step()`"
+                    + model.where(m.event, shown))
         if_node = model.decision_node(trace, m.guarded, m.boundary)
         test = f"`if {model.code(if_node.test)}:` on line {model.line(if_node)}" if if_node is not None \
             else f"the boundary of line {model.line(m.guarded.node)}"

@@ -34,7 +34,10 @@ optimizer. The load side that restores the optimizer but not the scaler is the s
 Only checkpoints that hold an optimizer's state count (a weights-only
 `torch.save(model.state_dict(), path)` is not a resume checkpoint), only where an enabled
 GradScaler is reachable or a run that saves also steps one, and the dict may be built where `torch.save` is called or by the caller
-of a `save_checkpoint(state, ...)` helper. The fix (unsafe: it changes the checkpoint format)
+of a `save_checkpoint(state, ...)` helper. An entry may be conditional (`None if final else
+optimizer.state_dict()`: the resume path still holds the optimizer's state), and the checkpoint may be
+a snapshot object of a class of the file (`TrainState(model=..., optimizer=..., step=...)`, saved as
+it is or as `dataclasses.asdict(state)`; reported, not fixed: the class needs a field). The fix (unsafe: it changes the checkpoint format)
 adds a `"scaler"` entry, and on the load side restores it when the checkpoint has one, so older
 checkpoints still load: every save and load of the file together, or none (a format saved on
 one side only breaks resuming). A load is fixed only when a checkpoint of the file saves the
@@ -170,6 +173,9 @@ torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
         node = state.dict_node
         if len(scalers) != 1:
             return None, ("several GradScalers are reachable here" if scalers else "no GradScaler is reachable here")
+        if isinstance(node, cst.Call) and model.snapshot_class(node) is not None:
+            return None, (f"the checkpoint is a `{model.snapshot_class(node).name.value}` object; give it a field for "
+                          f"`{scalers[0]}.state_dict()`")
         if not isinstance(node, cst.Dict) or not node.elements or key in state.keys:
             return None, "the checkpoint is not a dict literal ampfix can extend"
         new = add_dict_entry(node, string(key, model.quote()), cst.parse_expression(f"{scalers[0]}.state_dict()"))

@@ -117,3 +117,10 @@ def test_accumulation_unscale_raises_and_rewrite_passes(torch_available, tmp_pat
     _verify_raises_then_rewrite_passes(
         tmp_path, "buggy_accumulation_unscale.py",
         "RuntimeError: unscale_() has already been called on this optimizer since the last update()")
+
+
+def test_token_boundary_unscale_raises_and_rewrite_passes(torch_available, tmp_path):
+    # AMP010 with the boundary decided by a token count the boundary resets, not a modulo test.
+    _verify_raises_then_rewrite_passes(
+        tmp_path, "buggy_token_boundary.py",
+        "RuntimeError: unscale_() has already been called on this optimizer since the last update()")

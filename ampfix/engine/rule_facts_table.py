@@ -2,7 +2,7 @@
 them before it analyses anything (see ampfix/engine/rulemeta.py). Do not edit; regenerate.
 """
 
-DIGEST = '149d9a6befd0664b3f6be15a83e1dc5b4f5fbd9b351c5eaecb1aac6e0aa82de2'
+DIGEST = '53e8e38172e23bd1d2fdc9c644bd68fe00498a4283da10bb84e494316cbd6267'
 
 RULES = [
     ('AMP001', 'backward-in-autocast', True, ('autocast',), (),
@@ -24,7 +24,7 @@ RULES = [
     ('AMP009', 'step-update-order', True, ('.scale(',), (),
      (('.step(', '.unscale_('),), (('.scale(', '.step(', '.update(', 'unscale_'),), False),
     ('AMP010', 'accumulation-boundary', True, ('.scale(',), (),
-     (('.step(',), ('%', 'accum', 'ACCUM', 'Accum', 'should_step', 'update_grad', 'need_update', 'sync_grad', 'boundary', 'update_freq', 'optimizer_step', 'do_step', 'grad_acc', 'acc_step')), None, False),
+     (('.step(',), ('%', 'accum', 'ACCUM', 'Accum', 'should_step', 'update_grad', 'need_update', 'sync_grad', 'boundary', 'update_freq', 'optimizer_step', 'do_step', 'grad_acc', 'acc_step', 'len(', 'last', '= 0', '-=')), None, False),
     ('AMP011', 'half-with-autocast', True, ('.half()', 'float16', 'torch.half'), (),
      (('autocast', 'GradScaler'),), (('.half()', 'float16', 'torch.half'),), False),
     ('AMP012', 'gradient-penalty-unscaled', True, ('autograd.grad', 'autograd import grad'), (),

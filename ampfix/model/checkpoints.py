@@ -10,7 +10,7 @@ the object whose `state_dict()` they hold: model, optimizer, GradScaler, or othe
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 import libcst as cst
 
@@ -23,8 +23,9 @@ SCALER_KEYS = ("scaler", "amp", "grad_scaler", "loss_scaler")
 @dataclass
 class SavedState:
     save: cst.Call  # the torch.save call
-    dict_node: cst.CSTNode  # the dict literal or dict(...) call it saves
+    dict_node: cst.CSTNode  # the dict literal, dict(...) call or snapshot object it saves
     keys: List[str] = field(default_factory=list)  # literal keys
+    entries: List[Tuple[str, cst.BaseExpression]] = field(default_factory=list)  # (literal key, value)
     optimizers: List[cst.CSTNode] = field(default_factory=list)  # receivers of optimizer state_dict()
     scaler_state: bool = False  # a GradScaler's state (or a key named for one) is in it
     opaque: bool = False  # **spread or non-literal keys: it may hold anything
@@ -79,7 +80,7 @@ class Checkpoints:
                 out.append(state)
         return out
 
-    def _state_of(self, save: cst.Call, node: cst.CSTNode) -> Optional[SavedState]:
+    def _state_of(self, save: cst.Call, node: cst.CSTNode, depth: int = 0) -> Optional[SavedState]:
         entries = []
         if isinstance(node, cst.Dict):
             for el in node.elements:
@@ -89,6 +90,15 @@ class Checkpoints:
                     entries.append((None, None))
         elif isinstance(node, cst.Call) and self.is_builtin(node.func, "dict"):
             entries = [(a.keyword.value if a.keyword else None, a.value if a.keyword else None) for a in node.args]
+        elif depth < 2 and self._snapshot_source(node) is not None:
+            # `dataclasses.asdict(state)`, `vars(state)`, `state.__dict__`: what `state` holds
+            for v in self.possible_values(self._snapshot_source(node)):  # type: ignore[arg-type]
+                state = self._state_of(save, v, depth + 1)
+                if state is not None:
+                    return state
+            return None
+        elif isinstance(node, cst.Call) and self.snapshot_class(node) is not None:
+            entries = self._snapshot_entries(node, self.snapshot_class(node))  # type: ignore[arg-type]
         else:
             return None
         entries += self._added_entries(node)
@@ -98,13 +108,60 @@ class Checkpoints:
                 state.opaque = True
                 continue
             state.keys.append(key)
-            receiver = method_call(value, "state_dict") if value is not None else None
-            if receiver is not None and self.scaler_key(receiver) is not None or key.lower() in SCALER_KEYS \
+            state.entries.append((key, value))
+            receivers = self.state_receivers(value) if value is not None else []
+            if any(self.scaler_key(r) is not None for r in receivers) or key.lower() in SCALER_KEYS \
                     or "scaler" in key.lower():
                 state.scaler_state = True
-            elif receiver is not None and self.is_optimizer(receiver):
-                state.optimizers.append(receiver)
+            else:
+                state.optimizers.extend([r for r in receivers if self.is_optimizer(r)][:1])
         return state
+
+    def state_receivers(self, value: cst.CSTNode) -> List[cst.BaseExpression]:
+        """The objects whose `X.state_dict()` the value `value` may hold: either branch of a
+        conditional expression (`None if final else opt.state_dict()`: the resume path still
+        saves it), a name bound to one followed to it."""
+        out = []
+        for leaf in self.possible_values(value):
+            receiver = method_call(leaf, "state_dict")
+            if receiver is not None:
+                out.append(receiver)
+        return out
+
+    def _snapshot_source(self, node: cst.CSTNode) -> Optional[cst.BaseExpression]:
+        """`x` of `dataclasses.asdict(x)`, `vars(x)`, `x.__dict__` (an object saved as its fields)."""
+        if isinstance(node, cst.Attribute) and node.attr.value == "__dict__":
+            return node.value
+        if isinstance(node, cst.Call) and len(node.args) == 1 and node.args[0].keyword is None \
+                and not node.args[0].star and (self.is_builtin(node.func, "vars")
+                                                or "dataclasses.asdict" in self.qualnames(node.func)):
+            return node.args[0].value
+        return None
+
+    def snapshot_class(self, call: cst.Call) -> Optional[cst.ClassDef]:
+        """The class of this file whose instance `call` builds, when the call is what a
+        `torch.save` writes (a training-state snapshot: its fields are the checkpoint's keys)."""
+        return self.class_named(call.func)  # type: ignore[attr-defined]
+
+    def _snapshot_entries(self, call: cst.Call, cls: cst.ClassDef) -> list:
+        """The (field, value) pairs a snapshot object is built with: keyword arguments, and
+        positional ones mapped to a dataclass's fields in order (else unknown: opaque)."""
+        fields = [s.body[0].target.value for s in cls.body.body  # type: ignore[attr-defined]
+                  if isinstance(s, cst.SimpleStatementLine) and isinstance(s.body[0], cst.AnnAssign)
+                  and isinstance(s.body[0].target, cst.Name)]
+        dataclass = any("dataclass" in (dotted(d.decorator.func if isinstance(d.decorator, cst.Call)
+                                               else d.decorator) or "") for d in cls.decorators)
+        out = []
+        for i, a in enumerate(call.args):
+            if a.star:
+                out.append((None, None))
+            elif a.keyword is not None:
+                out.append((a.keyword.value, a.value))
+            elif dataclass and i < len(fields):
+                out.append((fields[i], a.value))
+            else:
+                out.append((None, None))
+        return out
 
     def _added_entries(self, node: cst.CSTNode) -> list:
         """Entries added to the dict after it is built: `ckpt["scaler"] = ...` on the name it is

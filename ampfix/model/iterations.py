@@ -32,11 +32,14 @@ from typing import Callable, Dict, Hashable, List, Optional, Tuple
 import libcst as cst
 
 from ampfix.model.events import BACKWARD, EXIT, SCALER_STEP, UNSCALE, UPDATE, ZERO_GRAD, Event, Trace, TraceEvent
+from ampfix.model.readwrite import reads_writes
 from ampfix.model.syntax import call_name
 from ampfix.model.tree import LOOP_TYPES, dotted
 
 Group = Hashable
 # a test that names gradient accumulation or "this micro-batch steps"
+# a test that says "this is the last micro-batch" (of the loader, the window)
+LAST_TEST = re.compile(r"\bis_last|last_batch|last_micro|last_iter_in|end_of_accum", re.IGNORECASE)
 ACCUM_TEST = re.compile(r"accum|grad_acc|acc_step|accu_step|should_step|do_step|update_grad|need_update|"
                         r"sync_grad|optimizer_step|is_last_micro|boundary|update_freq", re.IGNORECASE)
 FACTORY_EXCLUDE = re.compile(r"step|zero|load|state|sched|param|wrap|close|restore", re.IGNORECASE)
@@ -255,7 +258,7 @@ class Iterations:
         expr = _parse(text)
         if expr is None:
             return False
-        if _has_modulo(expr):
+        if _has_modulo(expr) or LAST_TEST.search(text) or _last_of_sized(expr):
             return True
         if not ACCUM_TEST.search(text):
             return False
@@ -266,6 +269,15 @@ class Iterations:
             if any(isinstance(n, (cst.Integer, cst.Float)) for n in sides):
                 return False
         return True
+
+    def is_boundary(self, trace: Trace, ev: TraceEvent, group: Group) -> bool:
+        """The decision `group` on `ev`'s path is an accumulation boundary: an accumulation test
+        (`is_accumulation_test`), or the `if` of a counter it resets (`if tokens_seen >=
+        tokens_per_step: ... tokens_seen = 0`, `if micro == n: ... micro = 0`)."""
+        if self.is_accumulation_test(group):
+            return True
+        node = self.decision_node(trace, ev, group) if _is_binary(group) else None
+        return node is not None and _resets_counter(node)
 
     def decision_node(self, trace: Trace, ev: TraceEvent, group: Group) -> Optional[cst.If]:
         """The `if` statement behind `group` on `ev`'s path."""
@@ -309,6 +321,15 @@ class Iterations:
                             or self.boundaries(trace, e, group):
                         continue
                     out.append(Misplaced(e, guarded, g, group))
+        for e in trace.of(UNSCALE):  # an unscale_ in the micro-batch loop, the step after that loop
+            group = self.iteration_of(trace, e)
+            if group is None or any(m.event is e for m in out) or any(
+                    s.target == e.target and s.scaler == e.scaler and self.in_iteration(s, group)
+                    for s in trace.of(SCALER_STEP)):
+                continue
+            after = self.after_iteration(trace, e, group, SCALER_STEP)
+            if after:
+                out.append(Misplaced(e, after[0], group, group))
         for upd in trace.of(UPDATE):
             group = self.iteration_of(trace, upd)
             if self.boundaries(trace, upd, group):
@@ -332,6 +353,45 @@ class Iterations:
         cached[id(trace)] = out
         return out
 
+    def after_iteration(self, trace: Trace, ev: TraceEvent, group: Optional[Group], kind: str) -> List[TraceEvent]:
+        """The events `kind` of `ev`'s scaler (and optimizer, for a step or `unscale_`) that run
+        after `ev`'s iteration, the loop `group`, is over, in the same call: once per pass of an
+        enclosing loop (`scaler.update()` once per epoch, `scaler.step()` after the loop over
+        micro-batches) or once after it; none when an event of that kind in the iteration may
+        follow `ev`."""
+        if group is None or ev.scaler is None:
+            return []
+
+        def same(e: TraceEvent) -> bool:
+            return e.scaler == ev.scaler and (kind == UPDATE or e.target == ev.target)
+
+        if any(same(e) and self.in_iteration(e, group) and e.order > ev.order for e in trace.of(kind)) \
+                or self._varies_with_loop(ev, group):
+            return []
+        return [e for e in trace.of(kind) if same(e) and e.order > ev.order and not self.in_iteration(e, group)
+                and self.may_precede(trace, ev, e)]
+
+    def _varies_with_loop(self, ev: TraceEvent, group: Group) -> bool:
+        """`ev`'s optimizer may change with the loop's passes: it reads a name the loop binds (a
+        loop over optimizers and their losses, `for opt, loss in zip(...)`: one step of each,
+        then one update, is correct), or, in a helper the loop calls, comes from the helper's
+        parameters and the call reads such a name. Unknown loops count as varying."""
+        frame, (_, loop) = group
+        if not isinstance(loop, cst.CSTNode) or len(ev.path) <= len(frame) or not isinstance(ev.node, cst.Call):
+            return True
+        own = reads_writes(ev.node.args[0].value)[0] if ev.node.args else set()
+        site = ev.path[len(frame)]
+        if site is not ev.node:  # in a helper: its own optimizer (`self.optimizer`), or the caller's
+            func = self.function_of(ev.node)  # type: ignore[attr-defined]
+            if func is None or any(self.is_parameter(func, n) and n not in ("self", "cls")  # type: ignore[attr-defined]
+                                   for n in own):
+                own = reads_writes(site)[0]
+            elif "self" not in own:
+                return False
+            else:
+                own = {"self"}
+        return bool(own & reads_writes(loop)[1])
+
     def _steps_by_iteration(self, trace: Trace) -> Dict[Tuple, List[TraceEvent]]:
         """(scaler, iteration group) -> the trace's scaler steps, in order (built once per trace)."""
         memo = self.__dict__.setdefault("_steps_memo", {})
@@ -352,7 +412,7 @@ class Iterations:
         outer = self.loop_context(trace, group) if group is not None else {}
         out = []
         for g, br in ev.ctx.items():
-            if g in outer or g == group or not self.is_accumulation_test(g):
+            if g in outer or g == group or not self.is_boundary(trace, ev, g):
                 continue
             if any(self.in_iteration(b, group) and b.ctx.get(g) != br and not self.exclusive(b, ev)
                    for b in trace.of(BACKWARD)):
@@ -363,7 +423,7 @@ class Iterations:
                         or self.exclusive(x, ev):
                     continue
                 out.extend(g for g, br in x.ctx.items() if g not in outer and g != group and g not in ev.ctx
-                           and self.is_accumulation_test(g) and g not in out)
+                           and self.is_boundary(trace, x, g) and g not in out)
         return out
 
     # ---------------------------------------------------------------- objects
@@ -518,6 +578,58 @@ def _is_loop(group: Group) -> bool:
 def _is_binary(group: Group) -> bool:
     local = _local(group)
     return isinstance(local, tuple) and bool(local) and local[0] in ("if", "cond")
+
+
+def _last_of_sized(expr: cst.CSTNode) -> bool:
+    """`(i + 1) == len(loader)`, `i == len(loader) - 1`, `step + 1 >= len(batches)`: an index
+    compared with the length of what the loop runs over (the last micro-batch of the loader)."""
+    for node in _operands(expr, cst.Or) if isinstance(expr, cst.BooleanOperation) else [expr]:
+        if not isinstance(node, cst.Comparison) or len(node.comparisons) != 1 \
+                or not isinstance(node.comparisons[0].operator, (cst.Equal, cst.GreaterThanEqual, cst.LessThanEqual)):
+            continue
+        sides = (node.left, node.comparisons[0].comparator)
+        if any(_calls_len(side) for side in sides) and any(not _calls_len(side) and _names(side) for side in sides):
+            return True
+    return False
+
+
+def _calls_len(expr: cst.CSTNode) -> bool:
+    stack = [expr]
+    while stack:
+        n = stack.pop()
+        if isinstance(n, cst.Call) and isinstance(n.func, cst.Name) and n.func.value == "len":
+            return True
+        stack.extend(n.children)
+    return False
+
+
+def _names(expr: cst.CSTNode) -> bool:
+    return isinstance(expr, (cst.Name, cst.Attribute)) or any(_names(c) for c in expr.children
+                                                               if isinstance(c, cst.BaseExpression))
+
+
+def _resets_counter(node: cst.If) -> bool:
+    """The `if` compares a counter and its body sets it back (`= 0`, `-= ...`): the counter
+    counts the micro-batches (or tokens) of one accumulation window."""
+    test = node.test
+    if not isinstance(test, cst.Comparison) or len(test.comparisons) != 1 or not isinstance(
+            test.comparisons[0].operator, (cst.Equal, cst.GreaterThanEqual, cst.GreaterThan)):
+        return False
+    counter = dotted(test.left)
+    if counter is None or not isinstance(node.body, cst.IndentedBlock):
+        return False
+    for stmt in node.body.body:
+        if not isinstance(stmt, cst.SimpleStatementLine):
+            continue
+        for small in stmt.body:
+            if isinstance(small, cst.Assign) and len(small.targets) == 1 \
+                    and dotted(small.targets[0].target) == counter and isinstance(small.value, cst.Integer) \
+                    and small.value.value == "0":
+                return True
+            if isinstance(small, cst.AugAssign) and isinstance(small.operator, cst.SubtractAssign) \
+                    and dotted(small.target) == counter:
+                return True
+    return False
 
 
 def _has_modulo(expr: cst.CSTNode) -> bool:

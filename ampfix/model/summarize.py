@@ -468,8 +468,10 @@ class Summarizer:
             if m.scope_of(state.save) is not func:
                 continue
             what = {}
-            for key, value in _entries(state.dict_node):
-                receiver = method_call(value, "state_dict") if value is not None else None
+            for key, value in state.entries:
+                receivers = m.state_receivers(value) if value is not None else []
+                receiver = next((r for r in receivers if m.scaler_key(r) is not None or m.is_optimizer(r)),
+                                receivers[0] if receivers else None)
                 if receiver is None:
                     what[key] = "other"
                 elif m.scaler_key(receiver) is not None:
@@ -529,19 +531,6 @@ def option_value_set(m, call: cst.Call) -> List[Optional[cst.BaseExpression]]:
         out.extend(e.value for e in choices.elements if not isinstance(e, cst.StarredElement))
     else:
         out.append(None)
-    return out
-
-
-def _entries(node: cst.CSTNode) -> List[Tuple[str, Optional[cst.BaseExpression]]]:
-    out = []
-    if isinstance(node, cst.Dict):
-        for el in node.elements:
-            if isinstance(el, cst.DictElement):
-                key = literal_string(el.key)
-                if key is not None:
-                    out.append((key, el.value))
-    elif isinstance(node, cst.Call):
-        out = [(a.keyword.value, a.value) for a in node.args if a.keyword is not None]
     return out
 
 
