@@ -17,7 +17,7 @@ import libcst as cst
 from ampfix.model.events import BACKWARD, EXIT, EXTERNAL, TraceEvent
 from ampfix.model.summary import (IMPORTED, LOCAL, PARAM, SELF, UNKNOWN, ClassSummary, Effect, FunctionSummary,
                                   ModuleSummary, OutgoingCall, Param, Value)
-from ampfix.model.syntax import call_name, literal_string, method_call
+from ampfix.model.syntax import call_name, literal_string
 from ampfix.model.tree import dotted
 
 MAX_TEXT = 2000
