@@ -1,6 +1,6 @@
 """ampfix: find and fix PyTorch automatic mixed precision (AMP) mistakes."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 #: the repository: the README's install lines and each rule's documentation `url` point here
 REPOSITORY = "https://github.com/ampfix/ampfix"
