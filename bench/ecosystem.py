@@ -262,6 +262,9 @@ def check_tree(root: Path, jobs: int) -> Tuple[List[dict], List[str], int]:
     except json.JSONDecodeError:
         findings = []
         res.stderr += "\nerror: the JSON report could not be read: " + res.stdout[:200]
+    # the json report carries input errors too (`"type": "error"`: a file not analysed); they
+    # are reported from stderr (`_crash_lines`), the findings are the rest
+    findings = [d for d in findings if d.get("type", "finding") == "finding"]
     for d in findings:
         d["path"] = _norm(d["path"])
     return findings, _crash_lines(res.stderr), res.returncode
@@ -695,6 +698,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     labels = parse_labels(LABELS.read_text()) if LABELS.is_file() else []
     default = default_codes()
     ok = [r for r in records if "skipped" not in r]
+    for r in ok:  # results saved before error entries were set apart
+        r["findings"] = [d for d in r["findings"] if d.get("type", "finding") == "finding"]
     cmp = compare(((r["package"], r["version"], d) for r in ok for d in r["findings"]), labels, default,
                   {(r["package"], r["version"]) for r in ok})
     print("\n".join(report(records, cmp, default)))

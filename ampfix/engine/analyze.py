@@ -4,6 +4,7 @@ diagnostics, honour `# noqa`, and apply fixes without ever breaking the file."""
 from __future__ import annotations
 
 import ast
+import dataclasses
 import difflib
 import gc
 import os
@@ -929,7 +930,13 @@ def _process_bytes(data: bytes, path: str, rules: Sequence[Type[Rule]], settings
     if project is not None:
         project.begin()  # type: ignore[attr-defined]
     try:
-        result = _process(data, path, rules, settings, fix, result)
+        try:
+            result = _process(data, path, rules, settings, fix, result)
+        except _TooDeepAcrossModules:
+            # the facts of other modules made the analysis too deep: the file alone, as before the
+            # project layer (fewer facts, so fewer findings, never a wrong one)
+            result = _process(data, path, rules, dataclasses.replace(settings, project=False), fix,
+                              FileResult(path=path))
     finally:
         if project is not None:
             own = os.path.abspath(path)
@@ -939,6 +946,10 @@ def _process_bytes(data: bytes, path: str, rules: Sequence[Type[Rule]], settings
                     if dep != own:
                         result.deps[dep] = file_digest(dep) or ""
     return result
+
+
+class _TooDeepAcrossModules(Exception):
+    """The analysis with other modules' facts recursed too deep (`_process_bytes` retries alone)."""
 
 
 def _process(data: bytes, path: str, rules: Sequence[Type[Rule]], settings: Settings, fix: bool,
@@ -957,6 +968,8 @@ def _process(data: bytes, path: str, rules: Sequence[Type[Rule]], settings: Sett
     except InputError as exc:
         result.error = exc.error
     except (RecursionError, MemoryError) as exc:
+        if isinstance(exc, RecursionError) and settings.project:
+            raise _TooDeepAcrossModules() from None
         what = "nested too deeply" if isinstance(exc, RecursionError) else "too large"
         result.error = FileError(path, None, None, f"not analysed: the code is {what} for ampfix's analysis "
                                                    "(not a syntax error in the file)")

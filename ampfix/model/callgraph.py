@@ -16,6 +16,8 @@ import libcst as cst
 from ampfix.model.tree import dotted
 
 MAX_DEPTH = 6
+# open callee resolutions at once (see `CallGraph.callees`)
+MAX_NESTING = 24
 
 
 class CallGraph:
@@ -30,8 +32,18 @@ class CallGraph:
         """The functions of this file that `call` may run (empty: unknown or external)."""
         cached = self._callees.get(call)
         if cached is None:
+            # resolving a callee asks what values hold, which asks what other calls return: a
+            # chain through other modules' values (each materialised anew) has no natural end,
+            # so past MAX_NESTING open resolutions the answer is unknown
+            level = self.__dict__.get("_callee_nesting", 0)
+            if level >= MAX_NESTING:
+                return []
             self._callees[call] = []  # recursion guard
-            cached = self._resolve_callable(call.func, call, 0)
+            self._callee_nesting = level + 1
+            try:
+                cached = self._resolve_callable(call.func, call, 0)
+            finally:
+                self._callee_nesting = level
             self._callees[call] = cached
         return cached
 

@@ -759,7 +759,7 @@ class Events:
         if kind == "cond":
             text = g[1]
             for root, key in keys.items():
-                text = re.sub(rf"(?<![\w.@]){re.escape(root)}\b", key, text)
+                text = re.sub(rf"(?<![\w.@]){re.escape(root)}\b", lambda _m, k=key: k, text)
             return ("cond", None, text, ())
         if kind in ("loop", "comp"):
             return (fframe, (kind, (ff.path, ff.qual, g[1])))
@@ -789,15 +789,13 @@ class Events:
             return None
         if kind == "value":
             # what a value callee names depends on its module, its class and, for a parameter
-            # (`__param__`), the call's bindings: without a parameter, resolved once per file
-            memo = None if "__param__" in rest else self.__dict__.setdefault("_value_callees", {})
-            mkey = (id(ff.module), getattr(ff.owner, "key", None), rest)
-            if memo is not None and mkey in memo:
-                return memo[mkey]
-            found = self._value_callee(rest, ff, bindings)
-            if memo is not None:
-                memo[mkey] = found
-            return found
+            # (`__param__`), the call's bindings (one dict per call and callee: `bind_foreign_arguments`)
+            memo = self.__dict__.setdefault("_value_callees", {})
+            mkey = (id(ff.module), getattr(ff.owner, "key", None), rest,
+                    id(bindings) if bindings and "__param__" in rest else 0)
+            if mkey not in memo:
+                memo[mkey] = (bindings, self._value_callee(rest, ff, bindings))  # keeps `bindings` alive
+            return memo[mkey][1]
         return None
 
     def _value_callee(self, rest: str, ff, bindings):
@@ -942,7 +940,7 @@ class Events:
             if subst:
                 for root in roots:
                     if root in subst:
-                        text = re.sub(rf"(?<![\w.@]){re.escape(root)}\b", subst[root], text)
+                        text = re.sub(rf"(?<![\w.@]){re.escape(root)}\b", lambda _m, k=subst[root]: k, text)
             return ("cond", None, text, version)
         return (frame, group)
 

@@ -525,7 +525,16 @@ class Foreign:
 
     def foreign_returned(self, call: cst.Call, callee: ForeignFunction, index: Optional[int]) -> List[cst.BaseExpression]:
         """What a call to a function of another module returns, materialised with the call's
-        arguments bound to its parameters (element `index` of a returned tuple)."""
+        arguments bound to its parameters (element `index` of a returned tuple). Memoised per
+        call, callee and index: the materialised values are the same nodes for every query."""
+        memo = self.__dict__.setdefault("_foreign_returned_memo", {})
+        key = (call, callee.key, index)
+        hit = memo.get(key)
+        if hit is None:
+            hit = memo[key] = self._foreign_returned(call, callee, index)
+        return hit
+
+    def _foreign_returned(self, call: cst.Call, callee: ForeignFunction, index: Optional[int]) -> List[cst.BaseExpression]:
         bindings = self.bind_foreign_arguments(call, callee)
         origin = Synthetic(callee.module, callee.owner, bindings)
         out: List[cst.BaseExpression] = []
@@ -541,7 +550,16 @@ class Foreign:
         return out
 
     def bind_foreign_arguments(self, call: cst.Call, callee: ForeignFunction) -> Dict[str, cst.BaseExpression]:
-        """Parameter name -> the argument expression `call` passes to it (when certain)."""
+        """Parameter name -> the argument expression `call` passes to it (when certain). One dict
+        per call and callee (materialised values are cached by it)."""
+        memo = self.__dict__.setdefault("_foreign_bindings_memo", {})
+        key = (call, callee.key)
+        hit = memo.get(key)
+        if hit is None:
+            hit = memo[key] = self._bind_foreign_arguments(call, callee)
+        return hit
+
+    def _bind_foreign_arguments(self, call: cst.Call, callee: ForeignFunction) -> Dict[str, cst.BaseExpression]:
         params = [p for p in callee.summary.params if p.kind in ("posonly", "pos")]
         kw_names = {p.name for p in callee.summary.params if p.kind in ("pos", "kwonly")}
         if callee.summary.is_method and isinstance(call.func, cst.Attribute) or callee.qual.endswith(".__init__"):
