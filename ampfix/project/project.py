@@ -103,6 +103,7 @@ class Project:
         self._files: Optional[List[str]] = None
         self._indexes: Dict[str, ModuleIndex] = {}
         self._spans: Dict[str, Dict[str, Tuple[int, int]]] = {}
+        self._relevant: Dict[Tuple[str, Optional[str]], bool] = {}
         self._imports: Dict[str, List[str]] = {}
         self._importers: Optional[Dict[str, List[str]]] = None
         self._active: List[Tuple[str, str]] = []
@@ -129,7 +130,7 @@ class Project:
 
     def _forget(self) -> None:
         for memo in (self._sources, self._summaries, self._modules, self._members, self._resolved, self._bases,
-                     self._callers, self._imports, self._stats, self._indexes, self._spans):
+                     self._callers, self._imports, self._stats, self._indexes, self._spans, self._relevant):
             memo.clear()
         self._importers = None
         self._files = None
@@ -246,6 +247,16 @@ class Project:
     def relevant(self, d: Definition) -> bool:
         """The code of `d` holds something AMP code is made of (`summarize.AMP_TEXT`): only then
         do its effects, returns or attributes need its module's summary."""
+        qual = d.qual if isinstance(d, (ForeignFunction, ForeignClass)) else None
+        key = (d.path, qual)
+        hit = self._relevant.get(key)
+        if hit is None:
+            hit = self._relevant[key] = self._relevant_text(d)
+        else:
+            self._touch(d.path)  # the answer depends on that module's text (the result's deps)
+        return hit
+
+    def _relevant_text(self, d: Definition) -> bool:
         text = self.text(d.path) if d.path.endswith(".py") else None
         if text is None:
             return False
