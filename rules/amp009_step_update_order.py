@@ -240,6 +240,8 @@ for x, y in loader:
                         break
                     if not model.exclusive(first, second) and not model.exclusive(first, barrier):
                         continue
+                if second.kind == UNSCALE and not second.event.foreign and model.in_stage_test(second.node):
+                    break  # it unscales only an optimizer not unscaled yet
                 if self._disabled(model, second) or model.within_one_call(first, second) or not model.path_avoiding(
                         trace, first, second, lambda e: e.kind == UPDATE and e.scaler == first.scaler):
                     continue

@@ -2,7 +2,7 @@
 them before it analyses anything (see ampfix/engine/rulemeta.py). Do not edit; regenerate.
 """
 
-DIGEST = '53e8e38172e23bd1d2fdc9c644bd68fe00498a4283da10bb84e494316cbd6267'
+DIGEST = 'f2226b8922a5eadc9dbd1d6a2751a0bbe6ed458984253b2ab869014b2a1de35c'
 
 RULES = [
     ('AMP001', 'backward-in-autocast', True, ('autocast',), (),

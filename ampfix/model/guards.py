@@ -37,6 +37,19 @@ class Guards:
                     return True
         return False
 
+    def in_stage_test(self, node: cst.CSTNode) -> bool:
+        """`node` runs under a test of the GradScaler's per-optimizer stage (`if
+        scaler._per_optimizer_states[id(opt)]["stage"] is not OptState.UNSCALED:`): code that
+        unscales only what is not unscaled yet, so it cannot unscale twice."""
+        for anc in self.ancestors(node):  # type: ignore[attr-defined]
+            if isinstance(anc, (cst.If, cst.IfExp)):
+                test = self.code(anc.test)  # type: ignore[attr-defined]
+                if "OptState" in test or "_per_optimizer_states" in test:
+                    return True
+            if isinstance(anc, (cst.FunctionDef, cst.ClassDef)):
+                return False
+        return False
+
     def in_version_branch(self, node: cst.CSTNode) -> bool:
         """In a branch that picks between torch versions (see the module docstring): the old
         spelling there is the old-torch path, written on purpose."""
