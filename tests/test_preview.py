@@ -103,7 +103,8 @@ def test_rules_and_explain_show_precision_and_preview():
                                               "source": "a test's numbers"}
     assert by_code["AMP001"]["precision"] is None
     _, table, _ = run("rules", "--output-format", "markdown")
-    assert "| AMP011 | half-with-autocast | unsafe (the cast removed) | 0.10 (10), preview |" in table
+    (row,) = [ln for ln in table.splitlines() if ln.startswith("| AMP011 | half-with-autocast | unsafe (the cast removed")]
+    assert row.endswith("| 0.10 (10), preview |"), row
     assert "| AMP013 | checkpoint-without-scaler |" in table and "| 0.95 (20) |" in table
     _, text, _ = run("rules")
     assert "(preview)" in [ln for ln in text.splitlines() if ln.startswith("AMP011")][0]

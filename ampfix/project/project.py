@@ -464,22 +464,17 @@ class Project:
         return "\n".join(self.text(f) or "" for f in related)
 
     def apex_amp_uses(self, path: str) -> List[Tuple[str, int]]:
-        """The other modules of the project that use NVIDIA apex's amp (`amp.initialize`,
-        `amp.scale_loss`, `amp.master_params`, `amp.state_dict`, `amp.load_state_dict`, after an
-        import of apex's amp): (path relative to the root, line) of the first use in each, read
-        from their text. A migration of one module to native AMP is project-wide or not applied
-        (`ampfix/migrations/apex.py`)."""
+        """The modules related to `path` (it imports them, or they import it) that use NVIDIA
+        apex's amp (`amp.initialize`, `amp.scale_loss`, `amp.master_params`, `amp.state_dict`,
+        `amp.load_state_dict`, after an import of apex's amp): (path relative to the root, line)
+        of the first use in each, read from their text. A migration of one module to native AMP
+        is project-wide or not applied (`ampfix/migrations/apex.py`); a script that shares
+        nothing with it (a sibling example with its own `amp.initialize`) is independent of it."""
         path = os.path.abspath(path)
         out: List[Tuple[str, int]] = []
-        for f in self.files():
-            if f == path:
-                continue
-            source = self._sources.get(f) or _read(f)
-            if source is None or "apex" not in source.text:
-                continue
-            self._sources.setdefault(f, source)
-            text = source.text
-            if not _APEX_AMP_IMPORT.search(text):
+        for f in sorted({*self.imports_of(path), *self.importers_of(path)} - {path}):
+            text = self.text(f)
+            if text is None or "apex" not in text or not _APEX_AMP_IMPORT.search(text):
                 continue
             use = _APEX_AMP_USE.search(text)
             if use is not None:
