@@ -58,17 +58,17 @@ def migrated(tmp_path_factory):
     folder = tmp_path_factory.mktemp("apex")
     for name in MIGRATED:
         shutil.copy(APEX / name, folder / name)
-    res = run_ampfix("rewrite", "--select", "AMP1", "--unsafe-fixes", folder)
+    res = run_ampfix("rewrite", "--preview", "--select", "AMP1", "--unsafe-fixes", folder)
     return folder, res
 
 
 def test_rewrite_leaves_no_apex_and_check_is_clean(migrated):
     folder, res = migrated
     assert res.returncode == 0, res.stdout.decode() + res.stderr.decode()
-    check = run_ampfix("check", "--select", "AMP1", folder)
+    check = run_ampfix("check", "--preview", "--select", "AMP1", folder)
     assert check.returncode == 0 and "All checks passed!" in check.stdout.decode(), check.stdout.decode()
     # and the migrated code is correct native AMP for every other rule (unscale before clipping, ...)
-    check = run_ampfix("check", folder)
+    check = run_ampfix("check", "--preview", folder)
     assert check.returncode == 0 and "All checks passed!" in check.stdout.decode(), check.stdout.decode()
     for name in MIGRATED:
         text = (folder / name).read_text()
@@ -131,7 +131,7 @@ def test_scaler_lives_where_both_reach_it():
     # no `global` is injected: a scaler only a setup function would assign is not migrated
     setup = APEX / "bad_global_setup_function.py"
     assert not (APEX / "bad_global_setup_function.unsafe.py").exists()
-    diags, _ = check_text(setup.read_text(), str(setup), select_rules(["AMP102"], []), Settings(unsafe_fixes=True))
+    diags, _ = check_text(setup.read_text(), str(setup), select_rules(["AMP102"], [], preview=True), Settings(unsafe_fixes=True))
     assert diags and all(d.fix is None and "module global assigned inside `build`" in d.message for d in diags)
     returned = (APEX / "bad_run_returned.unsafe.py").read_text()
     assert "    return model, optimizer, scaler\n" in returned
@@ -162,13 +162,13 @@ def test_accumulation_steps_on_the_boundary_only():
 ])
 def test_reported_shapes(name, expected, tmp_path):
     shutil.copy(APEX / name, tmp_path / name)
-    res = run_ampfix("check", "--select", "AMP102", tmp_path / name)
+    res = run_ampfix("check", "--preview", "--select", "AMP102", tmp_path / name)
     out = res.stdout.decode()
     assert expected in out and "[-]" not in out, out
 
 
 def test_fix_titles_say_what_changes():
-    res = run_ampfix("rewrite", "--select", "AMP102", "--unsafe-fixes", "--diff", APEX / "bad_o2_options.py",
+    res = run_ampfix("rewrite", "--preview", "--select", "AMP102", "--unsafe-fixes", "--diff", APEX / "bad_o2_options.py",
                      APEX / "bad_run_o0.py")
     out = res.stdout.decode()
     assert "apex amp.initialize O2 -> torch.amp.GradScaler(\"cuda\") and autocast, with fp32 parameters" in out

@@ -71,7 +71,7 @@ def test_check_bundled_fixtures_finds_every_rule():
     from ampfix.engine.registry import all_rules
 
     # every rule, the ones off by default (AMP901) too, selected by its code
-    res = run_ampfix("check", FIXTURES, "--output-format", "json", "--select", ",".join(all_rules()))
+    res = run_ampfix("check", FIXTURES, "--output-format", "json", "--preview", "--select", ",".join(all_rules()))
     assert res.returncode == 1
     codes = {d["code"] for d in json.loads(res.stdout)}
     assert codes >= set(all_rules()), set(all_rules()) - codes

@@ -232,7 +232,7 @@ def test_unsafe_fixes_one_name_for_check_rewrite_and_verify(tmp_path):
 
 
 def test_extend_select_and_select_all(tmp_path):
-    stale = BAD_CLIP.replace("scaler.update()", "scaler.update()  # noqa: AMP004")
+    stale = BAD_CLIP.replace("scaler.update()", "scaler.update()  # noqa: AMP009")
     write(tmp_path, "train.py", stale)
 
     def codes(*args, cwd=tmp_path):
@@ -244,8 +244,8 @@ def test_extend_select_and_select_all(tmp_path):
     assert codes("--select", "ALL") == ["AMP003", "AMP901"]  # ALL is every rule, as ruff's
     assert codes("--select", "AMP") == ["AMP003"]  # a prefix: the rules on by default
     assert codes("--select", "AMP9") == []
-    assert codes("--select", "AMP003,AMP004", "--extend-select", "AMP901") == ["AMP003", "AMP901"]
-    # (AMP901 judges `# noqa: AMP004` only when AMP004 runs)
+    assert codes("--select", "AMP003,AMP009", "--extend-select", "AMP901") == ["AMP003", "AMP901"]
+    # (AMP901 judges `# noqa: AMP009` only when AMP009 runs)
     assert codes("--select", "AMP003", "--extend-select", "AMP901") == ["AMP003"]
     # in the configuration; --select replaces select and extend-select, --extend-select adds
     write(tmp_path, "pyproject.toml", '[tool.ampfix]\nextend-select = ["AMP901"]\n')
@@ -267,7 +267,8 @@ def test_show_settings_prints_the_resolved_selection(tmp_path):
     settings = json.loads(res.stdout)
     from ampfix.engine.registry import all_rules
 
-    assert settings["rules"] == [c for c in all_rules() if not c.startswith("AMP1")]  # AMP901 included
+    assert settings["rules"] == [c for c, r in all_rules().items()
+                                 if not c.startswith("AMP1") and not r.in_preview()]  # AMP901 included
     assert settings["config-file"] == str(tmp_path / "pyproject.toml")
     assert settings["exclude"] == ["legacy"] and settings["min-torch-version"] == "2.1"
     assert settings["files"] == 1

@@ -323,13 +323,13 @@ def test_an_apex_migration_is_project_wide_or_not_applied(tmp_path):
     hook = "from apex import amp\n\n\ndef backward(loss, optimizer):\n" \
            "    with amp.scale_loss(loss, optimizer) as scaled:\n        scaled.backward()\n"
     tree(tmp_path, {"pyproject.toml": "", "train.py": script, "hooks.py": hook})
-    run_ampfix("rewrite", "--unsafe-fixes", "--no-cache", "train.py", cwd=tmp_path)
+    run_ampfix("rewrite", "--preview", "--unsafe-fixes", "--no-cache", "train.py", cwd=tmp_path)
     assert (tmp_path / "train.py").read_text() == script
-    check = run_ampfix("check", "--no-cache", "--output-format", "full", "train.py", cwd=tmp_path)
+    check = run_ampfix("check", "--preview", "--no-cache", "--output-format", "full", "train.py", cwd=tmp_path)
     shown = check.stdout.decode() if isinstance(check.stdout, bytes) else check.stdout
     assert "apex amp is also used in hooks.py:5" in shown, shown
     # the same apex helper in a script train.py does not import: independent of it
     (tmp_path / "hooks.py").write_text("def backward(loss, optimizer):\n    loss.backward()\n")
     (tmp_path / "other_example.py").write_text(hook)
-    run_ampfix("rewrite", "--unsafe-fixes", "--no-cache", "train.py", cwd=tmp_path)
+    run_ampfix("rewrite", "--preview", "--unsafe-fixes", "--no-cache", "train.py", cwd=tmp_path)
     assert "GradScaler" in (tmp_path / "train.py").read_text()

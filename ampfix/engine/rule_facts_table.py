@@ -2,7 +2,7 @@
 them before it analyses anything (see ampfix/engine/rulemeta.py). Do not edit; regenerate.
 """
 
-DIGEST = 'f2226b8922a5eadc9dbd1d6a2751a0bbe6ed458984253b2ab869014b2a1de35c'
+DIGEST = '4bcbce594b9a79d6639728193373205872a42f4eb9375b7d304cc259f7df818e'
 
 RULES = [
     ('AMP001', 'backward-in-autocast', True, ('autocast',), (),
@@ -12,7 +12,7 @@ RULES = [
     ('AMP003', 'clip-scaled-gradients', True, ('.scale(',), (),
      (('clip_grad', '.grad'), ('backward',)), (('backward', 'clip_grad', '.grad', 'unscale_', 'scaler', 'Scaler'),), False),
     ('AMP004', 'update-per-optimizer', True, ('GradScaler', '.scale('), (),
-     (('.update(',), ('.step(',)), None, False),
+     (('.update(',), ('.step(',)), None, True),
     ('AMP005', 'cuda-visible-devices', True, ('environ', 'getenv', 'putenv'), (),
      (), None, False),
     ('AMP006', 'scaler-in-loop', True, ('GradScaler',), (),
@@ -42,13 +42,13 @@ RULES = [
     ('AMP101', 'deprecated-amp-api', True, ('cuda.amp', 'cpu.amp', 'torch.cuda import', 'torch.cpu import'), (),
      (), None, False),
     ('AMP102', 'apex-amp', True, ('apex',), (),
-     (), None, False),
+     (), None, True),
     ('AMP103', 'apex-to-torch', True, ('apex',), (),
      (), None, False),
     ('AMP104', 'apex-o2-clip-model-params', True, ('apex',), (),
      (('clip_grad',), ('O2', 'O3')), None, False),
     ('AMP201', 'backward-bypasses-framework', True, ('fabric', 'Fabric', 'accelerator', 'Accelerator', 'automatic_optimization'), (),
-     (('.backward(',), ('.setup(', '.setup_module(', '.setup_optimizers(', '.prepare(', '.prepare_model(', '.prepare_optimizer(', 'automatic_optimization')), None, False),
+     (('.backward(',), ('.setup(', '.setup_module(', '.setup_optimizers(', '.prepare(', '.prepare_model(', '.prepare_optimizer(', 'automatic_optimization')), None, True),
     ('AMP202', 'clip-bypasses-framework', True, ('clip_grad',), (),
      (('Fabric', 'Accelerator'), ('.setup(', '.setup_module(', '.setup_optimizers(', '.prepare(', '.prepare_model(', '.prepare_optimizer(')), (('.setup(', '.setup_module(', '.setup_optimizers(', '.prepare(', '.prepare_model(', '.prepare_optimizer('),), False),
     ('AMP203', 'amp-stacked-on-framework', True, ('GradScaler', 'autocast'), (),
