@@ -62,10 +62,11 @@ def fix_source_report(
     select: Optional[Sequence[str]] = None,
     ignore: Sequence[str] = (),
     min_torch_version=DEFAULT_MIN_TORCH,
+    preview: bool = False,
 ) -> Tuple[str, List[Diagnostic], Dict[str, int]]:
     """`fix_source`, with what was fixed: (fixed source, the findings of `source` as `check`
-    reports them, {"CODE: what the fix did": times applied})."""
-    rules = _rules(select, ignore)
+    reports them, {"CODE: what the fix did": times applied}); `preview`: the preview rules too."""
+    rules = _rules(select, ignore, preview)
     settings = Settings(min_torch_version=min_torch_version, unsafe_fixes=unsafe)
     try:
         before, _ = check_text(source, path, rules, settings)

@@ -49,7 +49,7 @@ def _run(path):
 
 
 def _rewrite(text, codes, unsafe):
-    new, fixed, remaining = fix_text(text, "train.py", select_rules(codes, []), Settings(unsafe_fixes=unsafe))
+    new, fixed, remaining = fix_text(text, "train.py", select_rules(codes, [], preview=True), Settings(unsafe_fixes=unsafe))
     assert fixed and not remaining
     return new
 

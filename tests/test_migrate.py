@@ -27,7 +27,7 @@ def run_python(path_or_code, *, cwd, code=False, timeout=120):
 
 
 def rewrite_stdin(source, *extra):
-    res = run_ampfix("rewrite", "--select", "AMP1", *extra, "-", "--stdin-filename", "snippet.py",
+    res = run_ampfix("rewrite", "--preview", "--select", "AMP1", *extra, "-", "--stdin-filename", "snippet.py",
                      input=textwrap.dedent(source).encode())
     return res, res.stdout.decode()
 
@@ -74,7 +74,7 @@ def migrated(tmp_path_factory):
     folder = tmp_path_factory.mktemp("migrated")
     for name in SCRIPTS:
         shutil.copy(MIGRATE / name, folder / name)
-    res = run_ampfix("rewrite", "--select", "AMP1", "--unsafe-fixes", folder)
+    res = run_ampfix("rewrite", "--preview", "--select", "AMP1", "--unsafe-fixes", folder)
     return folder, res
 
 
@@ -103,7 +103,7 @@ def test_rewrite_reports_and_leaves_nothing(migrated):
     out = res.stdout.decode()
     assert res.returncode == 0, out + res.stderr.decode()
     assert f"in {len(SCRIPTS)} files:" in out
-    check = run_ampfix("check", "--select", "AMP1", folder)
+    check = run_ampfix("check", "--preview", "--select", "AMP1", folder)
     assert check.returncode == 0, check.stdout.decode()
     assert "All checks passed!" in check.stdout.decode()
     for name in SCRIPTS:
@@ -139,7 +139,7 @@ def test_diff_and_summary(tmp_path):
     for name in SCRIPTS:
         shutil.copy(MIGRATE / name, tmp_path / name)
     before = {n: (tmp_path / n).read_bytes() for n in SCRIPTS}
-    res = run_ampfix("rewrite", "--select", "AMP1", "--unsafe-fixes", "--diff", tmp_path)
+    res = run_ampfix("rewrite", "--preview", "--select", "AMP1", "--unsafe-fixes", "--diff", tmp_path)
     out = res.stdout.decode()
     assert res.returncode == 1  # something would change
     assert {n: (tmp_path / n).read_bytes() for n in SCRIPTS} == before  # --diff writes nothing
@@ -168,7 +168,7 @@ def test_diff_and_summary(tmp_path):
 
 def test_check_counts_the_uses():
     """`check` lists every deprecated use (one finding each) before the rewrite."""
-    res = run_ampfix("check", "--select", "AMP101", MIGRATE / "torch_alias_cnn.py")
+    res = run_ampfix("check", "--preview", "--select", "AMP101", MIGRATE / "torch_alias_cnn.py")
     out = res.stdout.decode()
     assert res.returncode == 1
     assert out.count("AMP101 [*]") == 6
@@ -304,7 +304,7 @@ def test_noqa_keeps_a_name_whole(tmp_path):
     assert out.startswith("from torch.cpu.amp import autocast\nfrom torch.amp import GradScaler\n")
     assert out.count("with autocast(enabled=False):") == 2
     assert 's = GradScaler("cpu", enabled=False)' in out
-    check = run_ampfix("check", "--select", "AMP101", "-", "--stdin-filename", "s.py", input=out.encode())
+    check = run_ampfix("check", "--preview", "--select", "AMP101", "-", "--stdin-filename", "s.py", input=out.encode())
     assert b"has a use or import marked `# noqa` (line 4)" in check.stdout
     run = subprocess.run([sys.executable, "-c", out], capture_output=True, text=True)
     assert run.returncode == 0 and run.stdout == "ok\n"
@@ -322,11 +322,11 @@ def test_noqa_keeps_a_name_whole(tmp_path):
 def test_apex_manual_cases_report_precisely(name, expected, tmp_path):
     path = FIXTURES / "rules" / "AMP102" / name
     shutil.copy(path, tmp_path / name)
-    res = run_ampfix("check", "--select", "AMP102", tmp_path / name)
+    res = run_ampfix("check", "--preview", "--select", "AMP102", tmp_path / name)
     out = res.stdout.decode()
     assert expected in out, out
     assert "[-]" not in out and "[*]" not in out  # no fix offered
-    res = run_ampfix("rewrite", "--select", "AMP1", "--unsafe-fixes", tmp_path / name)
+    res = run_ampfix("rewrite", "--preview", "--select", "AMP1", "--unsafe-fixes", tmp_path / name)
     assert res.returncode == 1  # findings remain
     assert (tmp_path / name).read_text() == path.read_text()  # nothing half migrated
 

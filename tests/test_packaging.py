@@ -58,7 +58,7 @@ def test_wheel_in_fresh_venv_runs_all_rules(wheel, tmp_path):
     res = _run([str(venv / "bin" / "ampfix"), "rules"])
     assert res.returncode == 0, res.stderr
     assert [line.split()[0] for line in res.stdout.splitlines()] == list(all_rules())
-    res = _run([str(venv / "bin" / "ampfix"), "check", "--output-format", "json", "--select", ",".join(all_rules()),
+    res = _run([str(venv / "bin" / "ampfix"), "check", "--output-format", "json", "--preview", "--select", ",".join(all_rules()),
                 str(FIXTURES / "rules")])
     assert res.returncode == 1, res.stderr
     import json

@@ -211,7 +211,7 @@ def test_unscaled_backward_hand_fixed(torch_available):
 def test_update_per_optimizer_rewritten_bug_invisible_on_cpu_bf16(torch_available):
     # AMP004 is fixed by ampfix, but on the CPU with bf16 no gradient overflows, so the scale
     # never backs off and both versions train identically: the bug does not change training.
-    p, doc = run_json(fx("buggy_update_per_optimizer.py"), *FAST, "--", "--lr", "0.1", expect=0)
+    p, doc = run_json(fx("buggy_update_per_optimizer.py"), *FAST, "--preview", "--", "--lr", "0.1", expect=0)
     assert doc["rewritten"] is True
     assert check(doc, "loss-parity")["status"] == "PASS"
     assert check(doc, "fp32-equivalence")["metrics"]["identical"] is True

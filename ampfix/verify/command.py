@@ -206,6 +206,7 @@ def _shown_error(run: RunResult, limit_lines: int = 40, relabel: Callable[[str],
 @click.option("--unsafe-fixes", "unsafe", is_flag=True,
               help="Also apply ampfix's unsafe fixes when rewriting (as `check --fix --unsafe-fixes`).")
 @click.option("--unsafe", "unsafe_old", is_flag=True, hidden=True, help="Deprecated: --unsafe-fixes.")
+@click.option("--preview", is_flag=True, help="Also apply the fixes of preview rules (as `check --fix --preview`).")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON document instead of the table.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False, writable=True), default=None,
               help="Write the loss curves (fp32, original, fixed) to this PNG (needs matplotlib).")
@@ -214,7 +215,7 @@ def _shown_error(run: RunResult, limit_lines: int = 40, relabel: Callable[[str],
                                                 "non-interactive stdin does not ask either).")
 def verify(script, script_args, fixed, steps, warmup, reps, device, threads, seed, timeout,
            require_speedup, max_gap, final_gap, min_reduction, max_skipped, max_spread, calibrate,
-           nproc_per_node, python, framework, unsafe, unsafe_old, as_json, plot_path, keep, yes):
+           nproc_per_node, python, framework, unsafe, unsafe_old, preview, as_json, plot_path, keep, yes):
     """Run SCRIPT and its fixed version (AMP on, AMP forced off) and check the fix.
 
     SCRIPT is executed: it runs with your permissions, as `python SCRIPT` would. ampfix says
@@ -250,7 +251,7 @@ def _consent(script: str, fixed: Optional[str], yes: bool) -> bool:
 def _verify(script, script_args, fixed, steps, warmup, reps, device, threads, seed, timeout,
             require_speedup, max_gap, final_gap, min_reduction, max_skipped, max_spread,
             calibrate, nproc_per_node, python, framework, unsafe, as_json, plot_path,
-            keep, yes) -> int:
+            keep, yes, preview=False) -> int:
     if warmup >= steps:
         _err("--warmup (%d) must be smaller than --steps (%d)" % (warmup, steps))
         return EXIT_ERROR
@@ -320,7 +321,7 @@ def _verify(script, script_args, fixed, steps, warmup, reps, device, threads, se
 def _verify_in(tmpdir, script, script_args, fixed, steps, warmup, reps, device, threads, seed,
                timeout, require_speedup, max_gap, final_gap, min_reduction, max_skipped,
                max_spread, calibrate, nproc_per_node, unsafe, as_json, plot_path, keep,
-               script_dir, source, framework, interpreter, **_ignored) -> int:
+               script_dir, source, framework, interpreter, preview=False, **_ignored) -> int:
     started = time.monotonic()
     notes: List[str] = []
     fixes: List[Dict[str, object]] = []
@@ -337,7 +338,7 @@ def _verify_in(tmpdir, script, script_args, fixed, steps, warmup, reps, device, 
             _err("the ampfix rewriter is not available (%s); pass a fixed copy with --fixed" % e)
             return EXIT_ERROR
         try:
-            new, found, applied = fix_source_report(source, path=script, unsafe=unsafe)
+            new, found, applied = fix_source_report(source, path=script, unsafe=unsafe, preview=preview)
         except AmpfixError as e:
             _err("ampfix cannot rewrite %s: %s" % (script, e))
             return EXIT_ERROR
