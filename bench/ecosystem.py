@@ -340,6 +340,9 @@ def rewrite_tree(pkg: Package, root: Path, original: Dict[str, bytes], unsafe: b
         left_listed = json.loads(first.stdout or "[]")
     except json.JSONDecodeError:
         left_listed = []
+    # the json report carries input errors and warnings too (`"type": "error"`): not findings
+    notes = [d for d in left_listed if d.get("type", "finding") != "finding"]
+    left_listed = [d for d in left_listed if d.get("type", "finding") == "finding"]
     problems: List[str] = []
     crashes = _crash_lines(first.stderr)
     if first.returncode not in (0, 1):
