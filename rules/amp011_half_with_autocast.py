@@ -3,26 +3,18 @@
 from __future__ import annotations
 
 import re
-from typing import Iterator, List, Optional
+from typing import Iterator, Optional
 
 import libcst as cst
 
 from ampfix.fixes.edits import remove_statement, with_args
 from ampfix.model import AmpModel, call_name, dotted, literal_bool
+from ampfix.model.training import EVAL_FUNCTION, leaves_untrained, same_object_base
 from ampfix.model.values import SAME_OBJECT_METHODS
 from ampfix.rule import UNSAFE, FileContext, Fix, Rule, Violation
 
-EVAL_FUNCTION = re.compile(r"eval|export|infer|predict|test|valid|val_|_val$|^val$|bench|sample|generate|demo|onnx|"
-                           r"trace|convert|quantiz|deploy|serve|save|load|half|fp16|ema", re.IGNORECASE)
 AMP_FLAG = re.compile(r"\bamp\b|use_amp|autocast|mixed", re.IGNORECASE)
-NO_GRAD = ("torch.no_grad", "torch.inference_mode", "torch.autograd.grad_mode.no_grad",
-           "torch.autograd.grad_mode.inference_mode")
 LOADER_DTYPE = ("torch_dtype", "dtype")  # `from_pretrained(..., torch_dtype=torch.float16)`
-# calls that hand back the same parameters (a wrapper trains what it wraps)
-TRANSPARENT = re.compile(r"^(?:DistributedDataParallel|DDP|DataParallel|FullyShardedDataParallel|FSDP|compile|"
-                         r"to|cuda|train)$")
-# calls given the model that may freeze its weights and add trainable float32 ones (LoRA, adapters)
-FREEZING = re.compile(r"peft|lora|adapter|freeze|prepare_model", re.IGNORECASE)
 
 
 class HalfWithAutocast(Rule):
@@ -107,22 +99,22 @@ export = copy.deepcopy(model).half()
                    *(_enabled_expr(model, r.call) for r in regions if r.call is not None)]
         amp_texts = {model.code(e) for e in enabled if e is not None}
         scaler_texts = {model.code(e) for e in (model.scaler_enabled(c) for c in scalers) if e is not None}
-        if _freezes_parameters(model):
+        if model.freezes_parameters():
             return  # which parameters are trained (float32 adapters on frozen float16 weights?) is unknown
         for call in model.calls:
             dtype_arg = _half_cast(model, call)
             if dtype_arg is False:
                 continue
-            receiver = _strip(call.func.value)  # type: ignore[attr-defined]
+            receiver = same_object_base(call.func.value)  # type: ignore[attr-defined]
             top, target = _assigned(model, call)
             if _round_trip(model, call, top):
                 continue  # `model.half().float()`
             key = target or dotted(receiver)
             if key is not None and key.endswith(".data"):  # `p.data = p.data.half()` for the model's parameters
-                key = _parameters_of(model, call, key[:-len(".data")])
-            if key is None or not _trained(model, key) or _deepcopy(model, receiver) \
-                    or _eval_only(model, call) or not _amp_branch(model, call, amp_texts, scaler_texts) \
-                    or _after_training(model, call) or _wrapped_after(model, call, key):
+                key = model.parameters_loop_owner(call, key[:-len(".data")])
+            if key is None or not model.trained_model(key) or model.copied_model(receiver) \
+                    or model.evaluation_only(call) or not _amp_branch(model, call, amp_texts, scaler_texts) \
+                    or model.after_training(call) or model.rewrapped_after(call, key):
                 continue
             yield Violation(call.func.attr, fix=_fix(model, call, dtype_arg, top, target))  # type: ignore[attr-defined]
 
@@ -157,14 +149,6 @@ def _float16(model: AmpModel, expr: cst.BaseExpression) -> bool:
         and model.dtype_values(expr) == {"float16"}
 
 
-def _strip(expr: cst.BaseExpression) -> cst.BaseExpression:
-    """`X.cuda().train()` -> `X`."""
-    while isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute) \
-            and expr.func.attr.value in SAME_OBJECT_METHODS:
-        expr = expr.func.value
-    return expr
-
-
 def _assigned(model: AmpModel, call: cst.Call):
     """(the outermost call of the method chain, the dotted target it is assigned to or None)."""
     top: cst.CSTNode = call
@@ -196,72 +180,6 @@ def _enabled_expr(model: AmpModel, call: cst.Call) -> Optional[cst.BaseExpressio
     return arg.value if arg is not None else None
 
 
-def _trained(model: AmpModel, key: str) -> bool:
-    """`key` names a model trained in this file by a torch optimizer: its parameters go to
-    `torch.optim.X(...)` (directly or through a name), or the model to an optimizer factory
-    (`create_optimizer(model, ...)`). A submodule of such a model (`model.encoder`) is trained with
-    it. Optimizers of other libraries may keep their own float32 master weights (apex, fused
-    LAMB): not this rule's business."""
-    owners = [key] + [key.rsplit(".", i)[0] for i in range(1, key.count(".") + 1)]
-    return any(_trained_exactly(model, k) for k in owners)
-
-
-def _trained_exactly(model: AmpModel, key: str) -> bool:
-    for call in model.calls:
-        name = call_name(call) or ""
-        torch_opt = model.is_api(call, "optimizer")
-        if not torch_opt and not re.search(r"optim", name, re.IGNORECASE):
-            continue
-        args = [a.value for a in call.args]
-        args += [v for a in args if dotted(a) is not None
-                 for v in model.possible_values(a) if isinstance(v, cst.CSTNode)]
-        for arg in args:
-            if not torch_opt and key in (dotted(arg), model.key(arg)):
-                return True
-            for sub in [arg, *_calls_under(arg)]:
-                if call_name(sub) in ("parameters", "named_parameters") and isinstance(sub.func, cst.Attribute) \
-                        and key in (dotted(sub.func.value), model.key(sub.func.value)):
-                    return True
-    return False
-
-
-def _calls_under(node: cst.CSTNode) -> List[cst.Call]:
-    out: List[cst.Call] = []
-    stack = list(node.children)
-    while stack:
-        n = stack.pop()
-        if isinstance(n, cst.Call):
-            out.append(n)
-        stack.extend(n.children)
-    return out
-
-
-def _deepcopy(model: AmpModel, receiver: cst.BaseExpression) -> bool:
-    values = [receiver] + ([v for v in model.possible_values(receiver)] if dotted(receiver) else [])
-    return any(isinstance(v, cst.Call) and (call_name(_strip(v)) == "deepcopy" or call_name(v) == "deepcopy")
-               for v in values)
-
-
-def _eval_only(model: AmpModel, call: cst.Call) -> bool:
-    """The cast runs under no_grad/inference_mode, or in a function for evaluation or export."""
-    child: cst.CSTNode = call
-    for anc in model.ancestors(call):
-        if isinstance(anc, cst.With) and child is anc.body and any(
-                isinstance(i.item, cst.Call) and model.qualnames(i.item.func) & set(NO_GRAD) for i in anc.items):
-            return True
-        if isinstance(anc, cst.FunctionDef):
-            if EVAL_FUNCTION.search(anc.name.value) or any(
-                    model.qualnames(getattr(d.decorator, "func", d.decorator)) & set(NO_GRAD)
-                    for d in anc.decorators):
-                return True
-            calls = model.calls_in_scope(anc)
-            names = {call_name(c) for c in calls}
-            if "eval" in names and not names & {"backward", "step"}:
-                return True
-        child = anc
-    return False
-
-
 def _amp_branch(model: AmpModel, call: cst.Call, amp_texts: set, scaler_texts: set) -> bool:
     """The cast runs unconditionally, or under a condition that turns AMP on (not off); not in
     a branch for evaluation (`if mode == "inference":`) or one that leaves the function before
@@ -281,88 +199,11 @@ def _amp_branch(model: AmpModel, call: cst.Call, amp_texts: set, scaler_texts: s
             on = (child is anc.body) != negated
             scaling = model.code(inner) in scaler_texts
             if (amp and not on) or (on and not scaling and EVAL_FUNCTION.search(model.code(inner))) \
-                    or _leaves_untrained(child):
+                    or leaves_untrained(child):
                 return False
             amp_on, unrelated = amp_on or amp, unrelated or not amp
         child = anc
     return amp_on or not unrelated
-
-
-def _leaves_untrained(block: cst.CSTNode) -> bool:
-    """A branch body that ends in `return`/`raise` and calls no backward or step."""
-    body = getattr(block, "body", None)
-    if isinstance(block, cst.Else):
-        body = getattr(block.body, "body", None)
-    if not isinstance(body, (list, tuple)) or not body:
-        return False
-    last = body[-1]
-    if not (isinstance(last, cst.SimpleStatementLine) and isinstance(last.body[-1], (cst.Return, cst.Raise))):
-        return False
-    return not any(call_name(c) in ("backward", "step") for c in _calls_under(block))
-
-
-def _parameters_of(model: AmpModel, call: cst.Call, name: str) -> Optional[str]:
-    """`p.data = p.data.half()` in `for p in M.parameters():` (or `for n, p in
-    M.named_parameters():`): M, when every parameter is cast (no condition in the loop, no
-    `requires_grad` read or written there); else None."""
-    loop = model.loop_of(call)
-    if not isinstance(loop, cst.For) or not isinstance(loop.iter, cst.Call) \
-            or call_name(loop.iter) not in ("parameters", "named_parameters") \
-            or not isinstance(loop.iter.func, cst.Attribute):
-        return None
-    target = loop.target
-    if isinstance(target, cst.Tuple) and call_name(loop.iter) == "named_parameters" and len(target.elements) == 2:
-        target = target.elements[1].value
-    if dotted(target) != name or "requires_grad" in model.code(loop.body):
-        return None
-    if any(isinstance(a, (cst.If, cst.IfExp, cst.Try)) for a in _between(model, call, loop)):
-        return None
-    return dotted(loop.iter.func.value)
-
-
-def _between(model: AmpModel, node: cst.CSTNode, outer: cst.CSTNode) -> List[cst.CSTNode]:
-    out = []
-    for anc in model.ancestors(node):
-        if anc is outer:
-            break
-        out.append(anc)
-    return out
-
-
-def _freezes_parameters(model: AmpModel) -> bool:
-    """The file freezes parameters (`requires_grad_(False)`, `p.requires_grad = False`): then
-    which ones are trained, and in which dtype, is not this rule's to tell (LoRA on frozen
-    float16 weights trains float32 adapters, correctly)."""
-    for call in model.calls:
-        if call_name(call) == "requires_grad_" and call.args and literal_bool(call.args[0].value) is False:
-            return True
-    return any(key.endswith(".requires_grad") and any(literal_bool(v) is False for _, v in entries)
-               for key, entries in model.assignments.items())
-
-
-def _wrapped_after(model: AmpModel, call: cst.Call, key: str) -> bool:
-    """After the cast the model goes through a call that may freeze it and add trainable weights
-    (`model = get_peft_model(model, config)`, `prepare_model_for_kbit_training(model)`), or is
-    replaced by what such a call returns: what is trained is no longer known."""
-    for other in model.calls:
-        if other is call or not model.before(call, other):
-            continue
-        name = call_name(other) or ""
-        given = any(dotted(a.value) == key for a in other.args)
-        if given and FREEZING.search(name):
-            return True
-        parent = model.parent(other)
-        if given and isinstance(parent, cst.Assign) and parent.value is other \
-                and any(dotted(t.target) == key for t in parent.targets) and not TRANSPARENT.match(name):
-            return True
-    return False
-
-
-def _after_training(model: AmpModel, call: cst.Call) -> bool:
-    """The cast follows every backward/step of its function and runs in no loop of it."""
-    scope = model.scope_of(call)
-    steps = [c for c in model.calls_in_scope(scope) if call_name(c) in ("backward", "step")]
-    return bool(steps) and all(model.before(c, call) for c in steps) and model.loop_of(call) is None
 
 
 def _fix(model: AmpModel, call: cst.Call, dtype_arg, top: cst.CSTNode, target: Optional[str]) -> Optional[Fix]:

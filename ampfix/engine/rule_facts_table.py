@@ -2,7 +2,7 @@
 them before it analyses anything (see ampfix/engine/rulemeta.py). Do not edit; regenerate.
 """
 
-DIGEST = '4bcbce594b9a79d6639728193373205872a42f4eb9375b7d304cc259f7df818e'
+DIGEST = '77c0510c32fb317578594fc00a030824e97ad848bdfe571c3a0a4e2a30e2deef'
 
 RULES = [
     ('AMP001', 'backward-in-autocast', True, ('autocast',), (),

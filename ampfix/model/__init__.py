@@ -48,6 +48,7 @@ from ampfix.model.flow import Flow
 from ampfix.model.foreign import Foreign, ForeignFacts
 from ampfix.model.guards import Guards
 from ampfix.model.iterations import Iterations, Misplaced
+from ampfix.model.training import Training
 from ampfix.model.updates import UpdateMisplaced, UpdatePlace, Updates
 from ampfix.model.names import API_TABLE, Api, ImportBinding, Names
 from ampfix.model.objects import BackwardCall, Objects
@@ -61,7 +62,7 @@ from ampfix.model.values import Values
 
 
 class AmpModel(Tree, Names, Values, CallGraph, Regions, Objects, Flow, Events, Guards, Environ, Checkpoints,
-               Iterations, Updates, Dataflow, Precision, Foreign, Bound):
+               Iterations, Updates, Training, Dataflow, Precision, Foreign, Bound):
     """Facts about one parsed file (see the package docstring for its parts). `foreign`: the
     project the file belongs to (`ampfix/project/`), which answers for the other modules;
     `path`: the file's path (absolute), as the project knows it."""
