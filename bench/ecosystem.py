@@ -254,6 +254,11 @@ def _crash_lines(stderr: str) -> List[str]:
     return out
 
 
+def only_findings(entries: List[dict]) -> List[dict]:
+    """The findings of a json report, which carries input errors and warnings too (`"type"`)."""
+    return [d for d in entries if d.get("type", "finding") == "finding"]
+
+
 def check_tree(root: Path, jobs: int) -> Tuple[List[dict], List[str], int]:
     """(findings with paths relative to root, error lines, exit status) of `ampfix check`."""
     res = _run(_ampfix_cmd("check", *select_args(), "--output-format", "json", "-j", str(jobs), "."), root)
@@ -264,7 +269,7 @@ def check_tree(root: Path, jobs: int) -> Tuple[List[dict], List[str], int]:
         res.stderr += "\nerror: the JSON report could not be read: " + res.stdout[:200]
     # the json report carries input errors too (`"type": "error"`: a file not analysed); they
     # are reported from stderr (`_crash_lines`), the findings are the rest
-    findings = [d for d in findings if d.get("type", "finding") == "finding"]
+    findings = only_findings(findings)
     for d in findings:
         d["path"] = _norm(d["path"])
     return findings, _crash_lines(res.stderr), res.returncode
@@ -341,8 +346,7 @@ def rewrite_tree(pkg: Package, root: Path, original: Dict[str, bytes], unsafe: b
     except json.JSONDecodeError:
         left_listed = []
     # the json report carries input errors and warnings too (`"type": "error"`): not findings
-    notes = [d for d in left_listed if d.get("type", "finding") != "finding"]
-    left_listed = [d for d in left_listed if d.get("type", "finding") == "finding"]
+    left_listed = only_findings(left_listed)
     problems: List[str] = []
     crashes = _crash_lines(first.stderr)
     if first.returncode not in (0, 1):
@@ -702,7 +706,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     default = default_codes()
     ok = [r for r in records if "skipped" not in r]
     for r in ok:  # results saved before error entries were set apart
-        r["findings"] = [d for d in r["findings"] if d.get("type", "finding") == "finding"]
+        r["findings"] = only_findings(r["findings"])
     cmp = compare(((r["package"], r["version"], d) for r in ok for d in r["findings"]), labels, default,
                   {(r["package"], r["version"]) for r in ok})
     print("\n".join(report(records, cmp, default)))
