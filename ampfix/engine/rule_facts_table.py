@@ -2,7 +2,7 @@
 them before it analyses anything (see ampfix/engine/rulemeta.py). Do not edit; regenerate.
 """
 
-DIGEST = '77c0510c32fb317578594fc00a030824e97ad848bdfe571c3a0a4e2a30e2deef'
+DIGEST = 'cc03e59ba1c3d6ea7c25f9199e089f6c786b4d7340ec25419b1311e959ded3fa'
 
 RULES = [
     ('AMP001', 'backward-in-autocast', True, ('autocast',), (),
