@@ -15,8 +15,8 @@ from typing import Dict, Iterator, List, Optional, Tuple
 import libcst as cst
 
 from ampfix.knowledge.apex_api import ONE_TO_ONE, adam_mode_unknown, lookup, map_args, target_for
-from ampfix.fixes.edits import keep_comments, remove_import_alias, remove_statement, with_args
-from ampfix.model import AmpModel, ApexOptionalImport, ApexRole, ApexUse, ImportBinding
+from ampfix.fixes.edits import keep_comments, remove_import_alias_tidily, remove_statement_tidily, with_args
+from ampfix.model import AmpModel, ApexOptionalImport, ApexRole, ApexUse
 from ampfix.rule import UNSAFE, FileContext, Fix, Rule, Violation
 
 USED_KEY = "AMP103: apex imports in use"  # in the rewrite's memo: set by the first pass
@@ -192,67 +192,26 @@ model = torch.nn.parallel.DistributedDataParallel(model)
                                      "class too (apex-only arguments dropped from its calls)"))
 
     def _imports(self, ctx: FileContext) -> Iterator[Violation]:
-        """Imports the migration of their uses left unused, removed in the rewrite's next pass.
-        An apex import that was unused before the rewrite (an install check, a probe, an
-        availability test) is not reported: there was nothing of apex to migrate."""
-        model = ctx.model
+        """Imports the migration of their uses left unused, removed in the rewrite's next pass."""
         if not ctx.extra.get("rewrite_pass"):
             return
-        used_before = ctx.extra.get("rewrite_memo", {}).get(USED_KEY, set())
-        by_try: Dict[int, Tuple[cst.Try, List[ImportBinding]]] = {}
-        for b in model.apex_unused_imports():
-            if (b.qualified, b.name) not in used_before:
-                continue
-            owner = model.try_body_of(b.stmt)
-            if owner is not None:
-                by_try.setdefault(id(owner), (owner, []))[1].append(b)
-                continue
-            yield self._remove_alias(model, b)
-        for tr, bs in by_try.values():
-            yield from self._try_imports(ctx, tr, bs)
-
-    def _remove_alias(self, model: AmpModel, b: ImportBinding) -> Violation:
-        edit = remove_import_alias(model, b.stmt, b.alias)
-        line = model.parent(b.stmt)
-        block = model.block_of(line)
-        if block is not None and len(block.body) == 1 and edit.get(line) is not None \
-                and isinstance(edit[line], cst.RemovalSentinel):
-            edit = {line: cst.SimpleStatementLine(body=[cst.Pass()], leading_lines=line.leading_lines,
-                                                  trailing_whitespace=line.trailing_whitespace)}
-        elif block is not None and block is not model.module and block.body[0] is line and len(block.body) > 1 \
-                and isinstance(edit.get(line), cst.RemovalSentinel) and len(edit) == 1:
-            nxt = block.body[1]  # first in its block: the blank line that followed the import goes too
-            edit[nxt] = nxt.with_changes(leading_lines=[ln for ln in nxt.leading_lines if ln.comment is not None])
-        return Violation(b.stmt, message=f"apex import `{b.name}` is no longer used (its uses were migrated): remove it",
-                         fix=Fix(edit, applicability=UNSAFE, description="unused apex import removed"))
-
-    def _try_imports(self, ctx: FileContext, tr: cst.Try, bs: List[ImportBinding]) -> Iterator[Violation]:
-        model = ctx.model
-        if not model.imports_only(tr, {id(b.alias) for b in bs}):  # the try keeps other statements (which bind
-            for b in bs:  # nothing: see `model.sets_flag`)
-                yield self._remove_alias(model, b)
-            return
-        used = model.except_names_used(tr)
-        if tr.orelse is not None or tr.finalbody is not None or used:
-            why = f"its `except` branch binds `{used[0].value}`, used on line {model.line(used[0])}" if used \
-                else "the `try` has an `else`/`finally`"
-            names = ", ".join(f"`{b.name}`" for b in bs)
-            yield Violation(bs[0].stmt, message=f"apex import{'s' if len(bs) > 1 else ''} {names} no longer used, "
-                                                f"but {why}: remove the optional import by hand")
-            return
-        block = model.block_of(tr)
-        edit = remove_statement(model, tr) if block is None or len(block.body) > 1 else \
-            {tr: cst.SimpleStatementLine(body=[cst.Pass()], leading_lines=tr.leading_lines)}
-        if block is not None and block is not model.module and len(block.body) > 1 and block.body[0] is tr \
-                and len(edit) == 1:
-            nxt = block.body[1]  # first in its block: the blank line that followed the `try` goes too
-            edit[nxt] = nxt.with_changes(leading_lines=[ln for ln in nxt.leading_lines if ln.comment is not None])
-        fix = Fix(edit, applicability=UNSAFE,
-                  description="optional apex import removed with its `except ImportError` branch")
-        names = ", ".join(f"`{b.name}`" for b in bs)
-        yield Violation(bs[0].stmt, message=f"apex import{'s' if len(bs) > 1 else ''} {names} no longer used: remove "
-                                            "the `try:` that imports "
-                                            + ("them" if len(bs) > 1 else "it"), fix=fix)
-
+        for left in ctx.model.apex_leftover_imports(ctx.extra.get("rewrite_memo", {}).get(USED_KEY, set())):
+            first = left.bindings[0]
+            names = ", ".join(f"`{b.name}`" for b in left.bindings)
+            imports = f"apex import{'s' if len(left.bindings) > 1 else ''} {names} no longer used"
+            if left.node is None:
+                yield Violation(first.stmt, message=f"apex import `{first.name}` is no longer used (its uses were "
+                                                    "migrated): remove it",
+                                fix=Fix(remove_import_alias_tidily(ctx.model, first.stmt, first.alias),
+                                        applicability=UNSAFE, description="unused apex import removed"))
+            elif not left.removable:
+                why = (f"its `except` branch binds `{left.kept_by.value}`, used on line {ctx.model.line(left.kept_by)}"
+                       if left.kept_by is not None else "the `try` has an `else`/`finally`")
+                yield Violation(first.stmt, message=f"{imports}, but {why}: remove the optional import by hand")
+            else:
+                fix = Fix(remove_statement_tidily(ctx.model, left.node), applicability=UNSAFE,
+                          description="optional apex import removed with its `except ImportError` branch")
+                yield Violation(first.stmt, message=f"{imports}: remove the `try:` that imports "
+                                                    + ("them" if len(left.bindings) > 1 else "it"), fix=fix)
 
 __all__ = ["ApexToTorch"]

@@ -416,3 +416,30 @@ def test_apex_imports_next_to_a_flag_star_imports_and_unused_imports():
     assert [b.name for b in m.apex_unused_imports()] == ["apex"]
     assert m.apex_imports_in_use() == {("apex.parallel.DistributedDataParallel", "DDP")}
     assert m.code(m.first_import()).strip() == "import os"
+
+
+def test_apex_imports_the_migration_left_unused():
+    m = model("""
+        import torch
+        from apex.parallel import DistributedDataParallel as DDP
+        from apex.parallel import SyncBatchNorm
+
+        try:
+            from apex.normalization import FusedLayerNorm
+        except ImportError:
+            pass
+
+        try:
+            from apex.optimizers import FusedAdam
+        except ImportError:
+            HAVE_APEX = False
+
+        if HAVE_APEX:
+            print("fused")
+        """)
+    before = {("apex.parallel.DistributedDataParallel", "DDP"), ("apex.normalization.FusedLayerNorm", "FusedLayerNorm"),
+              ("apex.optimizers.FusedAdam", "FusedAdam")}  # SyncBatchNorm was unused already: a probe
+    left = m.apex_leftover_imports(before)
+    assert [([b.name for b in x.bindings], x.node is not None, x.removable) for x in left] == [
+        (["DDP"], False, True), (["FusedLayerNorm"], True, True), (["FusedAdam"], True, False)]
+    assert left[2].kept_by is not None and m.line(left[2].kept_by) == 16  # `if HAVE_APEX:`

@@ -2,7 +2,7 @@
 them before it analyses anything (see ampfix/engine/rulemeta.py). Do not edit; regenerate.
 """
 
-DIGEST = 'cc03e59ba1c3d6ea7c25f9199e089f6c786b4d7340ec25419b1311e959ded3fa'
+DIGEST = '56eb6fdd9ac5aa84ee72a904b67fdde46bdf5611bee442a3baa7603b990562a9'
 
 RULES = [
     ('AMP001', 'backward-in-autocast', True, ('autocast',), (),

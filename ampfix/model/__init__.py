@@ -40,7 +40,7 @@ from typing import Optional
 
 import libcst as cst
 
-from ampfix.model.apex_uses import ApexOptionalImport, ApexRole, ApexUse, ApexUses
+from ampfix.model.apex_uses import ApexLeftover, ApexOptionalImport, ApexRole, ApexUse, ApexUses
 from ampfix.model.bound import Bound
 from ampfix.model.callgraph import CallGraph
 from ampfix.model.checkpoints import Checkpoints
@@ -91,8 +91,8 @@ class AmpModel(Tree, Names, Values, CallGraph, Regions, Objects, Flow, Events, G
 
 
 __all__ = [
-    "API_TABLE", "AmpModel", "Api", "ApexOptionalImport", "ApexRole", "ApexUse", "BackwardCall", "Event", "ImportBinding",
-    "Misplaced", "Region", "Trace", "TraceEvent", "UpdateMisplaced", "UpdatePlace",
+    "API_TABLE", "AmpModel", "Api", "ApexLeftover", "ApexOptionalImport", "ApexRole", "ApexUse", "BackwardCall", "Event",
+    "ImportBinding", "Misplaced", "Region", "Trace", "TraceEvent", "UpdateMisplaced", "UpdatePlace",
     "anchor", "call_name", "dotted", "get_arg", "is_expression_statement_of", "literal_bool", "literal_string",
     "method_call", "names_bound", "reads_writes", "receiver", "uses_only",
 ]

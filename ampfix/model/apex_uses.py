@@ -15,7 +15,8 @@ knowledge (`ampfix/knowledge/apex_api.py`). The facts:
 * `apex_factories`: optimizer factories, the apex optimizers one function builds in branches
   that never both run;
 * `apex_star_imports`, `apex_unused_imports`: `from apex... import *` with replaceable names,
-  and the imports nothing refers to (those the rewrite's migration left unused go);
+  and the imports nothing refers to; `apex_leftover_imports` (`ApexLeftover`): those the
+  rewrite's migration left unused, alone or with the `try:` that holds them;
 * import helpers: `try_body_of` (the `try:` whose body holds an import), `import_try` (the same,
   when it catches ImportError),
   `sets_flag` (that `try:` also binds an availability flag), `fallback_targets` (what its
@@ -78,6 +79,22 @@ class ApexOptionalImport:
     bindings: List[ImportBinding]
     blocker: Optional[str] = None  # why the `try` cannot become its fallback (None: it can)
     calls: Dict[cst.Call, List[cst.Arg]] = field(default_factory=dict)  # calls whose apex-only arguments go
+
+
+@dataclass(eq=False)
+class ApexLeftover:
+    """Apex imports the migration of their uses left unused."""
+
+    bindings: List[ImportBinding]  # one, unless `node` is set
+    node: Optional[cst.Try] = None  # the `try:` that imports nothing else (None: remove the alias alone)
+    kept_by: Optional[cst.Name] = None  # a use of a name the `try`'s `except` branch binds: it stays
+    # (as it does when it has an `else`/`finally`; see `removable`)
+
+    @property
+    def removable(self) -> bool:
+        """The import, or its whole `try:` with the `except ImportError` branch, can go."""
+        tr = self.node
+        return tr is None or (tr.orelse is None and tr.finalbody is None and self.kept_by is None)
 
 
 class ApexUses:
@@ -159,6 +176,28 @@ class ApexUses:
         flag is not one of them: its `try:` is handled whole)."""
         whole = self._apex_flag_bindings()
         return [b for b in self.apex_bindings() if not b.refs and id(b) not in whole]
+
+    def apex_leftover_imports(self, used_before: Set[Tuple[str, str]]) -> List[ApexLeftover]:
+        """The apex imports nothing refers to that were in use before the rewrite (`used_before`:
+        `apex_imports_in_use()` then): each alone, then those of one `try:` together (each alone
+        again when the `try` does more than import them)."""
+        plain: List[ApexLeftover] = []
+        by_try: Dict[int, Tuple[cst.Try, List[ImportBinding]]] = {}
+        for b in self.apex_unused_imports():
+            if (b.qualified, b.name) not in used_before:
+                continue  # unused before (an install check, a probe): there was nothing to migrate
+            owner = self.try_body_of(b.stmt)
+            if owner is not None:
+                by_try.setdefault(id(owner), (owner, []))[1].append(b)
+            else:
+                plain.append(ApexLeftover([b]))
+        for tr, bs in by_try.values():
+            if not self.imports_only(tr, {id(b.alias) for b in bs}):  # it keeps other statements (which bind
+                plain.extend(ApexLeftover([b]) for b in bs)  # nothing: see `sets_flag`)
+                continue
+            used = self.except_names_used(tr)
+            plain.append(ApexLeftover(bs, tr, used[0] if used else None))
+        return plain
 
     # ---------------------------------------------------------------- uses
     def apex_uses(self) -> List[ApexUse]:
