@@ -6,6 +6,8 @@ fully qualified torch replacement (`torch.nn.parallel.DistributedDataParallel(..
 arguments mapped (`ampfix/knowledge/apex_api.py`); once nothing uses an apex import any more, the import
 goes in the next pass (a `try:` that only imported apex goes whole when its `except` branch binds
 nothing the file uses). Every fix is unsafe: another library's kernels; each title says what differs.
+Which uses the file acts on, its optional imports, optimizer factories and leftover imports are
+the model's facts (`ampfix/model/apex_uses.py`); this rule words them and builds the fixes.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 them before it analyses anything (see ampfix/engine/rulemeta.py). Do not edit; regenerate.
 """
 
-DIGEST = '56eb6fdd9ac5aa84ee72a904b67fdde46bdf5611bee442a3baa7603b990562a9'
+DIGEST = '7a8fce7f7cf42bea659fd826a6013ca7ffa531fee68c681effb8f06070a81273'
 
 RULES = [
     ('AMP001', 'backward-in-autocast', True, ('autocast',), (),
