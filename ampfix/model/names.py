@@ -131,14 +131,14 @@ class Names:
         innermost = scope
         while scope is not None:
             if isinstance(scope, cst.ClassDef) and scope is not innermost:
-                scope = self._index.scope.get(scope)
+                scope = self._index.scope_of(scope)
                 continue
             imported = self._index.imports.get(scope, {}).get(first)
             if imported:
                 return scope, imported
             if first in self._index.local_names.get(scope, ()):
                 return scope, None
-            scope = None if scope is self.module else self._index.scope.get(scope, self.module)
+            scope = None if scope is self.module else self._index.scope_of(scope, self.module)
         return None, None
 
     def qualified_names(self, node: cst.CSTNode) -> Set[QualifiedName]:
@@ -262,7 +262,7 @@ class Names:
                     b = by_key.get((id(scope), n.value))
                     if b is not None:
                         b.refs.append(n)
-            bindings.sort(key=lambda b: self._index.order[b.stmt])
+            bindings.sort(key=lambda b: self._index.order_of(b.stmt))
             self._bindings = bindings
         return self._bindings
 

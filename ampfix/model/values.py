@@ -95,7 +95,7 @@ class Values:
                     if params and params[0].name.value in ("self", "cls"):
                         return cls
                     return None
-            scope = self._index.scope.get(scope)
+            scope = self._index.scope_of(scope)
         return None
 
     # ---------------------------------------------------------------- values
