@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import builtins
 from dataclasses import dataclass, field
-from typing import Dict, Iterable, List, Optional, Sequence, Set
+from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 import libcst as cst
 from libcst.metadata import QualifiedName, QualifiedNameSource
@@ -121,7 +121,8 @@ class Names:
 
     def _init_names(self) -> None:
         self._qname_cache: Dict[cst.CSTNode, Set[QualifiedName]] = {}
-        self._api_cache: Dict[cst.CSTNode, Optional[Api]] = {}
+        # id(node) -> (node, its API): by id() as `_callees` (model/callgraph.py), the node kept in the entry
+        self._api_cache: Dict[int, Tuple[cst.CSTNode, Optional[Api]]] = {}
         self._bindings: Optional[List[ImportBinding]] = None
 
     # ---------------------------------------------------------------- qualified names
@@ -188,8 +189,9 @@ class Names:
         """The torch API an expression (Name/Attribute, or the callee of a Call) names
         (computed once per node: every rule asks it of the same calls)."""
         cache = self._api_cache
-        if node in cache:
-            return cache[node]
+        hit = cache.get(id(node))
+        if hit is not None:
+            return hit[1]
         key = node
         if isinstance(node, cst.Call):
             node = node.func
@@ -199,7 +201,7 @@ class Names:
                 found = API_TABLE.get(qn.name)
                 if found is not None:
                     break
-        cache[key] = found
+        cache[id(key)] = (key, found)
         return found
 
     def is_api(self, node: cst.CSTNode, kind: str) -> bool:

@@ -155,7 +155,7 @@ class Index(cst.CSTVisitor):
         self.parent_at: List[Optional[cst.CSTNode]] = []  # by position in `nodes`
         self.scope_at: List[Optional[cst.CSTNode]] = []  # by position (None: the module itself)
         self.post_at: List[int] = []  # post-order number, by position
-        self._slot_map: Optional[Dict[int, int]] = None  # id(node) -> position, built on first use
+        self._slot: Dict[int, int] = {}  # id(node) -> position in `nodes`, built once the tree is walked
         # id(node) -> (node, parent, scope) for nodes outside the tree given a parent or scope
         self._extra: Dict[int, Tuple[cst.CSTNode, Optional[cst.CSTNode], Optional[cst.CSTNode]]] = {}
         self.calls: List[cst.Call] = []
@@ -239,6 +239,7 @@ class Index(cst.CSTVisitor):
         walk(module, None, None)
         index._done = done
         index.by_type = dict(by_type)
+        index._slot = dict(zip(map(id, nodes), range(len(nodes))))
         return index
 
     def on_visit(self, node: cst.CSTNode) -> bool:
@@ -260,15 +261,10 @@ class Index(cst.CSTVisitor):
         self._done += 1
         if _kind(original_node).scope:
             self._scopes.pop()
+        if not self._stack:  # the root is left: the tree is walked
+            self._slot = dict(zip(map(id, self.nodes), range(len(self.nodes))))
 
     # ------------------------------------------------------------ lookups (by identity)
-    @property
-    def _slot(self) -> Dict[int, int]:
-        slot = self._slot_map
-        if slot is None:  # after the walk (or the visit)
-            slot = self._slot_map = dict(zip(map(id, self.nodes), range(len(self.nodes))))
-        return slot
-
     def parent(self, node: cst.CSTNode) -> Optional[cst.CSTNode]:
         """The node whose child `node` is (None for the module and for unknown nodes)."""
         at = self._slot.get(id(node))
@@ -511,6 +507,7 @@ class Tree:
         index = Index.of(module)
         self._index = index
         self._parent = index.parent
+        self._slot, self._parent_at, self._scope_at = index._slot, index.parent_at, index.scope_at  # hot lookups
         self._positions: Optional[Dict[cst.CSTNode, CodeRange]] = None
 
     # ---------------------------------------------------------------- navigation
@@ -518,11 +515,13 @@ class Tree:
         return self._parent(node)
 
     def ancestors(self, node: cst.CSTNode) -> Iterator[cst.CSTNode]:
-        parent = self._parent
-        cur = parent(node)
+        slot, parent_at = self._slot, self._parent_at
+        at = slot.get(id(node))
+        cur = parent_at[at] if at is not None else self._parent(node)
         while cur is not None:
             yield cur
-            cur = parent(cur)
+            at = slot.get(id(cur))
+            cur = parent_at[at] if at is not None else self._parent(cur)
 
     def is_ancestor(self, anc: cst.CSTNode, node: cst.CSTNode) -> bool:
         return any(p is anc for p in self.ancestors(node))
@@ -684,7 +683,11 @@ class Tree:
 
     def scope_of(self, node: cst.CSTNode) -> cst.CSTNode:
         """The innermost function, lambda, class body or module that runs `node`."""
-        return self._index.scope_of(node, self.module)  # type: ignore[return-value]
+        at = self._slot.get(id(node))  # (`Index.scope_of`, inlined: asked very often)
+        if at is None:
+            return self._index.scope_of(node, self.module)  # type: ignore[return-value]
+        scope = self._scope_at[at]
+        return self.module if scope is None else scope
 
     def function_of(self, node: cst.CSTNode) -> Optional[cst.FunctionDef]:
         """The innermost `def` whose body runs `node` (None at module or class level)."""
