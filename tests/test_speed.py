@@ -87,6 +87,15 @@ def test_index_walks_the_tree_as_libcst_visits_it(name, module):
 
 
 @pytest.mark.parametrize("name,module", list(_modules()), ids=lambda v: v if isinstance(v, str) else "")
+def test_child_nodes_are_libcsts_children(name, module):
+    from ampfix.model.tree import child_nodes
+
+    for node in Index.of(module).nodes:
+        ours, theirs = child_nodes(node), node.children
+        assert len(ours) == len(theirs) and all(a is b for a, b in zip(ours, theirs)), type(node).__name__
+
+
+@pytest.mark.parametrize("name,module", list(_modules()), ids=lambda v: v if isinstance(v, str) else "")
 def test_positions_are_libcsts(name, module):
     theirs = MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider)
     ours = positions(module)

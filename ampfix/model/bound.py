@@ -45,7 +45,7 @@ from typing import Callable, Dict, FrozenSet, List, Optional, Sequence, Set, Tup
 
 import libcst as cst
 
-from ampfix.model.tree import dotted, target_names
+from ampfix.model.tree import child_nodes, dotted, target_names
 
 UNBOUND, NONE, VALUE = "unbound", "none", "value"
 BUILTINS = set(dir(builtins)) | {"__name__", "__file__", "__doc__", "__spec__", "__loader__", "__package__",
@@ -677,7 +677,7 @@ def _uses(expr: cst.CSTNode, reads: List[str], derefs: List[str], unconditional:
         if isinstance(node, cst.Arg):
             stack.append(node.value)
             continue
-        stack.extend(reversed(node.children))
+        stack.extend(reversed(child_nodes(node)))
 
 
 def _uses_comprehension(comp: cst.CSTNode, reads: List[str], derefs: List[str]) -> None:

@@ -26,7 +26,7 @@ from typing import Callable, Dict, List, Optional, Set, Tuple
 import libcst as cst
 
 from ampfix.model.syntax import call_name
-from ampfix.model.tree import target_names
+from ampfix.model.tree import child_nodes, target_names
 
 Site = Tuple[cst.CSTNode, Tuple[str, ...], Tuple[cst.CSTNode, ...]]  # (node, names bound, value expressions)
 SCALE_INVARIANT = {"sign", "sgn", "isfinite", "isnan", "isinf", "ne", "eq"}
@@ -309,7 +309,7 @@ def _nodes_under(node: cst.CSTNode, kind: type) -> List[cst.CSTNode]:
             out.append(n)
         if isinstance(n, (cst.Lambda, cst.FunctionDef, cst.ClassDef)):
             continue
-        stack.extend(n.children)
+        stack.extend(child_nodes(n))
     return out
 
 

@@ -32,7 +32,7 @@ import libcst as cst
 
 from ampfix.model.regions import Region
 from ampfix.model.syntax import call_name, get_arg
-from ampfix.model.tree import dotted
+from ampfix.model.tree import child_nodes, dotted
 
 class EventKind(StrEnum):
     """What an event does (a `str`: equal to, and hashed like, its value; summaries store the value)."""
@@ -844,7 +844,7 @@ class Events:
             if parent is not None:
                 self._index.set_parent(node, parent)  # type: ignore[attr-defined]
             self._index.set_scope(node, scope)  # type: ignore[attr-defined]
-            stack.extend((c, node) for c in node.children)
+            stack.extend((c, node) for c in child_nodes(node))
         cache[(text, id(scope))] = expr
         return expr
 

@@ -135,6 +135,24 @@ def _kind(node: cst.CSTNode) -> _Kind:
     return kind
 
 
+def child_nodes(node: cst.CSTNode) -> List[cst.CSTNode]:
+    """`node.children`, read from the node's fields (`_Kind`, the walk's table): the same nodes in
+    the same order, without LibCST's way of listing them (a visit that rebuilds the node)."""
+    kind = _KINDS.get(type(node)) or _kind(node)
+    if kind.fields is None:  # pragma: no cover - see `_kind`
+        return list(node.children)
+    out: List[cst.CSTNode] = []
+    for name in kind.fields:
+        value = getattr(node, name)
+        if value is None or value is MaybeSentinel.DEFAULT:
+            continue
+        if type(value) is tuple or type(value) is list:
+            out.extend(value)
+        else:
+            out.append(value)
+    return out
+
+
 class Index(cst.CSTVisitor):
     """One pass over the tree (see the module docstring): `Index.of(module)`. (Visiting a
     module with it, `module.visit(Index())`, records the same, more slowly.)
