@@ -120,7 +120,11 @@ class Names:
     """Name resolution (a part of `AmpModel`)."""
 
     def _init_names(self) -> None:
-        self._qname_cache: Dict[cst.CSTNode, Set[QualifiedName]] = {}
+        # id(node) -> (node, its qualified names); by id() as `_api_cache` below
+        self._qname_cache: Dict[int, Tuple[cst.CSTNode, Set[QualifiedName]]] = {}
+        # (name, id(scope)) -> (scope, `_resolve_scope`'s answer): the index does not change once
+        # built, so the answer is the same each time it is asked (and asked for every name read)
+        self._scope_memo: Dict[Tuple[str, int], tuple] = {}
         # id(node) -> (node, its API): by id() as `_callees` (model/callgraph.py), the node kept in the entry
         self._api_cache: Dict[int, Tuple[cst.CSTNode, Optional[Api]]] = {}
         self._bindings: Optional[List[ImportBinding]] = None
@@ -129,6 +133,15 @@ class Names:
     def _resolve_scope(self, first: str, scope: Optional[cst.CSTNode]):
         """(scope, import entries) of the innermost binding of `first` visible from `scope`;
         entries is None when the binding is local (an assignment or parameter)."""
+        key = (first, id(scope))
+        hit = self._scope_memo.get(key)
+        if hit is not None and hit[0] is scope:
+            return hit[1]
+        found = self._resolve_scope_walk(first, scope)
+        self._scope_memo[key] = (scope, found)
+        return found
+
+    def _resolve_scope_walk(self, first: str, scope: Optional[cst.CSTNode]):
         innermost = scope
         while scope is not None:
             if isinstance(scope, cst.ClassDef) and scope is not innermost:
@@ -147,9 +160,9 @@ class Names:
         `QualifiedName(name, QualifiedNameSource.IMPORT)` (e.g. `T.cuda.amp.autocast` after
         `import torch as T` -> "torch.cuda.amp.autocast"). Locally bound names shadow imports;
         class bodies are not visible from the functions inside them (Python's rules)."""
-        cached = self._qname_cache.get(node)
-        if cached is not None:
-            return cached
+        hit = self._qname_cache.get(id(node))
+        if hit is not None:
+            return hit[1]
         result: Set[QualifiedName] = set()
         text = dotted(node)
         if text is not None and node in self._synthetic:  # type: ignore[attr-defined]
@@ -161,7 +174,7 @@ class Names:
                 result = {QualifiedName(f"builtins.{first}", QualifiedNameSource.BUILTIN)}
             else:
                 result = {QualifiedName(text, QualifiedNameSource.IMPORT)}
-            self._qname_cache[node] = result
+            self._qname_cache[id(node)] = (node, result)
             return result
         if text is not None:
             first, _, rest = text.partition(".")
@@ -171,7 +184,7 @@ class Names:
                           for q, _, _ in imported}
             elif scope is None and first in _BUILTINS and text == first:
                 result = {QualifiedName(f"builtins.{first}", QualifiedNameSource.BUILTIN)}
-        self._qname_cache[node] = result
+        self._qname_cache[id(node)] = (node, result)
         return result
 
     def qualname(self, node: cst.CSTNode) -> Optional[str]:
