@@ -274,3 +274,172 @@ def test_a_scaler_disabled_by_position_is_disabled():
         """)
     for name, disabled in (("new", True), ("old", True), ("on", False)):
         assert m.scaler_disabled(call_named(m, f"{name}.update()").func.value) is disabled, name
+
+
+# ---------------------------------------------------------------------- apex outside apex.amp
+
+
+def apex_roles(m: AmpModel) -> list:
+    return [(m.code(u.node), u.role.value) for u in m.apex_uses()]
+
+
+def test_apex_uses_are_built_type_checked_or_only_named_for_compatibility():
+    from ampfix.model import ApexRole
+
+    m = model("""
+        import apex
+        from apex import amp
+        from apex.parallel import DistributedDataParallel as DDP, SyncBatchNorm
+        from apex.optimizers import FusedAdam, FusedLAMB
+
+        model = DDP(net)
+        opt = FusedLAMB(model.parameters())
+        if isinstance(model, DDP):
+            model = model.module
+        if isinstance(m, SyncBatchNorm):  # built elsewhere: compatibility
+            pass
+        LEAVES = (SyncBatchNorm, FusedAdam)
+        print(apex.__file__)
+        model, opt = amp.initialize(model, opt)
+        """)
+    assert apex_roles(m) == [
+        ("apex.__file__", "no_torch"),  # in the order of the imports, then of the text
+        ("DDP", "build"), ("DDP", "type"),  # the isinstance check of a class the file builds
+        ("SyncBatchNorm", "compatibility"), ("SyncBatchNorm", "compatibility"),  # built elsewhere
+        ("FusedAdam", "compatibility"),  # a type tuple
+        ("FusedLAMB", "no_torch")]
+    assert [u.reported for u in m.apex_uses()] == [False, True, True, False, False, False, False]
+    built = m.apex_uses()[1]
+    assert built.role is ApexRole.BUILD and built.qualified == "apex.parallel.DistributedDataParallel"
+    assert m.code(built.shown) == "DDP(net)" and not built.ambiguous and not built.flagged
+    assert {b.name for b in m.apex_bindings()} == {"apex", "DDP", "SyncBatchNorm", "FusedAdam", "FusedLAMB"}
+
+
+def test_an_apex_class_bound_to_a_called_name_or_wrapped_thinly_is_built_here():
+    from ampfix.model import ApexRole
+
+    m = model("""
+        import torch
+        from apex.normalization import FusedLayerNorm, FusedRMSNorm
+        from apex.optimizers import FusedAdam
+
+        LayerNorm = FusedLayerNorm if torch.cuda.is_available() else torch.nn.LayerNorm
+        norm = LayerNorm(8)
+
+        class Norm(FusedRMSNorm):
+            def forward(self, x):
+                return super().forward(x)
+
+        class AdamV2(FusedAdam):  # extends apex's internals: not a migration
+            def step(self):
+                return self._dummy_overflow_buf
+
+        layer = Norm(8)
+        opt = AdamV2(params)
+        """)
+    assert apex_roles(m) == [("FusedLayerNorm", ApexRole.REBOUND.value), ("FusedRMSNorm", ApexRole.WRAPPED.value),
+                             ("FusedAdam", ApexRole.COMPATIBILITY.value)]
+    assert m.thin_wrapper(next(c for c in m.nodes_of(cst.ClassDef) if c.name.value == "Norm"))
+    assert not m.thin_wrapper(next(c for c in m.nodes_of(cst.ClassDef) if c.name.value == "AdamV2"))
+
+
+def test_apex_optimizer_factories_are_alternatives_of_one_function():
+    m = model("""
+        from apex.optimizers import FusedAdam, FusedSGD
+
+        def build(name, params):
+            if name == "adam":
+                return FusedAdam(params)
+            if name == "sgd":
+                return FusedSGD(params, 0.1)
+            raise ValueError(name)
+
+        def both(params):
+            return FusedAdam(params), FusedSGD(params, 0.1)
+        """)
+    groups = m.apex_factories()
+    assert [[m.code(u.shown) for u in g] for g in groups] == [["FusedAdam(params)", "FusedSGD(params, 0.1)"]]
+    a, b = (call_named(m, t) for t in ("FusedAdam(params)", "FusedSGD(params, 0.1)"))
+    assert m.alternatives(a, b) and m.alternatives(b, a)
+
+
+def test_apex_optional_imports_with_their_torch_fallback():
+    m = model("""
+        import torch
+
+        try:
+            from apex.normalization import FusedLayerNorm as LayerNorm
+        except ImportError:
+            LayerNorm = torch.nn.LayerNorm
+
+        try:
+            from apex.parallel import SyncBatchNorm
+        except ImportError:
+            SyncBatchNorm = MySyncBN
+
+        norm = LayerNorm(8, memory_efficient=True)
+        bn = SyncBatchNorm(8)
+        """)
+    first, second = m.apex_optional_imports()
+    assert [b.name for b in first.bindings] == ["LayerNorm"] and first.blocker is None
+    assert [(m.code(c), [m.code(a) for a in args]) for c, args in first.calls.items()] == [
+        ("LayerNorm(8, memory_efficient=True)", ["8,"])]  # memory_efficient goes
+    assert m.fallback_targets(first.node) == {"LayerNorm": "torch.nn.LayerNorm"}
+    assert m.fallback_targets(second.node) == {"SyncBatchNorm": "?"}  # code of its own
+    assert second.blocker is not None and "binds `SyncBatchNorm` to code of its own" in second.blocker
+    assert m.apex_uses() == []  # each is handled with its `try:`
+
+
+def test_apex_imports_next_to_a_flag_star_imports_and_unused_imports():
+    m = model("""
+        from __future__ import annotations
+        import os
+        from apex.parallel import *
+        from apex.contrib import *
+        import apex
+
+        try:
+            from apex.parallel import DistributedDataParallel as DDP
+            HAS_APEX = True
+        except ImportError:
+            HAS_APEX = False
+
+        model = DDP(net)
+        """)
+    (use,) = m.apex_uses()
+    assert use.flagged and m.sets_flag(use.binding.stmt)
+    tr = m.import_try(use.binding.stmt)
+    assert tr is not None and m.try_body_of(use.binding.stmt) is tr
+    assert not m.imports_only(tr, {id(use.binding.alias)})
+    assert [m.code(n) for n in m.except_names_used(tr)] == []
+    assert [mod for _, mod in m.apex_star_imports()] == ["apex.parallel"]  # apex.contrib: nothing torch replaces
+    assert [b.name for b in m.apex_unused_imports()] == ["apex"]
+    assert m.apex_imports_in_use() == {("apex.parallel.DistributedDataParallel", "DDP")}
+    assert m.code(m.first_import()).strip() == "import os"
+
+
+def test_apex_imports_the_migration_left_unused():
+    m = model("""
+        import torch
+        from apex.parallel import DistributedDataParallel as DDP
+        from apex.parallel import SyncBatchNorm
+
+        try:
+            from apex.normalization import FusedLayerNorm
+        except ImportError:
+            pass
+
+        try:
+            from apex.optimizers import FusedAdam
+        except ImportError:
+            HAVE_APEX = False
+
+        if HAVE_APEX:
+            print("fused")
+        """)
+    before = {("apex.parallel.DistributedDataParallel", "DDP"), ("apex.normalization.FusedLayerNorm", "FusedLayerNorm"),
+              ("apex.optimizers.FusedAdam", "FusedAdam")}  # SyncBatchNorm was unused already: a probe
+    left = m.apex_leftover_imports(before)
+    assert [([b.name for b in x.bindings], x.node is not None, x.removable) for x in left] == [
+        (["DDP"], False, True), (["FusedLayerNorm"], True, True), (["FusedAdam"], True, False)]
+    assert left[2].kept_by is not None and m.line(left[2].kept_by) == 16  # `if HAVE_APEX:`

@@ -333,3 +333,90 @@ def test_an_apex_migration_is_project_wide_or_not_applied(tmp_path):
     (tmp_path / "other_example.py").write_text(hook)
     run_ampfix("rewrite", "--preview", "--unsafe-fixes", "--no-cache", "train.py", cwd=tmp_path)
     assert "GradScaler" in (tmp_path / "train.py").read_text()
+
+
+# ---------------------------------------------------------------------- reading texts before summaries
+
+
+def test_reach_text_is_the_code_the_file_uses_not_whole_modules(tmp_path):
+    tree(tmp_path, {
+        "pyproject.toml": "",
+        "pkg/__init__.py": "from .steps import backward_step, evaluate\nfrom .base import Base\n",
+        "pkg/steps.py": """\
+            def backward_step(loss):
+                helper(loss)
+
+            def helper(loss):
+                loss.backward()
+
+            def evaluate(model):
+                with torch.autocast("cuda"):
+                    return model()
+            """,
+        "pkg/base.py": """\
+            class Base:
+                def fit(self):
+                    self.scaler.step(self.opt)
+            """,
+        "pkg/models.py": """\
+            from .base import Base
+            class Net(Base):
+                def forward(self):
+                    return 1
+            """,
+        "train.py": """\
+            from pkg import backward_step
+            from pkg.models import Net
+            net = Net()
+            """,
+    })
+    project = Project(tmp_path)
+    reach = project.reach_text(str(tmp_path / "train.py"))
+    assert "loss.backward()" in reach  # backward_step -> helper, through the package's re-export
+    assert "self.scaler.step" in reach  # Net -> its base class of another (related) module
+    assert "autocast" not in reach  # `evaluate` is in a module the file uses, but it does not call it
+    assert "autocast" in project.related_text(str(tmp_path / "train.py"))
+    # the module that imports a file: only its code that uses the file's names
+    steps = project.reach_text(str(tmp_path / "pkg" / "base.py"))
+    assert "class Net(Base)" in steps and "backward_step" not in steps
+
+
+def test_text_mro_and_methods_without_a_summary(tmp_path):
+    tree(tmp_path, {
+        "pyproject.toml": "",
+        "pkg/__init__.py": "",
+        "pkg/base.py": """\
+            import torch
+            class Base(torch.nn.Module):
+                def __init__(self, dim, dtype=None):
+                    self.dim = dim
+            class WithScaler:
+                def __init__(self):
+                    self.scaler = torch.amp.GradScaler()
+            """,
+        "pkg/layers.py": """\
+            from .base import Base, WithScaler
+            from .other import *
+            class Layer(Base):
+                pass
+            class Trainer(WithScaler):
+                pass
+            class Starred(Unknown):
+                pass
+            class Generic(Base[int]):
+                pass
+            """,
+        "pkg/other.py": "class Unknown: pass\n",
+    })
+    project = Project(tmp_path)
+    layers = project.module(str(tmp_path / "pkg" / "layers.py"))
+    layer = ForeignClass(layers, "Layer")
+    assert [c.qual for c in project.text_mro(layer)] == ["Layer", "Base"]
+    assert project.lacks_relevant_method(layer, "__init__")  # `dtype=` alone is not AMP code
+    assert project.lacks_relevant_attributes(layer)
+    trainer = ForeignClass(layers, "Trainer")
+    assert not project.lacks_relevant_method(trainer, "__init__")  # builds a GradScaler
+    assert not project.lacks_relevant_attributes(trainer)
+    assert project.text_mro(ForeignClass(layers, "Starred")) is None  # a star import may bind the base
+    assert project.text_mro(ForeignClass(layers, "Generic")) is None  # not a plain name: not sure
+    assert project.parsed == []  # all of it read from the texts

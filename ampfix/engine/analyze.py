@@ -107,7 +107,7 @@ def triggered(rules: Sequence[Type[Rule]], text: str, path: str = "",
     project = project_for(path, settings) if rest else None
     if project is None:
         return active
-    related = project.related_text(os.path.abspath(path))  # type: ignore[attr-defined]
+    related = project.reach_text(os.path.abspath(path))  # type: ignore[attr-defined]
     if not related:
         return active
     both = text + "\n" + related

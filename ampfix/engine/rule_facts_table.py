@@ -2,7 +2,7 @@
 them before it analyses anything (see ampfix/engine/rulemeta.py). Do not edit; regenerate.
 """
 
-DIGEST = '77c0510c32fb317578594fc00a030824e97ad848bdfe571c3a0a4e2a30e2deef'
+DIGEST = '7a8fce7f7cf42bea659fd826a6013ca7ffa531fee68c681effb8f06070a81273'
 
 RULES = [
     ('AMP001', 'backward-in-autocast', True, ('autocast',), (),

@@ -333,3 +333,37 @@ def remove_import_alias(model, stmt: cst.CSTNode, alias: cst.ImportAlias) -> Rep
     if isinstance(line, cst.SimpleStatementLine) and len(line.body) == 1:
         return remove_statement(model, line)
     return {stmt: cst.RemoveFromParent()}
+
+
+def _without_blank_after(model, stmt: cst.BaseStatement, edit: Replacements) -> Replacements:
+    """`stmt` goes by `edit` alone, first in a nested block: the blank line that followed it goes too."""
+    block = model.block_of(stmt)
+    if block is not None and block is not model.module and len(block.body) > 1 and block.body[0] is stmt \
+            and len(edit) == 1:
+        nxt = block.body[1]
+        edit[nxt] = nxt.with_changes(leading_lines=[ln for ln in nxt.leading_lines if ln.comment is not None])
+    return edit
+
+
+def remove_import_alias_tidily(model, stmt: cst.CSTNode, alias: cst.ImportAlias) -> Replacements:
+    """`remove_import_alias`, where the import line goes whole (no comment moves): a `pass` stays
+    when it was alone in its block, and the blank line after it goes when it opened a nested one."""
+    edit = remove_import_alias(model, stmt, alias)
+    line = model.parent(stmt)
+    block = model.block_of(line)
+    if block is None or not isinstance(edit.get(line), cst.RemovalSentinel):
+        return edit
+    if len(block.body) == 1:
+        return {line: cst.SimpleStatementLine(body=[cst.Pass()], leading_lines=line.leading_lines,
+                                              trailing_whitespace=line.trailing_whitespace)}
+    return _without_blank_after(model, line, edit)
+
+
+def remove_statement_tidily(model, stmt: cst.BaseStatement) -> Replacements:
+    """`remove_statement`, but a `pass` takes the place of a statement alone in its block, and the
+    blank line after it goes when it opened a nested block."""
+    block = model.block_of(stmt)
+    if block is not None and len(block.body) == 1:
+        return {stmt: cst.SimpleStatementLine(body=[cst.Pass()], leading_lines=stmt.leading_lines)}
+    edit = remove_statement(model, stmt)
+    return _without_blank_after(model, stmt, edit) if block is not None else edit

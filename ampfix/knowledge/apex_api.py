@@ -1,7 +1,8 @@
 """Facts about NVIDIA apex outside `apex.amp`: what each public name is, its torch
 replacement, the torch version that replacement needs, and how its arguments map.
 
-Used by AMP103 (apex-to-torch) and by the apex corpus count (`bench/apex_corpus.py`).
+Used by AMP103 (apex-to-torch), the model's apex facts (`ampfix/model/apex_uses.py`) and the
+apex corpus count (`bench/apex_corpus.py`).
 Signatures assumed (apex master, 2023-2024; see AMP103's docs):
 
 * `apex.parallel.DistributedDataParallel(module, message_size=10000000, delay_allreduce=False,
@@ -25,12 +26,14 @@ Signatures assumed (apex master, 2023-2024; see AMP103's docs):
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
 import libcst as cst
 
 from ampfix.fixes.edits import keyword_arg
-from ampfix.model import AmpModel, names_bound
+
+if TYPE_CHECKING:  # the model imports this module (ampfix/model/apex_uses.py)
+    from ampfix.model import AmpModel
 
 # keyword -> what to do with it: "keep", "drop" (any value), ("drop-if", literal) (dropped when it
 # is that literal, reported otherwise), ("note", text) (dropped, and the fix title says why)
@@ -126,6 +129,14 @@ BY_HAND = {
 # AMP, `torch.amp.autocast` with `torch.amp.GradScaler`, replaces it
 LEGACY_MIXED_PRECISION = "apex's manual fp16 training (before apex.amp): use `torch.amp.autocast` and `torch.amp.GradScaler`"
 CATEGORY = {"parallel": "parallel", "optimizers": "optimizers", "normalization": "normalization"}
+# the kinds whose classes map one to one: an isinstance check or annotation of them migrates too
+ONE_TO_ONE = ("ddp", "syncbn", "layernorm", "rmsnorm")
+
+
+def is_apex_rest(qualified: str) -> bool:
+    """An apex name outside `apex.amp` (which is AMP102's): `apex`, `apex.parallel...`."""
+    q = qualified
+    return (q == "apex" or q.startswith("apex.")) and not (q == "apex.amp" or q.startswith("apex.amp."))
 
 
 def canonical(qualified: str) -> Optional[str]:
@@ -160,6 +171,12 @@ def actionable(qualified: str) -> bool:
     group helpers) and names ampfix does not know (`apex.__file__`, `apex.contrib...`) are not."""
     key = canonical(qualified) or ""
     return key in APIS or key in BY_HAND or is_legacy_mixed_precision(qualified)
+
+
+def star_actionable(module: str) -> bool:
+    """`from <module> import *` brings apex names with a torch replacement."""
+    key = canonical(module) or ""
+    return is_legacy_mixed_precision(module) or any(k.split(".")[0] == key for k in APIS)
 
 
 def is_legacy_mixed_precision(qualified: str) -> bool:
@@ -241,62 +258,3 @@ def map_args(model: AmpModel, call: cst.Call, api: ApexApi) -> Tuple[Optional[Li
     if api.kind in ("adam", "sgd"):
         out.append(keyword_arg("fused", cst.Name("True")))
     return out, target, notes
-
-
-# ----------------------------------------------------------------------------- optional imports
-
-
-def try_of(model: AmpModel, stmt: cst.CSTNode) -> Optional[cst.Try]:
-    """The `try` whose body holds the import statement `stmt` directly, when it catches ImportError."""
-    line = model.parent(stmt)
-    block = model.block_of(line) if line is not None else None
-    tr = model.parent(block) if block is not None else None
-    if not isinstance(tr, cst.Try) or tr.body is not block:
-        return None
-    for h in tr.handlers:
-        types = h.type.elements if isinstance(h.type, cst.Tuple) else [h.type]
-        names = {model.code(t.value if isinstance(t, cst.Element) else t).strip() for t in types if t is not None}
-        if names & {"ImportError", "ModuleNotFoundError", "Exception"} or h.type is None:
-            return tr
-    return None
-
-
-def flagged_try(model: AmpModel, stmt: cst.CSTNode) -> bool:
-    """The import is in a `try: ... except ImportError:` whose body also binds other names (an
-    availability flag such as `has_apex = True`)."""
-    tr = try_of(model, stmt)
-    return tr is not None and bool(names_bound([st for st in tr.body.body if not (
-        isinstance(st, cst.SimpleStatementLine) and all(isinstance(x, (cst.Import, cst.ImportFrom)) for x in st.body))]))
-
-
-def fallback_targets(model: AmpModel, tr: cst.Try) -> Dict[str, str]:
-    """name -> what the `except` branch binds it to (a qualified name, or "?" for code of its own)."""
-    out: Dict[str, str] = {}
-    for h in tr.handlers:
-        for st in h.body.body:
-            for small in (st.body if isinstance(st, cst.SimpleStatementLine) else [st]):
-                if isinstance(small, cst.ImportFrom) and small.module is not None and \
-                        not isinstance(small.names, cst.ImportStar) and not small.relative:
-                    for a in small.names:
-                        name = model.code(a.asname.name if a.asname else a.name).strip()
-                        out[name] = f"{model.code(small.module).strip()}.{model.code(a.name).strip()}"
-                elif isinstance(small, cst.Assign) and len(small.targets) == 1 and \
-                        isinstance(small.targets[0].target, cst.Name):
-                    q = sorted(model.qualnames(small.value)) if isinstance(small.value, (cst.Name, cst.Attribute)) else []
-                    out[small.targets[0].target.value] = q[0] if q else "?"
-                else:
-                    for name in names_bound([small]):
-                        out[name] = "?"
-    return out
-
-
-def first_import(model: AmpModel) -> Optional[cst.SimpleStatementLine]:
-    """The file's first module-level import (after `from __future__` imports), where `import torch` can go."""
-    for st in model.module.body:
-        if isinstance(st, cst.SimpleStatementLine) and isinstance(st.body[0], (cst.Import, cst.ImportFrom)):
-            small = st.body[0]
-            if isinstance(small, cst.ImportFrom) and small.module is not None and not small.relative \
-                    and model.code(small.module).strip() == "__future__":
-                continue
-            return st
-    return None

@@ -29,6 +29,8 @@ and cached. Its parts, one module each:
   each autocast region runs in (its `dtype=` or the device's default); GradScaler `enabled=`;
 * `bound`: what a name or `self.` attribute may be at a point (assigned on every path? None on
   some?), for fixes that insert code;
+* `apex_uses`: uses of NVIDIA apex outside `apex.amp` (which AMP103 migrates, which only name
+  apex for compatibility), its optional imports and optimizer factories;
 * `syntax`: small helpers over nodes (`dotted`, `get_arg`, literals).
 """
 
@@ -38,6 +40,7 @@ from typing import Optional
 
 import libcst as cst
 
+from ampfix.model.apex_uses import ApexLeftover, ApexOptionalImport, ApexRole, ApexUse, ApexUses
 from ampfix.model.bound import Bound
 from ampfix.model.callgraph import CallGraph
 from ampfix.model.checkpoints import Checkpoints
@@ -62,7 +65,7 @@ from ampfix.model.values import Values
 
 
 class AmpModel(Tree, Names, Values, CallGraph, Regions, Objects, Flow, Events, Guards, Environ, Checkpoints,
-               Iterations, Updates, Training, Dataflow, Precision, Foreign, Bound):
+               Iterations, Updates, Training, Dataflow, Precision, Foreign, Bound, ApexUses):
     """Facts about one parsed file (see the package docstring for its parts). `foreign`: the
     project the file belongs to (`ampfix/project/`), which answers for the other modules;
     `path`: the file's path (absolute), as the project knows it."""
@@ -88,8 +91,8 @@ class AmpModel(Tree, Names, Values, CallGraph, Regions, Objects, Flow, Events, G
 
 
 __all__ = [
-    "API_TABLE", "AmpModel", "Api", "BackwardCall", "Event", "ImportBinding", "Misplaced", "Region", "Trace", "TraceEvent",
-    "UpdateMisplaced", "UpdatePlace",
+    "API_TABLE", "AmpModel", "Api", "ApexLeftover", "ApexOptionalImport", "ApexRole", "ApexUse", "BackwardCall", "Event",
+    "ImportBinding", "Misplaced", "Region", "Trace", "TraceEvent", "UpdateMisplaced", "UpdatePlace",
     "anchor", "call_name", "dotted", "get_arg", "is_expression_statement_of", "literal_bool", "literal_string",
     "method_call", "names_bound", "reads_writes", "receiver", "uses_only",
 ]

@@ -160,6 +160,14 @@ class ForeignFacts(Protocol):
         """The code of `d` holds anything AMP code is made of (else it has no effects or values
         worth reading, and its module's summary is not needed for it)."""
 
+    def lacks_relevant_method(self, cls: ForeignClass, name: str) -> bool:
+        """Sure, from the texts, that no class `cls` may inherit from defines a method `name`
+        with AMP code (False: not sure)."""
+
+    def lacks_relevant_attributes(self, cls: ForeignClass) -> bool:
+        """Sure, from the texts, that no class `cls` may inherit from holds AMP code or is a
+        dataclass (False: not sure)."""
+
 
 @dataclass
 class Synthetic:
@@ -493,6 +501,8 @@ class Foreign:
         if isinstance(d, ForeignFunction):
             return d
         if isinstance(d, ForeignClass):
+            if self.foreign.lacks_relevant_method(d, "__init__"):  # type: ignore[union-attr]
+                return None  # what it would find has no AMP code: `foreign_callee` drops it
             return self.foreign_method(d, "__init__")
         if isinstance(func, cst.Attribute):
             owner, name = func.value, func.attr.value
@@ -504,20 +514,25 @@ class Foreign:
                 if cls is not None and self.lookup_method(cls, name) is None:  # type: ignore[attr-defined]
                     return self.inherited_method(cls, name)
                 return None
-            found = self._method_on_values(owner, name)
+            found = self._method_on_values(owner, name, relevant_only=True)
             if found is not None:
                 return found
         if isinstance(func, (cst.Name, cst.Attribute)):
-            return self._method_on_values(func, "__call__")
+            return self._method_on_values(func, "__call__", relevant_only=True)
         return None
 
-    def _method_on_values(self, owner: cst.CSTNode, name: str) -> Optional[ForeignFunction]:
+    def _method_on_values(self, owner: cst.CSTNode, name: str, relevant_only: bool = False) -> Optional[ForeignFunction]:
+        """The method `name` of the objects `owner` may be (one method for all, else None).
+        `relevant_only`: the caller drops a method without AMP code (`foreign_callee`), so the
+        classes are not read when their texts show none (`lacks_relevant_method`)."""
         classes = []
         for v in self.possible_values(owner):  # type: ignore[attr-defined]
             fc = self.foreign_class_of(v)
             if fc is None:
                 return None  # some value is not an instance of a class of the project: unknown
             classes.append(fc)
+        if relevant_only and all(self.foreign.lacks_relevant_method(c, name) for c in classes):  # type: ignore[union-attr]
+            return None
         methods = [self.foreign_method(c, name) for c in classes]
         if methods and all(m is not None and m.key == methods[0].key for m in methods):  # type: ignore[union-attr]
             return methods[0]

@@ -208,8 +208,8 @@ class Values:
         out: List[cst.BaseExpression] = []
         for v in self.possible_values(head):
             fc = self.foreign_class_of(v)  # type: ignore[attr-defined]
-            if fc is None:
-                continue
+            if fc is None or self.foreign.lacks_relevant_attributes(fc):  # type: ignore[attr-defined]
+                continue  # (the texts show no AMP code and no dataclass in its classes: no summary read)
             if fc.summary.fields and attr in fc.summary.fields and isinstance(v, cst.Call):
                 passed = self._field_argument(v, fc.summary.fields, attr)
                 if passed is not None:  # a dataclass field given to the constructor

@@ -105,6 +105,11 @@ class Project:
         self._spans: Dict[str, Dict[str, Tuple[int, int]]] = {}
         self._relevant: Dict[Tuple[str, Optional[str]], bool] = {}
         self._imports: Dict[str, List[str]] = {}
+        self._direct: Dict[str, List[str]] = {}
+        self._bound: Dict[str, Dict[str, str]] = {}
+        self._reached: Dict[Tuple[str, str], List[Optional[Definition]]] = {}
+        self._text_mros: Dict[Tuple[str, str], Optional[List[ForeignClass]]] = {}
+        self._used: Dict[Tuple[str, str], Optional[Definition]] = {}
         self._importers: Optional[Dict[str, List[str]]] = None
         self._active: List[Tuple[str, str]] = []
         self.parsed: List[str] = []  # modules this project parsed itself (not given by the engine)
@@ -130,7 +135,8 @@ class Project:
 
     def _forget(self) -> None:
         for memo in (self._sources, self._summaries, self._modules, self._members, self._resolved, self._bases,
-                     self._callers, self._imports, self._stats, self._indexes, self._spans, self._relevant):
+                     self._callers, self._imports, self._direct, self._bound, self._used, self._reached,
+                     self._text_mros, self._stats, self._indexes, self._spans, self._relevant):
             memo.clear()
         self._importers = None
         self._files = None
@@ -428,21 +434,31 @@ class Project:
         if cached is not None:
             return cached
         self._imports[path] = []
-        text = self.text(path) or ""
         out: List[str] = []
-        for qualified in import_lines(text):
-            target = self.layout.resolve(path, qualified)
-            if target is None or not target.path or target.path == path:
+        for target in self._direct_imports(path):
+            if target == path:
                 continue
-            if target.path not in out:
-                out.append(target.path)
-            if target.path.endswith("__init__.py"):
-                for q in import_lines(self.text(target.path) or ""):
-                    inner = self.layout.resolve(target.path, q)
-                    if inner is not None and inner.path and inner.path not in out and inner.path != path:
-                        out.append(inner.path)
+            if target not in out:
+                out.append(target)
+            if target.endswith("__init__.py"):
+                for inner in self._direct_imports(target):
+                    if inner not in out and inner != path:
+                        out.append(inner)
         self._imports[path] = out
         return out
+
+    def _direct_imports(self, path: str) -> List[str]:
+        """The files of the project the import lines of `path` name (memoised: a package's
+        `__init__.py` is read once, however many modules import it)."""
+        cached = self._direct.get(path)
+        if cached is None:
+            cached = []
+            for qualified in import_lines(self.text(path) or ""):
+                target = self.layout.resolve(path, qualified)
+                if target is not None and target.path and target.path not in cached:
+                    cached.append(target.path)
+            self._direct[path] = cached
+        return cached
 
     def importers_of(self, path: str) -> List[str]:
         """The project's files that import the module at `path` (directly, or through a
@@ -462,6 +478,225 @@ class Project:
         path = os.path.abspath(path)
         related = [*self.imports_of(path), *self.importers_of(path)]
         return "\n".join(self.text(f) or "" for f in related)
+
+    def reach_text(self, path: str) -> str:
+        """The code of the related modules (`related_text`) that can take part in the file's
+        training step: the definitions of other modules the file uses (functions, classes with
+        their bases, what they call, a few levels deep) and the code of the modules importing
+        it that uses its names. Read from the texts, no parse: the rules' project triggers test
+        it, so a file that only imports a package whose other modules train is not analysed
+        for the rest of them. Never more than `related_text` (a narrowing of it)."""
+        path = os.path.abspath(path)
+        related = set(self.imports_of(path)) | set(self.importers_of(path))
+        related.discard(path)
+        if not related:
+            return ""
+        parts: List[str] = []
+        seen: set = set()
+        text = self.text(path) or ""
+        todo: List[Tuple[Optional[Definition], int]] = [(self._use(path, q), 0) for q in _uses(text)]
+        at = 0
+        while at < len(todo):  # breadth first: each definition at its shallowest
+            d, depth = todo[at]
+            at += 1
+            if len(parts) >= MAX_REACH_PARTS:
+                return self.related_text(path)  # too much to follow: all of the related modules
+            if d is None or d.path not in related:
+                continue
+            qual = d.qual if isinstance(d, (ForeignFunction, ForeignClass)) else None
+            if isinstance(d, ForeignModule) or (d.path, qual) in seen:
+                continue
+            seen.add((d.path, qual))
+            module_text = self.text(d.path) or ""
+            if qual is None:  # a constant: the module's own top-level code
+                parts.append(_top_level_code(module_text, self._def_spans(d.path)))
+                continue
+            span = self._def_spans(d.path).get(qual)
+            if span is None:
+                parts.append(module_text)  # not found by the scan: all of it
+                continue
+            code = module_text[span[0]:span[1]]
+            parts.append(code)
+            if depth < MAX_REACH_DEPTH:
+                todo.extend((found, depth + 1) for found in self._reached_from(d, qual, code, module_text))
+        for importer in sorted(self.importers_of(path)):
+            if importer == path:
+                continue
+            itext = self.text(importer) or ""
+            names = [local for local, q in self._bindings_of(importer).items()
+                     for found in [self._use(importer, q)] if found is not None and found.path == path]
+            if names:  # the code of the importer that uses what it imports from the file
+                mention = re.compile(r"(?<![\w.])(?:%s)\b" % "|".join(map(re.escape, names)))
+                spans = sorted(self._def_spans(importer).values())
+                imports = [m.span() for r in (_FROM_RE, _IMPORT_RE) for m in r.finditer(itext)]
+                for m in mention.finditer(itext):
+                    if any(a <= m.start() < b for a, b in imports):
+                        continue  # the import itself
+                    inside = [s for s in spans if s[0] <= m.start() < s[1]]
+                    if not inside:  # module-level code uses it: all of that module
+                        parts.append(itext)
+                        break
+                    span = max(inside)  # the innermost (a method, before its class)
+                    parts.append(itext[span[0]:span[1]])
+        return "\n".join(parts)
+
+    def _reached_from(self, d: Definition, qual: str, code: str, module_text: str) -> List[Optional[Definition]]:
+        """What the code of `d` (a function, a method, a class) names in its module: what it
+        calls, its bases (a class's or its method's class's), the other methods of its class it
+        calls on `self`. Memoised per definition."""
+        key = (d.path, qual)
+        cached = self._reached.get(key)
+        if cached is not None:
+            return cached
+        cached = self._reached[key] = []
+        module = self.module(d.path)
+        if module is None:
+            return cached
+        names = list(_CALLED_RE.findall(code))
+        owner = qual.partition(".")[0]
+        header = None
+        if isinstance(d, ForeignClass):
+            header = _CLASS_RE.search(code)
+        elif "." in qual:  # a method: its class's header too
+            header = _CLASS_RE.search(module_text, self._def_spans(d.path).get(owner, (0, 0))[0])
+        if header is not None and header.group(1) == owner and header.group(2):
+            names.extend(b.strip() for b in header.group(2).split(","))
+        for name in dict.fromkeys(names):
+            head, _, rest = name.partition(".")
+            if head in ("self", "cls") and rest and isinstance(d, ForeignFunction) and "." in qual:
+                method = f"{owner}.{rest.partition('.')[0]}"  # another method of its class
+                if method in self._def_spans(d.path):
+                    cached.append(ForeignFunction(module, method, ForeignClass(module, owner)))
+                continue
+            if not head.isidentifier() or head in ("self", "cls", "super"):
+                continue
+            found = self.member(module, head)
+            for attr in [a for a in rest.split(".") if a]:
+                found = self._text_attribute(found, attr)
+            if found is not None:
+                cached.append(found)
+        return cached
+
+    def lacks_relevant_method(self, cls: ForeignClass, name: str) -> bool:
+        """True when no class `cls` may inherit from (`text_mro`) defines a method `name`
+        whose code holds AMP code (`relevant`): a call of it has no effect and no value worth
+        reading, and no summary is read to know it. False: not sure."""
+        classes = self.text_mro(cls)
+        if classes is None:
+            return False
+        defines = re.compile(r"\bdef[ \t]+%s\b" % re.escape(name))
+        for c in classes:
+            text = self.text(c.path) or ""
+            span = self._def_spans(c.path)[c.qual]
+            if defines.search(text, span[0], span[1]):
+                method = f"{c.qual}.{name}"
+                if method not in self._def_spans(c.path) or self.relevant(ForeignFunction(c.module, method, c)):
+                    return False
+        return True
+
+    def lacks_relevant_attributes(self, cls: ForeignClass) -> bool:
+        """True when no class `cls` may inherit from holds AMP code (its attributes are then
+        not read, `foreign_attribute`) and none is a dataclass (no fields). False: not sure."""
+        classes = self.text_mro(cls)
+        return classes is not None and not any(self.relevant(c) or "dataclass" in (self.text(c.path) or "")
+                                               for c in classes)
+
+    def text_mro(self, cls: ForeignClass) -> Optional[List[ForeignClass]]:
+        """`cls` and every class of the project its bases' names may resolve to, read from the
+        texts (no summary): never fewer classes than the summaries' `foreign_mro`. None when
+        not sure (a base that is not a plain name, a name bound twice or by a star import, a
+        class the scan does not find). Memoised."""
+        if cls.key in self._text_mros:
+            return self._text_mros[cls.key]
+        self._text_mros[cls.key] = None  # a cycle of bases: not sure
+        out: List[ForeignClass] = []
+        todo: List[Tuple[ForeignClass, int]] = [(cls, 0)]
+        seen = set()
+        while todo:
+            c, depth = todo.pop()
+            if c.key in seen:
+                continue
+            bases = self._text_bases(c) if depth <= MAX_RESOLVE_DEPTH else None
+            if bases is None:
+                return None
+            seen.add(c.key)
+            out.append(c)
+            todo.extend((b, depth + 1) for b in bases)
+        self._text_mros[cls.key] = out
+        return out
+
+    def _text_bases(self, c: ForeignClass) -> Optional[List[ForeignClass]]:
+        text = self.text(c.path) if c.path.endswith(".py") else None
+        span = self._def_spans(c.path).get(c.qual) if text is not None and "." not in c.qual else None
+        index = self.index(c.path)
+        if span is None or index is None:
+            return None
+        header = _CLASS_RE.match(text, span[0])
+        if header is None or header.group(1) != c.qual:
+            return None
+        out: List[ForeignClass] = []
+        for raw in (header.group(2) or "").split(","):
+            base = raw.strip()
+            if not base or "=" in base:  # `metaclass=...`: not a base
+                continue
+            head, _, rest = base.partition(".")
+            if not all(part.isidentifier() for part in base.split(".")):
+                return None
+            kind = index.names.get(head)
+            imported = index.imports.get(head, ())
+            if kind == "class" and not rest and not imported:
+                out.append(ForeignClass(c.module, head))
+            elif kind == "import" and len(imported) == 1:
+                found = self._use(c.path, imported[0] + (f".{rest}" if rest else ""))
+                if isinstance(found, ForeignClass):
+                    out.append(found)
+                elif found is not None:
+                    return None  # a module, a function, a constant of the project: not sure
+            elif kind is not None or index.stars:
+                return None  # a function's result, a constant, a name bound twice or by a star import
+        return out
+
+    def _bindings_of(self, path: str) -> Dict[str, str]:
+        cached = self._bound.get(path)
+        if cached is None:
+            cached = self._bound[path] = _bindings(self.text(path) or "")
+        return cached
+
+    def _use(self, importer: str, qualified: str) -> Optional[Definition]:
+        """What `qualified` (an imported name, then attributes) names, read from the texts only
+        (`resolve` reads a class's summary for its attributes). Memoised."""
+        key = (importer, qualified)
+        if key not in self._used:
+            self._used[key] = self._use_text(importer, qualified)
+        return self._used[key]
+
+    def _use_text(self, importer: str, qualified: str) -> Optional[Definition]:
+        if not self.layout.contains(importer):
+            return None
+        level = len(qualified) - len(qualified.lstrip("."))
+        parts = [p for p in qualified[level:].split(".") if p]
+        for k in range(len(parts), 0, -1) if parts else [0]:
+            target = self.layout.resolve(importer, "." * level + ".".join(parts[:k]))
+            if target is None:
+                continue
+            d = self._target(target, 0)
+            for name in parts[k:]:
+                d = self._text_attribute(d, name)
+            return d
+        return None
+
+    def _text_attribute(self, d: Optional[Definition], name: str) -> Optional[Definition]:
+        if isinstance(d, ForeignModule):
+            return self.member(d, name)
+        if isinstance(d, ForeignClass) and f"{d.qual}.{name}" in self._def_spans(d.path):
+            return ForeignFunction(d.module, f"{d.qual}.{name}", d)
+        return None
+
+    def _def_spans(self, path: str) -> Dict[str, Tuple[int, int]]:
+        spans = self._spans.get(path)
+        if spans is None:
+            spans = self._spans[path] = def_spans(self.text(path) or "")
+        return spans
 
     def apex_amp_uses(self, path: str) -> List[Tuple[str, int]]:
         """The modules related to `path` (it imports them, or they import it) that use NVIDIA
@@ -529,6 +764,59 @@ class Project:
                     found.append((module, call))
         self._callers[key] = found
         return found
+
+
+MAX_REACH_DEPTH = 3  # definitions reached from what the file uses: what they call, and so on
+MAX_REACH_PARTS = 400
+_CALLED_RE = re.compile(r"(?<![\w.])([A-Za-z_]\w*(?:\.\w+)*)[ \t]*\(")
+_DOTTED_USE_RE = re.compile(r"(?<![\w.])([A-Za-z_]\w*)((?:\.\w+)+)")
+
+
+def _bindings(text: str) -> Dict[str, str]:
+    """The names the imports of a module (anywhere in it) bind, and what they import:
+    `f` -> `pkg.mod.f` for `from pkg.mod import f`, `m` -> `pkg.mod` for `import pkg.mod as m`."""
+    bound: Dict[str, str] = {}
+    if "import" not in text:
+        return bound
+    for m in _FROM_RE.finditer(text):
+        base = m.group(1)
+        for part in m.group(2).strip("()").replace("\\\n", " ").split(","):
+            name, _, alias = part.strip().partition(" as ")
+            name, alias = name.strip(), alias.strip()
+            if name.isidentifier():
+                bound[alias or name] = f"{base}.{name}" if base and not base.endswith(".") else f"{base}{name}"
+    for m in _IMPORT_RE.finditer(text):
+        for part in m.group(1).split(","):
+            name, _, alias = part.strip().partition(" as ")
+            name, alias = name.strip(), alias.strip()
+            if name and all(p.isidentifier() for p in name.split(".")):
+                bound[alias or name.split(".")[0]] = name if alias else name.split(".")[0]
+    return bound
+
+
+def _uses(text: str) -> List[str]:
+    """The qualified names a module uses from what it imports: `pkg.mod.f` for `from pkg.mod
+    import f` (and `pkg.mod.f.g` for `f.g`), `pkg.mod.h` for `import pkg.mod as m` and `m.h`.
+    Read from the text: `project.resolve` says which are the project's."""
+    bound = _bindings(text)
+    out: Dict[str, None] = dict.fromkeys(bound.values())
+    if bound:
+        for head, rest in set(_DOTTED_USE_RE.findall(text)):
+            qualified = bound.get(head)
+            if qualified is not None:
+                out[qualified + rest] = None
+    return list(out)
+
+
+def _top_level_code(text: str, spans: Dict[str, Tuple[int, int]]) -> str:
+    """`text` without its top-level functions and classes."""
+    out, at = [], 0
+    for start, end in sorted(s for q, s in spans.items() if "." not in q):
+        if start >= at:
+            out.append(text[at:start])
+            at = end
+    out.append(text[at:])
+    return "".join(out)
 
 
 _TOP_RE = re.compile(r"^(?:async[ \t]+)?def[ \t]+(\w+)|^class[ \t]+(\w+)|^(\w+)[ \t]*(?::[^=\n]*)?=(?!=)", re.MULTILINE)
@@ -681,6 +969,12 @@ class _NoFacts:
 
     def callers(self, path, qual):
         return None
+
+    def lacks_relevant_method(self, cls, name):
+        return False
+
+    def lacks_relevant_attributes(self, cls):
+        return False
 
 
 NO_FACTS = _NoFacts()
