@@ -52,7 +52,7 @@ def test_positions_are_the_providers(text):
         pytest.skip("not Python")
     tree = _tree(module, text)
     whole = MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider)
-    nodes = list(tree._index.order)
+    nodes = list(tree._index.nodes)
     random.Random(len(text)).shuffle(nodes)  # any order of questions gives the same answers
     assert [tree.position(n) for n in nodes] == [whole[n] for n in nodes]
 
@@ -73,7 +73,7 @@ def test_positions_of_a_late_node_render_one_statement(monkeypatch):
         return real(self, node)
 
     monkeypatch.setattr(tree_mod._PositionState, "before_codegen", count)
-    call = [n for n in tree._index.order if isinstance(n, cst.Call)][-1]
+    call = [n for n in tree._index.nodes if isinstance(n, cst.Call)][-1]
     pos = tree.position(call)
     assert (pos.start.line, pos.start.column) == (text.count("\n"), 0)
     assert len(hooked) < 20

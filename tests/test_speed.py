@@ -63,16 +63,36 @@ def test_index_walks_the_tree_as_libcst_visits_it(name, module):
     index = Index.of(module)
     seen = _Visit()
     module.visit(seen)
-    assert list(index.order) == seen.pre and list(index.order.values()) == list(range(len(seen.pre)))
-    assert list(index.post) == seen.post
-    assert index.parents == seen.parents
+    assert index.nodes == seen.pre and len({id(n) for n in seen.pre}) == len(seen.pre)
+    assert [index.order_of(n) for n in seen.pre] == list(range(len(seen.pre)))
+    assert sorted(seen.pre, key=index.post_of) == seen.post
+    assert [index.post_of(n) for n in seen.post] == list(range(len(seen.post)))
+    assert {n: index.parent(n) for n in seen.pre if index.parent(n) is not None} == seen.parents
+    assert index.parent(module) is None and index.scope_of(module) is None
     # the (slower) visitor form of the index records the same facts
     slow = Index()
     module.visit(slow)
-    for attr in ("parents", "order", "post", "scope", "calls", "functions", "classes", "imports", "local_names",
-                 "declared", "assignments"):
+    for attr in ("nodes", "parent_at", "scope_at", "post_at", "calls", "functions", "classes", "imports",
+                 "local_names", "declared", "assignments"):
         assert getattr(slow, attr) == getattr(index, attr), attr
     assert {t: v for t, v in slow.by_type.items()} == index.by_type
+    # scopes: each node's innermost function, lambda, class or module (the module's own: none)
+    scopes = {}
+    for n in seen.pre:
+        parent = seen.parents.get(n)
+        if parent is not None:
+            scopes[n] = parent if isinstance(parent, (cst.FunctionDef, cst.Lambda, cst.ClassDef, cst.Module)) \
+                else scopes.get(parent)
+    assert all(index.scope_of(n) is scopes.get(n) for n in seen.pre)
+
+
+@pytest.mark.parametrize("name,module", list(_modules()), ids=lambda v: v if isinstance(v, str) else "")
+def test_child_nodes_are_libcsts_children(name, module):
+    from ampfix.model.tree import child_nodes
+
+    for node in Index.of(module).nodes:
+        ours, theirs = child_nodes(node), node.children
+        assert len(ours) == len(theirs) and all(a is b for a, b in zip(ours, theirs)), type(node).__name__
 
 
 @pytest.mark.parametrize("name,module", list(_modules()), ids=lambda v: v if isinstance(v, str) else "")
@@ -102,7 +122,7 @@ def test_model_positions_per_statement_are_libcsts(text):
     tree = Tree()
     tree._init_tree(module)
     tree.source_text = text  # as ampfix.engine.analyze gives it
-    for node in reversed(list(tree._index.order)):
+    for node in reversed(tree._index.nodes):
         assert tree.position(node) == theirs[node], type(node).__name__
 
 

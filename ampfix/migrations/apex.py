@@ -989,7 +989,7 @@ class ApexMigration:
             if len(blocks) > 1:
                 raise _Blocked(f"the optimizer steps on lines {', '.join(str(self.line(s)) for s in stmts)} are in "
                                "different blocks: call scaler.update() once per iteration after the last, by hand")
-            last = max(stmts, key=lambda s: model._index.order[s])
+            last = max(stmts, key=lambda s: model._index.order_of(s))
             use = next(u for u in self.uses if any(last in self.rw.edits and o is u for o, _ in self.rw.edits[last]))
             self.rw.insert_after(use, last, [self.stmt(f"{self.scaler_ref(last)}.update()")])
 

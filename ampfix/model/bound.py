@@ -45,7 +45,7 @@ from typing import Callable, Dict, FrozenSet, List, Optional, Sequence, Set, Tup
 
 import libcst as cst
 
-from ampfix.model.tree import dotted, target_names
+from ampfix.model.tree import child_nodes, dotted, target_names
 
 UNBOUND, NONE, VALUE = "unbound", "none", "value"
 BUILTINS = set(dir(builtins)) | {"__name__", "__file__", "__doc__", "__spec__", "__loader__", "__package__",
@@ -677,7 +677,7 @@ def _uses(expr: cst.CSTNode, reads: List[str], derefs: List[str], unconditional:
         if isinstance(node, cst.Arg):
             stack.append(node.value)
             continue
-        stack.extend(reversed(node.children))
+        stack.extend(reversed(child_nodes(node)))
 
 
 def _uses_comprehension(comp: cst.CSTNode, reads: List[str], derefs: List[str]) -> None:
@@ -995,10 +995,10 @@ class Bound:
                 name in index.local_names.get(scope, ()) or name in index.imports.get(scope, {})):
             return _tags(UNBOUND)
         # an enclosing function's, the module's, a builtin
-        outer = None if isinstance(scope, cst.Module) else index.scope.get(scope, self.module)  # type: ignore[attr-defined]
+        outer = None if isinstance(scope, cst.Module) else index.scope_of(scope, self.module)  # type: ignore[attr-defined]
         while outer is not None:
             if isinstance(outer, cst.ClassDef):
-                outer = index.scope.get(outer, self.module)  # type: ignore[attr-defined]
+                outer = index.scope_of(outer, self.module)  # type: ignore[attr-defined]
                 continue
             if name in index.local_names.get(outer, ()) or name in index.imports.get(outer, {}):
                 if isinstance(outer, (cst.FunctionDef, cst.Lambda)) and self.is_parameter(outer, name):  # type: ignore[attr-defined]
@@ -1006,7 +1006,7 @@ class Bound:
                 return self._global_tags(outer, name)
             if isinstance(outer, cst.Module):
                 break
-            outer = index.scope.get(outer, self.module)  # type: ignore[attr-defined]
+            outer = index.scope_of(outer, self.module)  # type: ignore[attr-defined]
         if isinstance(scope, cst.Module) or name in declared:
             if name in index.local_names.get(self.module, ()) or name in index.imports.get(self.module, {}):  # type: ignore[attr-defined]
                 return self._global_tags(self.module, name)  # type: ignore[attr-defined]

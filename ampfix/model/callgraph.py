@@ -9,11 +9,11 @@ a fact about a parameter can be read at each call site.
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import libcst as cst
 
-from ampfix.model.tree import dotted
+from ampfix.model.tree import _ATTRIBUTE, _DOTTED_KIND, _NAME, _OTHER, _dotted_kind, dotted
 
 MAX_DEPTH = 6
 # open callee resolutions at once (see `CallGraph.callees`)
@@ -24,33 +24,41 @@ class CallGraph:
     """Call resolution (a part of `AmpModel`)."""
 
     def _init_callgraph(self) -> None:
-        self._callees: Dict[cst.Call, List[cst.FunctionDef]] = {}
+        # id(call) -> (call, its callees): keyed by id() because LibCST's `CSTNode.__hash__` is a
+        # Python call and this is asked hundreds of thousands of times on a big file; the call is
+        # kept in the entry, so its id cannot be reused while the entry lives
+        self._callees: Dict[int, Tuple[cst.Call, List[cst.FunctionDef]]] = {}
         self._callers: Optional[Dict[cst.FunctionDef, List[cst.Call]]] = None
 
     # ---------------------------------------------------------------- resolution
     def callees(self, call: cst.Call) -> List[cst.FunctionDef]:
         """The functions of this file that `call` may run (empty: unknown or external)."""
-        cached = self._callees.get(call)
-        if cached is None:
+        hit = self._callees.get(id(call))
+        if hit is None:
             # resolving a callee asks what values hold, which asks what other calls return: a
             # chain through other modules' values (each materialised anew) has no natural end,
             # so past MAX_NESTING open resolutions the answer is unknown
             level = self.__dict__.get("_callee_nesting", 0)
             if level >= MAX_NESTING:
                 return []
-            self._callees[call] = []  # recursion guard
+            self._callees[id(call)] = (call, [])  # recursion guard
             self._callee_nesting = level + 1
             try:
                 cached = self._resolve_callable(call.func, call, 0)
             finally:
                 self._callee_nesting = level
-            self._callees[call] = cached
-        return cached
+            self._callees[id(call)] = (call, cached)
+            return cached
+        return hit[1]
 
     def _resolve_callable(self, func: cst.BaseExpression, at: cst.CSTNode, depth: int) -> List[cst.FunctionDef]:
         if depth > MAX_DEPTH:
             return []
-        if isinstance(func, cst.Attribute):
+        # Name, Attribute or other, by type (`isinstance` against LibCST's classes goes through ABCMeta)
+        kind = _DOTTED_KIND.get(type(func))
+        if kind is None:
+            kind = _dotted_kind(type(func))
+        if kind == _ATTRIBUTE:
             owner = func.value
             name = func.attr.value
             if isinstance(owner, cst.Call) and isinstance(owner.func, cst.Name) and owner.func.value == "super":
@@ -73,18 +81,21 @@ class CallGraph:
                     found.append(m)
             if found:
                 return found
-        if isinstance(func, cst.Name):
+        if kind == _NAME:
             bscope = self.binding_scope(func.value, self.scope_of(at))
             if bscope is not None:
                 defs = [f for f in self.functions.get(func.value, []) if self.scope_of(f) is bscope]
                 if defs:
                     return [defs[-1]]
-        if isinstance(func, (cst.Name, cst.Attribute)):
+        if kind != _OTHER:
             out: List[cst.FunctionDef] = []
             for value in self.values_of(func):
                 parts = self.partial_parts(value)
                 target = parts[0] if parts is not None else value
-                if isinstance(target, (cst.Name, cst.Attribute)):
+                target_kind = _DOTTED_KIND.get(type(target))
+                if target_kind is None:
+                    target_kind = _dotted_kind(type(target))
+                if target_kind != _OTHER:  # a Name or an Attribute
                     for f in self._resolve_callable(target, target, depth + 1):
                         if f not in out:
                             out.append(f)

@@ -26,7 +26,7 @@ from typing import Callable, Dict, List, Optional, Set, Tuple
 import libcst as cst
 
 from ampfix.model.syntax import call_name
-from ampfix.model.tree import target_names
+from ampfix.model.tree import child_nodes, target_names
 
 Site = Tuple[cst.CSTNode, Tuple[str, ...], Tuple[cst.CSTNode, ...]]  # (node, names bound, value expressions)
 SCALE_INVARIANT = {"sign", "sgn", "isfinite", "isnan", "isinf", "ne", "eq"}
@@ -110,7 +110,7 @@ class Dataflow:
         `seeds`: names that hold the value from the start (a parameter it is passed to)."""
         scope = self.scope_of(source)
         sites = self._binding_sites(scope)
-        start = self._index.order[source]
+        start = self._index.order_of(source)
         derived: Set[str] = set(seeds)
         for node, names, values in sites:
             if any(v is source or self.is_ancestor(v, source) for v in values):
@@ -119,7 +119,7 @@ class Dataflow:
         while changed:
             changed = False
             for node, names, values in sites:
-                if self._index.order[node] < start or set(names) <= derived:
+                if self._index.order_of(node) < start or set(names) <= derived:
                     continue
                 if any(self._reads(v, derived) for v in values):
                     derived.update(names)
@@ -131,7 +131,7 @@ class Dataflow:
         bound from it as it is, a subscript of it, or a loop over it (`grads = autograd.grad(...)`,
         `(g,) = ...`, `g = grads[0]`, `for p, g in zip(params, grads)`)."""
         scope = self.scope_of(source)
-        start = self._index.order[source]
+        start = self._index.order_of(source)
         raw: Set[str] = set()
 
         def plain(v: cst.CSTNode) -> bool:
@@ -150,7 +150,7 @@ class Dataflow:
         while changed:
             changed = False
             for node, names, values in self._binding_sites(scope):
-                if self._index.order[node] >= start or any(v is source or self.is_ancestor(v, source) for v in values):
+                if self._index.order_of(node) >= start or any(v is source or self.is_ancestor(v, source) for v in values):
                     if not set(names) <= raw and isinstance(node, (cst.Assign, cst.For, cst.CompFor)) \
                             and any(plain(v) for v in values):
                         raw.update(names)
@@ -162,10 +162,10 @@ class Dataflow:
         the value is returned from a function of this file, the reads at its callers too."""
         derived = self.derived_names(source)
         scope = self.scope_of(source)
-        start = self._index.order[source]
+        start = self._index.order_of(source)
         reads: List[cst.CSTNode] = [source]
         for n in self._scope_names(scope):
-            if n.value in derived and self._index.order[n] > start and n not in self._bound_names \
+            if n.value in derived and self._index.order_of(n) > start and n not in self._bound_names \
                     and self._is_read(n) and not self._invariant_use(n):
                 reads.append(n)
         if hops < MAX_RETURN_HOPS and isinstance(scope, cst.FunctionDef):
@@ -309,7 +309,7 @@ def _nodes_under(node: cst.CSTNode, kind: type) -> List[cst.CSTNode]:
             out.append(n)
         if isinstance(n, (cst.Lambda, cst.FunctionDef, cst.ClassDef)):
             continue
-        stack.extend(n.children)
+        stack.extend(child_nodes(n))
     return out
 
 

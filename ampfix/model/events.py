@@ -32,7 +32,7 @@ import libcst as cst
 
 from ampfix.model.regions import Region
 from ampfix.model.syntax import call_name, get_arg
-from ampfix.model.tree import dotted
+from ampfix.model.tree import child_nodes, dotted
 
 class EventKind(StrEnum):
     """What an event does (a `str`: equal to, and hashed like, its value; summaries store the value)."""
@@ -422,17 +422,17 @@ class Events:
         cached = self._local_events.get(scope)
         if cached is not None:
             return cached
-        post = self._index.post
+        post = self._index.post_of
         found: List[Tuple[int, Event]] = []
         for call in self.calls_in_scope(scope):
             ev = self.classify(call)
             if ev is not None:
-                found.append((post[call], ev))
+                found.append((post(call), ev))
         for stmt in self.nodes_in_scope(scope, cst.SimpleStatementLine):
             kind = self.exit_kind(stmt)
             if kind is not None:
                 loop = self.loop_of(stmt) if kind in ("continue", "break") else None
-                found.append((post[stmt], Event(EXIT, stmt, detail=kind, loop=loop)))
+                found.append((post(stmt), Event(EXIT, stmt, detail=kind, loop=loop)))
         found.sort(key=lambda p: p[0])
         events = [ev for _, ev in found]
         self._local_events[scope] = events
@@ -526,11 +526,11 @@ class Events:
     def point(self, trace: Trace, node: cst.CSTNode) -> TraceEvent:
         """A statement or expression of the root's own body as a place in its trace (for
         questions such as "does CUDA initialise before this assignment?")."""
-        post = self._index.post
-        keys = [post[e.path[0]] for e in trace.events]
-        i = bisect.bisect_left(keys, post[node])
+        post = self._index.post_of
+        keys = [post(e.path[0]) for e in trace.events]
+        i = bisect.bisect_left(keys, post(node))
         ctx = {self._qualify(g, ()): br for g, br in self.contexts(node)}
-        order = i - 0.5 + 0.4 * post[node] / (len(post) + 1)  # two points between the same events keep their order
+        order = i - 0.5 + 0.4 * post(node) / (len(self._index.nodes) + 1)  # two points between the same events keep their order
         return TraceEvent(Event("point", node), (node,), order, ctx, self.region_of(node))
 
     def related_at(self, node: cst.CSTNode) -> List[Origin]:
@@ -842,9 +842,9 @@ class Events:
         while stack:
             node, parent = stack.pop()
             if parent is not None:
-                self._parents[node] = parent  # type: ignore[attr-defined]
-            self._index.scope[node] = scope  # type: ignore[attr-defined]
-            stack.extend((c, node) for c in node.children)
+                self._index.set_parent(node, parent)  # type: ignore[attr-defined]
+            self._index.set_scope(node, scope)  # type: ignore[attr-defined]
+            stack.extend((c, node) for c in child_nodes(node))
         cache[(text, id(scope))] = expr
         return expr
 

@@ -25,7 +25,7 @@ from typing import Dict, Hashable, List, Optional, Tuple
 
 import libcst as cst
 
-from ampfix.model.tree import COMPREHENSIONS, LOOP_TYPES, dotted
+from ampfix.model.tree import COMPREHENSIONS, LOOP_TYPES, child_nodes, dotted
 
 Group = Hashable
 Contexts = Tuple[Tuple[Group, Hashable], ...]
@@ -155,7 +155,7 @@ class Flow:
             n = stack.pop()
             if not isinstance(n, _STABLE_NODES):
                 return False
-            stack.extend(n.children)
+            stack.extend(child_nodes(n))
         return True
 
     def _names_in(self, test: cst.CSTNode) -> List[cst.CSTNode]:
@@ -166,7 +166,7 @@ class Flow:
             if isinstance(n, (cst.Name, cst.Attribute)) and dotted(n) is not None:
                 out.append(n)
                 continue
-            stack.extend(n.children)
+            stack.extend(child_nodes(n))
         return out
 
     def _assignments_before(self, test: cst.CSTNode, at: cst.CSTNode) -> List[cst.CSTNode]:

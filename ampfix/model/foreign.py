@@ -642,14 +642,14 @@ def _register(model, expr: cst.CSTNode, stamp: Synthetic, bindings: Optional[Dic
     nodes of the file and keep theirs)."""
     keep = {id(b) for b in (bindings or {}).values()}
     stack: List[Tuple[cst.CSTNode, Optional[cst.CSTNode]]] = [(expr, None)]
-    parents = model._parents
+    set_parent = model._index.set_parent
     while stack:
         node, parent = stack.pop()
         if id(node) in keep:
             continue
         model._synthetic[node] = stamp
         if parent is not None:
-            parents[node] = parent
+            set_parent(node, parent)
         stack.extend((c, node) for c in node.children)
 
 

@@ -27,7 +27,7 @@ from typing import List, Optional, Tuple
 import libcst as cst
 
 from ampfix.model.syntax import call_name, get_arg, literal_string
-from ampfix.model.tree import dotted
+from ampfix.model.tree import child_nodes, dotted
 from ampfix.model.values import SAME_OBJECT_METHODS, ReturnedElement
 
 FABRIC = {"lightning.fabric.Fabric", "lightning_fabric.Fabric", "lightning.Fabric", "lightning.fabric.fabric.Fabric",
@@ -312,7 +312,7 @@ class FrameworkFacts:
                 if isinstance(n, cst.Attribute):
                     stack.append(n.value)
                 continue
-            stack.extend(n.children)
+            stack.extend(child_nodes(n))
         return out
 
     # ---------------------------------------------------------------- names usable elsewhere

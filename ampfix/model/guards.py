@@ -17,7 +17,7 @@ import re
 import libcst as cst
 
 from ampfix.model.syntax import literal_string
-from ampfix.model.tree import dotted
+from ampfix.model.tree import child_nodes, dotted
 
 FALLBACK_ERRORS = {"ImportError", "ModuleNotFoundError", "AttributeError", "TypeError"}
 VERSION_TEST = re.compile(r"version|TORCH_\d|TORCH_(?:GREATER|LESS|GE|LT|AT_LEAST)|_TORCH_\w*\d", re.IGNORECASE)
@@ -103,7 +103,7 @@ class Guards:
             n = stack.pop()
             if isinstance(n, kind):
                 out.append(n)
-            stack.extend(n.children)
+            stack.extend(child_nodes(n))
         return out
 
     def _after_early_return(self, block: cst.CSTNode, stmt: cst.CSTNode) -> bool:

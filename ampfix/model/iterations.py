@@ -34,7 +34,7 @@ import libcst as cst
 from ampfix.model.events import BACKWARD, EXIT, SCALER_STEP, UNSCALE, UPDATE, ZERO_GRAD, Event, Trace, TraceEvent
 from ampfix.model.readwrite import reads_writes
 from ampfix.model.syntax import call_name
-from ampfix.model.tree import LOOP_TYPES, dotted
+from ampfix.model.tree import LOOP_TYPES, child_nodes, dotted
 
 Group = Hashable
 # a test that names gradient accumulation or "this micro-batch steps"
@@ -599,12 +599,12 @@ def _calls_len(expr: cst.CSTNode) -> bool:
         n = stack.pop()
         if isinstance(n, cst.Call) and isinstance(n.func, cst.Name) and n.func.value == "len":
             return True
-        stack.extend(n.children)
+        stack.extend(child_nodes(n))
     return False
 
 
 def _names(expr: cst.CSTNode) -> bool:
-    return isinstance(expr, (cst.Name, cst.Attribute)) or any(_names(c) for c in expr.children
+    return isinstance(expr, (cst.Name, cst.Attribute)) or any(_names(c) for c in child_nodes(expr)
                                                                if isinstance(c, cst.BaseExpression))
 
 
@@ -639,7 +639,7 @@ def _has_modulo(expr: cst.CSTNode) -> bool:
         if isinstance(n, cst.BinaryOperation) and isinstance(n.operator, cst.Modulo) \
                 and not isinstance(n.left, (cst.SimpleString, cst.FormattedString, cst.ConcatenatedString)):
             return True
-        stack.extend(n.children)
+        stack.extend(child_nodes(n))
     return False
 
 

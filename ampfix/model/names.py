@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import builtins
 from dataclasses import dataclass, field
-from typing import Dict, Iterable, List, Optional, Sequence, Set
+from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 import libcst as cst
 from libcst.metadata import QualifiedName, QualifiedNameSource
@@ -120,25 +120,39 @@ class Names:
     """Name resolution (a part of `AmpModel`)."""
 
     def _init_names(self) -> None:
-        self._qname_cache: Dict[cst.CSTNode, Set[QualifiedName]] = {}
-        self._api_cache: Dict[cst.CSTNode, Optional[Api]] = {}
+        # id(node) -> (node, its qualified names); by id() as `_api_cache` below
+        self._qname_cache: Dict[int, Tuple[cst.CSTNode, Set[QualifiedName]]] = {}
+        # (name, id(scope)) -> (scope, `_resolve_scope`'s answer): the index does not change once
+        # built, so the answer is the same each time it is asked (and asked for every name read)
+        self._scope_memo: Dict[Tuple[str, int], tuple] = {}
+        # id(node) -> (node, its API): by id() as `_callees` (model/callgraph.py), the node kept in the entry
+        self._api_cache: Dict[int, Tuple[cst.CSTNode, Optional[Api]]] = {}
         self._bindings: Optional[List[ImportBinding]] = None
 
     # ---------------------------------------------------------------- qualified names
     def _resolve_scope(self, first: str, scope: Optional[cst.CSTNode]):
         """(scope, import entries) of the innermost binding of `first` visible from `scope`;
         entries is None when the binding is local (an assignment or parameter)."""
+        key = (first, id(scope))
+        hit = self._scope_memo.get(key)
+        if hit is not None and hit[0] is scope:
+            return hit[1]
+        found = self._resolve_scope_walk(first, scope)
+        self._scope_memo[key] = (scope, found)
+        return found
+
+    def _resolve_scope_walk(self, first: str, scope: Optional[cst.CSTNode]):
         innermost = scope
         while scope is not None:
             if isinstance(scope, cst.ClassDef) and scope is not innermost:
-                scope = self._index.scope.get(scope)
+                scope = self._index.scope_of(scope)
                 continue
             imported = self._index.imports.get(scope, {}).get(first)
             if imported:
                 return scope, imported
             if first in self._index.local_names.get(scope, ()):
                 return scope, None
-            scope = None if scope is self.module else self._index.scope.get(scope, self.module)
+            scope = None if scope is self.module else self._index.scope_of(scope, self.module)
         return None, None
 
     def qualified_names(self, node: cst.CSTNode) -> Set[QualifiedName]:
@@ -146,9 +160,9 @@ class Names:
         `QualifiedName(name, QualifiedNameSource.IMPORT)` (e.g. `T.cuda.amp.autocast` after
         `import torch as T` -> "torch.cuda.amp.autocast"). Locally bound names shadow imports;
         class bodies are not visible from the functions inside them (Python's rules)."""
-        cached = self._qname_cache.get(node)
-        if cached is not None:
-            return cached
+        hit = self._qname_cache.get(id(node))
+        if hit is not None:
+            return hit[1]
         result: Set[QualifiedName] = set()
         text = dotted(node)
         if text is not None and node in self._synthetic:  # type: ignore[attr-defined]
@@ -160,7 +174,7 @@ class Names:
                 result = {QualifiedName(f"builtins.{first}", QualifiedNameSource.BUILTIN)}
             else:
                 result = {QualifiedName(text, QualifiedNameSource.IMPORT)}
-            self._qname_cache[node] = result
+            self._qname_cache[id(node)] = (node, result)
             return result
         if text is not None:
             first, _, rest = text.partition(".")
@@ -170,7 +184,7 @@ class Names:
                           for q, _, _ in imported}
             elif scope is None and first in _BUILTINS and text == first:
                 result = {QualifiedName(f"builtins.{first}", QualifiedNameSource.BUILTIN)}
-        self._qname_cache[node] = result
+        self._qname_cache[id(node)] = (node, result)
         return result
 
     def qualname(self, node: cst.CSTNode) -> Optional[str]:
@@ -188,8 +202,9 @@ class Names:
         """The torch API an expression (Name/Attribute, or the callee of a Call) names
         (computed once per node: every rule asks it of the same calls)."""
         cache = self._api_cache
-        if node in cache:
-            return cache[node]
+        hit = cache.get(id(node))
+        if hit is not None:
+            return hit[1]
         key = node
         if isinstance(node, cst.Call):
             node = node.func
@@ -199,7 +214,7 @@ class Names:
                 found = API_TABLE.get(qn.name)
                 if found is not None:
                     break
-        cache[key] = found
+        cache[id(key)] = (key, found)
         return found
 
     def is_api(self, node: cst.CSTNode, kind: str) -> bool:
@@ -262,7 +277,7 @@ class Names:
                     b = by_key.get((id(scope), n.value))
                     if b is not None:
                         b.refs.append(n)
-            bindings.sort(key=lambda b: self._index.order[b.stmt])
+            bindings.sort(key=lambda b: self._index.order_of(b.stmt))
             self._bindings = bindings
         return self._bindings
 

@@ -120,7 +120,7 @@ class Objects:
             params = params[1:]
         if not params:
             return False
-        returns = [r for r in self.nodes_of(cst.Return) if self.scope_of(r) is method]
+        returns = self.nodes_in_scope(method, cst.Return)
         return bool(returns) and all(isinstance(r.value, cst.Name) and r.value.value == params[0].name.value
                                      for r in returns)  # type: ignore[attr-defined]
 
@@ -297,8 +297,8 @@ class Objects:
         out = []
         callees = self.callees(expr)
         for f in callees:
-            for ret in self.nodes_of(cst.Return):
-                if self.scope_of(ret) is f and ret.value is not None:  # type: ignore[attr-defined]
+            for ret in self.nodes_in_scope(f, cst.Return):  # type: ignore[attr-defined]
+                if ret.value is not None:
                     out.extend(self.scale_sources(ret.value, depth + 1))  # type: ignore[attr-defined]
         if not callees:  # `cast(Tensor, scaler.scale(loss))`, `scaler.scale(loss).float()`: may pass it through
             if isinstance(expr.func, cst.Attribute):

@@ -23,7 +23,7 @@ import libcst as cst
 
 from ampfix.model.regions import Region
 from ampfix.model.syntax import call_name, get_arg, literal_string
-from ampfix.model.tree import dotted
+from ampfix.model.tree import child_nodes, dotted
 from ampfix.model.values import ReturnedElement
 
 DTYPE_STRINGS = {"float16": "float16", "fp16": "float16", "half": "float16", "bfloat16": "bfloat16",
@@ -191,7 +191,7 @@ class Precision:
                     stack.append((n.func.value, hops, False))
                 stack.extend((a.value, hops, False) for a in n.args)
                 continue
-            stack.extend((c, hops, False) for c in n.children)
+            stack.extend((c, hops, False) for c in child_nodes(n))
         return regions, frozenset(foreign)
 
     def _foreign_return_dtypes(self, call: cst.Call) -> Set["ForeignRegion"]:
@@ -309,5 +309,5 @@ class Precision:
             if isinstance(n, cst.Integer) and n.value == "16":
                 return True
             if isinstance(n, cst.CSTNode):
-                stack.extend(n.children)
+                stack.extend(child_nodes(n))
         return False

@@ -17,7 +17,7 @@ import libcst as cst
 
 from ampfix.model.names import Api
 from ampfix.model.syntax import literal_bool, literal_string
-from ampfix.model.tree import dotted
+from ampfix.model.tree import child_nodes, dotted
 
 MAX_DEPTH = 6
 
@@ -196,7 +196,7 @@ class Regions:
                 continue
             if isinstance(n, (cst.Lambda, cst.FunctionDef)):
                 continue
-            stack.extend(n.children)
+            stack.extend(child_nodes(n))
         for n in nodes:
             r = self.region_of(n)
             if r is not None and all(r.node is not f.node for f in found):

@@ -9,7 +9,7 @@ from typing import List, Optional
 import libcst as cst
 
 from ampfix.model.syntax import call_name, literal_bool
-from ampfix.model.tree import dotted
+from ampfix.model.tree import child_nodes, dotted
 from ampfix.model.values import SAME_OBJECT_METHODS
 
 EVAL_FUNCTION = re.compile(r"eval|export|infer|predict|test|valid|val_|_val$|^val$|bench|sample|generate|demo|onnx|"
@@ -131,12 +131,12 @@ class Training:
 
 def calls_under(node: cst.CSTNode) -> List[cst.Call]:
     out: List[cst.Call] = []
-    stack = list(node.children)
+    stack = list(child_nodes(node))
     while stack:
         n = stack.pop()
         if isinstance(n, cst.Call):
             out.append(n)
-        stack.extend(n.children)
+        stack.extend(child_nodes(n))
     return out
 
 

@@ -135,16 +135,47 @@ def _kind(node: cst.CSTNode) -> _Kind:
     return kind
 
 
+def child_nodes(node: cst.CSTNode) -> List[cst.CSTNode]:
+    """`node.children`, read from the node's fields (`_Kind`, the walk's table): the same nodes in
+    the same order, without LibCST's way of listing them (a visit that rebuilds the node)."""
+    kind = _KINDS.get(type(node)) or _kind(node)
+    if kind.fields is None:  # pragma: no cover - see `_kind`
+        return list(node.children)
+    out: List[cst.CSTNode] = []
+    for name in kind.fields:
+        value = getattr(node, name)
+        if value is None or value is MaybeSentinel.DEFAULT:
+            continue
+        if type(value) is tuple or type(value) is list:
+            out.extend(value)
+        else:
+            out.append(value)
+    return out
+
+
 class Index(cst.CSTVisitor):
     """One pass over the tree (see the module docstring): `Index.of(module)`. (Visiting a
-    module with it, `module.visit(Index())`, records the same, more slowly.)"""
+    module with it, `module.visit(Index())`, records the same, more slowly.)
+
+    Parents, scopes and pre/post order are kept in lists by a node's position in `nodes` (text
+    order), and `_slot` maps `id(node)` to that position. A dict keyed by the node itself would
+    hash through LibCST's Python-level `CSTNode.__hash__` (identity, but one Python call per
+    insertion and lookup: four per node, a fifth of the analysis); `id()` is a C call, and the
+    lists are filled by `append` during the walk. `nodes` keeps every node of the tree alive, so
+    an id in `_slot` cannot be reused by another node while the index lives. Nodes that are not
+    part of the tree (synthetic expressions of the model, `set_parent`/`set_scope`) are kept in
+    `_extra`, with the node itself, for the same reason. Ask through `parent`, `scope_of`,
+    `order_of`, `post_of`."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.parents: Dict[cst.CSTNode, cst.CSTNode] = {}
-        self.order: Dict[cst.CSTNode, int] = {}
-        self.post: Dict[cst.CSTNode, int] = {}
-        self.scope: Dict[cst.CSTNode, cst.CSTNode] = {}
+        self.nodes: List[cst.CSTNode] = []  # every node, in text order (pre-order)
+        self.parent_at: List[Optional[cst.CSTNode]] = []  # by position in `nodes`
+        self.scope_at: List[Optional[cst.CSTNode]] = []  # by position (None: the module itself)
+        self.post_at: List[int] = []  # post-order number, by position
+        self._slot: Dict[int, int] = {}  # id(node) -> position in `nodes`, built once the tree is walked
+        # id(node) -> (node, parent, scope) for nodes outside the tree given a parent or scope
+        self._extra: Dict[int, Tuple[cst.CSTNode, Optional[cst.CSTNode], Optional[cst.CSTNode]]] = {}
         self.calls: List[cst.Call] = []
         self.functions: Dict[str, List[cst.FunctionDef]] = {}
         self.classes: Dict[str, cst.ClassDef] = {}
@@ -157,34 +188,39 @@ class Index(cst.CSTVisitor):
         # (assign node, target expression, value expression or None for augmented/for/with targets)
         self.assignments: List[Tuple[cst.CSTNode, cst.BaseExpression, Optional[cst.BaseExpression]]] = []
         self.by_type: Dict[type, List[cst.CSTNode]] = {}
-        self._stack: List[cst.CSTNode] = []
+        self._stack: List[int] = []  # positions of the open nodes (visitor form)
         self._scopes: List[cst.CSTNode] = []
+        self._done = 0  # nodes left so far (the next post-order number)
 
     @classmethod
     def of(cls, module: cst.CSTNode) -> "Index":
         """The index of `module` (a tree walked once, one call per node)."""
         index = cls()
-        parents, order, post, scope_map = index.parents, index.order, index.post, index.scope
+        nodes, parent_at, scope_at, post_at = index.nodes, index.parent_at, index.scope_at, index.post_at
+        add_node, add_parent, add_scope, add_post = nodes.append, parent_at.append, scope_at.append, post_at.append
         by_type: DefaultDict[type, List[cst.CSTNode]] = defaultdict(list)
         scopes = index._scopes
         kinds = _KINDS
         leaves = _LEAVES
         sentinel = MaybeSentinel.DEFAULT
+        done = 0  # the next post-order number
 
         def walk(node: cst.CSTNode, parent: Optional[cst.CSTNode], scope: Optional[cst.CSTNode]) -> None:
+            nonlocal done
             cls_ = type(node)
             kind = kinds.get(cls_) or _kind(node)
-            parents[node] = parent  # type: ignore[assignment]  # the root's None is removed below
-            order[node] = len(order)
+            at = len(nodes)
+            add_node(node)
+            add_parent(parent)
+            add_scope(scope)
+            add_post(-1)  # set when the node is left
             by_type[cls_].append(node)
-            if scope is not None:
-                scope_map[node] = scope
             inner = scope
             if kind.scope:
                 scopes.append(node)
                 inner = node
             if kind.handler is not None:
-                kind.handler(index, node)
+                kind.handler(index, node)  # the node is the last one recorded
             if kind.fields is None:  # pragma: no cover - see `_kind`
                 for child in node.children:
                     walk(child, node, inner)
@@ -196,41 +232,42 @@ class Index(cst.CSTVisitor):
                     if type(value) is tuple or type(value) is list:
                         for child in value:
                             if type(child) in leaves:  # whitespace, most of a tree: no call
-                                parents[child] = node
-                                order[child] = len(order)
+                                add_node(child)
+                                add_parent(node)
+                                add_scope(inner)
+                                add_post(done)
+                                done += 1
                                 by_type[type(child)].append(child)
-                                if inner is not None:
-                                    scope_map[child] = inner
-                                post[child] = len(post)
                             else:
                                 walk(child, node, inner)
                     elif type(value) in leaves:
-                        parents[value] = node
-                        order[value] = len(order)
+                        add_node(value)
+                        add_parent(node)
+                        add_scope(inner)
+                        add_post(done)
+                        done += 1
                         by_type[type(value)].append(value)
-                        if inner is not None:
-                            scope_map[value] = inner
-                        post[value] = len(post)
                     else:
                         walk(value, node, inner)
-            post[node] = len(post)
+            post_at[at] = done
+            done += 1
             if kind.scope:
                 scopes.pop()
 
         walk(module, None, None)
-        del parents[module]
+        index._done = done
         index.by_type = dict(by_type)
+        index._slot = dict(zip(map(id, nodes), range(len(nodes))))
         return index
 
     def on_visit(self, node: cst.CSTNode) -> bool:
         kind = _kind(node)
-        if self._stack:
-            self.parents[node] = self._stack[-1]
-        self.order[node] = len(self.order)
+        self._stack.append(len(self.nodes))
+        self.nodes.append(node)
+        self.parent_at.append(self.nodes[self._stack[-2]] if len(self._stack) > 1 else None)
+        self.scope_at.append(self._scopes[-1] if self._scopes else None)
+        self.post_at.append(-1)
         self.by_type.setdefault(type(node), []).append(node)
-        if self._scopes:
-            self.scope[node] = self._scopes[-1]
-        self._stack.append(node)
         if kind.scope:
             self._scopes.append(node)
         if kind.handler is not None:
@@ -238,10 +275,58 @@ class Index(cst.CSTVisitor):
         return True
 
     def on_leave(self, original_node: cst.CSTNode) -> None:
-        self.post[original_node] = len(self.post)
-        self._stack.pop()
+        self.post_at[self._stack.pop()] = self._done
+        self._done += 1
         if _kind(original_node).scope:
             self._scopes.pop()
+        if not self._stack:  # the root is left: the tree is walked
+            self._slot = dict(zip(map(id, self.nodes), range(len(self.nodes))))
+
+    # ------------------------------------------------------------ lookups (by identity)
+    def parent(self, node: cst.CSTNode) -> Optional[cst.CSTNode]:
+        """The node whose child `node` is (None for the module and for unknown nodes)."""
+        at = self._slot.get(id(node))
+        if at is not None:
+            return self.parent_at[at]
+        extra = self._extra.get(id(node))
+        return None if extra is None else extra[1]
+
+    def scope_of(self, node: cst.CSTNode, default: Optional[cst.CSTNode] = None) -> Optional[cst.CSTNode]:
+        """The innermost scope node (function, lambda, class, module) that holds `node`;
+        `default` for the module itself and for nodes without one."""
+        at = self._slot.get(id(node))
+        if at is not None:
+            scope = self.scope_at[at]
+        else:
+            extra = self._extra.get(id(node))
+            scope = None if extra is None else extra[2]
+        return default if scope is None else scope
+
+    def order_of(self, node: cst.CSTNode) -> int:
+        """`node`'s position in text order (pre-order); KeyError for a node not in the tree."""
+        return self._slot[id(node)]
+
+    def post_of(self, node: cst.CSTNode) -> int:
+        """`node`'s number in evaluation order (post-order); KeyError for a node not in the tree."""
+        return self.post_at[self._slot[id(node)]]
+
+    def set_parent(self, node: cst.CSTNode, parent: cst.CSTNode) -> None:
+        """Give `node` (a synthetic expression of the model, usually not in the tree) a parent."""
+        at = self._slot.get(id(node))
+        if at is not None:
+            self.parent_at[at] = parent
+        else:
+            _, _, scope = self._extra.get(id(node), (node, None, None))
+            self._extra[id(node)] = (node, parent, scope)
+
+    def set_scope(self, node: cst.CSTNode, scope: cst.CSTNode) -> None:
+        """Give `node` (as `set_parent`) a scope."""
+        at = self._slot.get(id(node))
+        if at is not None:
+            self.scope_at[at] = scope
+        else:
+            _, parent, _ = self._extra.get(id(node), (node, None, None))
+            self._extra[id(node)] = (node, parent, scope)
 
     # ------------------------------------------------------------ what a node records
     def _on_call(self, node: cst.Call) -> None:
@@ -249,7 +334,7 @@ class Index(cst.CSTVisitor):
 
     def _on_function(self, node: cst.FunctionDef) -> None:
         self.functions.setdefault(node.name.value, []).append(node)
-        self._bind_local(self.scope.get(node), node.name.value)
+        self._bind_local(self.scope_at[-1], node.name.value)  # the node is the last recorded
         params = node.params
         for p in (*params.posonly_params, *params.params, *params.kwonly_params):
             self._bind_local(node, p.name.value)
@@ -264,7 +349,7 @@ class Index(cst.CSTVisitor):
 
     def _on_class(self, node: cst.ClassDef) -> None:
         self.classes.setdefault(node.name.value, node)
-        self._bind_local(self.scope.get(node), node.name.value)
+        self._bind_local(self.scope_at[-1], node.name.value)  # the node is the last recorded
 
     def _on_assign(self, node: cst.Assign) -> None:
         for t in node.targets:
@@ -308,7 +393,7 @@ class Index(cst.CSTVisitor):
         self._assign(node, node.target, None)  # type: ignore[attr-defined]
 
     def _on_as_name(self, node: cst.AsName) -> None:
-        parent = self.parents.get(node)
+        parent = self.parent_at[-1]  # the node is the last recorded
         if isinstance(parent, cst.WithItem):
             # `with ThreadPoolExecutor() as pool`: pool is (usually) the manager
             self._assign(parent, node.name, parent.item)
@@ -439,18 +524,22 @@ class Tree:
         self.module = module
         index = Index.of(module)
         self._index = index
-        self._parents = index.parents
+        self._parent = index.parent
+        self._slot, self._parent_at, self._scope_at = index._slot, index.parent_at, index.scope_at  # hot lookups
         self._positions: Optional[Dict[cst.CSTNode, CodeRange]] = None
 
     # ---------------------------------------------------------------- navigation
     def parent(self, node: cst.CSTNode) -> Optional[cst.CSTNode]:
-        return self._parents.get(node)
+        return self._parent(node)
 
     def ancestors(self, node: cst.CSTNode) -> Iterator[cst.CSTNode]:
-        cur = self._parents.get(node)
+        slot, parent_at = self._slot, self._parent_at
+        at = slot.get(id(node))
+        cur = parent_at[at] if at is not None else self._parent(node)
         while cur is not None:
             yield cur
-            cur = self._parents.get(cur)
+            at = slot.get(id(cur))
+            cur = parent_at[at] if at is not None else self._parent(cur)
 
     def is_ancestor(self, anc: cst.CSTNode, node: cst.CSTNode) -> bool:
         return any(p is anc for p in self.ancestors(node))
@@ -479,7 +568,7 @@ class Tree:
             if anc is self.module:
                 break
             top = anc
-        if top is not node or self._parents.get(node) is self.module:
+        if top is not node or self._parent(node) is self.module:
             part = parts.get(top)
             if part is None:
                 part = parts[top] = self._statement_positions(top) or {}
@@ -556,18 +645,18 @@ class Tree:
 
     def before(self, a: cst.CSTNode, b: cst.CSTNode) -> bool:
         """True when `a` starts before `b` in the text (an ancestor comes before its children)."""
-        return self._index.order[a] < self._index.order[b]
+        return self._index.order_of(a) < self._index.order_of(b)
 
     def finishes_before(self, a: cst.CSTNode, b: cst.CSTNode) -> bool:
         """True when `a` is evaluated before `b` within one statement (post-order: in
         `scaler.scale(loss).backward()` the `scale` call finishes first)."""
-        return self._index.post[a] < self._index.post[b]
+        return self._index.post_of(a) < self._index.post_of(b)
 
     def nodes_of(self, *types: type) -> List[cst.CSTNode]:
         """Every node of these exact types, in text order (from the one indexing pass)."""
         found = [n for t in types for n in self._index.by_type.get(t, [])]
         if len(types) > 1:
-            found.sort(key=self._index.order.__getitem__)
+            found.sort(key=self._index.order_of)
         return found
 
     def nodes_in_scope(self, scope: cst.CSTNode, cls: type) -> List[cst.CSTNode]:
@@ -576,9 +665,9 @@ class Tree:
         groups = groups_by_type.get(cls)
         if groups is None:
             groups = groups_by_type[cls] = {}
-            scope_map, module = self._index.scope, self.module
+            scope_of, module = self._index.scope_of, self.module
             for n in self._index.by_type.get(cls, ()):
-                groups.setdefault(scope_map.get(n, module), []).append(n)
+                groups.setdefault(scope_of(n, module), []).append(n)
         return groups.get(scope, [])
 
     def code(self, node: cst.CSTNode) -> str:
@@ -592,7 +681,7 @@ class Tree:
         """The statement (simple line or compound) that directly contains `node`."""
         cur: Optional[cst.CSTNode] = node
         while cur is not None and not isinstance(cur, (cst.SimpleStatementLine, cst.BaseCompoundStatement)):
-            cur = self._parents.get(cur)
+            cur = self._parent(cur)
         return cur  # type: ignore[return-value]
 
     def small_statement_of(self, node: cst.CSTNode) -> Optional[cst.BaseSmallStatement]:
@@ -600,19 +689,23 @@ class Tree:
         while cur is not None and not isinstance(cur, cst.BaseSmallStatement):
             if isinstance(cur, (cst.BaseCompoundStatement, cst.SimpleStatementLine)):
                 return None
-            cur = self._parents.get(cur)
+            cur = self._parent(cur)
         return cur  # type: ignore[return-value]
 
     def block_of(self, stmt: cst.CSTNode) -> Optional[cst.CSTNode]:
         """The block (IndentedBlock or Module) whose body holds `stmt` directly, if any."""
-        parent = self._parents.get(stmt)
+        parent = self._parent(stmt)
         if isinstance(parent, BLOCK_TYPES) and any(s is stmt for s in parent.body):
             return parent
         return None
 
     def scope_of(self, node: cst.CSTNode) -> cst.CSTNode:
         """The innermost function, lambda, class body or module that runs `node`."""
-        return self._index.scope.get(node, self.module)
+        at = self._slot.get(id(node))  # (`Index.scope_of`, inlined: asked very often)
+        if at is None:
+            return self._index.scope_of(node, self.module)  # type: ignore[return-value]
+        scope = self._scope_at[at]
+        return self.module if scope is None else scope
 
     def function_of(self, node: cst.CSTNode) -> Optional[cst.FunctionDef]:
         """The innermost `def` whose body runs `node` (None at module or class level)."""
@@ -623,7 +716,7 @@ class Tree:
 
     def class_of(self, func: cst.CSTNode) -> Optional[cst.ClassDef]:
         """The class whose body defines `func` directly (a method), else None."""
-        scope = self._index.scope.get(func)
+        scope = self._index.scope_of(func)
         return scope if isinstance(scope, cst.ClassDef) else None
 
     def loop_of(self, node: cst.CSTNode, stop: Optional[cst.CSTNode] = None) -> Optional[cst.CSTNode]:

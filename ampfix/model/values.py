@@ -95,7 +95,7 @@ class Values:
                     if params and params[0].name.value in ("self", "cls"):
                         return cls
                     return None
-            scope = self._index.scope.get(scope)
+            scope = self._index.scope_of(scope)
         return None
 
     # ---------------------------------------------------------------- values
@@ -242,20 +242,23 @@ class Values:
         assignment is its own leaf."""
         if depth > MAX_DEPTH:
             return []
-        if isinstance(expr, cst.IfExp):
-            return self.possible_values(expr.body, depth + 1) + self.possible_values(expr.orelse, depth + 1)
-        if isinstance(expr, cst.BooleanOperation):
-            return self.possible_values(expr.left, depth + 1) + self.possible_values(expr.right, depth + 1)
-        if isinstance(expr, ReturnedElement):
-            return [leaf for e in self.returned(expr.call, expr.index) for leaf in self.possible_values(e, depth + 1)]
-        if isinstance(expr, (cst.Name, cst.Attribute)) and dotted(expr) is not None:
+        kind = _VALUE_KIND.get(type(expr))
+        if kind is None:
+            kind = _value_kind(type(expr))
+        if kind == _IFEXP:
+            return self.possible_values(expr.body, depth + 1) + self.possible_values(expr.orelse, depth + 1)  # type: ignore[attr-defined]
+        if kind == _BOOLOP:
+            return self.possible_values(expr.left, depth + 1) + self.possible_values(expr.right, depth + 1)  # type: ignore[attr-defined]
+        if kind == _RETURNED:
+            return [leaf for e in self.returned(expr.call, expr.index) for leaf in self.possible_values(e, depth + 1)]  # type: ignore[attr-defined]
+        if kind == _DOTTED and dotted(expr) is not None:
             values = self.values_of(expr)
             if values:
                 out: List[cst.BaseExpression] = []
                 for v in values:
                     out.extend(self.possible_values(v, depth + 1))
                 return out
-        if isinstance(expr, cst.Call) and not isinstance(expr.func, cst.Call):
+        if kind == _CALL and not isinstance(expr.func, cst.Call):  # type: ignore[attr-defined]
             if self.is_synthetic(expr):  # type: ignore[attr-defined]
                 found = self.synthetic_values(expr)  # type: ignore[attr-defined]
                 if found:  # `__imported__("cfg.AMP")`: what the other module binds
@@ -275,8 +278,8 @@ class Values:
             if ff is not None and not ff.qual.endswith(".__init__"):
                 return self.foreign_returned(call, ff, index)  # type: ignore[attr-defined]
         for func in callees:
-            for r in self.nodes_of(cst.Return):
-                if r.value is None or self.scope_of(r) is not func:
+            for r in self.nodes_in_scope(func, cst.Return):
+                if r.value is None:
                     continue
                 value = r.value
                 if index is not None:
@@ -339,8 +342,7 @@ class Values:
             method = self.method(cls_, attr)
             if method is not None and any(isinstance(d.decorator, cst.Name) and d.decorator.value == "property"
                                           for d in method.decorators):
-                out.extend(r.value for r in self.nodes_of(cst.Return)
-                           if r.value is not None and self.scope_of(r) is method)
+                out.extend(r.value for r in self.nodes_in_scope(method, cst.Return) if r.value is not None)
         return out
 
     def classes_of(self, expr: Optional[cst.CSTNode], depth: int = 0) -> List[cst.ClassDef]:
@@ -390,6 +392,22 @@ class Values:
                 and value.args[0].keyword is None and not value.args[0].star:
             return value.args[0].value, value
         return None
+
+
+# which branch of `possible_values` takes a node, by its type (as its isinstance tests, in their
+# order; asked of every value followed, and `isinstance` against LibCST's classes goes through ABCMeta)
+_IFEXP, _BOOLOP, _RETURNED, _DOTTED, _CALL, _LEAF = range(6)
+_VALUE_KIND: Dict[type, int] = {}
+
+
+def _value_kind(cls: type) -> int:
+    kind = _VALUE_KIND[cls] = (
+        _IFEXP if issubclass(cls, cst.IfExp) else
+        _BOOLOP if issubclass(cls, cst.BooleanOperation) else
+        _RETURNED if issubclass(cls, ReturnedElement) else
+        _DOTTED if issubclass(cls, (cst.Name, cst.Attribute)) else
+        _CALL if issubclass(cls, cst.Call) else _LEAF)
+    return kind
 
 
 def _parse_dotted(text: str, like: cst.CSTNode) -> Optional[cst.CSTNode]:
