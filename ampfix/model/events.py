@@ -605,6 +605,8 @@ class Events:
                 continue
             if ev.kind == EXTERNAL and external:
                 ff = self.foreign_callee(ev.node)  # type: ignore[attr-defined]
+                if ff is not None and not self.foreign.relevant_to_traces(ff):  # type: ignore[attr-defined]
+                    continue  # only checkpoint or configuration code: no event of a trace
                 if ff is not None and ff.key not in stack and depth < MAX_INLINE_DEPTH \
                         and len(trace.events) < MAX_TRACE_EVENTS:
                     self._expand_foreign(trace, ff, ev.node, path, ev_ctx, subst, frame, ev_region, depth + 1,
@@ -668,8 +670,8 @@ class Events:
                     continue
                 target = self._effect_callee(e, ff, self_cls, bindings)
                 if target is not None and not isinstance(target, cst.FunctionDef) \
-                        and not self.foreign.relevant(target):  # type: ignore[attr-defined]
-                    continue  # no AMP code in it
+                        and not self.foreign.relevant_to_traces(target):  # type: ignore[attr-defined]
+                    continue  # no AMP code in it, or only checkpoint or configuration code
                 slots = dict(e.args)
                 if target is None:
                     method = self._method_on_bound_object(e, tr(slots.get("owner")))

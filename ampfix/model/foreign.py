@@ -160,6 +160,10 @@ class ForeignFacts(Protocol):
         """The code of `d` holds anything AMP code is made of (else it has no effects or values
         worth reading, and its module's summary is not needed for it)."""
 
+    def relevant_to_traces(self, d: Definition) -> bool:
+        """The code of `d` holds something a training step's events are made of (a trace
+        inlines its effects only then)."""
+
     def lacks_relevant_method(self, cls: ForeignClass, name: str) -> bool:
         """Sure, from the texts, that no class `cls` may inherit from defines a method `name`
         with AMP code (False: not sure)."""

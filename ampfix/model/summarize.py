@@ -30,6 +30,13 @@ AMP_TEXT = re.compile(r"GradScaler|autocast|scaler|\.scale\(|backward|unscale_|\
                       r"clip_grad|\.grad\b|state_dict|torch\.save|float16|bfloat16|\.half\b|[\"']half[\"']|fp16|bf16|"
                       r"precision|\bamp\b|_amp\b|\bamp_|AMP|[Oo]ptim|Adam|SGD|RMSprop|Lamb|LAMB|Fabric|"
                       r"Accelerator|parse_args|add_argument|apex")
+# what a function's text holds when running it may add events to a training step's trace (the
+# rules' backward, scaler, optimizer, autocast, gradient and framework events): AMP_TEXT without
+# the words that only checkpoints (`state_dict`, `torch.save`: `model/checkpoints.py` reads
+# those) and configuration (`precision`, argparse) are made of
+TRACE_TEXT = re.compile(r"GradScaler|autocast|scaler|\.scale\(|backward|unscale_|\.step\(|\.update\(\)|zero_grad|"
+                        r"clip_grad|\.grad\b|float16|bfloat16|\.half\b|[\"']half[\"']|fp16|bf16|"
+                        r"\bamp\b|_amp\b|\bamp_|AMP|[Oo]ptim|Adam|SGD|RMSprop|Lamb|LAMB|Fabric|Accelerator|apex")
 _TRIPLE = re.compile(r'"""|\'\'\'')
 _DEF_LINE = re.compile(r"^([ \t]*)(?:async[ \t]+)?(def|class)[ \t]+(\w+)")
 

@@ -14,6 +14,7 @@ package), that cannot be read or parsed, or a name it does not bind resolves to 
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import os
 import re
@@ -24,7 +25,7 @@ from typing import Callable, Dict, List, Optional, Protocol, Tuple, Union
 import libcst as cst
 
 from ampfix.model.foreign import Definition, ForeignClass, ForeignConstant, ForeignFunction, ForeignModule
-from ampfix.model.summarize import AMP_TEXT, def_spans
+from ampfix.model.summarize import AMP_TEXT, TRACE_TEXT, def_spans
 from ampfix.model.summary import IMPORTED, LOCAL, ClassSummary, ModuleSummary, OutgoingCall, Value
 from ampfix.project.layout import Layout, Target
 
@@ -103,7 +104,7 @@ class Project:
         self._files: Optional[List[str]] = None
         self._indexes: Dict[str, ModuleIndex] = {}
         self._spans: Dict[str, Dict[str, Tuple[int, int]]] = {}
-        self._relevant: Dict[Tuple[str, Optional[str]], bool] = {}
+        self._relevant: Dict[Tuple[str, Optional[str], str], bool] = {}
         self._imports: Dict[str, List[str]] = {}
         self._direct: Dict[str, List[str]] = {}
         self._bound: Dict[str, Dict[str, str]] = {}
@@ -253,31 +254,40 @@ class Project:
     def relevant(self, d: Definition) -> bool:
         """The code of `d` holds something AMP code is made of (`summarize.AMP_TEXT`): only then
         do its effects, returns or attributes need its module's summary."""
+        return self._relevant_by(d, AMP_TEXT)
+
+    def relevant_to_traces(self, d: Definition) -> bool:
+        """The code of `d` holds something a training step's events are made of
+        (`summarize.TRACE_TEXT`: not only checkpoint or configuration words): only then does a
+        trace inline its effects."""
+        return self._relevant_by(d, TRACE_TEXT)
+
+    def _relevant_by(self, d: Definition, vocabulary: "re.Pattern[str]") -> bool:
         qual = d.qual if isinstance(d, (ForeignFunction, ForeignClass)) else None
-        key = (d.path, qual)
+        key = (d.path, qual, vocabulary.pattern)
         hit = self._relevant.get(key)
         if hit is None:
-            hit = self._relevant[key] = self._relevant_text(d)
+            hit = self._relevant[key] = self._relevant_text(d, vocabulary)
         else:
             self._touch(d.path)  # the answer depends on that module's text (the result's deps)
         return hit
 
-    def _relevant_text(self, d: Definition) -> bool:
+    def _relevant_text(self, d: Definition, vocabulary: "re.Pattern[str]") -> bool:
         text = self.text(d.path) if d.path.endswith(".py") else None
         if text is None:
             return False
         if isinstance(d, ForeignModule):
-            return AMP_TEXT.search(text) is not None
+            return vocabulary.search(text) is not None
         qual = d.qual if isinstance(d, (ForeignFunction, ForeignClass)) else None
         if qual is None:
-            return AMP_TEXT.search(text) is not None
+            return vocabulary.search(text) is not None
         spans = self._spans.get(d.path)
         if spans is None:
             spans = self._spans[d.path] = def_spans(text)
         span = spans.get(qual)
         if span is None:  # not found by the scan: judge by the module
-            return AMP_TEXT.search(text) is not None
-        return AMP_TEXT.search(text, span[0], span[1]) is not None
+            return vocabulary.search(text) is not None
+        return vocabulary.search(text, span[0], span[1]) is not None
 
     def index(self, path: str) -> Optional["ModuleIndex"]:
         """What the module binds at its top level, read from its text (no parse)."""
@@ -527,17 +537,21 @@ class Project:
                      for found in [self._use(importer, q)] if found is not None and found.path == path]
             if names:  # the code of the importer that uses what it imports from the file
                 mention = re.compile(r"(?<![\w.])(?:%s)\b" % "|".join(map(re.escape, names)))
-                spans = sorted(self._def_spans(importer).values())
+                spans = self._def_spans(importer)
+                methods = sorted(s for q, s in spans.items() if "." in q)  # neither overlaps another
+                tops = sorted(s for q, s in spans.items() if "." not in q)
                 imports = [m.span() for r in (_FROM_RE, _IMPORT_RE) for m in r.finditer(itext)]
+                added = set()
                 for m in mention.finditer(itext):
                     if any(a <= m.start() < b for a, b in imports):
                         continue  # the import itself
-                    inside = [s for s in spans if s[0] <= m.start() < s[1]]
-                    if not inside:  # module-level code uses it: all of that module
+                    span = _containing(methods, m.start()) or _containing(tops, m.start())  # the innermost
+                    if span is None:  # module-level code uses it: all of that module
                         parts.append(itext)
                         break
-                    span = max(inside)  # the innermost (a method, before its class)
-                    parts.append(itext[span[0]:span[1]])
+                    if span not in added:
+                        added.add(span)
+                        parts.append(itext[span[0]:span[1]])
         return "\n".join(parts)
 
     def _reached_from(self, d: Definition, qual: str, code: str, module_text: str) -> List[Optional[Definition]]:
@@ -808,6 +822,12 @@ def _uses(text: str) -> List[str]:
     return list(out)
 
 
+def _containing(spans: List[Tuple[int, int]], at: int) -> Optional[Tuple[int, int]]:
+    """The span of `spans` (sorted, none overlapping another) that holds offset `at`."""
+    i = bisect.bisect_right(spans, (at, float("inf"))) - 1
+    return spans[i] if i >= 0 and spans[i][0] <= at < spans[i][1] else None
+
+
 def _top_level_code(text: str, spans: Dict[str, Tuple[int, int]]) -> str:
     """`text` without its top-level functions and classes."""
     out, at = [], 0
@@ -965,6 +985,9 @@ class _NoFacts:
         return []
 
     def relevant(self, d):
+        return False
+
+    def relevant_to_traces(self, d):
         return False
 
     def callers(self, path, qual):
