@@ -1,0 +1,32 @@
+#!/bin/bash
+# The project layer's cost on whole trees: `ampfix check --no-cache --select ALL -j 2` of timm,
+# accelerate and peft (their sdists in bench/.cache/, see bench_check.py --sdists) with the
+# project layer (NEW), each file alone (NEW with AMPFIX_NO_PROJECT=1), optionally an older
+# checkout (OLD), and a bare LibCST parse of the tree (BARE_PYTHON bench/bare_parse.py), back to
+# back, ROUNDS times. One line per run: round, tree, what, seconds, load.
+#
+#   NEW=.venv/bin/ampfix OLD=../before/.venv/bin/ampfix bench/project_trees.sh
+set -u
+HERE=$(cd "$(dirname "$0")" && pwd)
+C=$HERE/.cache
+NEW=${NEW:-ampfix}; OLD=${OLD:-}; ROUNDS=${ROUNDS:-3}; BARE_PYTHON=${BARE_PYTHON:-python}
+declare -A TREES=([timm]=$C/sdist-timm-1.0.31/timm-1.0.31 [accelerate]=$C/sdist-accelerate-1.15.0/accelerate-1.15.0
+                  [peft]=$C/sdist-peft-0.21.2/peft-0.21.2)
+load() { cut -d' ' -f1 /proc/loadavg; }
+for rep in $(seq "$ROUNDS"); do
+  for t in timm accelerate peft; do
+    T=${TREES[$t]}
+    for v in old new alone; do
+      case $v in
+        old) [ -n "$OLD" ] || continue; cmd=("$OLD"); env=();;
+        new) cmd=("$NEW"); env=();;
+        alone) cmd=("$NEW"); env=(AMPFIX_NO_PROJECT=1);;
+      esac
+      s=$(date +%s.%N)
+      env "${env[@]}" "${cmd[@]}" check --no-cache --select ALL -j 2 -q "$T" > /dev/null 2>&1
+      e=$(date +%s.%N)
+      echo "$rep $t $v $(echo "$e - $s" | bc) load=$(load)"
+    done
+    echo "$rep $t bare $("$BARE_PYTHON" "$HERE/bare_parse.py" "$T") load=$(load)"
+  done
+done
