@@ -190,3 +190,25 @@ def test_gradients_are_unscaled_before_clipping():
     assert "    scaler.unscale_(optimizer)\n    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)" in plain
     flag = (APEX / "bad_run_optional_flag.unsafe.py").read_text()
     assert "    scaler.unscale_(optimizer)\n    if args.fp16:\n" in flag
+
+
+def test_import_torch_goes_after_a_future_import_sharing_its_line(tmp_path):
+    # `from __future__ import ...; import os`: `import torch` cannot go before that line (a future
+    # import must come first); it goes before the next import, and the file compiles
+    src = tmp_path / "train.py"
+    src.write_text(
+        "from __future__ import annotations; import os\n"
+        "from apex import amp\n"
+        "from mymodels import model, optimizer, batches\n\n"
+        'model, optimizer = amp.initialize(model, optimizer, opt_level="O1")\n'
+        "for x in batches:\n"
+        "    loss = model(x).sum()\n"
+        "    with amp.scale_loss(loss, optimizer) as scaled_loss:\n"
+        "        scaled_loss.backward()\n"
+        "    optimizer.step()\n")
+    res = run_ampfix("rewrite", "--preview", "--select", "AMP1", "--unsafe-fixes", src)
+    assert res.returncode == 0, res.stdout + res.stderr
+    text = src.read_text()
+    assert text.startswith("from __future__ import annotations; import os\nimport torch\n"), text
+    assert "amp.initialize" not in text and 'torch.amp.GradScaler("cuda")' in text
+    compile(text, str(src), "exec")

@@ -283,10 +283,7 @@ class ApexMigration:
         for node, bindings in tries.items():
             self._optional_import(node, bindings)
         if model.torch_alias() is None:  # `import torch` goes with the other imports
-            first = next((st for st in model.module.body if isinstance(st, cst.SimpleStatementLine) and any(
-                isinstance(sm, (cst.Import, cst.ImportFrom)) and not (isinstance(sm, cst.ImportFrom) and sm.module
-                                                                      and dotted(sm.module) == "__future__")
-                for sm in st.body)), None)
+            first = model.first_import()  # after `from __future__` imports (a line that holds one too)
             if first is None or any(n.value == "torch" and not model.in_import(n) for n in model.nodes_of(cst.Name)):
                 raise _Blocked("the file does not `import torch` at module level: add it, then migrate")
             self.rw.insert_before(self.init, first, [self.stmt("import torch")])
