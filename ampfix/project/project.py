@@ -110,6 +110,7 @@ class Project:
         self._bound: Dict[str, Dict[str, str]] = {}
         self._reached: Dict[Tuple[str, str], List[Optional[Definition]]] = {}
         self._text_mros: Dict[Tuple[str, str], Optional[List[ForeignClass]]] = {}
+        self._imports_at: Dict[str, List[Tuple[int, int]]] = {}
         self._used: Dict[Tuple[str, str], Optional[Definition]] = {}
         self._importers: Optional[Dict[str, List[str]]] = None
         self._active: List[Tuple[str, str]] = []
@@ -137,7 +138,7 @@ class Project:
     def _forget(self) -> None:
         for memo in (self._sources, self._summaries, self._modules, self._members, self._resolved, self._bases,
                      self._callers, self._imports, self._direct, self._bound, self._used, self._reached,
-                     self._text_mros, self._stats, self._indexes, self._spans, self._relevant):
+                     self._text_mros, self._imports_at, self._stats, self._indexes, self._spans, self._relevant):
             memo.clear()
         self._importers = None
         self._files = None
@@ -540,10 +541,10 @@ class Project:
                 spans = self._def_spans(importer)
                 methods = sorted(s for q, s in spans.items() if "." in q)  # neither overlaps another
                 tops = sorted(s for q, s in spans.items() if "." not in q)
-                imports = [m.span() for r in (_FROM_RE, _IMPORT_RE) for m in r.finditer(itext)]
+                imports = self._import_spans(importer)
                 added = set()
                 for m in mention.finditer(itext):
-                    if any(a <= m.start() < b for a, b in imports):
+                    if _containing(imports, m.start()) is not None:
                         continue  # the import itself
                     span = _containing(methods, m.start()) or _containing(tops, m.start())  # the innermost
                     if span is None:  # module-level code uses it: all of that module
@@ -553,6 +554,14 @@ class Project:
                         added.add(span)
                         parts.append(itext[span[0]:span[1]])
         return "\n".join(parts)
+
+    def _import_spans(self, path: str) -> List[Tuple[int, int]]:
+        """Where the import statements of a module are written (sorted; memoised)."""
+        cached = self._imports_at.get(path)
+        if cached is None:
+            text = self.text(path) or ""
+            cached = self._imports_at[path] = sorted(m.span() for r in (_FROM_RE, _IMPORT_RE) for m in r.finditer(text))
+        return cached
 
     def _reached_from(self, d: Definition, qual: str, code: str, module_text: str) -> List[Optional[Definition]]:
         """What the code of `d` (a function, a method, a class) names in its module: what it
