@@ -420,3 +420,36 @@ def test_text_mro_and_methods_without_a_summary(tmp_path):
     assert project.text_mro(ForeignClass(layers, "Starred")) is None  # a star import may bind the base
     assert project.text_mro(ForeignClass(layers, "Generic")) is None  # not a plain name: not sure
     assert project.parsed == []  # all of it read from the texts
+
+
+def test_a_cached_result_follows_the_code_the_file_reaches(tmp_path):
+    # train.py alone holds no `backward`: AMP001 runs on it only through the helper it calls.
+    # Checked once (helper without backward: nothing), then the helper gains one: the cached
+    # result of train.py depends on the helper, so the finding appears, as without a cache.
+    from conftest import run_ampfix
+
+    tree(tmp_path, {
+        "pyproject.toml": "",
+        "pkg/__init__.py": "",
+        "pkg/helpers.py": "def do_step(loss):\n    return loss\n",
+        "pkg/other.py": "from pkg.helpers import do_step\n\ndef unrelated(x):\n    return do_step(x)\n",
+        "train.py": """\
+            import torch
+            from pkg.helpers import do_step
+
+            def train(model, opt, data):
+                for x in data:
+                    with torch.autocast("cuda"):
+                        loss = model(x).sum()
+                        do_step(loss)
+                    opt.step()
+            """,
+    })
+    env = {"AMPFIX_CACHE_DIR": str(tmp_path / "cache")}
+    first = run_ampfix("check", "-q", "pkg/other.py", "train.py", cwd=tmp_path, env=env)
+    assert first.returncode == 0, first.stdout.decode() + first.stderr.decode()
+    (tmp_path / "pkg" / "helpers.py").write_text("def do_step(loss):\n    loss.backward()\n")
+    again = run_ampfix("check", "-q", "pkg/other.py", "train.py", cwd=tmp_path, env=env)
+    fresh = run_ampfix("check", "-q", "--no-cache", "pkg/other.py", "train.py", cwd=tmp_path)
+    assert again.returncode == 1 and "train.py:8:13: AMP001" in again.stdout.decode()
+    assert again.stdout == fresh.stdout
