@@ -432,7 +432,10 @@ class Analysis:
     asks for it). `diagnostics` are `check_text`'s (noqa applied); `fix_edits(wanted)` gives the
     diagnostics `wanted` selects their `fix_edit`, as `fix_suggestions` computes it."""
 
-    def __init__(self, text: str, path: str, rules: Sequence[Type[Rule]], settings: Settings):
+    def __init__(self, text: str, path: str, rules: Sequence[Type[Rule]], settings: Settings,
+                 parser: Callable[[str, str], cst.Module] = parse):
+        """`parser(text, path)` gives the module (`parse`; the language server passes its
+        `incremental.Reparser`'s, which gives the same tree from the previous version's)."""
         self.text, self.path = text, path
         self._module: Optional[cst.Module] = None
         self._model: Optional[AmpModel] = None
@@ -443,7 +446,7 @@ class Analysis:
             self.diagnostics: List[Diagnostic] = []
             return
         with gc_paused():
-            self._module = parse(text, path)
+            self._module = parser(text, path)
             self._found, self._model = _analyze(self._module, text, path, active, settings, [r.code for r in rules])
         self.diagnostics = [f.diagnostic for f in self._found if not f.noqa]
 

@@ -23,6 +23,7 @@ from pygls.uris import to_fs_path
 from ampfix import __version__
 
 from ampfix.engine import runner
+from ampfix.engine.incremental import Reparser
 from ampfix.engine.analyze import Analysis, Diagnostic, InputError, Settings, TextEdit, fix_text, text_edits
 from ampfix.frontends import lsp_io
 from ampfix.engine.registry import all_rules
@@ -53,6 +54,7 @@ class _DocState:
     fix_all: Optional[Tuple[str, str, Dict[str, int]]] = None  # (text, fixed text, fixes applied)
     pending: Optional[asyncio.TimerHandle] = None
     last_good: Optional[list] = None  # the LSP diagnostics of its last version that parsed
+    reparser: Optional[Reparser] = None  # its last parsed version: an edit inside one statement re-parses it only
 
 
 _docs: Dict[str, _DocState] = {}
@@ -147,8 +149,11 @@ def _analysis(doc) -> Optional[Analysis]:
     key = (doc.source, path, tuple(r.code for r in rules), repr(settings))
     if state.key == key:
         return state.analysis
+    if state.reparser is None:
+        state.reparser = Reparser()
     try:
-        analysis: Optional[Analysis] = Analysis(doc.source, path or doc.uri, rules, settings)
+        analysis: Optional[Analysis] = Analysis(doc.source, path or doc.uri, rules, settings,
+                                                parser=state.reparser.parse)
     except (InputError, RecursionError):  # a syntax error while typing: the Python tooling shows it
         analysis = None
     state.key, state.analysis, state.broken, state.fix_all = key, analysis, analysis is None, None
@@ -211,6 +216,8 @@ def _warm(ls: LanguageServer, uri: str) -> None:
     state = _docs.get(uri)
     if state is None or state.analysis is None or state.key is None or state.key[0] != doc.source:
         return
+    if state.reparser is not None:
+        state.reparser.prepare()  # the code lengths the next edit's re-parse needs (once per tree)
     todo = state.analysis.without_fix_edit()
     if todo:
         state.analysis.fix_edits(lambda d: d is todo[0])
