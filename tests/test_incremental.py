@@ -86,8 +86,9 @@ def test_a_sequence_of_edits_gives_what_a_fresh_analysis_gives(tmp_path):
     rules = select_rules(None, [])
     path = str(tmp_path / "trainer.py")
     reparser = Reparser()
-    first = Analysis(TRAINER, path, rules, Settings(), parser=reparser.parse)
+    first = Analysis(TRAINER, path, rules, Settings(), parser=reparser.parse, top_shifts=reparser.top_shifts)
     assert [d.code for d in first.diagnostics].count("AMP003") == 2
+    reparser.prepare()  # as the server does while the document rests: every top-level length known
     spliced = 0
     for what, text in _edits():
         try:
@@ -97,10 +98,16 @@ def test_a_sequence_of_edits_gives_what_a_fresh_analysis_gives(tmp_path):
                 Analysis(text, path, rules, Settings(), parser=reparser.parse)
             continue
         before = reparser.stats["spliced"]
-        incremental = Analysis(text, path, rules, Settings(), parser=reparser.parse)
+        incremental = Analysis(text, path, rules, Settings(), parser=reparser.parse, top_shifts=reparser.top_shifts)
         spliced += reparser.stats["spliced"] - before
+        if reparser.stats["spliced"] > before:  # the positions came from the kept lengths
+            shifts = reparser.top_shifts(reparser.module)
+            assert shifts is not None and incremental._model.top_shifts == shifts
+            lines = text.split("\n")
+            assert [lines[shifts[id(st)]] for st in reparser.module.body][:2] == ["import torch", ""]
         assert _key(incremental) == _key(fresh), what
         assert reparser.module.code == text and reparser.module.deep_equals(cst.parse_module(text)), what
+        reparser.prepare()
     # every edit inside a statement was spliced: only the class added at module level was not
     assert spliced == len(_edits()) - 2, reparser.stats
 

@@ -174,6 +174,25 @@ class Reparser:
                 for inner in st.body.body:
                     self._len(inner, ind)
 
+    def top_shifts(self, module: cst.Module) -> Optional[Dict[int, int]]:
+        """id() of each top-level statement of `module` (the last parsed) -> the number of lines
+        before its code (leading lines included), from the statements' code lengths; None when
+        they are not all known (the model then asks CPython's parser)."""
+        if module is not self.module or self.text is None:
+            return None
+        out: Dict[int, int] = {}
+        off = len(self._code(module.header, []))
+        line, pos = 0, 0
+        for st in module.body:
+            hit = self._lens.get(id(st))
+            if hit is None or hit[0] is not st:
+                return None
+            line += self.text.count("\n", pos, off)
+            pos = off
+            out[id(st)] = line
+            off += hit[1]
+        return out
+
     # ------------------------------------------------------------------ the splice
 
     def _chain(self, node: cst.CSTNode, indents: List[str]) -> Optional[List[str]]:
