@@ -194,7 +194,11 @@ def _publish(ls: LanguageServer, uri: str) -> None:
         diags = state.last_good = [_lsp_diagnostic(doc, d) for d in found]
     ls.text_document_publish_diagnostics(types.PublishDiagnosticsParams(uri=uri, version=doc.version,
                                                                         diagnostics=diags))
-    _later(ls, uri, WARM_S, _warm)
+    # after a full parse, the code lengths the next edit's re-parse needs are computed right away
+    # (someone who opens a file often types at once), the rest once the document rests
+    reparser = state.reparser
+    ready = reparser is None or reparser.module is None or reparser.top_shifts(reparser.module) is not None
+    _later(ls, uri, WARM_S if ready else 0, _warm)
 
 
 def _later(ls: LanguageServer, uri: str, delay: float, step) -> None:
@@ -228,13 +232,16 @@ def _warm(ls: LanguageServer, uri: str) -> None:
     state = _docs.get(uri)
     if state is None or state.analysis is None or state.key is None or state.key[0] != doc.source:
         return
+    if state.reparser is not None and state.reparser.module is not None \
+            and state.reparser.top_shifts(state.reparser.module) is None:
+        state.reparser.prepare()  # the code lengths the next edit's re-parse needs (once per tree)
+        _later(ls, uri, WARM_S, _warm)
+        return
     if not state.collected:  # the models of earlier versions (they hold cycles), once per analysis
         state.collected = True
         gc.collect()
         _later(ls, uri, 0, _warm)
         return
-    if state.reparser is not None:
-        state.reparser.prepare()  # the code lengths the next edit's re-parse needs (once per tree)
     todo = state.analysis.without_fix_edit()
     if todo:
         state.analysis.fix_edits(lambda d: d is todo[0])
