@@ -38,6 +38,9 @@ from ampfix.engine import guard
 #: statements whose body the re-parse descends into (their body is their last child)
 _DESCEND = (cst.FunctionDef, cst.ClassDef)
 _CHUNK = 4096
+#: code lengths kept (each holds its statement): the statements an edit replaced stay in the table
+#: until it is cleared, which costs the next edit the lengths again (one code generation)
+MAX_LENGTHS = 5000
 
 
 def common_prefix(a: str, b: str) -> int:
@@ -131,6 +134,8 @@ class Reparser:
                     module = None
             if module is not None:
                 self.stats["spliced"] += 1
+                if len(self._lens) > MAX_LENGTHS:  # old versions' statements kept alive: start over
+                    self._lens.clear()
                 self.text, self.module = text, module
                 return module
             self.stats["fallback"] += 1
