@@ -12,7 +12,7 @@ import libcst as cst
 from ampfix.engine.incremental import Reparser
 from ampfix.engine.analyze import InputError
 rng = random.Random(int(sys.argv[1])); bad = 0
-for f in sys.argv[2:]:  # noqa: C901
+for f in sys.argv[2:]:
     cur = open(f).read(); r = Reparser(); r.parse(cur, f)
     for step in range(60):
         k = rng.random(); lines = cur.split("\n"); i = rng.randrange(len(lines))
