@@ -175,3 +175,32 @@ async def test_a_burst_of_changes_is_analysed_once_at_its_last_version(client: L
         context=types.CodeActionContext(diagnostics=[diag])))
     (quick,) = [a for a in actions if a.kind == types.CodeActionKind.QuickFix]
     assert _apply(BAD_CLIP, quick.edit.changes[uri]) == FIXED_CLIP
+
+
+async def test_edits_re_parsed_in_place_give_a_fresh_analysis_diagnostics(client: LanguageClient, tmp_path):
+    """The server re-parses an edit inside one statement only (`ampfix/engine/incremental.py`):
+    after each edit of a sequence (typing in a method, a comment line, lines removed, a syntax
+    error and its fix, a method and a class added, a deletion), the diagnostics are those of the
+    same text opened fresh."""
+    from test_incremental import TRAINER, _edits
+
+    def key(diags):
+        return sorted((d.code, d.range.start.line, d.range.start.character, d.range.end.line,
+                       d.range.end.character, d.message) for d in diags)
+
+    uri = (tmp_path / "trainer.py").as_uri()
+    client.text_document_did_open(types.DidOpenTextDocumentParams(
+        text_document=types.TextDocumentItem(uri=uri, language_id="python", version=1, text=TRAINER)))
+    assert [d.code for d in await _diagnostics(client, uri, 1)].count("AMP003") == 2
+    for version, (what, text) in enumerate(_edits(), start=2):
+        client.diagnostics.pop(uri, None)
+        client.text_document_did_change(types.DidChangeTextDocumentParams(
+            text_document=types.VersionedTextDocumentIdentifier(uri=uri, version=version),
+            content_changes=[types.TextDocumentContentChangeWholeDocument(text=text)]))
+        got = await _diagnostics(client, uri, version)
+        if "syntax error" in what:
+            continue  # the last good diagnostics stay while the text does not parse
+        fresh_uri = (tmp_path / f"fresh{version}.py").as_uri()
+        client.text_document_did_open(types.DidOpenTextDocumentParams(
+            text_document=types.TextDocumentItem(uri=fresh_uri, language_id="python", version=1, text=text)))
+        assert key(got) == key(await _diagnostics(client, fresh_uri, 1)), what

@@ -238,9 +238,12 @@ def _analyze(
     selected: Sequence[str] = (),
     rewrite_pass: int = 0,
     memo: Optional[dict] = None,
+    top_shifts: Optional[Dict[int, int]] = None,
 ) -> Tuple[List[_Found], AmpModel]:
     model = build_model(module, text, path, settings)
     model.source_text = text  # type: ignore[attr-defined]  # `module.code`, without generating it
+    if top_shifts is not None:
+        model.top_shifts = top_shifts  # type: ignore[attr-defined]  # (see `Tree._statement_positions`)
     suppression = _Suppression(text, model)
     ctx = FileContext(path=path, source=text, model=model, min_torch_version=settings.min_torch_version,
                       min_torch_source=settings.min_torch_source, unsafe_fixes=settings.unsafe_fixes,
@@ -432,7 +435,13 @@ class Analysis:
     asks for it). `diagnostics` are `check_text`'s (noqa applied); `fix_edits(wanted)` gives the
     diagnostics `wanted` selects their `fix_edit`, as `fix_suggestions` computes it."""
 
-    def __init__(self, text: str, path: str, rules: Sequence[Type[Rule]], settings: Settings):
+    def __init__(self, text: str, path: str, rules: Sequence[Type[Rule]], settings: Settings,
+                 parser: Callable[[str, str], cst.Module] = parse,
+                 top_shifts: Optional[Callable[[cst.Module], Optional[Dict[int, int]]]] = None):
+        """`parser(text, path)` gives the module (`parse`; the language server passes its
+        `incremental.Reparser`'s, which gives the same tree from the previous version's), and
+        `top_shifts(module)`, if given, the lines before each top-level statement (positions are
+        then computed without CPython's parse of the text; `Reparser.top_shifts`)."""
         self.text, self.path = text, path
         self._module: Optional[cst.Module] = None
         self._model: Optional[AmpModel] = None
@@ -443,8 +452,9 @@ class Analysis:
             self.diagnostics: List[Diagnostic] = []
             return
         with gc_paused():
-            self._module = parse(text, path)
-            self._found, self._model = _analyze(self._module, text, path, active, settings, [r.code for r in rules])
+            self._module = parser(text, path)
+            self._found, self._model = _analyze(self._module, text, path, active, settings, [r.code for r in rules],
+                                                top_shifts=top_shifts(self._module) if top_shifts else None)
         self.diagnostics = [f.diagnostic for f in self._found if not f.noqa]
 
     def without_fix_edit(self) -> List[Diagnostic]:

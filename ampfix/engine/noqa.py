@@ -42,6 +42,43 @@ def comments(text: str) -> List[Comment]:
     return out
 
 
+#: a comment, or a string literal (skipped: a `#` or a quote in it is text). Outside strings and
+#: comments, `#` starts a comment and a quote a string; inside one, a backslash escapes the next
+#: character (in raw strings too, as far as where the string ends goes); Python 3.11's f-strings
+#: are strings here as for its tokenizer.
+_LEXEMES = re.compile(
+    r"(?P<c>#[^\r\n]*)"
+    r"|'''(?:[^'\\]|\\[\s\S]|'(?!''))*'''"
+    r'|"""(?:[^"\\]|\\[\s\S]|"(?!""))*"""'
+    r"|(?!''')'(?:[^'\\\n]|\\[\s\S])*'"  # three quotes start a triple-quoted string
+    r'|(?!""")"(?:[^"\\\n]|\\[\s\S])*"'
+    r"|(?P<open>['\"])"  # a quote that starts no complete string: the text is not Python
+)
+
+
+def noqa_comments(text: str) -> List[Comment]:
+    """The comments of `text` that hold `noqa` (any case): `comments(text)` filtered, without
+    Python's tokenizer (a regular expression that skips the string literals, about 10x faster on
+    a large file). A text with a lone carriage return or an unterminated string goes to the
+    tokenizer."""
+    if "\r" in text and "\r" in text.replace("\r\n", ""):
+        return [c for c in comments(text) if "noqa" in c.text.lower()]
+    out: List[Comment] = []
+    line, pos = 1, 0
+    for m in _LEXEMES.finditer(text):
+        if m.group("open") is not None:
+            return [c for c in comments(text) if "noqa" in c.text.lower()]
+        body = m.group("c")
+        if body is None or "noqa" not in body.lower():
+            continue
+        start = m.start()
+        line += text.count("\n", pos, start)
+        pos = start
+        line_start = text.rfind("\n", 0, start) + 1
+        out.append(Comment(line, start - line_start, body, not text[line_start:start].strip()))
+    return out
+
+
 def _codes(raw: Optional[str]) -> List[str]:
     return [c.upper() for c in SPLIT_RE.split(raw or "") if c]
 
@@ -49,7 +86,7 @@ def _codes(raw: Optional[str]) -> List[str]:
 def noqa_lines(text: str) -> Dict[int, Optional[Set[str]]]:
     """line -> None (bare noqa: everything) or the set of codes named."""
     result: Dict[int, Optional[Set[str]]] = {}
-    for c in comments(text):
+    for c in noqa_comments(text):
         mt = NOQA_RE.search(c.text)
         if not mt:
             continue

@@ -35,7 +35,7 @@ import libcst as cst
 
 from ampfix.model.summary import (IMPORTED, LOCAL, PARAM, SELF, UNKNOWN, ClassSummary, FunctionSummary,
                                   ModuleSummary, OutgoingCall, Value)
-from ampfix.model.tree import dotted
+from ampfix.model.tree import child_nodes, dotted
 
 MAX_FOREIGN_DEPTH = 4
 # parameters whose values the rules ask about (a scaler, an optimizer, a framework object, the
@@ -213,10 +213,16 @@ class Foreign:
         cached = self._materialized.get(key)
         if cached is not None:
             return cached
-        try:
-            expr = cst.parse_expression(value.text)
-        except Exception:
-            return None
+        expr = None if origin.bindings else _PARSED.get(value.text)
+        if expr is None or expr in self._synthetic:  # (a node is one model's once: parse anew)
+            try:
+                expr = cst.parse_expression(value.text)
+            except Exception:
+                return None
+            if not origin.bindings:
+                if len(_PARSED) > 4096:
+                    _PARSED.clear()
+                _PARSED.setdefault(value.text, expr)
         if origin.bindings:
             expr = expr.visit(_BindParams(origin.bindings))  # type: ignore[assignment]
         stamp = Synthetic(origin.module, origin.cls, origin.bindings, value.line, origin.depth)
@@ -641,6 +647,12 @@ class _BindParams(cst.CSTTransformer):
         return updated_node
 
 
+#: the expressions of materialised values, by text, shared by the models of one process (the
+#: language server analyses a file again on every change; nodes are immutable). A value with
+#: arguments bound is parsed anew: its binding shares the unchanged parts of the parse.
+_PARSED: Dict[str, cst.BaseExpression] = {}
+
+
 def _register(model, expr: cst.CSTNode, stamp: Synthetic, bindings: Optional[Dict[str, cst.BaseExpression]]) -> None:
     """Record `expr` and its sub-nodes as synthetic, with their parents (bound arguments are
     nodes of the file and keep theirs)."""
@@ -654,7 +666,7 @@ def _register(model, expr: cst.CSTNode, stamp: Synthetic, bindings: Optional[Dic
         model._synthetic[node] = stamp
         if parent is not None:
             set_parent(node, parent)
-        stack.extend((c, node) for c in node.children)
+        stack.extend((c, node) for c in child_nodes(node))
 
 
 def _imported_name(call: cst.CSTNode) -> Optional[str]:

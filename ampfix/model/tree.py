@@ -581,16 +581,23 @@ class Tree:
     def _statement_positions(self, top: cst.CSTNode) -> Optional[Dict[cst.CSTNode, Tuple[Tuple[int, int], Tuple[int, int]]]]:
         """The positions of every node of the top-level statement `top` (see `position`), or None."""
         text = self.__dict__.get("source_text")
-        lines = self._top_lines()
-        if text is None or lines is None or id(top) not in lines:
+        if text is None:
+            return None
+        # the lines before each top-level statement, when the caller knows them (the language
+        # server's re-parse keeps the statements' lengths); checked against the text below
+        shift = (self.__dict__.get("top_shifts") or {}).get(id(top))
+        lines = self._top_lines() if shift is None else None
+        if shift is None and (lines is None or id(top) not in lines):
             return None
         state = _PositionState(self.module)
         top._codegen(state)
         computed = state.computed
-        # the line CPython gives a statement is its keyword's or first token's; for a def or a
-        # class that is the line of `def`/`class`, after the decorators: anchor on its name there
-        anchor = top.name if isinstance(top, (cst.FunctionDef, cst.ClassDef)) else top  # type: ignore[attr-defined]
-        shift = lines[id(top)] - computed[anchor][0][0]
+        if shift is None:
+            assert lines is not None
+            # the line CPython gives a statement is its keyword's or first token's; for a def or a
+            # class that is the line of `def`/`class`, after the decorators: anchor on its name there
+            anchor = top.name if isinstance(top, (cst.FunctionDef, cst.ClassDef)) else top  # type: ignore[attr-defined]
+            shift = lines[id(top)] - computed[anchor][0][0]
         starts = self.__dict__.get("_line_starts")
         if starts is None:
             starts = self.__dict__["_line_starts"] = [0] + [m.end() for m in _NEWLINE_RE.finditer(text)]
