@@ -21,22 +21,21 @@ from ampfix.model.syntax import call_name, literal_string
 from ampfix.model.tree import dotted
 
 MAX_TEXT = 2000
+# what running a function may add to a training step's trace (the rules' backward, scaler,
+# optimizer, autocast, gradient and framework events)
+_EVENT_WORDS = (r"GradScaler|autocast|scaler|\.scale\(|backward|unscale_|\.step\(|\.update\(\)|zero_grad|"
+                r"clip_grad|\.grad\b|float16|bfloat16|\.half\b|[\"']half[\"']|fp16|bf16|"
+                r"\bamp\b|_amp\b|\bamp_|AMP|[Oo]ptim|Adam|SGD|RMSprop|Lamb|LAMB|Fabric|Accelerator|apex")
 # what a module's (or a function's) text holds when it may do something AMP code is made of, or
 # choose precision: code without any of these has no effects, and values nobody asks about. Not
 # in it: `dtype` (every layer constructor of current PyTorch code takes `device=`/`dtype=`),
 # `half` as a plain word (`half = dim // 2`) and `.update(...)` with arguments (a dict's), which
 # made most of a model zoo's modules "relevant" and read (bench/PROJECT_RESULTS.md)
-AMP_TEXT = re.compile(r"GradScaler|autocast|scaler|\.scale\(|backward|unscale_|\.step\(|\.update\(\)|zero_grad|"
-                      r"clip_grad|\.grad\b|state_dict|torch\.save|float16|bfloat16|\.half\b|[\"']half[\"']|fp16|bf16|"
-                      r"precision|\bamp\b|_amp\b|\bamp_|AMP|[Oo]ptim|Adam|SGD|RMSprop|Lamb|LAMB|Fabric|"
-                      r"Accelerator|parse_args|add_argument|apex")
-# what a function's text holds when running it may add events to a training step's trace (the
-# rules' backward, scaler, optimizer, autocast, gradient and framework events): AMP_TEXT without
-# the words that only checkpoints (`state_dict`, `torch.save`: `model/checkpoints.py` reads
-# those) and configuration (`precision`, argparse) are made of
-TRACE_TEXT = re.compile(r"GradScaler|autocast|scaler|\.scale\(|backward|unscale_|\.step\(|\.update\(\)|zero_grad|"
-                        r"clip_grad|\.grad\b|float16|bfloat16|\.half\b|[\"']half[\"']|fp16|bf16|"
-                        r"\bamp\b|_amp\b|\bamp_|AMP|[Oo]ptim|Adam|SGD|RMSprop|Lamb|LAMB|Fabric|Accelerator|apex")
+AMP_TEXT = re.compile(_EVENT_WORDS + r"|state_dict|torch\.save|precision|parse_args|add_argument")
+# what a function's text holds when running it may add events to a trace: AMP_TEXT without the
+# words that only checkpoints (`state_dict`, `torch.save`: `model/checkpoints.py` reads those)
+# and configuration (`precision`, argparse) are made of
+TRACE_TEXT = re.compile(_EVENT_WORDS)
 _TRIPLE = re.compile(r'"""|\'\'\'')
 _DEF_LINE = re.compile(r"^([ \t]*)(?:async[ \t]+)?(def|class)[ \t]+(\w+)")
 

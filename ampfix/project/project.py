@@ -282,10 +282,7 @@ class Project:
         qual = d.qual if isinstance(d, (ForeignFunction, ForeignClass)) else None
         if qual is None:
             return vocabulary.search(text) is not None
-        spans = self._spans.get(d.path)
-        if spans is None:
-            spans = self._spans[d.path] = def_spans(text)
-        span = spans.get(qual)
+        span = self._def_spans(d.path).get(qual)
         if span is None:  # not found by the scan: judge by the module
             return vocabulary.search(text) is not None
         return vocabulary.search(text, span[0], span[1]) is not None
@@ -311,7 +308,9 @@ class Project:
         self._resolved[key] = found
         return found
 
-    def _resolve(self, importer: str, qualified: str, depth: int) -> Optional[Definition]:
+    def _resolve(self, importer: str, qualified: str, depth: int, text_only: bool = False) -> Optional[Definition]:
+        """`resolve` without its memo; `text_only`: a class's attributes are its methods found in
+        the text (`_text_attribute`), no summary is read."""
         if depth > MAX_RESOLVE_DEPTH or not self.layout.contains(importer):
             return None
         level = len(qualified) - len(qualified.lstrip("."))
@@ -324,7 +323,7 @@ class Project:
                 continue
             d = self._target(target, depth)
             for name in parts[k:]:
-                d = self._attribute(d, name, depth + 1)
+                d = self._text_attribute(d, name) if text_only else self._attribute(d, name, depth + 1)
             return d
         if not parts and level:
             target = self.layout.resolve(importer, dots)
@@ -690,23 +689,8 @@ class Project:
         (`resolve` reads a class's summary for its attributes). Memoised."""
         key = (importer, qualified)
         if key not in self._used:
-            self._used[key] = self._use_text(importer, qualified)
+            self._used[key] = self._resolve(importer, qualified, 0, text_only=True)
         return self._used[key]
-
-    def _use_text(self, importer: str, qualified: str) -> Optional[Definition]:
-        if not self.layout.contains(importer):
-            return None
-        level = len(qualified) - len(qualified.lstrip("."))
-        parts = [p for p in qualified[level:].split(".") if p]
-        for k in range(len(parts), 0, -1) if parts else [0]:
-            target = self.layout.resolve(importer, "." * level + ".".join(parts[:k]))
-            if target is None:
-                continue
-            d = self._target(target, 0)
-            for name in parts[k:]:
-                d = self._text_attribute(d, name)
-            return d
-        return None
 
     def _text_attribute(self, d: Optional[Definition], name: str) -> Optional[Definition]:
         if isinstance(d, ForeignModule):
