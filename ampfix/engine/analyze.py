@@ -107,7 +107,18 @@ def triggered(rules: Sequence[Type[Rule]], text: str, path: str = "",
     project = project_for(path, settings) if rest else None
     if project is None:
         return active
-    related = project.reach_text(os.path.abspath(path))  # type: ignore[attr-defined]
+    full = os.path.abspath(path)
+    words = tuple(sorted({t for r in rest for t in (*r.triggers, *(s for g in r.requires for s in g))}))
+    lower_words = tuple(sorted({t for r in rest for t in r.triggers_lower}))
+    bound = project.reach_words(full, words, lower_words)  # type: ignore[attr-defined]
+    if bound is not None:  # the rules' trigger test on a bound of the text + reach_text (no walk)
+        held, held_lower = bound
+        held = held | {t for t in words if t in text}
+        held_lower = held_lower | {t for t in lower_words if t in lowered}
+        if not any((any(t in held for t in r.triggers) or any(t in held_lower for t in r.triggers_lower))
+                   and all(any(t in held for t in g) for g in r.requires) for r in rest):
+            return active
+    related = project.reach_text(full)  # type: ignore[attr-defined]
     if not related:
         return active
     both = text + "\n" + related

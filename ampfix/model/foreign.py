@@ -35,7 +35,7 @@ import libcst as cst
 
 from ampfix.model.summary import (IMPORTED, LOCAL, PARAM, SELF, UNKNOWN, ClassSummary, FunctionSummary,
                                   ModuleSummary, OutgoingCall, Value)
-from ampfix.model.tree import child_nodes, dotted
+from ampfix.model.tree import child_nodes, dotted, replaced
 
 MAX_FOREIGN_DEPTH = 4
 # parameters whose values the rules ask about (a scaler, an optimizer, a framework object, the
@@ -213,18 +213,24 @@ class Foreign:
         cached = self._materialized.get(key)
         if cached is not None:
             return cached
-        expr = None if origin.bindings else _PARSED.get(value.text)
+        # only a text naming a bound parameter changes with the bindings (`__param__.p` -> the argument)
+        binds = bool(origin.bindings) and f"{PARAM}." in value.text and \
+            any(f"{PARAM}.{name}" in value.text for name in origin.bindings)  # type: ignore[union-attr]
+        expr = None if binds else _PARSED.get(value.text)
         if expr is None or expr in self._synthetic:  # (a node is one model's once: parse anew)
             try:
                 expr = cst.parse_expression(value.text)
             except Exception:
                 return None
-            if not origin.bindings:
+            if not binds:
                 if len(_PARSED) > 4096:
                     _PARSED.clear()
                 _PARSED.setdefault(value.text, expr)
-        if origin.bindings:
-            expr = expr.visit(_BindParams(origin.bindings))  # type: ignore[assignment]
+        if binds:
+            bindings = origin.bindings
+            expr = replaced(expr, lambda n: bindings.get(n.attr.value)  # type: ignore[union-attr,assignment]
+                            if type(n) is cst.Attribute and type(n.value) is cst.Name and n.value.value == PARAM  # type: ignore[attr-defined]
+                            else None)
         stamp = Synthetic(origin.module, origin.cls, origin.bindings, value.line, origin.depth)
         _register(self, expr, stamp, origin.bindings)
         self._materialized[key] = expr
@@ -632,24 +638,9 @@ class Foreign:
         return out
 
 
-class _BindParams(cst.CSTTransformer):
-    """Replace `__param__.p` by the argument the call passes (a node of this file)."""
-
-    def __init__(self, bindings: Dict[str, cst.BaseExpression]):
-        super().__init__()
-        self.bindings = bindings
-
-    def leave_Attribute(self, original_node: cst.Attribute, updated_node: cst.Attribute) -> cst.BaseExpression:
-        if isinstance(original_node.value, cst.Name) and original_node.value.value == PARAM:
-            bound = self.bindings.get(original_node.attr.value)
-            if bound is not None:
-                return bound
-        return updated_node
-
-
 #: the expressions of materialised values, by text, shared by the models of one process (the
-#: language server analyses a file again on every change; nodes are immutable). A value with
-#: arguments bound is parsed anew: its binding shares the unchanged parts of the parse.
+#: language server analyses a file again on every change; nodes are immutable). A value that
+#: names a bound parameter is parsed anew: its binding shares the unchanged parts of the parse.
 _PARSED: Dict[str, cst.BaseExpression] = {}
 
 

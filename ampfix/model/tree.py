@@ -153,6 +153,30 @@ def child_nodes(node: cst.CSTNode) -> List[cst.CSTNode]:
     return out
 
 
+def replaced(node: cst.CSTNode, replace: Callable[[cst.CSTNode], Optional[cst.CSTNode]]) -> cst.CSTNode:
+    """`node` with every sub-node for which `replace` gives a node replaced by it (not looked
+    into further): what a LibCST transformer's `leave_*` returning that node does, without its
+    visit. Only the nodes on the way to a replaced one are rebuilt; the rest are `node`'s own."""
+    new = replace(node)
+    if new is not None:
+        return new
+    kind = _KINDS.get(type(node)) or _kind(node)
+    if kind.fields is None:  # pragma: no cover - see `_kind`
+        raise TypeError(f"no fields known for {type(node).__name__}")
+    changes = {}
+    for name in kind.fields:
+        value = getattr(node, name)
+        if isinstance(value, cst.CSTNode):
+            inner = replaced(value, replace)
+            if inner is not value:
+                changes[name] = inner
+        elif (type(value) is tuple or type(value) is list) and value:
+            items = [replaced(v, replace) if isinstance(v, cst.CSTNode) else v for v in value]
+            if any(a is not b for a, b in zip(items, value)):
+                changes[name] = type(value)(items)
+    return node.with_changes(**changes) if changes else node
+
+
 class Index(cst.CSTVisitor):
     """One pass over the tree (see the module docstring): `Index.of(module)`. (Visiting a
     module with it, `module.visit(Index())`, records the same, more slowly.)

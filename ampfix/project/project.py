@@ -112,6 +112,8 @@ class Project:
         self._text_mros: Dict[Tuple[str, str], Optional[List[ForeignClass]]] = {}
         self._imports_at: Dict[str, List[Tuple[int, int]]] = {}
         self._used: Dict[Tuple[str, str], Optional[Definition]] = {}
+        self._closures: Dict[Tuple[Tuple[str, Optional[str]], int], Optional[frozenset]] = {}
+        self._words: Dict[Tuple[Tuple[str, ...], Tuple[str, ...]], Dict[object, Tuple[frozenset, frozenset]]] = {}
         self._importers: Optional[Dict[str, List[str]]] = None
         self._active: List[Tuple[str, str]] = []
         self.parsed: List[str] = []  # modules this project parsed itself (not given by the engine)
@@ -138,7 +140,8 @@ class Project:
     def _forget(self) -> None:
         for memo in (self._sources, self._summaries, self._modules, self._members, self._resolved, self._bases,
                      self._callers, self._imports, self._direct, self._bound, self._used, self._reached,
-                     self._text_mros, self._imports_at, self._stats, self._indexes, self._spans, self._relevant):
+                     self._text_mros, self._imports_at, self._stats, self._indexes, self._spans, self._relevant,
+                     self._closures, self._words):
             memo.clear()
         self._importers = None
         self._files = None
@@ -553,6 +556,83 @@ class Project:
                         added.add(span)
                         parts.append(itext[span[0]:span[1]])
         return "\n".join(parts)
+
+    def reach_words(self, path: str, words: Tuple[str, ...], lower_words: Tuple[str, ...]
+                    ) -> Optional[Tuple[set, set]]:
+        """A cheap bound of `reach_text(path)`: the strings of `words` it may hold, and of
+        `lower_words` its lower-cased text may hold (never fewer than it holds); None when not
+        sure (then read `reach_text`). It follows what the file uses as `reach_text` does, but
+        through every module rather than the related ones only, and counts all of an importer's
+        text: the reach of each definition is memoised once per process (`_closure`), so the
+        150-odd files of a tree that pass a rule's own project test but whose reach holds none
+        of the rest cost a few set unions each instead of a walk of the definitions."""
+        path = os.path.abspath(path)
+        related = set(self.imports_of(path)) | set(self.importers_of(path))
+        related.discard(path)
+        if not related:
+            return set(), set()
+        keys: set = set()
+        for q in _uses(self.text(path) or ""):
+            d = self._use(path, q)
+            if d is None or d.path not in related or isinstance(d, ForeignModule):
+                continue
+            reached = self._closure(d, MAX_REACH_DEPTH)
+            if reached is None:
+                return None
+            keys |= reached
+            if len(keys) >= MAX_REACH_PARTS:
+                return None  # `reach_text` reads all of the related modules then
+        memo = self._words.setdefault((words, lower_words), {})
+        found: set = set()
+        found_lower: set = set()
+        for key in [*keys, *(p for p in self.importers_of(path) if p != path)]:
+            hit = memo.get(key)
+            if hit is None:
+                code = self._key_code(key)
+                lowered = code.lower()
+                hit = memo[key] = (frozenset(w for w in words if w in code),
+                                   frozenset(w for w in lower_words if w in lowered))
+            else:
+                self._touch(key[0] if isinstance(key, tuple) else key)  # a dependency of this file's result
+            found |= hit[0]
+            found_lower |= hit[1]
+        return found, found_lower
+
+    def _key_code(self, key: Union[str, Tuple[str, Optional[str]]]) -> str:
+        """The code `reach_words` reads for a key of `_closure` (a definition, a module's
+        top-level code) or a path (all of an importer)."""
+        if isinstance(key, str):
+            return self.text(key) or ""
+        where, qual = key
+        module_text = self.text(where) or ""
+        if qual is None:
+            return _top_level_code(module_text, self._def_spans(where))
+        span = self._def_spans(where).get(qual)
+        return module_text if span is None else module_text[span[0]:span[1]]
+
+    def _closure(self, d: Definition, left: int) -> Optional[frozenset]:
+        """The definitions `reach_text` may read from `d` with `left` levels to follow, through
+        any module: (path, qualified name or None for a module's top-level code). None: more
+        than `reach_text` follows. Memoised."""
+        qual = d.qual if isinstance(d, (ForeignFunction, ForeignClass)) else None
+        key = (d.path, qual)
+        if (key, left) in self._closures:
+            return self._closures[(key, left)]
+        out = {key}
+        if qual is not None and left > 0:
+            module_text = self.text(d.path) or ""
+            span = self._def_spans(d.path).get(qual)
+            if span is not None:
+                for found in self._reached_from(d, qual, module_text[span[0]:span[1]], module_text):
+                    if found is None or isinstance(found, ForeignModule):
+                        continue
+                    inner = self._closure(found, left - 1)
+                    if inner is None or len(out | inner) >= MAX_REACH_PARTS:
+                        self._closures[(key, left)] = None
+                        return None
+                    out |= inner
+        result = self._closures[(key, left)] = frozenset(out)
+        return result
 
     def _import_spans(self, path: str) -> List[Tuple[int, int]]:
         """Where the import statements of a module are written (sorted; memoised)."""
