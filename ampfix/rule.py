@@ -140,7 +140,9 @@ class Rule:
         return trigger_test(text, lowered, cls.triggers, cls.triggers_lower, cls.requires)
 
     @classmethod
-    def project_candidate(cls, text: str) -> bool:
+    def project_candidate(cls, text: str, lowered: Optional[str] = None) -> bool:
         """The text may take part in a step whose rest is in related modules (`project_candidate_test`)."""
-        return project_candidate_test(text, text.lower(), cls.triggers, cls.triggers_lower, cls.requires,
-                                      cls.project_requires)
+        if cls.project_requires is None:
+            return False
+        return project_candidate_test(text, text.lower() if lowered is None else lowered, cls.triggers,
+                                      cls.triggers_lower, cls.requires, cls.project_requires)

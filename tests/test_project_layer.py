@@ -380,6 +380,15 @@ def test_reach_text_is_the_code_the_file_uses_not_whole_modules(tmp_path):
     steps = project.reach_text(str(tmp_path / "pkg" / "base.py"))
     assert "class Net(Base)" in steps and "backward_step" not in steps
 
+    # the memoised bound (`reach_words`) never holds fewer of the words than reach_text
+    words = ("autocast", "backward", "scaler", "GradScaler", "Net")
+    for name in ("train.py", "pkg/base.py", "pkg/models.py", "pkg/steps.py"):
+        path = str(tmp_path / name)
+        held, _ = project.reach_words(path, words, ())
+        assert {w for w in words if w in project.reach_text(path)} <= held, name
+    held, _ = project.reach_words(str(tmp_path / "train.py"), words, ())
+    assert "backward" in held and "autocast" not in held  # as narrow as the code used, here
+
 
 def test_text_mro_and_methods_without_a_summary(tmp_path):
     tree(tmp_path, {
@@ -453,3 +462,18 @@ def test_a_cached_result_follows_the_code_the_file_reaches(tmp_path):
     fresh = run_ampfix("check", "-q", "--no-cache", "pkg/other.py", "train.py", cwd=tmp_path)
     assert again.returncode == 1 and "train.py:8:13: AMP001" in again.stdout.decode()
     assert again.stdout == fresh.stdout
+
+
+def test_pool_workers_share_summaries_when_the_run_keeps_none(tmp_path):
+    # `--no-cache -j N`: the workers keep the summaries in the pool's own folder, so a module one
+    # of them summarised is read by the others; a run with a cache keeps its own store.
+    from ampfix.engine.results import Settings
+    from ampfix.engine.runner import _sharing
+
+    job = ("a.py", ("AMP001",), Settings(project=True), False, b"")
+    shared = _sharing(job, str(tmp_path))
+    assert shared[2].cache_folder == str(tmp_path / "summaries") and shared[2].project
+    kept = ("a.py", ("AMP001",), Settings(project=True, cache_folder="/c"), False, b"")
+    assert _sharing(kept, str(tmp_path)) is kept
+    alone = ("a.py", ("AMP001",), Settings(project=False), False, b"")
+    assert _sharing(alone, str(tmp_path)) is alone

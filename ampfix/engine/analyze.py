@@ -103,7 +103,7 @@ def triggered(rules: Sequence[Type[Rule]], text: str, path: str = "",
     active = [r for r in rules if r.triggered_by(text, lowered)]
     if settings is None or not settings.project:
         return active
-    rest = [r for r in rules if r not in active and r.project_candidate(text)]
+    rest = [r for r in rules if r not in active and r.project_candidate(text, lowered)]
     project = project_for(path, settings) if rest else None
     if project is None:
         return active

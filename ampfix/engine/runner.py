@@ -413,6 +413,16 @@ def _marked_work(item: Tuple[int, Job]) -> FileResult:
     return result
 
 
+def _sharing(job: Job, folder: str) -> Job:
+    """`job` with the project layer's summaries kept in the pool's folder when the run keeps
+    them nowhere (`--no-cache`): a module one worker summarised is read, not parsed again, by
+    the others (the summary store is keyed by the module's content, as the cache's is)."""
+    path, codes, settings, fix, data = job
+    if not settings.project or settings.cache_folder:
+        return job
+    return (path, codes, replace(settings, cache_folder=os.path.join(folder, "summaries")), fix, data)
+
+
 def _pool(jobs: List[Tuple[int, Job]], n: int, results: Dict[int, FileResult]) -> None:
     """Analyse `jobs` on `n` worker processes. When a worker dies (a native crash), the files
     it was analysing are each re-run alone (`isolated`) and the others in a fresh pool. When
@@ -432,7 +442,7 @@ def _pool(jobs: List[Tuple[int, Job]], n: int, results: Dict[int, FileResult]) -
         try:
             pool = ProcessPoolExecutor(max_workers=min(n, len(pending)), mp_context=_mp_context(),
                                        initializer=_init_worker, initargs=(marks, os.getpid()))
-            futures = [(i, job, pool.submit(_marked_work, (i, job))) for i, job in pending]
+            futures = [(i, job, pool.submit(_marked_work, (i, _sharing(job, marks)))) for i, job in pending]
             for i, job, fut in futures:
                 try:
                     results[i] = fut.result()
@@ -441,7 +451,7 @@ def _pool(jobs: List[Tuple[int, Job]], n: int, results: Dict[int, FileResult]) -
                 except Exception as exc:  # e.g. a result that cannot be sent back
                     why = f"internal error: {type(exc).__name__}: {exc} (please report this file)"
                     results[i] = FileResult(path=job[0], error=FileError(job[0], None, None, why))
-            suspects = {int(name) for name in os.listdir(marks)} if broken else set()
+            suspects = {int(name) for name in os.listdir(marks) if name.isdigit()} if broken else set()
             pool.shutdown(wait=True)
         except BaseException:
             if pool is not None:
@@ -478,7 +488,8 @@ def _needs_analysis(path: str, data: bytes, codes: Sequence[str], risky: Optiona
         return FileResult(path=path, error=exc.error)
     rules = all_rules()
     chosen = [rules[c] for c in codes]
-    if triggered(chosen, src.text) or any(r.project_candidate(src.text) for r in chosen):
+    lowered = src.text.lower()
+    if triggered(chosen, src.text) or any(r.project_candidate(src.text, lowered) for r in chosen):
         if risky is not None and guard.risky(src.text):
             risky.add(path)
         return None
