@@ -125,6 +125,47 @@ def test_callees_methods_closures_super_and_dunder_call():
     assert names["inner()"] == ["inner"] and names["t()"] == ["__call__"]
 
 
+
+def test_callees_through_values_are_functions_used_as_values():
+    # a call reaches a function through values only when the file uses the function as a value
+    # (`functions_used_as_values`): the resolution skips the values of calls that cannot
+    m = model("""
+        import functools
+
+        class Trainer:
+            def step(self, loss):
+                loss.backward()
+
+            def fit(self, run):
+                hook = self.step
+                run(hook)
+
+        def train_step(loss):
+            loss.backward()
+
+        def loop(cb, data):
+            for x in data:
+                cb(x)
+
+        fast = functools.partial(train_step)
+        loop(fast, [1])
+        loop(train_step, [2])
+        model.to("cuda").parameters()
+        """)
+    assert m.functions_used_as_values() == {"step", "train_step"}
+    names = {m.code(c): sorted(f.name.value for f in m.callees(c)) for c in m.calls}
+    assert names["cb(x)"] == ["train_step"] and names["run(hook)"] == []
+    assert names['model.to("cuda").parameters()'] == []
+    plain = model("""
+        def helper(x):
+            return x
+
+        def main(obj):
+            obj.save(helper(1))
+        """)
+    assert plain.functions_used_as_values() == set()
+    assert [f.name.value for c in plain.calls for f in plain.callees(c)] == ["helper"]
+
 # ---------------------------------------------------------------------- objects
 
 

@@ -9,7 +9,7 @@ a fact about a parameter can be read at each call site.
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Set, Tuple
 
 import libcst as cst
 
@@ -75,10 +75,11 @@ class CallGraph:
             if named is not None:
                 m = self.lookup_method(named, name)  # Class.method(obj, ...)
                 return [m] if m is not None else []
-            for cls in self.classes_of(owner, depth + 1):
-                m = self.lookup_method(cls, name)
-                if m is not None and m not in found:
-                    found.append(m)
+            if name in self.functions:  # (no function of this file has the name: no method to find)
+                for cls in self.classes_of(owner, depth + 1):
+                    m = self.lookup_method(cls, name)
+                    if m is not None and m not in found:
+                        found.append(m)
             if found:
                 return found
         if kind == _NAME:
@@ -89,7 +90,9 @@ class CallGraph:
                     return [defs[-1]]
         if kind != _OTHER:
             out: List[cst.FunctionDef] = []
-            for value in self.values_of(func):
+            # a function reached through values is one this file uses as a value, and
+            # `obj(...)` runs a `__call__` of this file: without either, nothing to follow
+            for value in self.values_of(func) if self.functions_used_as_values() else ():
                 parts = self.partial_parts(value)
                 target = parts[0] if parts is not None else value
                 target_kind = _DOTTED_KIND.get(type(target))
@@ -99,12 +102,37 @@ class CallGraph:
                     for f in self._resolve_callable(target, target, depth + 1):
                         if f not in out:
                             out.append(f)
-            for cls in self.classes_of(func, depth + 1):  # an instance: obj(...) runs __call__
-                m = self.lookup_method(cls, "__call__")
+            for cls in self.classes_of(func, depth + 1) if "__call__" in self.functions else ():
+                m = self.lookup_method(cls, "__call__")  # an instance: obj(...) runs __call__
                 if m is not None and m not in out:
                     out.append(m)
             return out
         return []
+
+    def functions_used_as_values(self) -> Set[str]:
+        """The names of this file's functions that its code uses other than by calling or
+        defining them (`g = f`, `run(f)`, `partial(f, x)`, `self.method` passed on, a keyword
+        or parameter of the same name): a function a call reaches through values is named by
+        one of these (a value of another module's code is a node of this file when it names a
+        function of this file: an argument bound to a parameter). Memoised."""
+        used = self.__dict__.get("_used_as_values")
+        if used is None:
+            names = self.functions
+            used = set()
+            parent = self._index.parent
+            for n in self.nodes_of(cst.Name):
+                if n.value in names and n.value not in used:
+                    p = parent(n)
+                    if not ((type(p) is cst.FunctionDef and p.name is n) or (type(p) is cst.Call and p.func is n)
+                            or (type(p) is cst.Attribute and p.attr is n)):
+                        used.add(n.value)
+            for a in self.nodes_of(cst.Attribute):
+                if a.attr.value in names and a.attr.value not in used:
+                    p = parent(a)
+                    if not (type(p) is cst.Call and p.func is a):
+                        used.add(a.attr.value)
+            self.__dict__["_used_as_values"] = used
+        return used
 
     def functions_named_by(self, expr: cst.CSTNode) -> List[cst.FunctionDef]:
         """The functions of this file that the expression `expr` (not a call) refers to."""
