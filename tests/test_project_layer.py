@@ -422,8 +422,9 @@ def test_text_mro_and_methods_without_a_summary(tmp_path):
     layer = ForeignClass(layers, "Layer")
     assert [c.qual for c in project.text_mro(layer)] == ["Layer", "Base"]
     assert project.lacks_relevant_method(layer, "__init__")  # `dtype=` alone is not AMP code
-    assert project.lacks_relevant_attributes(layer)
+    assert project.lacks_relevant_attributes(layer) and project.lacks_relevant_classes(layer)
     trainer = ForeignClass(layers, "Trainer")
+    assert not project.lacks_relevant_classes(trainer)  # its base builds a GradScaler
     assert not project.lacks_relevant_method(trainer, "__init__")  # builds a GradScaler
     assert not project.lacks_relevant_attributes(trainer)
     assert project.text_mro(ForeignClass(layers, "Starred")) is None  # a star import may bind the base

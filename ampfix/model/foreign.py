@@ -172,6 +172,10 @@ class ForeignFacts(Protocol):
         """Sure, from the texts, that no class `cls` may inherit from holds AMP code or is a
         dataclass (False: not sure)."""
 
+    def lacks_relevant_classes(self, cls: ForeignClass) -> bool:
+        """Sure, from the texts, that no class `cls` may inherit from holds AMP code (False:
+        not sure)."""
+
 
 @dataclass
 class Synthetic:
@@ -433,8 +437,10 @@ class Foreign:
         """The values `self.<attr>` may hold for an instance of a class of another module
         (assigned in it or in its bases; a class whose code holds no AMP code gives none)."""
         out: List[Value] = []
+        if self.foreign is None or self.foreign.lacks_relevant_classes(cls):
+            return out  # (no summary read: the texts of its classes show no AMP code)
         for c in self.foreign_mro(cls):
-            if self.foreign is not None and self.foreign.relevant(c):
+            if self.foreign.relevant(c):
                 out.extend(c.summary.attributes.get(attr, []))
         return out
 
@@ -474,7 +480,8 @@ class Foreign:
                 continue
             seen.append(c)
             for b in self.foreign_bases(c):
-                if isinstance(b, ForeignClass):
+                if isinstance(b, ForeignClass) and self.foreign is not None \
+                        and not self.foreign.lacks_relevant_classes(b):  # (else no summary read)
                     for fc in self.foreign_mro(b):
                         if self.foreign is None or not self.foreign.relevant(fc):
                             continue

@@ -703,6 +703,12 @@ class Project:
         return classes is not None and not any(self.relevant(c) or "dataclass" in (self.text(c.path) or "")
                                                for c in classes)
 
+    def lacks_relevant_classes(self, cls: ForeignClass) -> bool:
+        """True when no class `cls` may inherit from (`text_mro`) holds AMP code: the values
+        its instances' attributes may hold are not read (`foreign_attribute`). False: not sure."""
+        classes = self.text_mro(cls)
+        return classes is not None and not any(self.relevant(c) for c in classes)
+
     def text_mro(self, cls: ForeignClass) -> Optional[List[ForeignClass]]:
         """`cls` and every class of the project its bases' names may resolve to, read from the
         texts (no summary): never fewer classes than the summaries' `foreign_mro`. None when
@@ -1070,6 +1076,9 @@ class _NoFacts:
         return False
 
     def lacks_relevant_attributes(self, cls):
+        return False
+
+    def lacks_relevant_classes(self, cls):
         return False
 
 
