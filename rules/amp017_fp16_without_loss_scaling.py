@@ -17,7 +17,7 @@ from ampfix.rule import UNSAFE, FileContext, Fix, Rule, Violation
 class Fp16WithoutLossScaling(Rule):
     code = "AMP017"
     name = "fp16-without-loss-scaling"
-    message = ("`backward()` of a loss computed under float16 autocast, with no GradScaler: gradients below "
+    message = ("`backward()` of a loss computed under float16 autocast{where}, with no GradScaler: gradients below "
                "float16's range (6e-8) flush to zero, silently; scale the loss with `torch.amp.GradScaler`, or use "
                "bfloat16 where the hardware has it")
     triggers = ("autocast",)
@@ -116,7 +116,7 @@ for x, y in loader:
                 first = min(foreign) if foreign else None
                 where = f" (line {model.line(regions[0].node)})" if regions else \
                     f" (in `{first.function}`, {_rel(model, first.path)}:{first.line})" if first else ""
-                message = self.message.replace("autocast,", f"autocast{where},", 1) + model.where(bw, shown)
+                message = self.message.format(where=where) + model.where(bw, shown)
                 yield Violation(shown, message=message, related=related,
                                 fix=None if foreign else _fix(model, trace, bw, step, loss, regions))
 

@@ -2,7 +2,7 @@
 them before it analyses anything (see ampfix/engine/rulemeta.py). Do not edit; regenerate.
 """
 
-DIGEST = '7a8fce7f7cf42bea659fd826a6013ca7ffa531fee68c681effb8f06070a81273'
+DIGEST = '0d9f5aef8eb4fd3d2048cbdd07af914da8fb76621c503a115f3ef957d176cd60'
 
 RULES = [
     ('AMP001', 'backward-in-autocast', True, ('autocast',), (),
