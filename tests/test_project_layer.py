@@ -14,7 +14,7 @@ from ampfix.model.foreign import ForeignClass, ForeignConstant, ForeignFunction,
 from ampfix.model.summary import ModuleSummary
 from ampfix.project import Project
 from ampfix.project.layout import Layout, clear_caches, find_root
-from ampfix.project.project import import_lines
+from ampfix.project.graph import import_lines
 
 
 def tree(root: Path, files: dict) -> Path:
@@ -463,6 +463,73 @@ def test_a_cached_result_follows_the_code_the_file_reaches(tmp_path):
     fresh = run_ampfix("check", "-q", "--no-cache", "pkg/other.py", "train.py", cwd=tmp_path)
     assert again.returncode == 1 and "train.py:8:13: AMP001" in again.stdout.decode()
     assert again.stdout == fresh.stdout
+
+
+STEP = "def step(loss, opt, scaler):\n    loss.backward()\n    scaler.step(opt)\n    scaler.update()\n"
+TRAIN = """\
+    import torch
+    from pkg.steps import step
+
+
+    def main(model, opt, data):
+        scaler = torch.amp.GradScaler("cuda")
+        for x in data:
+            with torch.autocast("cuda"):
+                loss = model(x).sum()
+            step(loss, opt, scaler)
+    """
+
+
+@pytest.mark.parametrize("importer", ["train.py", "other.py"])
+def test_a_cached_result_follows_the_files_that_import_it(tmp_path, importer):
+    # pkg/steps.py alone holds no GradScaler: AMP008 runs on it only through the code of a
+    # module that imports it, and reports the unscaled backward in pkg/steps.py itself. Checked
+    # once with no importer (nothing), then a new file (or an unrelated one, edited) imports it:
+    # the cached result of pkg/steps.py depends on its importers, so the finding appears, as
+    # without a cache.
+    from conftest import run_ampfix
+
+    tree(tmp_path, {"pyproject.toml": "", "pkg/__init__.py": "", "pkg/steps.py": STEP,
+                    "other.py": "def unrelated(x):\n    return x\n"})
+    env = {"AMPFIX_CACHE_DIR": str(tmp_path / "cache")}
+    first = run_ampfix("check", "-q", ".", cwd=tmp_path, env=env)
+    assert first.returncode == 0, first.stdout.decode() + first.stderr.decode()
+    (tmp_path / importer).write_text(textwrap.dedent(TRAIN), encoding="utf-8")
+    again = run_ampfix("check", "-q", ".", cwd=tmp_path, env=env)
+    fresh = run_ampfix("check", "-q", "--no-cache", ".", cwd=tmp_path)
+    assert "pkg/steps.py:2:5: AMP008" in fresh.stdout.decode()
+    assert (again.returncode, again.stdout) == (fresh.returncode, fresh.stdout)
+    warm = run_ampfix("check", "-q", ".", cwd=tmp_path, env=env)  # and kept so
+    assert (warm.returncode, warm.stdout) == (fresh.returncode, fresh.stdout)
+
+
+def test_the_import_graph_finds_importers_through_a_package_re_export(tmp_path):
+    from ampfix.project.graph import ImportGraph, importers_dep
+
+    tree(tmp_path, {
+        "pyproject.toml": "",
+        "pkg/__init__.py": "from .steps import step\n",
+        "pkg/steps.py": "def step(loss):\n    loss.backward()\n",
+        "train.py": "from pkg import step\n",
+        "pkg/direct.py": "from . import steps\n",
+        "build/ignored.py": "from pkg.steps import step\n",
+    })
+    steps = str(tmp_path / "pkg" / "steps.py")
+    graph = ImportGraph(tmp_path)
+    assert sorted(graph.importers_of(steps)) == [str(tmp_path / "pkg" / "__init__.py"),
+                                                 str(tmp_path / "pkg" / "direct.py"), str(tmp_path / "train.py")]
+    before = graph.importers_digest(steps)
+    assert before == ImportGraph(tmp_path).importers_digest(steps)  # a digest of the files, not of a run
+    stamp = graph.stamp()
+    (tmp_path / "eval.py").write_text("import pkg.steps\n")
+    assert ImportGraph(tmp_path).importers_digest(steps) != before
+    assert ImportGraph(tmp_path).stamp() != stamp  # the cache keeps the digests under it
+    # the project asks the same graph, and records the question as a dependency of the result
+    project = Project(tmp_path)
+    project.begin()
+    assert project.importers_of(steps) == ImportGraph(tmp_path).importers_of(steps)
+    texts, graph_deps = project.end()
+    assert graph_deps == {importers_dep(steps): ImportGraph(tmp_path).importers_digest(steps)}
 
 
 def test_pool_workers_share_summaries_when_the_run_keeps_none(tmp_path):

@@ -961,11 +961,12 @@ def _process_bytes(data: bytes, path: str, rules: Sequence[Type[Rule]], settings
     finally:
         if project is not None:
             own = os.path.abspath(path)
-            deps = project.end()  # type: ignore[attr-defined]
+            texts, graph = project.end()  # type: ignore[attr-defined]
             if result.error is None:  # an error (a syntax error) depends on the file's own text
-                for dep in deps:
+                for dep in texts:
                     if dep != own:
                         result.deps[dep] = file_digest(dep) or ""
+                result.deps.update(graph)  # the importers of modules (checked by the cache's graph)
     return result
 
 

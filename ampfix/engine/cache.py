@@ -19,7 +19,10 @@ nothing (ruff-style).
   fixes (`json`, `sarif`, `full`) keeps them in its entries (their settings differ, so they are
   entries of their own).
 * A result that depends on other modules of the project (`FileResult.deps`: path -> SHA-256)
-  is a miss as soon as one of them changed. Module summaries (the project layer's store,
+  is a miss as soon as one of them changed; one that depends on the files importing a module
+  (`importers:` + path -> SHA-256 of their paths) as soon as that set changed (a new file, or
+  a file that starts importing it), the set computed again from the project's current files by
+  its import graph (`ampfix/project/graph.py`: import lines only, no LibCST). Module summaries (the project layer's store,
   `Summaries`) are entries of their own kind, sealed and validated the same way.
 * Every verdict on a file is kept, "no selected rule's trigger" and "cannot decode" included, and
   the cache is looked up before anything else (`runner.run`): a warm run hashes and reads, and
@@ -41,6 +44,7 @@ from ampfix import __version__
 from ampfix.engine import entries as E
 from ampfix.engine.results import Diagnostic, FileError, FileResult, FixEdit, Settings, TextEdit, file_digest
 from ampfix.engine.rulemeta import fingerprint as _code_fingerprint, write_json
+from ampfix.project.graph import IMPORTERS
 
 DIR_NAME = ".ampfix_cache"
 
@@ -180,6 +184,15 @@ def _decode_result(data, path: str, codes: Optional[Sequence[str]] = None,
 RESULT = E.Kind("result", _encode_result, _decode_result)
 
 
+def _decode_graph(data) -> Dict[str, str]:
+    """The validator of a project's importers kept under its graph's stamp: module path ->
+    SHA-256, as `deps` are."""
+    return _decode_deps(data)
+
+
+GRAPH = E.Kind("graph", dict, _decode_graph)
+
+
 class Cache:
     def __init__(self, folder: Path):
         self.folder = folder
@@ -199,11 +212,50 @@ class Cache:
         return self.bucket / key[:2] / key
 
     def _fresh(self, path: str, digest: str) -> bool:
-        """A module a cached result depends on still has the content it had (hashed once a run)."""
+        """A module a cached result depends on still has the content it had, or the files that
+        import a module are still those they were (each hashed once a run)."""
         seen = self.__dict__.setdefault("_digests", {})
         if path not in seen:
-            seen[path] = file_digest(path) or ""
+            seen[path] = self._importers_digest(path) if path.startswith(IMPORTERS) else file_digest(path) or ""
         return seen[path] == digest
+
+    def _importers_digest(self, key: str) -> str:
+        """The digest of an `importers:` dependency as the project's files are now (the root
+        found as the analysis finds it, once per folder and run)."""
+        from ampfix.project.graph import digest_of_paths
+        from ampfix.project.layout import find_root
+
+        path = key[len(IMPORTERS):]
+        roots = self.__dict__.setdefault("_roots", {})
+        folder = os.path.dirname(path)
+        if folder not in roots:
+            roots[folder] = str(find_root(Path(folder)))
+        return self._importers_digests(roots[folder]).get(path) or digest_of_paths([])
+
+    def _importers_digests(self, root: str) -> Dict[str, str]:
+        """`ImportGraph.importers_digests` of the project at `root`, once per root and run: kept
+        in the cache under the graph's `stamp`, so that a warm run over an unchanged tree
+        stats its files instead of reading and resolving their imports."""
+        graphs = self.__dict__.setdefault("_graphs", {})
+        if root in graphs:
+            return graphs[root]
+        from ampfix.project.graph import ImportGraph
+
+        graph = ImportGraph(Path(root))
+        key = hashlib.sha256(f"{_code_fingerprint(self.folder)}\0{root}\0{graph.stamp()}".encode(
+            "utf-8", "surrogatepass")).hexdigest()
+        entry = self.bucket / "graphs" / key[:2] / key
+        try:
+            digests = GRAPH.decode(E.unseal(entry.read_bytes(), GRAPH.name, key))
+        except (OSError, E.Invalid):
+            digests = graph.importers_digests()
+            try:
+                self._prepare()
+                write_json(entry, E.seal(GRAPH.name, key, GRAPH.encode(digests)))
+            except OSError:
+                pass  # a cache that cannot be written costs speed, never the check
+        graphs[root] = digests
+        return digests
 
     def load(self, kind: E.Kind, key: str, **context):
         """The object kept under `key`, or None: missing, unreadable, or failing the entry's
@@ -236,6 +288,9 @@ class Cache:
         if result.new_source is not None:
             return
         self.store(RESULT, key, result)
+        for dep in result.deps:
+            if dep.startswith(IMPORTERS):  # the project's importers kept now: the next run only stats
+                self._importers_digest(dep)
 
     def _prepare(self) -> None:
         if self._ready:

@@ -132,8 +132,9 @@ class FileResult:
     found: Dict[str, int] = field(default_factory=dict)  # fixing: "CODE" -> findings before any fix
     notes: List[FileError] = field(default_factory=list)  # parts skipped (a notebook cell that is not Python)
     skipped: bool = False  # not analysed at all (over max-file-size, stdin's name excluded): not counted as checked
-    # the other modules of the project the result depends on: path -> SHA-256 of its bytes (a
-    # cached result is used only while each of them is unchanged)
+    # the other modules of the project the result depends on: path -> SHA-256 of its bytes, and
+    # "importers:" + path -> SHA-256 of the files importing that module (ampfix/project/graph.py);
+    # a cached result is used only while each of them is unchanged
     deps: Dict[str, str] = field(default_factory=dict)
 
 

@@ -27,13 +27,12 @@ import libcst as cst
 from ampfix.model.foreign import Definition, ForeignClass, ForeignConstant, ForeignFunction, ForeignModule
 from ampfix.model.summarize import AMP_TEXT, TRACE_TEXT, def_spans
 from ampfix.model.summary import IMPORTED, LOCAL, ClassSummary, ModuleSummary, OutgoingCall, Value
-from ampfix.project.layout import Layout, Target
+from ampfix.project.graph import ImportGraph, digest_of_paths, import_statements, importers_dep, read_text
+from ampfix.project.layout import Target
 
 MAX_RESOLVE_DEPTH = 8
 MAX_CALLER_FILES = 40
 MAX_KEPT_MODULES = 64  # parses made for summaries, kept for the engine to reuse
-SKIP_DIRS = {".git", ".hg", ".svn", "__pycache__", ".venv", "venv", "env", ".env", "build", "dist", "site-packages",
-             "node_modules", ".tox", ".nox", ".mypy_cache", ".pytest_cache", ".ampfix_cache", ".eggs"}
 _IMPORTED_RE = re.compile(r'^__imported__\("([^"]*)"\)((?:\.\w+)*)$')
 _LOCAL_RE = re.compile(r"^__local__((?:\.\w+)+)$")
 _DOTTED_RE = re.compile(r"^[A-Za-z_]\w*(?:\.\w+)*$")
@@ -72,16 +71,8 @@ def _stat_key(path: str) -> Optional[Tuple[int, int]]:
 
 
 def _read(path: str) -> Optional[Source]:
-    try:
-        with open(path, "rb") as fh:
-            data = fh.read()
-    except OSError:
-        return None
-    try:
-        text = data.decode("utf-8-sig")
-    except UnicodeDecodeError:
-        return None
-    return Source(text, digest_of(text))
+    text = read_text(path)
+    return None if text is None else Source(text, digest_of(text))
 
 
 class Project:
@@ -89,7 +80,8 @@ class Project:
 
     def __init__(self, root: Path, store: Optional[SummaryStore] = None,
                  parse: Optional[Callable[[str, str], Optional[cst.Module]]] = None, max_memory: int = 0):
-        self.layout = Layout(root)
+        self.graph = ImportGraph(root, self._quiet_text)
+        self.layout = self.graph.layout
         self.max_memory = max_memory  # `max-file-memory`: a module over it is not parsed (its summary unknown)
         self.root = self.layout.root
         self.store = store
@@ -101,12 +93,9 @@ class Project:
         self._resolved: Dict[Tuple[str, str], Optional[Definition]] = {}
         self._bases: Dict[Tuple[str, str], list] = {}
         self._callers: Dict[Tuple[str, str], Optional[list]] = {}
-        self._files: Optional[List[str]] = None
         self._indexes: Dict[str, ModuleIndex] = {}
         self._spans: Dict[str, Dict[str, Tuple[int, int]]] = {}
         self._relevant: Dict[Tuple[str, Optional[str], str], bool] = {}
-        self._imports: Dict[str, List[str]] = {}
-        self._direct: Dict[str, List[str]] = {}
         self._bound: Dict[str, Dict[str, str]] = {}
         self._reached: Dict[Tuple[str, str], List[Optional[Definition]]] = {}
         self._text_mros: Dict[Tuple[str, str], Optional[List[ForeignClass]]] = {}
@@ -114,11 +103,11 @@ class Project:
         self._used: Dict[Tuple[str, str], Optional[Definition]] = {}
         self._closures: Dict[Tuple[Tuple[str, Optional[str]], int], Optional[frozenset]] = {}
         self._words: Dict[Tuple[Tuple[str, ...], Tuple[str, ...]], Dict[object, Tuple[frozenset, frozenset]]] = {}
-        self._importers: Optional[Dict[str, List[str]]] = None
         self._active: List[Tuple[str, str]] = []
         self.parsed: List[str] = []  # modules this project parsed itself (not given by the engine)
         self.from_store = 0  # summaries read from the store
         self._touched: Optional[set] = None
+        self._asked: Optional[set] = None  # the modules whose importers were asked (`end`)
         self._kept: Dict[str, Tuple[str, cst.Module]] = {}
         self._stats: Dict[str, Optional[Tuple[int, int]]] = {}
         self.used: Dict[str, str] = {}  # path -> digest of every module whose summary was read
@@ -130,25 +119,29 @@ class Project:
         self._sources[path] = Source(text, digest_of(text), module)
 
     def begin(self) -> None:
-        """Start recording the modules read for one file's analysis (`end` returns them). In a
-        long-lived process (the language server) a module changed on disk since it was read
-        makes the project forget what it knew."""
+        """Start recording the modules read for one file's analysis, and the modules whose
+        importers it asked (`end` returns them). In a long-lived process (the language server) a
+        module changed on disk since it was read makes the project forget what it knew."""
         self._touched = set()
+        self._asked = set()
         if any(_stat_key(p) != key for p, key in self._stats.items()):
             self._forget()
 
     def _forget(self) -> None:
         for memo in (self._sources, self._summaries, self._modules, self._members, self._resolved, self._bases,
-                     self._callers, self._imports, self._direct, self._bound, self._used, self._reached,
+                     self._callers, self._bound, self._used, self._reached,
                      self._text_mros, self._imports_at, self._stats, self._indexes, self._spans, self._relevant,
                      self._closures, self._words):
             memo.clear()
-        self._importers = None
-        self._files = None
+        self.graph = ImportGraph(Path(self.root), self._quiet_text, self.layout)
 
-    def end(self) -> List[str]:
+    def end(self) -> Tuple[List[str], Dict[str, str]]:
+        """What the analysis since `begin` depended on: the modules whose texts it read, and
+        for each module whose importers it asked, that set (`graph.importers_dep` -> its
+        digest: a new file importing the module changes the result as much as a changed text)."""
         touched, self._touched = self._touched or set(), None
-        return sorted(touched)
+        asked, self._asked = self._asked or set(), None
+        return sorted(touched), {importers_dep(p): digest_of_paths(self.graph.importers_of(p)) for p in sorted(asked)}
 
     def _touch(self, path: str) -> None:
         if self._touched is not None:
@@ -431,8 +424,14 @@ class Project:
 
     # ------------------------------------------------------------------ related modules
     def text(self, path: str) -> Optional[str]:
+        """The text of the module at `path` (a dependency of the result being analysed)."""
         path = os.path.abspath(path)
         self._touch(path)
+        return self._quiet_text(path)
+
+    def _quiet_text(self, path: str) -> Optional[str]:
+        """`text` without recording it: the import graph reads every file's import lines, and
+        the result depends on what it answers (`importers_of`), not on each text it read."""
         source = self._sources.get(path) or _read(path)
         if source is None:
             return None
@@ -440,50 +439,22 @@ class Project:
         return source.text
 
     def imports_of(self, path: str) -> List[str]:
-        """The project modules the file at `path` imports (read from its import lines: no
-        parse), with the modules a package it imports re-exports from (one level)."""
+        """The project modules the file at `path` imports, with the modules a package it
+        imports re-exports (`ImportGraph.imports_of`); the packages whose re-exports were read
+        are dependencies of the result."""
         path = os.path.abspath(path)
-        cached = self._imports.get(path)
-        if cached is not None:
-            return cached
-        self._imports[path] = []
-        out: List[str] = []
-        for target in self._direct_imports(path):
-            if target == path:
-                continue
-            if target not in out:
-                out.append(target)
-            if target.endswith("__init__.py"):
-                for inner in self._direct_imports(target):
-                    if inner not in out and inner != path:
-                        out.append(inner)
-        self._imports[path] = out
-        return out
-
-    def _direct_imports(self, path: str) -> List[str]:
-        """The files of the project the import lines of `path` name (memoised: a package's
-        `__init__.py` is read once, however many modules import it)."""
-        cached = self._direct.get(path)
-        if cached is None:
-            cached = []
-            for qualified in import_lines(self.text(path) or ""):
-                target = self.layout.resolve(path, qualified)
-                if target is not None and target.path and target.path not in cached:
-                    cached.append(target.path)
-            self._direct[path] = cached
-        return cached
+        for target in self.graph.direct_imports(path):
+            if target.endswith("__init__.py") and target != path:
+                self._touch(target)
+        return self.graph.imports_of(path)
 
     def importers_of(self, path: str) -> List[str]:
-        """The project's files that import the module at `path` (directly, or through a
-        package `__init__.py` that re-exports it)."""
+        """The project's files that import the module at `path` (`ImportGraph.importers_of`);
+        the set is a dependency of the result (`end`)."""
         path = os.path.abspath(path)
-        if self._importers is None:
-            importers: Dict[str, List[str]] = {}
-            for f in self.files():
-                for dep in self.imports_of(f):
-                    importers.setdefault(dep, []).append(f)
-            self._importers = importers
-        return self._importers.get(path, [])
+        if self._asked is not None:
+            self._asked.add(path)
+        return self.graph.importers_of(path)
 
     def related_text(self, path: str) -> str:
         """The text of the modules `path` imports and of those that import it: where the rest
@@ -639,7 +610,7 @@ class Project:
         cached = self._imports_at.get(path)
         if cached is None:
             text = self.text(path) or ""
-            cached = self._imports_at[path] = sorted(m.span() for r in (_FROM_RE, _IMPORT_RE) for m in r.finditer(text))
+            cached = self._imports_at[path] = sorted(m.span() for ms in import_statements(text) for m in ms)
         return cached
 
     def _reached_from(self, d: Definition, qual: str, code: str, module_text: str) -> List[Optional[Definition]]:
@@ -813,13 +784,7 @@ class Project:
     # ------------------------------------------------------------------ callers
     def files(self) -> List[str]:
         """Every Python file of the project (for the callers of a function)."""
-        if self._files is None:
-            out: List[str] = []
-            for folder, dirs, names in os.walk(self.root):
-                dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS and not d.startswith("."))
-                out.extend(os.path.join(folder, n) for n in sorted(names) if n.endswith(".py"))
-            self._files = out
-        return self._files
+        return self.graph.files()
 
     def callers(self, path: str, qual: str) -> Optional[List[Tuple[ForeignModule, OutgoingCall]]]:
         path = os.path.abspath(path)
@@ -835,11 +800,8 @@ class Project:
         for f in self.files():
             if f == path:
                 continue
-            source = self._sources.get(f) or _read(f)
-            if source is None:
-                continue
-            self._sources.setdefault(f, source)
-            if needle in source.text and stem in source.text:
+            text = self._quiet_text(f)
+            if text is not None and needle in text and stem in text:
                 candidates.append(f)
                 self._touch(f)
         if len(candidates) > MAX_CALLER_FILES:
@@ -871,14 +833,15 @@ def _bindings(text: str) -> Dict[str, str]:
     bound: Dict[str, str] = {}
     if "import" not in text:
         return bound
-    for m in _FROM_RE.finditer(text):
+    froms, imports = import_statements(text)
+    for m in froms:
         base = m.group(1)
         for part in m.group(2).strip("()").replace("\\\n", " ").split(","):
             name, _, alias = part.strip().partition(" as ")
             name, alias = name.strip(), alias.strip()
             if name.isidentifier():
                 bound[alias or name] = f"{base}.{name}" if base and not base.endswith(".") else f"{base}{name}"
-    for m in _IMPORT_RE.finditer(text):
+    for m in imports:
         for part in m.group(1).split(","):
             name, _, alias = part.strip().partition(" as ")
             name, alias = name.strip(), alias.strip()
@@ -982,10 +945,6 @@ def light_summary(path: str, text: str, index: Optional[ModuleIndex]) -> ModuleS
     return out
 
 
-_FROM_RE = re.compile(r"^[ \t]*from[ \t]+(\.*[\w.]*)[ \t]+import[ \t]+(\([^)]*\)|[^\n#;]+)", re.MULTILINE)
-_IMPORT_RE = re.compile(r"^[ \t]*import[ \t]+([^\n#;]+)", re.MULTILINE)
-
-
 _TOP_IMPORT_RE = re.compile(
     r"^(?P<indent>[ \t]*)(?:from[ \t]+(?P<base>\.*[\w.]*)[ \t]+import[ \t]+(?P<names>\([^)]*\)|[^\n#;]+)"
     r"|import[ \t]+(?P<mods>[^\n#;]+))", re.MULTILINE)
@@ -1024,29 +983,6 @@ def module_imports(text: str) -> List[Tuple[int, str, str]]:
             elif name.isidentifier():
                 qualified = f"{base}.{name}" if base and not base.endswith(".") else f"{base}{name}"
                 out.append((m.start(), alias or name, qualified))
-    return out
-
-
-def import_lines(text: str) -> List[str]:
-    """The qualified names the import statements of `text` bind (`pkg.mod`, `.utils.helper`),
-    read with regular expressions: cheap, and good enough to find related modules."""
-    out: List[str] = []
-    if "import" not in text:
-        return out
-    for m in _FROM_RE.finditer(text):
-        base = m.group(1)
-        names = m.group(2).strip("()")
-        for part in names.replace("\\\n", " ").split(","):
-            name = part.strip().split(" as ")[0].strip()
-            if name and name != "*" and name.isidentifier():
-                out.append(f"{base}.{name}" if base and not base.endswith(".") else f"{base}{name}")
-        if base.strip(".") or base:
-            out.append(base)
-    for m in _IMPORT_RE.finditer(text):
-        for part in m.group(1).split(","):
-            name = part.strip().split(" as ")[0].strip()
-            if name and all(p.isidentifier() for p in name.split(".")):
-                out.append(name)
     return out
 
 
