@@ -15,6 +15,8 @@ from ampfix.rule import UNSAFE, FileContext, Fix, Rule, Violation
 
 AMP_FLAG = re.compile(r"\bamp\b|use_amp|autocast|mixed", re.IGNORECASE)
 LOADER_DTYPE = ("torch_dtype", "dtype")  # `from_pretrained(..., torch_dtype=torch.float16)`
+# float16 written in the file: `.half()`, `torch.half`, or `float16` that is not part of `bfloat16`
+HALF_TEXT = re.compile(r"\.half\(\)|torch\.half|(?<!b)float16")
 
 
 class HalfWithAutocast(Rule):
@@ -28,6 +30,7 @@ class HalfWithAutocast(Rule):
     requires = (("autocast", "GradScaler"),)
     project_requires = ((".half()", "float16", "torch.half"),)
     fixable = "unsafe"
+
     fix_note = "unsafe (the cast removed; `from_pretrained` loads float32)"
     docs = """
 Mixed precision keeps the parameters in float32 (the master weights) and lets autocast run
@@ -87,6 +90,15 @@ scaler.update()
 export = copy.deepcopy(model).half()
 ```
 """
+
+    # the default tests narrowed: `float16` in the text as part of `bfloat16` is no float16
+    @classmethod
+    def triggered_by(cls, text: str, lowered: str) -> bool:
+        return super().triggered_by(text, lowered) and HALF_TEXT.search(text) is not None
+
+    @classmethod
+    def project_candidate(cls, text: str, lowered: Optional[str] = None) -> bool:
+        return super().project_candidate(text, lowered) and HALF_TEXT.search(text) is not None
 
     def check(self, ctx: FileContext) -> Iterator[Violation]:
         model = ctx.model

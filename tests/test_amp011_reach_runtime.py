@@ -84,3 +84,15 @@ def test_runs_as_reported(name, tmp_path):
     else:
         assert p.returncode == 0 and "trained" in p.stdout, p.stderr
         assert diags == []
+
+
+def test_bfloat16_alone_is_no_float16_trigger():
+    # `float16` inside `bfloat16` is no float16 cast to look for: the file is not analysed for
+    # AMP011, on its own or through the project; `.half()`, `torch.half`, `float16` are
+    from rules.amp011_half_with_autocast import HalfWithAutocast as R
+
+    bf16 = "with torch.autocast('cuda', dtype=torch.bfloat16):\n    y = model(x.to(torch.bfloat16))\n"
+    assert not R.triggered_by(bf16, bf16.lower()) and not R.project_candidate(bf16)
+    for cast in ("model.half()", "model.to(torch.half)", "model.to(torch.float16)", "dtype='float16'"):
+        text = bf16 + cast + "\n"
+        assert R.triggered_by(text, text.lower()) and R.project_candidate(text), cast

@@ -2,7 +2,7 @@
 them before it analyses anything (see ampfix/engine/rulemeta.py). Do not edit; regenerate.
 """
 
-DIGEST = '0d9f5aef8eb4fd3d2048cbdd07af914da8fb76621c503a115f3ef957d176cd60'
+DIGEST = 'e1ae0d7bfe64a3a6f96c5f16dd126ff0f34778dbacb1af9972cf621a336d45e4'
 
 RULES = [
     ('AMP001', 'backward-in-autocast', True, ('autocast',), (),
