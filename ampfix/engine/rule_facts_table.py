@@ -2,7 +2,7 @@
 them before it analyses anything (see ampfix/engine/rulemeta.py). Do not edit; regenerate.
 """
 
-DIGEST = 'e1ae0d7bfe64a3a6f96c5f16dd126ff0f34778dbacb1af9972cf621a336d45e4'
+DIGEST = '8d207e3a43eba7b40aa06052362103f3fa1433c73203b9abb0342dfd4b11922c'
 
 RULES = [
     ('AMP001', 'backward-in-autocast', True, ('autocast',), (),
