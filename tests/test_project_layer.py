@@ -545,3 +545,56 @@ def test_pool_workers_share_summaries_when_the_run_keeps_none(tmp_path):
     assert _sharing(kept, str(tmp_path)) is kept
     alone = ("a.py", ("AMP001",), Settings(project=False), False, b"")
     assert _sharing(alone, str(tmp_path)) is alone
+
+
+def test_project_triggers_read_other_modules_without_comments_and_autocast_that_opens_no_region(tmp_path):
+    # a test file calling `.backward()` through a layer that turns autocast off inside its own
+    # forward, asks whether autocast is on, or mentions it in a comment: nothing of autocast
+    # reaches it, so AMP001/AMP017 do not analyse it through the project; a helper that returns
+    # an autocast context does reach it
+    from ampfix.engine.analyze import triggered
+    from ampfix.engine.registry import select_rules
+    from ampfix.engine.results import Settings
+    from ampfix.project.project import trigger_view
+
+    assert trigger_view("# autocast here\nwith torch.autocast('cuda', enabled=False):\n    y = f(x)\n") \
+        == "\nwith torch.:\n    y = f(x)\n"
+    assert "autocast" in trigger_view("with torch.autocast('cuda', enabled=False if cpu else True):\n")
+    assert "autocast" not in trigger_view("if torch.is_autocast_enabled(): dt = torch.get_autocast_dtype('cuda')\n")
+    tree(tmp_path, {
+        "pyproject.toml": "",
+        "pkg/__init__.py": "",
+        "pkg/layers.py": """\
+            import torch
+            class Norm(torch.nn.Module):
+                def forward(self, x):
+                    # keep autocast away from the statistics
+                    if torch.is_autocast_enabled():
+                        x = x.float()
+                    with torch.autocast(device_type=x.device.type, enabled=False):
+                        return x * 2
+            """,
+        "pkg/amp.py": """\
+            import torch
+            def amp_context():
+                return torch.autocast("cuda", dtype=torch.float16)
+            """,
+        "test_layers.py": """\
+            from pkg.layers import Norm
+            def test_backward(x):
+                with open("log") as fh:
+                    Norm()(x).sum().backward()
+            """,
+        "train.py": """\
+            from pkg.amp import amp_context
+            def step(model, x):
+                with amp_context():
+                    loss = model(x)
+                loss.backward()
+            """,
+    })
+    settings = Settings(project=True)
+    rules = select_rules(["AMP001", "AMP017"], [])
+    for name, expected in (("test_layers.py", []), ("train.py", ["AMP001", "AMP017"])):
+        path = str(tmp_path / name)
+        assert [r.code for r in triggered(rules, (tmp_path / name).read_text(), path, settings)] == expected, name

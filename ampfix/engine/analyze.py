@@ -107,6 +107,8 @@ def triggered(rules: Sequence[Type[Rule]], text: str, path: str = "",
     project = project_for(path, settings) if rest else None
     if project is None:
         return active
+    from ampfix.project.project import trigger_view
+
     full = os.path.abspath(path)
     words = tuple(sorted({t for r in rest for t in (*r.triggers, *(s for g in r.requires for s in g))}))
     lower_words = tuple(sorted({t for r in rest for t in r.triggers_lower}))
@@ -118,7 +120,7 @@ def triggered(rules: Sequence[Type[Rule]], text: str, path: str = "",
         if not any((any(t in held for t in r.triggers) or any(t in held_lower for t in r.triggers_lower))
                    and all(any(t in held for t in g) for g in r.requires) for r in rest):
             return active
-    related = project.reach_text(full)  # type: ignore[attr-defined]
+    related = trigger_view(project.reach_text(full))  # type: ignore[attr-defined]
     if not related:
         return active
     both = text + "\n" + related

@@ -530,8 +530,9 @@ class Project:
 
     def reach_words(self, path: str, words: Tuple[str, ...], lower_words: Tuple[str, ...]
                     ) -> Optional[Tuple[set, set]]:
-        """A cheap bound of `reach_text(path)`: the strings of `words` it may hold, and of
-        `lower_words` its lower-cased text may hold (never fewer than it holds); None when not
+        """A cheap bound of `reach_text(path)` as the triggers read it (`trigger_view`): the
+        strings of `words` it may hold, and of `lower_words` its lower-cased text may hold
+        (never fewer than it holds); None when not
         sure (then read `reach_text`). It follows what the file uses as `reach_text` does, but
         through every module rather than the related ones only, and counts all of an importer's
         text: the reach of each definition is memoised once per process (`_closure`), so the
@@ -559,7 +560,7 @@ class Project:
         for key in [*keys, *(p for p in self.importers_of(path) if p != path)]:
             hit = memo.get(key)
             if hit is None:
-                code = self._key_code(key)
+                code = trigger_view(self._key_code(key))
                 lowered = code.lower()
                 hit = memo[key] = (frozenset(w for w in words if w in code),
                                    frozenset(w for w in lower_words if w in lowered))
@@ -868,6 +869,29 @@ def _containing(spans: List[Tuple[int, int]], at: int) -> Optional[Tuple[int, in
     """The span of `spans` (sorted, none overlapping another) that holds offset `at`."""
     i = bisect.bisect_right(spans, (at, float("inf"))) - 1
     return spans[i] if i >= 0 and spans[i][0] <= at < spans[i][1] else None
+
+
+# what another module's code says of autocast without opening a region that could hold a step of
+# the checked file: a query of the state (`torch.is_autocast_enabled()`, `get_autocast_dtype`) and
+# a region turned off in the code itself (`torch.autocast(..., enabled=False)`, what a numerically
+# sensitive layer does inside its own forward); one level of brackets inside the call
+_AUTOCAST_QUERY = re.compile(r"\b(?:is|get|set)_autocast\w*")
+_AUTOCAST_OFF = re.compile(r"autocast\((?:[^()]|\([^()]*\))*?\benabled[ \t]*=[ \t]*False[ \t]*(?=[,)\n])"
+                           r"(?:[^()]|\([^()]*\))*\)")
+
+
+_COMMENT_LINE = re.compile(r"^[ \t]*#[^\n]*", re.MULTILINE)
+
+
+def trigger_view(code: str) -> str:
+    """The code of another module as the rules' project triggers read it (`reach_text`,
+    `reach_words`): without its comment lines, nor the mentions of autocast that open no
+    region (`_AUTOCAST_QUERY`, `_AUTOCAST_OFF`). The checked file's own text is read as it is."""
+    if "#" in code:
+        code = _COMMENT_LINE.sub("", code)
+    if "autocast" not in code:
+        return code
+    return _AUTOCAST_OFF.sub("", _AUTOCAST_QUERY.sub("", code))
 
 
 def _top_level_code(text: str, spans: Dict[str, Tuple[int, int]]) -> str:
