@@ -560,10 +560,7 @@ class Project:
         for key in [*keys, *(p for p in self.importers_of(path) if p != path)]:
             hit = memo.get(key)
             if hit is None:
-                code = trigger_view(self._key_code(key))
-                lowered = code.lower()
-                hit = memo[key] = (frozenset(w for w in words if w in code),
-                                   frozenset(w for w in lower_words if w in lowered))
+                hit = memo[key] = _words_in(self._key_code(key), words, lower_words)
             else:
                 self._touch(key[0] if isinstance(key, tuple) else key)  # a dependency of this file's result
             found |= hit[0]
@@ -878,6 +875,22 @@ def _containing(spans: List[Tuple[int, int]], at: int) -> Optional[Tuple[int, in
 _AUTOCAST_QUERY = re.compile(r"\b(?:is|get|set)_autocast\w*")
 _AUTOCAST_OFF = re.compile(r"autocast\((?:[^()]|\([^()]*\))*?\benabled[ \t]*=[ \t]*False[ \t]*(?=[,)\n])"
                            r"(?:[^()]|\([^()]*\))*\)")
+
+
+def _words_in(code: str, words: Tuple[str, ...], lower_words: Tuple[str, ...]) -> Tuple[frozenset, frozenset]:
+    """The strings of `words` that `trigger_view(code)` holds, and of `lower_words` that its
+    lower-cased text holds (the view is made only for code that holds some in the first place)."""
+    found = _held(code, words, lower_words)
+    if found[0] or found[1]:
+        view = trigger_view(code)
+        if view is not code:
+            found = _held(view, words, lower_words)
+    return found
+
+
+def _held(text: str, words: Tuple[str, ...], lower_words: Tuple[str, ...]) -> Tuple[frozenset, frozenset]:
+    lowered = text.lower() if lower_words else ""
+    return frozenset(w for w in words if w in text), frozenset(w for w in lower_words if w in lowered)
 
 
 _COMMENT_LINE = re.compile(r"^[ \t]*#[^\n]*", re.MULTILINE)
