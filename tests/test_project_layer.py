@@ -532,6 +532,161 @@ def test_the_import_graph_finds_importers_through_a_package_re_export(tmp_path):
     assert graph_deps == {importers_dep(steps): ImportGraph(tmp_path).importers_digest(steps)}
 
 
+SCALED_STEPS = """\
+    import torch
+
+
+    def make_scaler():
+        return torch.amp.GradScaler("cuda")
+
+
+    def train_one_epoch(model, optimizer, loader, scaler):
+        for x, y in loader:
+            with torch.autocast("cuda", dtype=torch.float16):
+                loss = torch.nn.functional.mse_loss(model(x), y)
+            loss.backward()
+            scaler.step(optimizer)
+            scaler.update()
+            optimizer.zero_grad()
+    """
+CALLER = """\
+    import torch
+
+    from pkg.steps import train_one_epoch
+
+
+    def main(model, loader, epochs):
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        scaler = torch.amp.GradScaler("cuda")
+        for _ in range(epochs):
+            train_one_epoch(model, optimizer, loader, scaler)
+    """
+
+
+@pytest.mark.parametrize("before", [None, "from pkg.steps import train_one_epoch\n\n\ndef main(model):\n    return model\n"])
+def test_a_cached_result_follows_the_files_that_call_its_functions(tmp_path, before):
+    # pkg/steps.py names a GradScaler itself, so AMP008 runs on it with no other module read
+    # (no importers asked); what its `scaler` parameter holds comes from the callers of
+    # train_one_epoch (`Project.callers`). A new file calling it, or an importer that starts
+    # calling it, changes the finding: the cached result depends on the callers' text scan.
+    from conftest import run_ampfix
+
+    files = {"pyproject.toml": "", "pkg/__init__.py": "", "pkg/steps.py": SCALED_STEPS}
+    if before is not None:
+        files["main.py"] = before
+    tree(tmp_path, files)
+    env = {"AMPFIX_CACHE_DIR": str(tmp_path / "cache")}
+    args = ("check", "-q", "--select", "AMP008", ".")
+    first = run_ampfix(*args, cwd=tmp_path, env=env)
+    assert first.returncode == 0, first.stdout.decode() + first.stderr.decode()
+    (tmp_path / "main.py").write_text(textwrap.dedent(CALLER), encoding="utf-8")
+    again = run_ampfix(*args, cwd=tmp_path, env=env)
+    fresh = run_ampfix(*args[:-1], "--no-cache", ".", cwd=tmp_path)
+    assert "pkg/steps.py:12:9: AMP008" in fresh.stdout.decode()
+    assert (again.returncode, again.stdout) == (fresh.returncode, fresh.stdout)
+    warm = run_ampfix(*args, cwd=tmp_path, env=env)  # and kept so
+    assert (warm.returncode, warm.stdout) == (fresh.returncode, fresh.stdout)
+    (tmp_path / "main.py").unlink()  # and gone again
+    gone = run_ampfix(*args, cwd=tmp_path, env=env)
+    assert (gone.returncode, gone.stdout) == (0, b"")
+
+
+HELPER_CALLER = """\
+    import torch
+
+    from pkg.helpers import backward_step
+
+
+    def fit(model, optimizer, loader, epochs):
+        scaler = torch.amp.GradScaler("cuda")
+        for _ in range(epochs):
+            for x, y in loader:
+                with torch.autocast("cuda", dtype=torch.float16):
+                    loss = torch.nn.functional.mse_loss(model(x), y)
+                    backward_step(loss, scaler)
+                scaler.step(optimizer)
+                scaler.update()
+                optimizer.zero_grad()
+    """
+
+
+def test_a_cached_result_follows_what_its_imports_resolve_to(tmp_path):
+    # train.py imports pkg.helpers before the module exists (unresolved: nothing known of
+    # backward_step); once pkg/helpers.py is written, the call runs a backward inside the
+    # autocast region (AMP001 in train.py). train.py did not change, nor did the set of
+    # files importing it: its cached result depends on what its imports resolve to.
+    from conftest import run_ampfix
+
+    tree(tmp_path, {"pyproject.toml": "", "pkg/__init__.py": "", "train.py": HELPER_CALLER})
+    env = {"AMPFIX_CACHE_DIR": str(tmp_path / "cache")}
+    first = run_ampfix("check", "-q", ".", cwd=tmp_path, env=env)
+    assert first.returncode == 0, first.stdout.decode() + first.stderr.decode()
+    (tmp_path / "pkg" / "helpers.py").write_text("def backward_step(loss, scaler):\n"
+                                                 "    scaler.scale(loss).backward()\n", encoding="utf-8")
+    again = run_ampfix("check", "-q", ".", cwd=tmp_path, env=env)
+    fresh = run_ampfix("check", "-q", "--no-cache", ".", cwd=tmp_path)
+    assert "train.py:12:17: AMP001" in fresh.stdout.decode()
+    assert (again.returncode, again.stdout) == (fresh.returncode, fresh.stdout)
+    warm = run_ampfix("check", "-q", ".", cwd=tmp_path, env=env)
+    assert (warm.returncode, warm.stdout) == (fresh.returncode, fresh.stdout)
+    (tmp_path / "pkg" / "helpers.py").unlink()  # unresolved again: the finding goes
+    gone = run_ampfix("check", "-q", ".", cwd=tmp_path, env=env)
+    assert (gone.returncode, gone.stdout) == (0, b"")
+
+
+def test_the_graph_scans_for_callers_and_resolves_imports(tmp_path):
+    from ampfix.project.graph import (ImportGraph, callers_dep, digest_of_paths, imports_dep,
+                                      split_dep)
+
+    tree(tmp_path, {
+        "pyproject.toml": "",
+        "pkg/__init__.py": "",
+        "pkg/steps.py": "def step(loss):\n    loss.backward()\n",
+        "train.py": "from pkg.steps import step\nfrom pkg.helpers import clip\n\nstep(loss)\n",
+        "note.py": "# step( is documented in the steps module\n",
+        "other.py": "step(1)\n",  # no `steps` in it: not a candidate
+        "build/ignored.py": "from pkg import steps\nsteps.step(1)\n",
+    })
+    steps = str(tmp_path / "pkg" / "steps.py")
+    train = str(tmp_path / "train.py")
+    graph = ImportGraph(tmp_path)
+    # the text scan, before any parse: the file holds `step(` and the module's name
+    assert graph.caller_candidates(steps, "step") == [str(tmp_path / "note.py"), train]
+    assert graph.callers_digest(steps, "step") == digest_of_paths([str(tmp_path / "note.py"), train])
+    assert split_dep(callers_dep(steps, "step")) == ("callers:", steps, "step")
+    assert split_dep(callers_dep("/a:b/c.py", "f")) == ("callers:", "/a:b/c.py", "f")
+    assert split_dep(imports_dep(train)) == ("imports:", train, None)
+    assert split_dep(steps) is None  # a module's content
+    # what the import lines of train.py resolve to: pkg.helpers does not exist yet
+    before = graph.imports_digest(train)
+    init = str(tmp_path / "pkg" / "__init__.py")
+    assert graph.resolved_imports(train) == [f"pkg.helpers\t{init}\thelpers", "pkg.helpers.clip\t?",
+                                             f"pkg.steps\t{steps}", f"pkg.steps.step\t{steps}\tstep"]
+    (tmp_path / "pkg" / "helpers.py").write_text("def clip(x):\n    return x\n")
+    clear_caches()
+    after = ImportGraph(tmp_path)
+    assert after.imports_digest(train) != before
+    assert after.direct_imports(train) == [steps, str(tmp_path / "pkg" / "helpers.py")]
+    digests = after.digests()  # what the cache keeps under the stamp: importers and imports
+    assert digests[imports_dep(train)] == after.imports_digest(train)
+    assert digests["importers:" + steps] == after.importers_digest(steps)
+    # a new caller changes the scan's digest
+    (tmp_path / "eval.py").write_text("from pkg import steps\nsteps.step(x)\n")
+    assert ImportGraph(tmp_path).callers_digest(steps, "step") != graph.callers_digest(steps, "step")
+    # the project asks the same scan, and records the question and the imports it read
+    project = Project(tmp_path)
+    project.begin()
+    project.callers(steps, "step")
+    project.resolve(train, "pkg.helpers.clip")
+    texts, graph_deps = project.end()
+    fresh = ImportGraph(tmp_path)
+    evaluate = str(tmp_path / "eval.py")  # its call was resolved, through its imports
+    assert graph_deps == {callers_dep(steps, "step"): fresh.callers_digest(steps, "step"),
+                          imports_dep(train): fresh.imports_digest(train),
+                          imports_dep(evaluate): fresh.imports_digest(evaluate)}
+    assert {evaluate, train} <= set(texts)  # the callers the scan selected
+
+
 def test_pool_workers_share_summaries_when_the_run_keeps_none(tmp_path):
     # `--no-cache -j N`: the workers keep the summaries in the pool's own folder, so a module one
     # of them summarised is read by the others; a run with a cache keeps its own store.

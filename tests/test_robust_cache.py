@@ -288,7 +288,7 @@ def _stats(res):
 
 
 def _result_entries(project):
-    return [p for p in _entries(project) if "summaries" not in p.parts]
+    return [p for p in _entries(project) if "summaries" not in p.parts and "graphs" not in p.parts]
 
 
 def test_a_result_with_related_locations_and_deps_is_kept_and_believed(project):

@@ -968,7 +968,7 @@ def _process_bytes(data: bytes, path: str, rules: Sequence[Type[Rule]], settings
                 for dep in texts:
                     if dep != own:
                         result.deps[dep] = file_digest(dep) or ""
-                result.deps.update(graph)  # the importers of modules (checked by the cache's graph)
+                result.deps.update(graph)  # the import graph's answers (checked by the cache's graph)
     return result
 
 

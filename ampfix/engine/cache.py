@@ -19,10 +19,13 @@ nothing (ruff-style).
   fixes (`json`, `sarif`, `full`) keeps them in its entries (their settings differ, so they are
   entries of their own).
 * A result that depends on other modules of the project (`FileResult.deps`: path -> SHA-256)
-  is a miss as soon as one of them changed; one that depends on the files importing a module
-  (`importers:` + path -> SHA-256 of their paths) as soon as that set changed (a new file, or
-  a file that starts importing it), the set computed again from the project's current files by
-  its import graph (`ampfix/project/graph.py`: import lines only, no LibCST). Module summaries (the project layer's store,
+  is a miss as soon as one of them changed; one that depends on an answer of the project's
+  import graph (`ampfix/project/graph.py`: import lines and text scans only, no LibCST) as soon
+  as that answer, asked again of the project's current files, changed: the files importing a
+  module (`importers:` + path: a new file, or a file that starts importing it), what a file's
+  import lines resolve to (`imports:` + path: a new module makes an import resolve, or shadows
+  what it resolved to), the files that may call a function (`callers:` + path + `:` + name: a
+  new file, or a file that starts calling it). Module summaries (the project layer's store,
   `Summaries`) are entries of their own kind, sealed and validated the same way.
 * Every verdict on a file is kept, "no selected rule's trigger" and "cannot decode" included, and
   the cache is looked up before anything else (`runner.run`): a warm run hashes and reads, and
@@ -44,7 +47,7 @@ from ampfix import __version__
 from ampfix.engine import entries as E
 from ampfix.engine.results import Diagnostic, FileError, FileResult, FixEdit, Settings, TextEdit, file_digest
 from ampfix.engine.rulemeta import fingerprint as _code_fingerprint, write_json
-from ampfix.project.graph import IMPORTERS
+from ampfix.project.graph import CALLERS, GRAPH_DEPS, IMPORTERS, split_dep
 
 DIR_NAME = ".ampfix_cache"
 
@@ -185,8 +188,8 @@ RESULT = E.Kind("result", _encode_result, _decode_result)
 
 
 def _decode_graph(data) -> Dict[str, str]:
-    """The validator of a project's importers kept under its graph's stamp: module path ->
-    SHA-256, as `deps` are."""
+    """The validator of a project's graph answers kept under its graph's stamp: dependency
+    key -> SHA-256, as `deps` are."""
     return _decode_deps(data)
 
 
@@ -212,50 +215,76 @@ class Cache:
         return self.bucket / key[:2] / key
 
     def _fresh(self, path: str, digest: str) -> bool:
-        """A module a cached result depends on still has the content it had, or the files that
-        import a module are still those they were (each hashed once a run)."""
+        """A module a cached result depends on still has the content it had, or an answer of
+        the project's import graph is still the one it was (each hashed once a run)."""
         seen = self.__dict__.setdefault("_digests", {})
         if path not in seen:
-            seen[path] = self._importers_digest(path) if path.startswith(IMPORTERS) else file_digest(path) or ""
+            seen[path] = self._graph_digest(path) if path.startswith(GRAPH_DEPS) else file_digest(path) or ""
         return seen[path] == digest
 
-    def _importers_digest(self, key: str) -> str:
-        """The digest of an `importers:` dependency as the project's files are now (the root
-        found as the analysis finds it, once per folder and run)."""
+    def _graph_digest(self, key: str) -> str:
+        """The digest of a dependency on the import graph (`graph.split_dep`) as the project's
+        files are now (the root found as the analysis finds it, once per folder and run)."""
         from ampfix.project.graph import digest_of_paths
         from ampfix.project.layout import find_root
 
-        path = key[len(IMPORTERS):]
+        kind, path, qual = split_dep(key) or ("", key, None)
         roots = self.__dict__.setdefault("_roots", {})
         folder = os.path.dirname(path)
         if folder not in roots:
             roots[folder] = str(find_root(Path(folder)))
-        return self._importers_digests(roots[folder]).get(path) or digest_of_paths([])
+        root = roots[folder]
+        if kind == CALLERS:
+            return self._callers_digest(root, key, path, qual or "")
+        found = self._graph_digests(root).get(key)
+        if found is not None:
+            return found
+        if kind == IMPORTERS:
+            return digest_of_paths([])  # a module no file imports
+        graph = self.__dict__["_graph_objects"][root]
+        return digest_of_paths([]) if path in graph.files() else graph.imports_digest(path)  # no import lines, or a file the walk skips
 
-    def _importers_digests(self, root: str) -> Dict[str, str]:
-        """`ImportGraph.importers_digests` of the project at `root`, once per root and run: kept
-        in the cache under the graph's `stamp`, so that a warm run over an unchanged tree
-        stats its files instead of reading and resolving their imports."""
+    def _graph_key(self, root: str, *more: str) -> str:
+        """The key of what the cache keeps of the graph of `root` as its files are now (its
+        `stamp`, taken once per root and run), and of `more`."""
+        stamps = self.__dict__.setdefault("_stamps", {})
+        if root not in stamps:
+            from ampfix.project.graph import ImportGraph
+
+            graph = self.__dict__.setdefault("_graph_objects", {})[root] = ImportGraph(Path(root))
+            stamps[root] = f"{_code_fingerprint(self.folder)}\0{root}\0{graph.stamp()}"
+        return hashlib.sha256("\0".join((stamps[root], *more)).encode("utf-8", "surrogatepass")).hexdigest()
+
+    def _graph_digests(self, root: str) -> Dict[str, str]:
+        """`ImportGraph.digests` of the project at `root` (importers and imports), once per root
+        and run: kept in the cache under the graph's `stamp`, so that a warm run over an
+        unchanged tree stats its files instead of reading and resolving their imports."""
         graphs = self.__dict__.setdefault("_graphs", {})
         if root in graphs:
             return graphs[root]
-        from ampfix.project.graph import ImportGraph
+        key = self._graph_key(root)
+        graphs[root] = self._kept_graph(key, lambda: self.__dict__["_graph_objects"][root].digests())
+        return graphs[root]
 
-        graph = ImportGraph(Path(root))
-        key = hashlib.sha256(f"{_code_fingerprint(self.folder)}\0{root}\0{graph.stamp()}".encode(
-            "utf-8", "surrogatepass")).hexdigest()
+    def _callers_digest(self, root: str, key: str, path: str, qual: str) -> str:
+        """The digest of a `callers:` dependency (`ImportGraph.callers_digest`: a scan of the
+        texts of the project), kept in an entry of its own under the graph's `stamp`."""
+        kept = self._kept_graph(self._graph_key(root, key), lambda: {
+            key: self.__dict__["_graph_objects"][root].callers_digest(path, qual)})
+        return kept.get(key, "")
+
+    def _kept_graph(self, key: str, compute: Callable[[], Dict[str, str]]) -> Dict[str, str]:
         entry = self.bucket / "graphs" / key[:2] / key
         try:
-            digests = GRAPH.decode(E.unseal(entry.read_bytes(), GRAPH.name, key))
+            return GRAPH.decode(E.unseal(entry.read_bytes(), GRAPH.name, key))
         except (OSError, E.Invalid):
-            digests = graph.importers_digests()
+            digests = compute()
             try:
                 self._prepare()
                 write_json(entry, E.seal(GRAPH.name, key, GRAPH.encode(digests)))
             except OSError:
                 pass  # a cache that cannot be written costs speed, never the check
-        graphs[root] = digests
-        return digests
+            return digests
 
     def load(self, kind: E.Kind, key: str, **context):
         """The object kept under `key`, or None: missing, unreadable, or failing the entry's
@@ -289,8 +318,8 @@ class Cache:
             return
         self.store(RESULT, key, result)
         for dep in result.deps:
-            if dep.startswith(IMPORTERS):  # the project's importers kept now: the next run only stats
-                self._importers_digest(dep)
+            if dep.startswith(GRAPH_DEPS):  # the graph's answers kept now: the next run only stats
+                self._graph_digest(dep)
 
     def _prepare(self) -> None:
         if self._ready:

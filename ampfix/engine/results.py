@@ -133,7 +133,8 @@ class FileResult:
     notes: List[FileError] = field(default_factory=list)  # parts skipped (a notebook cell that is not Python)
     skipped: bool = False  # not analysed at all (over max-file-size, stdin's name excluded): not counted as checked
     # the other modules of the project the result depends on: path -> SHA-256 of its bytes, and
-    # "importers:" + path -> SHA-256 of the files importing that module (ampfix/project/graph.py);
+    # the answers of the project's import graph it used (ampfix/project/graph.py: "importers:" + path,
+    # "imports:" + path, "callers:" + path + ":" + name -> SHA-256 of the answer);
     # a cached result is used only while each of them is unchanged
     deps: Dict[str, str] = field(default_factory=dict)
 

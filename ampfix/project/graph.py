@@ -1,11 +1,18 @@
 """The import graph of a project, read from the import lines of its files (regular
-expressions, no parse): which of the project's modules a file imports, and which files import a
-module.
+expressions, no parse): which of the project's modules a file imports, which files import a
+module, and which files may call a function (a text scan).
 
-It imports neither LibCST nor the model, so that the cache can check a result's dependency on
-the importers of a module (`importers_dep`) on a warm run as cheaply as it checks a module's
-content: the project layer (`Project`) asks it its questions during an analysis, and the cache
-asks it again, of the project's current files, before it believes a result.
+It imports neither LibCST nor the model, so that the cache can check a result's dependencies on
+the project's files as cheaply as it checks a module's content: the project layer (`Project`)
+asks it its questions during an analysis, and the cache asks them again, of the project's
+current files, before it believes a result. Three kinds of dependency (`FileResult.deps`, key
+-> SHA-256):
+
+* `importers:PATH` (`importers_dep`): the files that import the module at PATH;
+* `imports:PATH` (`imports_dep`): what the import lines of PATH resolve to (a new file can make
+  an unresolved import resolve, or shadow what it resolved to);
+* `callers:PATH:QUAL` (`callers_dep`): the files whose text may call function QUAL of PATH
+  (`caller_candidates`, the scan before any parse).
 """
 
 from __future__ import annotations
@@ -16,12 +23,17 @@ import re
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Tuple
 
-from ampfix.project.layout import Layout
+from ampfix.project.layout import Layout, Target
 
 SKIP_DIRS = {".git", ".hg", ".svn", "__pycache__", ".venv", "venv", "env", ".env", "build", "dist", "site-packages",
              "node_modules", ".tox", ".nox", ".mypy_cache", ".pytest_cache", ".ampfix_cache", ".eggs"}
 #: the key of a result's dependency on the importers of a module (`FileResult.deps`): this, then its path
 IMPORTERS = "importers:"
+#: ... on what the import lines of a file resolve to: this, then its path
+IMPORTS = "imports:"
+#: ... on the files that may call a function: this, its module's path, ":" and its (qualified) name
+CALLERS = "callers:"
+GRAPH_DEPS = (IMPORTERS, IMPORTS, CALLERS)
 
 _FROM_RE = re.compile(r"^[ \t]*from[ \t]+(\.*[\w.]*)[ \t]+import[ \t]+(\([^)]*\)|[^\n#;]+)", re.MULTILINE)
 _IMPORT_RE = re.compile(r"^[ \t]*import[ \t]+([^\n#;]+)", re.MULTILINE)
@@ -97,9 +109,40 @@ def importers_dep(path: str) -> str:
     return IMPORTERS + path
 
 
+def imports_dep(path: str) -> str:
+    """The key of "what the import lines of the file at `path` resolve to"."""
+    return IMPORTS + path
+
+
+def callers_dep(path: str, qual: str) -> str:
+    """The key of "the files that may call function `qual` of the module at `path`" (`qual`
+    is a name, never a ':': the key splits at its last one, whatever the path holds)."""
+    return f"{CALLERS}{path}:{qual}"
+
+
+def split_dep(key: str) -> Optional[Tuple[str, str, Optional[str]]]:
+    """(kind, path, function name or None) of a graph dependency's key; None for any other key
+    (a module's content, its key its path)."""
+    for kind in GRAPH_DEPS:
+        if key.startswith(kind):
+            rest = key[len(kind):]
+            if kind == CALLERS:
+                path, _, qual = rest.rpartition(":")
+                return kind, path, qual
+            return kind, rest, None
+    return None
+
+
 def digest_of_paths(paths: List[str]) -> str:
-    """SHA-256 of a set of paths (sorted, one a line): the digest of an `importers_dep`."""
+    """SHA-256 of a set of paths (sorted, one a line): the digest of a graph dependency."""
     return hashlib.sha256("\n".join(sorted(paths)).encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def module_stem(path: str) -> str:
+    """The name a module is imported by, last part (`steps` for `pkg/steps.py`, `pkg` for
+    `pkg/__init__.py`): a file calling one of its functions names it somewhere."""
+    stem = os.path.splitext(os.path.basename(path))[0]
+    return os.path.basename(os.path.dirname(path)) if stem == "__init__" else stem
 
 
 class ImportGraph:
@@ -115,7 +158,10 @@ class ImportGraph:
         self._files: Optional[List[str]] = None
         self._imports: Dict[str, List[str]] = {}
         self._direct: Dict[str, List[str]] = {}
+        self._resolved: Dict[str, List[Tuple[str, Optional[Target]]]] = {}
         self._importers: Optional[Dict[str, List[str]]] = None
+        self._texts: Dict[str, Optional[str]] = {}
+        self._candidates: Dict[Tuple[str, str], List[str]] = {}
 
     def files(self) -> List[str]:
         """Every Python file of the project (sorted; the folders of `SKIP_DIRS` and hidden
@@ -155,12 +201,68 @@ class ImportGraph:
         cached = self._direct.get(path)
         if cached is None:
             cached = []
-            for qualified in import_lines(self._text_of(path) or ""):
-                target = self.layout.resolve(path, qualified)
+            for _, target in self._resolutions(path):
                 if target is not None and target.path and target.path not in cached:
                     cached.append(target.path)
             self._direct[path] = cached
         return cached
+
+    def _resolutions(self, path: str) -> List[Tuple[str, Optional[Target]]]:
+        """Each name the import lines of `path` bind (`import_lines`) and what `layout`
+        resolves it to (None: not one of the project's files). Memoised."""
+        cached = self._resolved.get(path)
+        if cached is None:
+            cached = self._resolved[path] = [(q, self.layout.resolve(path, q))
+                                             for q in import_lines(self._text(path) or "")]
+        return cached
+
+    def resolved_imports(self, path: str) -> List[str]:
+        """What the import lines of `path` resolve to, one line each (sorted, no repeats):
+        the name, a tab, then the file (the folder of a namespace package) and the name bound
+        in it, or `?` when unresolved. What `imports_dep` digests: the answers of
+        `direct_imports` and of the project's resolution of the names the file imports."""
+        out = set()
+        for qualified, target in self._resolutions(os.path.abspath(path)):
+            if target is None:
+                out.add(f"{qualified}\t?")
+            else:
+                where = target.path or "namespace:" + target.folder
+                out.add(f"{qualified}\t{where}" + (f"\t{target.attr}" if target.attr is not None else ""))
+        return sorted(out)
+
+    def imports_digest(self, path: str) -> str:
+        """The digest of the `imports_dep` of `path`, as the files are now."""
+        return digest_of_paths(self.resolved_imports(path))
+
+    def _text(self, path: str) -> Optional[str]:
+        """The text of a file, read once (through `text_of`) whichever question reads it."""
+        if path not in self._texts:
+            self._texts[path] = self._text_of(path)
+        return self._texts[path]
+
+    def caller_candidates(self, path: str, qual: str) -> List[str]:
+        """The project's files (other than `path`) whose text may call function `qual` of the
+        module at `path`: it holds `qual(` and the module's name (`module_stem`). A text scan,
+        no parse (the project reads the calls of these only: `Project.callers`); each file is
+        read once a run. Memoised."""
+        path = os.path.abspath(path)
+        key = (path, qual)
+        cached = self._candidates.get(key)
+        if cached is None:
+            needle, stem = f"{qual}(", module_stem(path)
+            cached = []
+            for f in self.files():
+                if f == path:
+                    continue
+                text = self._text(f)
+                if text is not None and needle in text and stem in text:
+                    cached.append(f)
+            self._candidates[key] = cached
+        return cached
+
+    def callers_digest(self, path: str, qual: str) -> str:
+        """The digest of the `callers_dep` of (`path`, `qual`), as the files are now."""
+        return digest_of_paths(self.caller_candidates(path, qual))
 
     def importers_of(self, path: str) -> List[str]:
         """The project's files that import the module at `path` (directly, or through a
@@ -181,14 +283,24 @@ class ImportGraph:
 
     def importers_digests(self) -> Dict[str, str]:
         """The digest of the `importers_dep` of every module some file imports (any other
-        module's is `digest_of_paths([])`): what the cache keeps of the graph (`stamp`)."""
+        module's is `digest_of_paths([])`), by module path."""
         self.importers_of(self.root)
         return {p: digest_of_paths(found) for p, found in (self._importers or {}).items()}
+
+    def digests(self) -> Dict[str, str]:
+        """What the cache keeps of the graph under its `stamp`, by dependency key: the
+        `importers_dep` of every module some file imports (any other module's is
+        `digest_of_paths([])`) and the `imports_dep` of every file of `files` (the same
+        reading of the import lines: no other text is read)."""
+        out = {importers_dep(p): d for p, d in self.importers_digests().items()}
+        for f in self.files():
+            out[imports_dep(f)] = self.imports_digest(f)
+        return out
 
     def stamp(self) -> str:
         """SHA-256 of the project's Python files as the file system describes them (path, size,
         modification and change times, no read): while it is the same, so are the import lines
-        the graph reads (the cache keeps `importers_digests` under it, so that a warm run
+        the graph reads (the cache keeps `digests` under it, so that a warm run
         neither reads nor resolves the imports of a tree again)."""
         h = hashlib.sha256(self.root.encode("utf-8", "surrogatepass"))
         for f in self.files():

@@ -27,7 +27,8 @@ import libcst as cst
 from ampfix.model.foreign import Definition, ForeignClass, ForeignConstant, ForeignFunction, ForeignModule
 from ampfix.model.summarize import AMP_TEXT, TRACE_TEXT, def_spans
 from ampfix.model.summary import IMPORTED, LOCAL, ClassSummary, ModuleSummary, OutgoingCall, Value
-from ampfix.project.graph import ImportGraph, digest_of_paths, import_statements, importers_dep, read_text
+from ampfix.project.graph import (ImportGraph, callers_dep, digest_of_paths, import_statements, importers_dep,
+                                  imports_dep, read_text)
 from ampfix.project.layout import Target
 
 MAX_RESOLVE_DEPTH = 8
@@ -108,6 +109,8 @@ class Project:
         self.from_store = 0  # summaries read from the store
         self._touched: Optional[set] = None
         self._asked: Optional[set] = None  # the modules whose importers were asked (`end`)
+        self._read_imports: Optional[set] = None  # the files whose imports were resolved (`end`)
+        self._called: Optional[set] = None  # the functions whose callers were asked (`end`)
         self._kept: Dict[str, Tuple[str, cst.Module]] = {}
         self._stats: Dict[str, Optional[Tuple[int, int]]] = {}
         self.used: Dict[str, str] = {}  # path -> digest of every module whose summary was read
@@ -119,11 +122,14 @@ class Project:
         self._sources[path] = Source(text, digest_of(text), module)
 
     def begin(self) -> None:
-        """Start recording the modules read for one file's analysis, and the modules whose
-        importers it asked (`end` returns them). In a long-lived process (the language server) a
-        module changed on disk since it was read makes the project forget what it knew."""
+        """Start recording the modules read for one file's analysis, the modules whose
+        importers it asked, the files whose imports it resolved and the functions whose callers
+        it asked (`end` returns them). In a long-lived process (the language server) a module
+        changed on disk since it was read makes the project forget what it knew."""
         self._touched = set()
         self._asked = set()
+        self._read_imports = set()
+        self._called = set()
         if any(_stat_key(p) != key for p, key in self._stats.items()):
             self._forget()
 
@@ -137,11 +143,25 @@ class Project:
 
     def end(self) -> Tuple[List[str], Dict[str, str]]:
         """What the analysis since `begin` depended on: the modules whose texts it read, and
-        for each module whose importers it asked, that set (`graph.importers_dep` -> its
-        digest: a new file importing the module changes the result as much as a changed text)."""
+        the answers of the import graph it used, each a key of `graph.py` -> its digest (a new
+        file changes the result as much as a changed text): for each module whose importers it
+        asked, that set (`importers_dep`); for each file whose imports it resolved, what they
+        resolve to (`imports_dep`); for each function whose callers it asked, the files the
+        text scan selects (`callers_dep`)."""
         touched, self._touched = self._touched or set(), None
         asked, self._asked = self._asked or set(), None
-        return sorted(touched), {importers_dep(p): digest_of_paths(self.graph.importers_of(p)) for p in sorted(asked)}
+        read, self._read_imports = self._read_imports or set(), None
+        called, self._called = self._called or set(), None
+        deps = {importers_dep(p): digest_of_paths(self.graph.importers_of(p)) for p in sorted(asked)}
+        deps.update((imports_dep(p), self.graph.imports_digest(p)) for p in sorted(read))
+        deps.update((callers_dep(p, q), self.graph.callers_digest(p, q)) for p, q in sorted(called))
+        return sorted(touched), deps
+
+    def _resolving(self, path: str) -> None:
+        """The analysis resolves names the file at `path` imports: what its import lines
+        resolve to is a dependency of the result (`end`)."""
+        if self._read_imports is not None and self.layout.contains(path):
+            self._read_imports.add(path)
 
     def _touch(self, path: str) -> None:
         if self._touched is not None:
@@ -297,6 +317,7 @@ class Project:
     # ------------------------------------------------------------------ resolution
     def resolve(self, importer: str, qualified: str) -> Optional[Definition]:
         key = (os.path.abspath(importer), qualified)
+        self._resolving(key[0])
         if key in self._resolved:
             return self._resolved[key]
         self._resolved[key] = None
@@ -309,6 +330,7 @@ class Project:
         the text (`_text_attribute`), no summary is read."""
         if depth > MAX_RESOLVE_DEPTH or not self.layout.contains(importer):
             return None
+        self._resolving(importer)  # a re-export or star import of another module, on the first resolution
         level = len(qualified) - len(qualified.lstrip("."))
         parts = [p for p in qualified[level:].split(".") if p]
         dots = "." * level
@@ -443,9 +465,11 @@ class Project:
         imports re-exports (`ImportGraph.imports_of`); the packages whose re-exports were read
         are dependencies of the result."""
         path = os.path.abspath(path)
+        self._resolving(path)
         for target in self.graph.direct_imports(path):
             if target.endswith("__init__.py") and target != path:
                 self._touch(target)
+                self._resolving(target)  # its re-exports are followed
         return self.graph.imports_of(path)
 
     def importers_of(self, path: str) -> List[str]:
@@ -743,6 +767,7 @@ class Project:
         """What `qualified` (an imported name, then attributes) names, read from the texts only
         (`resolve` reads a class's summary for its attributes). Memoised."""
         key = (importer, qualified)
+        self._resolving(importer)
         if key not in self._used:
             self._used[key] = self._resolve(importer, qualified, 0, text_only=True)
         return self._used[key]
@@ -785,23 +810,21 @@ class Project:
         return self.graph.files()
 
     def callers(self, path: str, qual: str) -> Optional[List[Tuple[ForeignModule, OutgoingCall]]]:
+        """The calls other modules of the project make to function `qual` of the module at
+        `path`: those of the files the text scan selects (`ImportGraph.caller_candidates`),
+        whose call resolves to it; None when more than `MAX_CALLER_FILES` files may call it.
+        The scan's answer is a dependency of the result (`end`), and so are the texts of the
+        files it selects."""
         path = os.path.abspath(path)
         key = (path, qual)
+        if self._called is not None:
+            self._called.add(key)
+        candidates = self.graph.caller_candidates(path, qual)
+        for f in candidates:
+            self._touch(f)
         if key in self._callers:
             return self._callers[key]
         self._callers[key] = None
-        stem = os.path.splitext(os.path.basename(path))[0]
-        if stem == "__init__":
-            stem = os.path.basename(os.path.dirname(path))
-        needle = f"{qual}("
-        candidates = []
-        for f in self.files():
-            if f == path:
-                continue
-            text = self._quiet_text(f)
-            if text is not None and needle in text and stem in text:
-                candidates.append(f)
-                self._touch(f)
         if len(candidates) > MAX_CALLER_FILES:
             return None
         found: List[Tuple[ForeignModule, OutgoingCall]] = []
