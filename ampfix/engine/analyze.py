@@ -20,7 +20,7 @@ from ampfix.engine import fileio
 from ampfix.engine import fixcheck
 from ampfix.model import AmpModel
 from ampfix.model.tree import dotted as _dotted
-from ampfix.rule import Applicability, FileContext, Fix, Rule, Violation, trigger_test
+from ampfix.rule import Applicability, FileContext, Fix, Rule, Violation
 
 MAX_FIX_PASSES = 10
 
@@ -107,26 +107,28 @@ def triggered(rules: Sequence[Type[Rule]], text: str, path: str = "",
     project = project_for(path, settings) if rest else None
     if project is None:
         return active
-    from ampfix.project.project import trigger_view
-
     full = os.path.abspath(path)
     words = tuple(sorted({t for r in rest for t in (*r.triggers, *(s for g in r.requires for s in g))}))
     lower_words = tuple(sorted({t for r in rest for t in r.triggers_lower}))
+    own = ({t for t in words if t in text}, {t for t in lower_words if t in lowered})
+    # the rules' trigger test on the file and the code it reaches (`Project.reach_held`), after a
+    # cheaper bound of that code (`reach_words`) that lets most files go without a walk
     bound = project.reach_words(full, words, lower_words)  # type: ignore[attr-defined]
-    if bound is not None:  # the rules' trigger test on a bound of the text + reach_text (no walk)
-        held, held_lower = bound
-        held = held | {t for t in words if t in text}
-        held_lower = held_lower | {t for t in lower_words if t in lowered}
-        if not any((any(t in held for t in r.triggers) or any(t in held_lower for t in r.triggers_lower))
-                   and all(any(t in held for t in g) for g in r.requires) for r in rest):
-            return active
-    related = trigger_view(project.reach_text(full))  # type: ignore[attr-defined]
-    if not related:
+    if bound is not None and not _passing(rest, own, bound):
         return active
-    both = text + "\n" + related
-    lowered = both.lower()
-    also = {r for r in rest if trigger_test(both, lowered, r.triggers, r.triggers_lower, r.requires)}
+    reach = project.reach_held(full, words, lower_words)  # type: ignore[attr-defined]
+    if reach is None:
+        return active
+    also = _passing(rest, own, reach)
     return [r for r in rules if r in active or r in also]
+
+
+def _passing(rules: Sequence[Type[Rule]], own: Tuple[set, set], reach: Tuple[set, set]) -> List[Type[Rule]]:
+    """The rules whose default trigger test (`trigger_test`) passes on the strings held by the
+    file (`own`) or the code it reaches (`reach`): (strings, lower-case strings) each."""
+    held, held_lower = own[0] | reach[0], own[1] | reach[1]
+    return [r for r in rules if (any(t in held for t in r.triggers) or any(t in held_lower for t in r.triggers_lower))
+            and all(any(t in held for t in g) for g in r.requires)]
 
 
 class _Suppression:

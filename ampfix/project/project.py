@@ -494,12 +494,40 @@ class Project:
         it that uses its names. Read from the texts, no parse: the rules' project triggers test
         it, so a file that only imports a package whose other modules train is not analysed
         for the rest of them. Never more than `related_text` (a narrowing of it)."""
-        path = os.path.abspath(path)
+        return "\n".join(self._key_code(key) for key in self._reach_parts(os.path.abspath(path)))
+
+    def reach_held(self, path: str, words: Tuple[str, ...], lower_words: Tuple[str, ...]
+                   ) -> Optional[Tuple[set, set]]:
+        """The strings of `words` that `reach_text(path)` holds as the triggers read it
+        (`trigger_view`), and of `lower_words` its lower-cased text holds: read part by part,
+        each part's answer memoised (a definition many files use is read once). None when the
+        file reaches nothing."""
+        parts = self._reach_parts(os.path.abspath(path))
+        return self._held_by(parts, words, lower_words) if parts else None
+
+    def _held_by(self, keys, words: Tuple[str, ...], lower_words: Tuple[str, ...]) -> Tuple[set, set]:
+        memo = self._words.setdefault((words, lower_words), {})
+        found: set = set()
+        found_lower: set = set()
+        for key in keys:
+            hit = memo.get(key)
+            if hit is None:
+                hit = memo[key] = _words_in(self._key_code(key), words, lower_words)
+            else:  # a dependency of this file's result all the same
+                self._touch(key if isinstance(key, str) else key[0])
+            found |= hit[0]
+            found_lower |= hit[1]
+        return found, found_lower
+
+    def _reach_parts(self, path: str) -> List[Union[str, Tuple[str, Optional[str]], Tuple[str, int, int]]]:
+        """The parts of the code `reach_text` reads, as keys of `_key_code`: a definition
+        (path, qualified name; None for a module's top-level code), a whole module (its path),
+        the span of an importer's code (path, start, end)."""
         related = set(self.imports_of(path)) | set(self.importers_of(path))
         related.discard(path)
         if not related:
-            return ""
-        parts: List[str] = []
+            return []
+        parts: List[Union[str, Tuple[str, Optional[str]], Tuple[str, int, int]]] = []
         seen: set = set()
         text = self.text(path) or ""
         todo: List[Tuple[Optional[Definition], int]] = [(self._use(path, q), 0) for q in _uses(text)]
@@ -507,8 +535,8 @@ class Project:
         while at < len(todo):  # breadth first: each definition at its shallowest
             d, depth = todo[at]
             at += 1
-            if len(parts) >= MAX_REACH_PARTS:
-                return self.related_text(path)  # too much to follow: all of the related modules
+            if len(parts) >= MAX_REACH_PARTS:  # too much to follow: all of the related modules
+                return [f for f in [*self.imports_of(path), *self.importers_of(path)]]
             if d is None or d.path not in related:
                 continue
             qual = d.qual if isinstance(d, (ForeignFunction, ForeignClass)) else None
@@ -517,15 +545,15 @@ class Project:
             seen.add((d.path, qual))
             module_text = self.text(d.path) or ""
             if qual is None:  # a constant: the module's own top-level code
-                parts.append(_top_level_code(module_text, self._def_spans(d.path)))
+                parts.append((d.path, None))
                 continue
             span = self._def_spans(d.path).get(qual)
             if span is None:
-                parts.append(module_text)  # not found by the scan: all of it
+                parts.append(d.path)  # not found by the scan: all of it
                 continue
-            code = module_text[span[0]:span[1]]
-            parts.append(code)
+            parts.append((d.path, qual))
             if depth < MAX_REACH_DEPTH:
+                code = module_text[span[0]:span[1]]
                 todo.extend((found, depth + 1) for found in self._reached_from(d, qual, code, module_text))
         for importer in sorted(self.importers_of(path)):
             if importer == path:
@@ -545,19 +573,18 @@ class Project:
                         continue  # the import itself
                     span = _containing(methods, m.start()) or _containing(tops, m.start())  # the innermost
                     if span is None:  # module-level code uses it: all of that module
-                        parts.append(itext)
+                        parts.append(importer)
                         break
                     if span not in added:
                         added.add(span)
-                        parts.append(itext[span[0]:span[1]])
-        return "\n".join(parts)
+                        parts.append((importer, span[0], span[1]))
+        return parts
 
     def reach_words(self, path: str, words: Tuple[str, ...], lower_words: Tuple[str, ...]
                     ) -> Optional[Tuple[set, set]]:
         """A cheap bound of `reach_text(path)` as the triggers read it (`trigger_view`): the
         strings of `words` it may hold, and of `lower_words` its lower-cased text may hold
-        (never fewer than it holds); None when not
-        sure (then read `reach_text`). It follows what the file uses as `reach_text` does, but
+        (never fewer than it holds); None when not sure (then read `reach_held`). It follows what the file uses as `reach_text` does, but
         through every module rather than the related ones only, and counts all of an importer's
         text: the reach of each definition is memoised once per process (`_closure`), so the
         150-odd files of a tree that pass a rule's own project test but whose reach holds none
@@ -578,25 +605,17 @@ class Project:
             keys |= reached
             if len(keys) >= MAX_REACH_PARTS:
                 return None  # `reach_text` reads all of the related modules then
-        memo = self._words.setdefault((words, lower_words), {})
-        found: set = set()
-        found_lower: set = set()
-        for key in [*keys, *(p for p in self.importers_of(path) if p != path)]:
-            hit = memo.get(key)
-            if hit is None:
-                hit = memo[key] = _words_in(self._key_code(key), words, lower_words)
-            else:
-                self._touch(key[0] if isinstance(key, tuple) else key)  # a dependency of this file's result
-            found |= hit[0]
-            found_lower |= hit[1]
-        return found, found_lower
+        return self._held_by([*keys, *(p for p in self.importers_of(path) if p != path)], words, lower_words)
 
-    def _key_code(self, key: Union[str, Tuple[str, Optional[str]]]) -> str:
-        """The code `reach_words` reads for a key of `_closure` (a definition, a module's
-        top-level code) or a path (all of an importer)."""
+    def _key_code(self, key) -> str:
+        """The code of a key of `_reach_parts` or `_closure`: a definition (path, qualified
+        name), a module's top-level code (path, None), all of a module (its path), the span of
+        an importer's code (path, start, end)."""
         if isinstance(key, str):
             return self.text(key) or ""
-        where, qual = key
+        if len(key) == 3:  # the span of an importer's code
+            return (self.text(key[0]) or "")[key[1]:key[2]]  # type: ignore[misc]
+        where, qual = key  # type: ignore[misc]
         module_text = self.text(where) or ""
         if qual is None:
             return _top_level_code(module_text, self._def_spans(where))
@@ -925,9 +944,11 @@ def trigger_view(code: str) -> str:
     region (`_AUTOCAST_QUERY`, `_AUTOCAST_OFF`). The checked file's own text is read as it is."""
     if "#" in code:
         code = _COMMENT_LINE.sub("", code)
-    if "autocast" not in code:
-        return code
-    return _AUTOCAST_OFF.sub("", _AUTOCAST_QUERY.sub("", code))
+    if "_autocast" in code:  # (each pattern only where its words are: they scan slowly)
+        code = _AUTOCAST_QUERY.sub("", code)
+    if "enabled" in code and "autocast" in code:
+        code = _AUTOCAST_OFF.sub("", code)
+    return code
 
 
 def _top_level_code(text: str, spans: Dict[str, Tuple[int, int]]) -> str:
