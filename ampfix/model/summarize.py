@@ -113,14 +113,10 @@ class Canonical:
         return out
 
     def _line(self, node: cst.CSTNode) -> int:
-        """The line of a value, when the module's positions are already computed (its effects
-        need them); else 0: a value's line is a nicety not worth a pass over the file."""
-        if not self.model.positions_known():
-            return 0
-        try:
-            return self.model.line(node)
-        except Exception:  # a node without a position (never for a node of the file)
-            return 0
+        """The line of a value when its position is already computed (a located effect in its
+        statement needed it), else 0: a value's line is a nicety no finding reads, not worth
+        generating the code of its statement (a whole class, for a method's value)."""
+        return self.model.known_line(node) or 0
 
     def text(self, expr: cst.CSTNode, depth: int) -> Optional[str]:
         """The canonical text of `expr`, None when unknown."""

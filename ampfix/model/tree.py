@@ -663,9 +663,10 @@ class Tree:
         self.__dict__["_top_line_map"] = out
         return out
 
-    def positions_known(self) -> bool:
-        """The line/column pass has run (asking a position is then free)."""
-        return self._positions is not None
+    def known_line(self, node: cst.CSTNode) -> Optional[int]:
+        """The line of `node` when its position is computed already (None: not yet)."""
+        found = self._positions.get(node) if self._positions is not None else None
+        return found.start.line if found is not None else None
 
     def start(self, node: cst.CSTNode) -> Tuple[int, int]:
         pos = self.position(node).start
