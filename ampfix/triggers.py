@@ -4,13 +4,14 @@ nothing, so a file with no AMP code costs no more than reading it."""
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Container, Sequence
 
 
-def trigger_test(text: str, lowered: str, triggers: Sequence[str], triggers_lower: Sequence[str],
-                 requires: Sequence[Sequence[str]]) -> bool:
+def trigger_test(text: Container[str], lowered: Container[str], triggers: Sequence[str],
+                 triggers_lower: Sequence[str], requires: Sequence[Sequence[str]]) -> bool:
     """A rule's default trigger test (`Rule.triggered_by`): one trigger in the text (or one
-    lower-case trigger in the lowered text), and one string of every `requires` group."""
+    lower-case trigger in the lowered text), and one string of every `requires` group. The
+    text may also be the set of strings a text holds (the project triggers' words)."""
     if not (any(t in text for t in triggers) or any(t in lowered for t in triggers_lower)):
         return False
     return all(any(t in text for t in group) for group in requires)

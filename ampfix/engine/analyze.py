@@ -20,7 +20,7 @@ from ampfix.engine import fileio
 from ampfix.engine import fixcheck
 from ampfix.model import AmpModel
 from ampfix.model.tree import dotted as _dotted
-from ampfix.rule import Applicability, FileContext, Fix, Rule, Violation
+from ampfix.rule import Applicability, FileContext, Fix, Rule, Violation, trigger_test
 
 MAX_FIX_PASSES = 10
 
@@ -127,8 +127,7 @@ def _passing(rules: Sequence[Type[Rule]], own: Tuple[set, set], reach: Tuple[set
     """The rules whose default trigger test (`trigger_test`) passes on the strings held by the
     file (`own`) or the code it reaches (`reach`): (strings, lower-case strings) each."""
     held, held_lower = own[0] | reach[0], own[1] | reach[1]
-    return [r for r in rules if (any(t in held for t in r.triggers) or any(t in held_lower for t in r.triggers_lower))
-            and all(any(t in held for t in g) for g in r.requires)]
+    return [r for r in rules if trigger_test(held, held_lower, r.triggers, r.triggers_lower, r.requires)]
 
 
 class _Suppression:

@@ -113,9 +113,9 @@ class Canonical:
         return out
 
     def _line(self, node: cst.CSTNode) -> int:
-        """The line of a value when its position is already computed (a located effect in its
-        statement needed it), else 0: a value's line is a nicety no finding reads, not worth
-        generating the code of its statement (a whole class, for a method's value)."""
+        """The line of a value when its position was asked already, else 0: a value's line is
+        a nicety no finding reads, not worth generating the code of its statement (a whole
+        class, for a method's value)."""
         return self.model.known_line(node) or 0
 
     def text(self, expr: cst.CSTNode, depth: int) -> Optional[str]:

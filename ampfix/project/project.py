@@ -483,9 +483,11 @@ class Project:
     def related_text(self, path: str) -> str:
         """The text of the modules `path` imports and of those that import it: where the rest
         of a training step spread over modules is written (for the rules' project triggers)."""
-        path = os.path.abspath(path)
-        related = [*self.imports_of(path), *self.importers_of(path)]
-        return "\n".join(self.text(f) or "" for f in related)
+        return "\n".join(self.text(f) or "" for f in self._related(os.path.abspath(path)))
+
+    def _related(self, path: str) -> List[str]:
+        """The modules `path` imports, then those importing it (`related_text`'s)."""
+        return [*self.imports_of(path), *self.importers_of(path)]
 
     def reach_text(self, path: str) -> str:
         """The code of the related modules (`related_text`) that can take part in the file's
@@ -523,8 +525,7 @@ class Project:
         """The parts of the code `reach_text` reads, as keys of `_key_code`: a definition
         (path, qualified name; None for a module's top-level code), a whole module (its path),
         the span of an importer's code (path, start, end)."""
-        related = set(self.imports_of(path)) | set(self.importers_of(path))
-        related.discard(path)
+        related = set(self._related(path)) - {path}
         if not related:
             return []
         parts: List[Union[str, Tuple[str, Optional[str]], Tuple[str, int, int]]] = []
@@ -536,7 +537,7 @@ class Project:
             d, depth = todo[at]
             at += 1
             if len(parts) >= MAX_REACH_PARTS:  # too much to follow: all of the related modules
-                return [f for f in [*self.imports_of(path), *self.importers_of(path)]]
+                return self._related(path)
             if d is None or d.path not in related:
                 continue
             qual = d.qual if isinstance(d, (ForeignFunction, ForeignClass)) else None
@@ -590,8 +591,7 @@ class Project:
         150-odd files of a tree that pass a rule's own project test but whose reach holds none
         of the rest cost a few set unions each instead of a walk of the definitions."""
         path = os.path.abspath(path)
-        related = set(self.imports_of(path)) | set(self.importers_of(path))
-        related.discard(path)
+        related = set(self._related(path)) - {path}
         if not related:
             return set(), set()
         keys: set = set()
@@ -711,9 +711,8 @@ class Project:
     def lacks_relevant_attributes(self, cls: ForeignClass) -> bool:
         """True when no class `cls` may inherit from holds AMP code (its attributes are then
         not read, `foreign_attribute`) and none is a dataclass (no fields). False: not sure."""
-        classes = self.text_mro(cls)
-        return classes is not None and not any(self.relevant(c) or "dataclass" in (self.text(c.path) or "")
-                                               for c in classes)
+        return self.lacks_relevant_classes(cls) and not any(
+            "dataclass" in (self.text(c.path) or "") for c in self.text_mro(cls) or ())
 
     def lacks_relevant_classes(self, cls: ForeignClass) -> bool:
         """True when no class `cls` may inherit from (`text_mro`) holds AMP code: the values
