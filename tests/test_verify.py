@@ -56,9 +56,13 @@ def fx(name):
     return os.path.join(TRAIN, name)
 
 
+# The tests state what verify does on the CPU (bfloat16, the speed reported, not enforced):
+# `--device cpu` keeps them true on a machine with CUDA too, where the fixtures train float16
+# and a speed-up is required (bench/gpu_verify.sh measures that; bench/RESULTS.md, "On CUDA").
+CPU = ["--device", "cpu"]
 # One thread per run: on a loaded 2-core CI machine, two OpenMP threads per run spin against
 # the other processes and run ~3x slower.
-FAST = ["--steps", "40", "--warmup", "5", "--reps", "1", "--threads", "1"]
+FAST = ["--steps", "40", "--warmup", "5", "--reps", "1", "--threads", "1"] + CPU
 
 
 # ---------------------------------------------------------------------------------------
@@ -282,7 +286,7 @@ def test_device_cuda_without_cuda_is_an_error(torch_available):
 
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
-    p = run_verify(fx("mlp.py"), "--fixed", fx("mlp.py"), "--device", "cuda", *FAST)
+    p = run_verify(fx("mlp.py"), "--fixed", fx("mlp.py"), *FAST, "--device", "cuda")  # the last --device counts
     assert p.returncode == 2
     assert "CUDA is not available" in p.stderr
 
@@ -314,7 +318,7 @@ def test_script_without_autocast_is_not_verified_table_output(torch_available, t
             loss.backward()
             opt.step()
     """)
-    p = run_verify(script, "--fixed", script, "--steps", "20", "--warmup", "2", "--reps", "1", "--threads", "1")
+    p = run_verify(script, "--fixed", script, "--steps", "20", "--warmup", "2", "--reps", "1", "--threads", "1", *CPU)
     assert p.returncode == 1, p.stdout + p.stderr
     lines = p.stdout.splitlines()
     assert any(l.startswith("amp-active") and " FAIL " in l and "never entered" in l
@@ -343,7 +347,7 @@ def test_gradient_accumulation_and_script_args(torch_available, tmp_path):
                 loss.backward()
             opt.step()
     """)
-    p, doc = run_json(script, "--fixed", script, "--steps", "40", "--warmup", "2", "--reps", "1", "--threads", "1",
+    p, doc = run_json(script, "--fixed", script, "--steps", "40", "--warmup", "2", "--reps", "1", "--threads", "1", *CPU,
                       "--", "--iters", "25")
     (amp,) = [r for r in doc["runs"] if r["label"] == "fixed-amp"]
     assert amp["steps"] == 25
@@ -355,7 +359,50 @@ def test_gradient_accumulation_and_script_args(torch_available, tmp_path):
 def test_distributed_rank0(torch_available):
     script = fx("ddp_mlp.py")
     p, doc = run_json(script, "--fixed", script, "--nproc-per-node", "2", "--steps", "20",
-                      "--warmup", "2", "--reps", "1", "--threads", "1", expect=0)
+                      "--warmup", "2", "--reps", "1", "--threads", "1", *CPU, expect=0)
     assert doc["nproc_per_node"] == 2
     assert check(doc, "loss-parity")["status"] == "PASS"
     assert check(doc, "amp-active")["status"] == "PASS"
+
+
+def test_graph_walk_survives_short_lived_node_wrappers():
+    """On CUDA the autograd nodes' Python objects are made on each access and freed when
+    dropped (measured on an H200, bench/RESULTS.md "On CUDA"): a walk that remembered bare ids
+    took a new wrapper at a freed address for a node already seen and stopped after three
+    nodes, so `amp-active` saw only float32. Here every `next_functions` access makes fresh
+    wrappers; the float16 tensor saved at the bottom must still be found."""
+    torch = pytest.importorskip("torch")
+    from ampfix.verify.trace import _Recorder
+
+    class Node:  # the graph itself, alive for the whole walk
+        def __init__(self, name, saved=None, children=()):
+            self.name, self.saved, self.children = name, saved, list(children)
+
+    class Wrapper:  # what Python sees: a fresh object per access
+        def __init__(self, node):
+            self._node = node
+
+        def __dir__(self):
+            return ["_saved_self"] if self._node.saved is not None else []
+
+        def __getattr__(self, attr):
+            if attr == "_saved_self" and self._node.saved is not None:
+                return self._node.saved
+            raise AttributeError(attr)
+
+        @property
+        def next_functions(self):
+            return tuple((Wrapper(c), 0) for c in self._node.children)
+
+    half = torch.zeros(2, dtype=torch.float16)
+    chain = Node("AddmmBackward0", half)
+    for i in range(6):
+        chain = Node("Step%d" % i, torch.zeros(1), [chain])
+
+    class Root:
+        grad_fn = Wrapper(chain)
+
+    rec = _Recorder.__new__(_Recorder)
+    rec.torch, rec.graph_dtypes, rec.graph_opaque_nodes = torch, {}, 0
+    rec._walk_graph(Root())
+    assert rec.graph_dtypes == {"float32": 6, "float16": 1}

@@ -228,14 +228,18 @@ class _Recorder:
 
     def _walk_graph(self, root):
         fn = getattr(root, "grad_fn", None)
-        seen = set()
+        # id -> the node itself: a graph node's Python object can be a wrapper made on each
+        # access (`next_functions`) and freed when dropped (seen with CUDA graphs); keeping it
+        # alive keeps its id from being reused by the next wrapper, which a set of bare ids
+        # would take for a node already visited, skipping the rest of the graph.
+        seen = {}
         stack = [fn] if fn is not None else []
         count = 0
         while stack and count < 20000:
             node = stack.pop()
             if node is None or id(node) in seen:
                 continue
-            seen.add(id(node))
+            seen[id(node)] = node
             count += 1
             found = False
             for attr in dir(node):
