@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# `ampfix verify` on a CUDA machine: the speed of the correct training fixtures (float16 autocast
+# with an enabled GradScaler, at the fixtures' own sizes and at sizes where tensor cores pay),
+# every buggy fixture's verdict, and tests/test_verify.py, in one bounded run.
+#
+#     OUT=/some/folder bash bench/gpu_verify.sh
+#
+# Each part has its own time limit, so a slow part leaves the others their time; the logs go to
+# $OUT/*.md and the raw JSON documents to $OUT/json.tgz.  If libcst is missing (a machine with
+# PyTorch but not ampfix's dependencies), wheels in .whl/ are installed into /tmp/site first.
+# Results: bench/RESULTS.md, "On CUDA".
+set -u
+OUT=${OUT:-bench/.cache/gpu}
+mkdir -p "$OUT"
+PY=${PYTHON:-python3}
+if ! "$PY" -c "import libcst, click" 2>/dev/null; then
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/site .whl/*.whl || exit 3
+    export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+# a checkout that was not `pip install`ed has no ampfix.rules (the install maps rules/ there)
+LINKED=
+if ! "$PY" -c "import ampfix.rules" 2>/dev/null; then
+    ln -s ../rules ampfix/rules && LINKED=1
+fi
+STEPS=${STEPS:-200}
+REPS=${REPS:-3}
+WARMUP=${WARMUP:-20}
+XDIST=$("$PY" -c "import xdist" 2>/dev/null && echo "-n 8")
+
+{
+    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv 2>&1
+    "$PY" -c "import sys, torch, libcst; print('python', sys.version.split()[0], 'torch', torch.__version__,
+'cuda', torch.version.cuda, 'device', torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+'libcst', libcst.__version__ if hasattr(libcst, '__version__') else '?')"
+    nproc
+} 2>&1 | tee "$OUT/env.md"
+
+part() {  # part LIMIT_S NAME COMMAND...: run one part under its limit (0: skip it), log to $OUT/NAME.md
+    local limit=$1 name=$2
+    shift 2
+    [ "$limit" = 0 ] && return
+    local t0=$SECONDS
+    timeout -k 5 "$limit" "$@" 2>&1 | tee "$OUT/$name.md"
+    echo "[$name: exit ${PIPESTATUS[0]}, $((SECONDS - t0)) s]" | tee -a "$OUT/$name.md"
+}
+
+part "${LARGE_S:-150}" large "$PY" bench/bench_verify.py --steps "$STEPS" --warmup "$WARMUP" --reps "$REPS" --threads 4 \
+    --large --skip-bugs --only-large --out "$OUT/json/large"
+part "${BUGS_S:-110}" bugs "$PY" bench/bench_verify.py --steps "$STEPS" --warmup "$WARMUP" --reps 1 --threads 2 \
+    --only-bugs --all-bugs --jobs 6 --out "$OUT/json/bugs"
+part "${SMALL_S:-90}" small "$PY" bench/bench_verify.py --steps "$STEPS" --warmup "$WARMUP" --reps "$REPS" --threads 4 \
+    --skip-bugs --out "$OUT/json/small"
+part "${TESTS_S:-80}" tests "$PY" -m pytest -q -p no:cacheprovider $XDIST tests/test_verify.py
+[ -d "$OUT/json" ] && tar czf "$OUT/json.tgz" -C "$OUT" json && rm -rf "$OUT/json"
+[ -n "$LINKED" ] && rm -f ampfix/rules
+true
