@@ -8,6 +8,7 @@ import libcst as cst
 
 from ampfix.fixes.edits import move_into_block
 from ampfix.model import AmpModel, Misplaced, Trace, call_name, names_bound, reads_writes
+from ampfix.model.tree import child_nodes
 from ampfix.model.events import SCALER_STEP, UNSCALE
 from ampfix.rule import SAFE, UNSAFE, FileContext, Fix, Rule, Violation
 
@@ -24,7 +25,8 @@ class AccumulationBoundary(Rule):
                               "boundary", "update_freq", "optimizer_step", "do_step", "grad_acc", "acc_step",
                               "len(", "last", "= 0", "-="))
     fixable = "sometimes"
-    fix_note = "safe (scaler and clip calls moved under the boundary) when next to it; unsafe when they assign"
+    fix_note = ("safe (scaler and clip calls moved under the boundary) when next to it; unsafe when they assign, "
+                "or move a clipping call while the scaler may be off")
     docs = """
 With gradient accumulation the backward of every micro-batch adds its scaled gradients, and
 the optimizer steps once per accumulation window: `unscale_`, `step` and `update` belong under
@@ -53,7 +55,9 @@ iterations (`if i % n_critic == 0:` around its own backward).
 The fix moves the statements right before the boundary into its start (right after it: into
 its end) when they sit next to it in the same block: safe when they are only scaler and
 clipping calls, unsafe when they assign (a gradient norm logged later would only exist on
-boundary micro-batches). Otherwise reported.
+boundary micro-batches) or when they move a clipping call and the scaler may be off
+(`enabled=use_amp`, a scaler passed in): with the scaler off nothing raises, and clipping once
+per window instead of each micro-batch's partial sum trains differently. Otherwise reported.
 
 Bad:
 ```python
@@ -177,7 +181,12 @@ def _move_fix(model: AmpModel, trace: Trace, ms: List[Misplaced]) -> Optional[Fi
     if any(_has_backward(model, s) for s in stmts) or _bound_and_read_elsewhere(model, stmts, if_node):
         return None
     replacements = move_into_block(before, if_node, after)
-    safe = all(_only_scaler_or_clip(model, s) for s in stmts)
+    # a clipping call moved under the boundary clips once per window instead of each
+    # micro-batch's partial sum: a change of training whenever the scaler is off (with it on,
+    # the original raised at the second micro-batch, so nothing that ran changes)
+    clip_moves = any(_clips(model, s) for s in stmts)
+    safe = all(_only_scaler_or_clip(model, s) for s in stmts) and (
+        not clip_moves or all(model.scaler_always_enabled(m.event.event.scaler) for m in ms))
     return Fix(replacements, applicability=SAFE if safe else UNSAFE,
                description="scaler calls moved under the accumulation boundary")
 
@@ -217,6 +226,17 @@ def _bound_and_read_elsewhere(model: AmpModel, stmts, if_node) -> bool:
             continue
         if reads_writes(line)[0] & bound:
             return True
+    return False
+
+
+def _clips(model: AmpModel, stmt: cst.CSTNode) -> bool:
+    """`stmt` (a moved statement) calls a gradient-clipping function."""
+    stack = [stmt]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, cst.Call) and (api := model.api_of(node)) is not None and api.kind == "clip_grad":
+            return True
+        stack.extend(child_nodes(node))
     return False
 
 

@@ -317,6 +317,26 @@ def test_a_scaler_disabled_by_position_is_disabled():
         assert m.scaler_disabled(call_named(m, f"{name}.update()").func.value) is disabled, name
 
 
+def test_a_scaler_that_cannot_be_off():
+    m = model("""
+        import torch
+
+        on = torch.amp.GradScaler("cuda")
+        forced = torch.amp.GradScaler("cuda", enabled=True)
+        flag = torch.amp.GradScaler("cuda", enabled=use_amp)
+        positional = torch.cuda.amp.GradScaler(65536.0, 2.0, 0.5, 2000, False)
+        either = torch.amp.GradScaler("cuda")
+        if resume:
+            either = None
+
+        def train(passed):
+            passed.update()
+        """)
+    for key, enabled in (("on", True), ("forced", True), ("flag", False), ("positional", False),
+                         ("either", False), ("passed", False), (None, False)):
+        assert m.scaler_always_enabled(key) is enabled, key
+
+
 # ---------------------------------------------------------------------- apex outside apex.amp
 
 

@@ -2,7 +2,7 @@
 them before it analyses anything (see ampfix/engine/rulemeta.py). Do not edit; regenerate.
 """
 
-DIGEST = '8d207e3a43eba7b40aa06052362103f3fa1433c73203b9abb0342dfd4b11922c'
+DIGEST = '19a98e3fbca901645a9ef732b12c018ba1f97f4dff6efe86b998df1e53cbd943'
 
 RULES = [
     ('AMP001', 'backward-in-autocast', True, ('autocast',), (),

@@ -33,7 +33,7 @@ import libcst as cst
 
 from ampfix.model.events import BACKWARD, EXIT, SCALER_STEP, UNSCALE, UPDATE, ZERO_GRAD, Event, Trace, TraceEvent
 from ampfix.model.readwrite import reads_writes
-from ampfix.model.syntax import call_name
+from ampfix.model.syntax import call_name, literal_bool
 from ampfix.model.tree import LOOP_TYPES, child_nodes, dotted
 
 Group = Hashable
@@ -467,6 +467,21 @@ class Iterations:
             return False
         calls = [v for _, v in self.assignments_to(key) if isinstance(v, cst.Call) and self.is_api(v, "GradScaler")]
         return bool(calls) and all(self.built_disabled(c) for c in calls)  # type: ignore[attr-defined]
+
+    def scaler_always_enabled(self, key: Optional[str]) -> bool:
+        """Every value assigned to `key` in this file is a GradScaler built enabled (no
+        `enabled` argument, or a literal True), and there is at least one: the scaler cannot be
+        off. A parameter, a `None`, `enabled=use_amp` or a project's own class: not known."""
+        if key is None:
+            return False
+        def on(v: cst.CSTNode) -> bool:
+            if not (isinstance(v, cst.Call) and self.is_api(v, "GradScaler")):  # type: ignore[attr-defined]
+                return False
+            enabled = self.scaler_enabled(v)  # type: ignore[attr-defined]
+            return enabled is None or literal_bool(enabled) is True
+
+        values = [v for _, v in self.assignments_to(key)]
+        return bool(values) and all(on(v) for v in values)
 
     def per_step_name(self, func: cst.CSTNode) -> Optional[str]:
         """"step"/"epoch" when a function's name or parameters say one call is one training step
