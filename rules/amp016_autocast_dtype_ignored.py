@@ -193,13 +193,9 @@ def _has_choices(model: AmpModel, values: List[cst.CSTNode]) -> bool:
 
 
 def _dtype_assignments(model: AmpModel) -> Dict[str, list]:
-    """The file's assignments to names that hold a chosen dtype (computed once per file)."""
-    cached = getattr(model, "_amp016_dtypes", None)
-    if cached is None:
-        cached = {k: v for k, v in model.assignments.items()
-                  if AMP_DTYPE.match(k.rpartition(".")[2]) or k == "dtype"}
-        model._amp016_dtypes = cached  # type: ignore[attr-defined]
-    return cached
+    """The file's assignments to names that hold a chosen dtype."""
+    return {k: model.assignments_to(k) for k in model.assigned_keys()
+            if AMP_DTYPE.match(k.rpartition(".")[2]) or k == "dtype"}
 
 
 def _called_in_region(model: AmpModel, func: cst.FunctionDef, depth: int = 0) -> bool:

@@ -504,3 +504,27 @@ def test_apex_imports_the_migration_left_unused():
     assert [([b.name for b in x.bindings], x.node is not None, x.removable) for x in left] == [
         (["DDP"], False, True), (["FusedLayerNorm"], True, True), (["FusedAdam"], True, False)]
     assert left[2].kept_by is not None and m.line(left[2].kept_by) == 16  # `if HAVE_APEX:`
+
+
+def test_rules_ask_the_model_and_keep_nothing_on_it():
+    """A rule reads the model's public facts: it sets no attribute on it, reads none of its
+    private names, and imports no other rule's private function (a fact two rules need
+    belongs to the model)."""
+    import ast
+    from pathlib import Path
+
+    found = []
+    for path in sorted((Path(__file__).resolve().parent.parent / "rules").glob("amp*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) \
+                    and node.value.id in ("model", "ctx") and node.attr.startswith("_"):
+                found.append(f"{path.name}:{node.lineno}: {node.value.id}.{node.attr}")
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "setattr") \
+                    and node.args and isinstance(node.args[0], ast.Name) and node.args[0].id == "model":
+                found.append(f"{path.name}:{node.lineno}: {node.func.id}(model, ...)")
+            if isinstance(node, ast.ImportFrom) and node.module and ".amp" in f".{node.module}":
+                private = [a.name for a in node.names if a.name.startswith("_")]
+                if private and node.module.rpartition(".")[2] != path.stem:
+                    found.append(f"{path.name}:{node.lineno}: from {node.module} import {', '.join(private)}")
+    assert not found, "\n".join(found)

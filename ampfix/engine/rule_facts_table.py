@@ -2,7 +2,7 @@
 them before it analyses anything (see ampfix/engine/rulemeta.py). Do not edit; regenerate.
 """
 
-DIGEST = '19a98e3fbca901645a9ef732b12c018ba1f97f4dff6efe86b998df1e53cbd943'
+DIGEST = '07130bb90acbd49a7b2f78aa0167af70bca54e26cdfe2791d9f562f6a117b5f3'
 
 RULES = [
     ('AMP001', 'backward-in-autocast', True, ('autocast',), (),

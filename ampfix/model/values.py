@@ -70,6 +70,11 @@ class Values:
     def assignments_to(self, key: str) -> List[Tuple[cst.CSTNode, cst.BaseExpression]]:
         return [(n, v) for n, v, _ in self._by_key.get(key, [])]
 
+    def assigned_keys(self) -> List[str]:
+        """The dotted targets assigned anywhere in the file (the keys of `assignments`, without
+        building its lists)."""
+        return list(self._by_key)
+
     def binding_scope(self, name: str, scope: cst.CSTNode) -> Optional[cst.CSTNode]:
         """The scope whose binding of `name` is visible from `scope` (None: builtin/unknown)."""
         found, _ = self._resolve_scope(name, scope)
