@@ -34,6 +34,12 @@ def _verify_argv():
 
 
 def run_verify(*args, timeout=240):
+    """`ampfix verify ARGS` on the CPU unless ARGS name a `--device`: the tests state what verify
+    does on the CPU (bfloat16, the speed reported, not enforced), and stay true on a machine
+    with CUDA, where the fixtures train float16 and a speed-up is required (bench/gpu_verify.sh
+    measures that; bench/RESULTS.md, "On CUDA")."""
+    if "--device" not in args:
+        args = (args[0], "--device", "cpu", *args[1:])
     env = dict(os.environ)
     env["PYTHONPATH"] = ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     return subprocess.run(_verify_argv() + [str(a) for a in args], cwd=ROOT, env=env,
@@ -56,13 +62,9 @@ def fx(name):
     return os.path.join(TRAIN, name)
 
 
-# The tests state what verify does on the CPU (bfloat16, the speed reported, not enforced):
-# `--device cpu` keeps them true on a machine with CUDA too, where the fixtures train float16
-# and a speed-up is required (bench/gpu_verify.sh measures that; bench/RESULTS.md, "On CUDA").
-CPU = ["--device", "cpu"]
 # One thread per run: on a loaded 2-core CI machine, two OpenMP threads per run spin against
 # the other processes and run ~3x slower.
-FAST = ["--steps", "40", "--warmup", "5", "--reps", "1", "--threads", "1"] + CPU
+FAST = ["--steps", "40", "--warmup", "5", "--reps", "1", "--threads", "1"]
 
 
 # ---------------------------------------------------------------------------------------
@@ -286,7 +288,7 @@ def test_device_cuda_without_cuda_is_an_error(torch_available):
 
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
-    p = run_verify(fx("mlp.py"), "--fixed", fx("mlp.py"), *FAST, "--device", "cuda")  # the last --device counts
+    p = run_verify(fx("mlp.py"), "--fixed", fx("mlp.py"), "--device", "cuda", *FAST)
     assert p.returncode == 2
     assert "CUDA is not available" in p.stderr
 
@@ -318,7 +320,7 @@ def test_script_without_autocast_is_not_verified_table_output(torch_available, t
             loss.backward()
             opt.step()
     """)
-    p = run_verify(script, "--fixed", script, "--steps", "20", "--warmup", "2", "--reps", "1", "--threads", "1", *CPU)
+    p = run_verify(script, "--fixed", script, "--steps", "20", "--warmup", "2", "--reps", "1", "--threads", "1")
     assert p.returncode == 1, p.stdout + p.stderr
     lines = p.stdout.splitlines()
     assert any(l.startswith("amp-active") and " FAIL " in l and "never entered" in l
@@ -347,7 +349,7 @@ def test_gradient_accumulation_and_script_args(torch_available, tmp_path):
                 loss.backward()
             opt.step()
     """)
-    p, doc = run_json(script, "--fixed", script, "--steps", "40", "--warmup", "2", "--reps", "1", "--threads", "1", *CPU,
+    p, doc = run_json(script, "--fixed", script, "--steps", "40", "--warmup", "2", "--reps", "1", "--threads", "1",
                       "--", "--iters", "25")
     (amp,) = [r for r in doc["runs"] if r["label"] == "fixed-amp"]
     assert amp["steps"] == 25
@@ -359,7 +361,7 @@ def test_gradient_accumulation_and_script_args(torch_available, tmp_path):
 def test_distributed_rank0(torch_available):
     script = fx("ddp_mlp.py")
     p, doc = run_json(script, "--fixed", script, "--nproc-per-node", "2", "--steps", "20",
-                      "--warmup", "2", "--reps", "1", "--threads", "1", *CPU, expect=0)
+                      "--warmup", "2", "--reps", "1", "--threads", "1", expect=0)
     assert doc["nproc_per_node"] == 2
     assert check(doc, "loss-parity")["status"] == "PASS"
     assert check(doc, "amp-active")["status"] == "PASS"
