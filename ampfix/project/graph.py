@@ -162,6 +162,7 @@ class ImportGraph:
         self._importers: Optional[Dict[str, List[str]]] = None
         self._texts: Dict[str, Optional[str]] = {}
         self._candidates: Dict[Tuple[str, str], List[str]] = {}
+        self._imports_digests: Dict[str, str] = {}
 
     def files(self) -> List[str]:
         """Every Python file of the project (sorted; the folders of `SKIP_DIRS` and hidden
@@ -231,8 +232,13 @@ class ImportGraph:
         return sorted(out)
 
     def imports_digest(self, path: str) -> str:
-        """The digest of the `imports_dep` of `path`, as the files are now."""
-        return digest_of_paths(self.resolved_imports(path))
+        """The digest of the `imports_dep` of `path`, as the files are now (memoised, as the
+        resolutions it digests are)."""
+        path = os.path.abspath(path)
+        found = self._imports_digests.get(path)
+        if found is None:
+            found = self._imports_digests[path] = digest_of_paths(self.resolved_imports(path))
+        return found
 
     def _text(self, path: str) -> Optional[str]:
         """The text of a file, read once (through `text_of`) whichever question reads it."""

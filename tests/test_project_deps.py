@@ -1,0 +1,144 @@
+"""The dependencies a cached result records (`Project.begin`/`end`, the import graph's stamp):
+the same whichever file of the run asked a question first, and a change on disk that changes an
+answer is noticed on a warm run."""
+
+import textwrap
+from pathlib import Path
+
+from ampfix.model.foreign import ForeignClass, ForeignFunction
+from ampfix.project import Project
+from ampfix.project.layout import clear_caches
+
+
+def tree(root: Path, files: dict) -> Path:
+    clear_caches()
+    for name, text in files.items():
+        p = root / name
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(textwrap.dedent(text), encoding="utf-8")
+    return root
+
+
+TRAIN_THROUGH_API = """\
+    # do_step runs the backward pass
+    import torch
+    from pkg.api import do_step
+
+
+    def train(model, opt, data):
+        for x in data:
+            with torch.autocast("cuda"):
+                loss = model(x).sum()
+                do_step(loss)
+            opt.step()
+    """
+
+
+def test_a_second_file_depends_on_the_re_export_the_first_one_resolved(tmp_path):
+    # a.py and b.py both import do_step from pkg/api.py, which re-exports it from
+    # pkg/helpers.py. One process checks a.py, then b.py: b.py's resolution of the import is
+    # answered by the project's memo, yet b.py's result depends on pkg/api.py as much as
+    # a.py's does. Once pkg/api.py re-exports another do_step (one that runs a backward inside
+    # the autocast region: AMP001), the warm run must report it in both files.
+    from conftest import run_ampfix
+
+    tree(tmp_path, {
+        "pyproject.toml": "",
+        "pkg/__init__.py": "",
+        "pkg/api.py": "from pkg.helpers import do_step\n",
+        "pkg/helpers.py": "def do_step(loss):\n    return loss\n",
+        "pkg/other.py": "def do_step(loss):\n    loss.backward()\n",
+        "a.py": TRAIN_THROUGH_API,
+        "b.py": TRAIN_THROUGH_API,
+    })
+    env = {"AMPFIX_CACHE_DIR": str(tmp_path / "cache")}
+    args = ("check", "-q", "-j", "1", "a.py", "b.py")
+    first = run_ampfix(*args, cwd=tmp_path, env=env)
+    assert (first.returncode, first.stdout) == (0, b""), first.stdout.decode() + first.stderr.decode()
+    (tmp_path / "pkg" / "api.py").write_text("from pkg.other import do_step\n", encoding="utf-8")
+    again = run_ampfix(*args, cwd=tmp_path, env=env)
+    fresh = run_ampfix(*args[:-2], "--no-cache", "a.py", "b.py", cwd=tmp_path)
+    assert "a.py:10:13: AMP001" in fresh.stdout.decode() and "b.py:10:13: AMP001" in fresh.stdout.decode()
+    assert (again.returncode, again.stdout) == (fresh.returncode, fresh.stdout)
+
+
+LAYERED = {
+    "pyproject.toml": "",
+    "pkg/__init__.py": "from .api import *\n",
+    "pkg/api.py": "from pkg.impl import step, Trainer\nfrom pkg.base import Base as Root\n",
+    "pkg/base.py": """\
+        import torch
+
+
+        class Base:
+            def __init__(self):
+                self.scaler = torch.amp.GradScaler("cuda")
+        """,
+    "pkg/impl.py": """\
+        import torch
+        from pkg.api import Root
+        from pkg.util import clip
+
+
+        def step(loss, opt, scaler):
+            scaler.scale(loss).backward()
+            clip(opt)
+            scaler.step(opt)
+            scaler.update()
+
+
+        class Trainer(Root):
+            def fit(self, loss, opt):
+                step(loss, opt, self.scaler)
+        """,
+    "pkg/util.py": "def clip(opt):\n    return opt\n",
+    "main.py": """\
+        from pkg import step, Trainer
+
+
+        def run(loss, opt, scaler):
+            step(loss, opt, scaler)
+            Trainer().fit(loss, opt)
+        """,
+    "other.py": "from pkg.api import step\n\n\ndef again(loss, opt, scaler):\n    step(loss, opt, scaler)\n",
+}
+
+
+def _questions(project: Project, root: Path, importer: str) -> None:
+    """The questions an analysis of `importer` asks the project (`ForeignFacts`, the triggers'
+    reach), each answered through the project's memos."""
+    path = str(root / importer)
+    step = project.resolve(path, "pkg.step")
+    trainer = project.resolve(path, "pkg.Trainer")
+    assert isinstance(step, ForeignFunction) and isinstance(trainer, ForeignClass)
+    project.relevant(step)
+    project.bases(trainer)
+    project.text_mro(trainer)
+    project.lacks_relevant_method(trainer, "fit")
+    project.lacks_relevant_classes(trainer)
+    project.callers(step.path, "step")
+    project.member(project.module(str(root / "pkg" / "api.py")), "step")
+    project.reach_words(path, ("backward", "GradScaler"), ("scaler",))
+    project.reach_held(path, ("backward", "GradScaler"), ("scaler",))
+    project.reach_text(path)
+    project.related_text(path)
+
+
+def _deps(project: Project, root: Path, importer: str):
+    project.begin()
+    _questions(project, root, importer)
+    return project.end()
+
+
+def test_a_memoised_answer_records_what_it_read(tmp_path):
+    # the dependencies of a file's analysis are the same when another file asked the same
+    # questions first (the project's memos answer them) as in a project of its own
+    tree(tmp_path, LAYERED)
+    for first, second in (("other.py", "main.py"), ("main.py", "other.py"), ("main.py", "main.py")):
+        alone = _deps(Project(tmp_path), tmp_path, second)
+        shared = Project(tmp_path)
+        _deps(shared, tmp_path, first)
+        texts, graph = _deps(shared, tmp_path, second)
+        assert set(alone[0]) - set(texts) == set(), (first, second)
+        assert set(alone[1]) - set(graph) == set(), (first, second)
+        assert str(tmp_path / "pkg" / "impl.py") in texts and str(tmp_path / "pkg" / "api.py") in texts
