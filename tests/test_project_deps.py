@@ -142,3 +142,66 @@ def test_a_memoised_answer_records_what_it_read(tmp_path):
         assert set(alone[0]) - set(texts) == set(), (first, second)
         assert set(alone[1]) - set(graph) == set(), (first, second)
         assert str(tmp_path / "pkg" / "impl.py") in texts and str(tmp_path / "pkg" / "api.py") in texts
+
+
+NAMESPACE_CALLER = """\
+    import torch
+
+    from pkg import backward_step
+
+
+    def fit(model, optimizer, loader, epochs):
+        scaler = torch.amp.GradScaler("cuda")
+        for _ in range(epochs):
+            for x, y in loader:
+                with torch.autocast("cuda", dtype=torch.float16):
+                    loss = torch.nn.functional.mse_loss(model(x), y)
+                    backward_step(loss, scaler)
+                scaler.step(optimizer)
+                scaler.update()
+                optimizer.zero_grad()
+    """
+
+
+def test_a_cached_result_follows_a_new_folder_its_import_resolves_to(tmp_path):
+    # `from pkg import backward_step` is the function pkg/__init__.py defines (a backward
+    # inside the autocast region: AMP001) until an empty folder pkg/backward_step/ appears:
+    # then it is that namespace package (the layout's resolution). No Python file changed,
+    # yet what train.py's import lines resolve to did: the graph's stamp covers the folders.
+    from conftest import run_ampfix
+
+    tree(tmp_path, {"pyproject.toml": "",
+                    "pkg/__init__.py": "def backward_step(loss, scaler):\n    scaler.scale(loss).backward()\n",
+                    "train.py": NAMESPACE_CALLER})
+    env = {"AMPFIX_CACHE_DIR": str(tmp_path / "cache")}
+    first = run_ampfix("check", "-q", ".", cwd=tmp_path, env=env)
+    assert "train.py:12:17: AMP001" in first.stdout.decode(), first.stdout.decode() + first.stderr.decode()
+    (tmp_path / "pkg" / "backward_step").mkdir()
+    again = run_ampfix("check", "-q", ".", cwd=tmp_path, env=env)
+    fresh = run_ampfix("check", "-q", "--no-cache", ".", cwd=tmp_path)
+    assert (fresh.returncode, fresh.stdout) == (0, b"")
+    assert (again.returncode, again.stdout) == (fresh.returncode, fresh.stdout)
+    (tmp_path / "pkg" / "backward_step").rmdir()  # and gone again: the finding is back
+    gone = run_ampfix("check", "-q", ".", cwd=tmp_path, env=env)
+    assert (gone.returncode, gone.stdout) == (first.returncode, first.stdout)
+
+
+def test_the_graph_stamp_follows_folders_and_files(tmp_path):
+    from ampfix.project.graph import ImportGraph
+
+    tree(tmp_path, {"pyproject.toml": "", "pkg/__init__.py": "", "pkg/sub/__init__.py": "", "train.py": ""})
+    stamp = ImportGraph(tmp_path).stamp()
+    assert ImportGraph(tmp_path).stamp() == stamp  # the same tree, the same stamp
+    (tmp_path / "pkg" / "empty").mkdir()
+    with_folder = ImportGraph(tmp_path).stamp()
+    assert with_folder != stamp
+    (tmp_path / "pkg" / "empty").rmdir()
+    assert ImportGraph(tmp_path).stamp() == stamp
+    (tmp_path / "pkg" / "sub" / "__init__.py").unlink()  # a namespace package now
+    unlinked = ImportGraph(tmp_path).stamp()
+    assert unlinked not in (stamp, with_folder)
+    (tmp_path / "pkg" / "__pycache__").mkdir()  # nothing the graph reads: the same stamp
+    (tmp_path / "pkg" / "__pycache__" / "x.pyc").write_bytes(b"")
+    (tmp_path / ".hidden").mkdir()
+    (tmp_path / "notes.txt").write_text("not Python\n")
+    assert ImportGraph(tmp_path).stamp() == unlinked

@@ -156,6 +156,7 @@ class ImportGraph:
         self.root = self.layout.root
         self._text_of = text_of
         self._files: Optional[List[str]] = None
+        self._folders: List[str] = []  # the folders `files` walked (a namespace package is one)
         self._imports: Dict[str, List[str]] = {}
         self._direct: Dict[str, List[str]] = {}
         self._resolved: Dict[str, List[Tuple[str, Optional[Target]]]] = {}
@@ -169,10 +170,12 @@ class ImportGraph:
         folders left out)."""
         if self._files is None:
             out: List[str] = []
+            folders: List[str] = []
             for folder, dirs, names in os.walk(self.root):
                 dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS and not d.startswith("."))
+                folders.append(folder)
                 out.extend(os.path.join(folder, n) for n in sorted(names) if n.endswith(".py"))
-            self._files = out
+            self._files, self._folders = out, folders
         return self._files
 
     def imports_of(self, path: str) -> List[str]:
@@ -305,11 +308,16 @@ class ImportGraph:
 
     def stamp(self) -> str:
         """SHA-256 of the project's Python files as the file system describes them (path, size,
-        modification and change times, no read): while it is the same, so are the import lines
-        the graph reads (the cache keeps `digests` under it, so that a warm run
-        neither reads nor resolves the imports of a tree again)."""
+        modification and change times, no read) and of its folders (their paths: a new folder,
+        even an empty one, is a namespace package an import may now resolve to): while it is
+        the same, so are the import lines the graph reads and what they resolve to (the cache
+        keeps `digests` under it, so that a warm run neither reads nor resolves the imports of
+        a tree again)."""
         h = hashlib.sha256(self.root.encode("utf-8", "surrogatepass"))
-        for f in self.files():
+        files = self.files()
+        for d in self._folders:
+            h.update(f"\0{d}{os.sep}".encode("utf-8", "surrogatepass"))
+        for f in files:
             try:
                 st = os.stat(f)
             except OSError:
