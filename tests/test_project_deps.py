@@ -205,3 +205,14 @@ def test_the_graph_stamp_follows_folders_and_files(tmp_path):
     (tmp_path / ".hidden").mkdir()
     (tmp_path / "notes.txt").write_text("not Python\n")
     assert ImportGraph(tmp_path).stamp() == unlinked
+    # a cache kept in the tree under a plain name (AMPFIX_CACHE_DIR=cache) grows folders as it
+    # is written: it is tagged (CACHEDIR.TAG), and a tagged folder is not walked
+    from ampfix.engine.cache import Summaries
+
+    Summaries(tmp_path / "cache").put(str(tmp_path / "train.py"), "0" * 64, {"unreadable": True})
+    tagged = ImportGraph(tmp_path).stamp()
+    Summaries(tmp_path / "cache").put(str(tmp_path / "pkg" / "__init__.py"), "1" * 64, {"unreadable": True})
+    (tmp_path / "cache" / "more" / "x.py").parent.mkdir()
+    (tmp_path / "cache" / "more" / "x.py").write_text("")
+    assert ImportGraph(tmp_path).stamp() == tagged
+    assert str(tmp_path / "cache" / "more" / "x.py") not in ImportGraph(tmp_path).files()

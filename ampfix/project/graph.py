@@ -27,6 +27,8 @@ from ampfix.project.layout import Layout, Target
 
 SKIP_DIRS = {".git", ".hg", ".svn", "__pycache__", ".venv", "venv", "env", ".env", "build", "dist", "site-packages",
              "node_modules", ".tox", ".nox", ".mypy_cache", ".pytest_cache", ".ampfix_cache", ".eggs"}
+#: a folder holding this file is a cache (https://bford.info/cachedir/: ampfix's own among them), not walked
+CACHE_TAG = "CACHEDIR.TAG"
 #: the key of a result's dependency on the importers of a module (`FileResult.deps`): this, then its path
 IMPORTERS = "importers:"
 #: ... on what the import lines of a file resolve to: this, then its path
@@ -166,12 +168,15 @@ class ImportGraph:
         self._imports_digests: Dict[str, str] = {}
 
     def files(self) -> List[str]:
-        """Every Python file of the project (sorted; the folders of `SKIP_DIRS` and hidden
-        folders left out)."""
+        """Every Python file of the project (sorted; the folders of `SKIP_DIRS`, hidden
+        folders and cache folders (`CACHE_TAG`) left out)."""
         if self._files is None:
             out: List[str] = []
             folders: List[str] = []
             for folder, dirs, names in os.walk(self.root):
+                if CACHE_TAG in names and folder != self.root:
+                    dirs[:] = []
+                    continue
                 dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS and not d.startswith("."))
                 folders.append(folder)
                 out.extend(os.path.join(folder, n) for n in sorted(names) if n.endswith(".py"))
