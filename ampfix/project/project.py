@@ -29,7 +29,7 @@ from ampfix.model.summarize import AMP_TEXT, TRACE_TEXT, def_spans
 from ampfix.model.summary import IMPORTED, LOCAL, ClassSummary, ModuleSummary, OutgoingCall, Value
 from ampfix.project.graph import (ImportGraph, callers_dep, digest_of_paths, import_statements, importers_dep,
                                   imports_dep, read_text)
-from ampfix.project.layout import Target
+from ampfix.project.layout import Layout, Target, clear_caches
 
 MAX_RESOLVE_DEPTH = 8
 MAX_CALLER_FILES = 40
@@ -140,6 +140,7 @@ class Project:
         self._called: Optional[set] = None  # the functions whose callers were asked (`end`)
         self._kept: Dict[str, Tuple[str, cst.Module]] = {}
         self._stats: Dict[str, Optional[Tuple[int, int]]] = {}
+        self._tree: Optional[str] = None  # the stamp of the tree when `refresh` last looked
         self.used: Dict[str, str] = {}  # path -> digest of every module whose summary was read
 
     # ------------------------------------------------------------------ sources and summaries
@@ -151,8 +152,9 @@ class Project:
     def begin(self) -> None:
         """Start recording the modules read for one file's analysis, the modules whose
         importers it asked, the files whose imports it resolved and the functions whose callers
-        it asked (`end` returns them). In a long-lived process (the language server) a module
-        changed on disk since it was read makes the project forget what it knew."""
+        it asked (`end` returns them). A module changed on disk since it was read makes the
+        project forget what it knew (the language server also calls `refresh`, which notices
+        new files)."""
         self._touched = set()
         self._asked = set()
         self._read_imports = set()
@@ -162,7 +164,21 @@ class Project:
         if any(_stat_key(p) != key for p, key in self._stats.items()):
             self._forget()
 
-    def _forget(self) -> None:
+    def refresh(self) -> None:
+        """Before an analysis in a long-lived process (the language server): the project as the
+        files are now. When a Python file or a folder of the tree appeared, went or changed
+        since it last looked (the import graph's `stamp`: a walk of the tree and a stat of each
+        file, no read), or a module it read did, it forgets what it knew, the probes of its
+        layout included (a new module may resolve an import, or shadow what it resolved to)."""
+        stamp = ImportGraph(Path(self.root), layout=self.layout).stamp()
+        if stamp != self._tree or any(_stat_key(p) != key for p, key in self._stats.items()):
+            self._forget(layout=True)
+            self._tree = stamp
+
+    def _forget(self, layout: bool = False) -> None:
+        if layout:
+            clear_caches()
+            self.layout = Layout(Path(self.root))
         for memo in (self._sources, self._summaries, self._modules, self._members, self._resolved, self._bases,
                      self._callers, self._bound, self._used, self._reached,
                      self._text_mros, self._imports_at, self._stats, self._indexes, self._spans, self._relevant,
