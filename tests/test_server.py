@@ -204,3 +204,46 @@ async def test_edits_re_parsed_in_place_give_a_fresh_analysis_diagnostics(client
         client.text_document_did_open(types.DidOpenTextDocumentParams(
             text_document=types.TextDocumentItem(uri=fresh_uri, language_id="python", version=1, text=text)))
         assert key(got) == key(await _diagnostics(client, fresh_uri, 1)), what
+
+
+HELPER_CALLER = """\
+# the helper runs the backward pass
+import torch
+
+from pkg.helpers import backward_step
+
+
+def fit(model, optimizer, loader):
+    scaler = torch.amp.GradScaler("cuda")
+    for x, y in loader:
+        with torch.autocast("cuda", dtype=torch.float16):
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            backward_step(loss, scaler)
+        scaler.step(optimizer)
+        scaler.update()
+"""
+
+
+async def test_a_module_written_on_disk_is_seen_at_the_next_analysis(client: LanguageClient, tmp_path):
+    # the server keeps the project (its modules, import graph and resolutions) between
+    # analyses: a module that appears on disk, or changes there, is read at the next one
+    (tmp_path / "pyproject.toml").write_text("")
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    path = tmp_path / "train.py"
+    path.write_text(HELPER_CALLER)
+    uri = path.as_uri()
+    client.text_document_did_open(types.DidOpenTextDocumentParams(
+        text_document=types.TextDocumentItem(uri=uri, language_id="python", version=1, text=HELPER_CALLER)))
+    assert await _diagnostics(client, uri, 1) == []  # pkg.helpers does not exist: unknown
+
+    helpers = tmp_path / "pkg" / "helpers.py"
+    helpers.write_text("def backward_step(loss, scaler):\n    scaler.scale(loss).backward()\n")
+    for version, expected in ((2, ["AMP001"]), (3, [])):
+        client.diagnostics.pop(uri, None)
+        client.text_document_did_change(types.DidChangeTextDocumentParams(
+            text_document=types.VersionedTextDocumentIdentifier(uri=uri, version=version),
+            content_changes=[types.TextDocumentContentChangeWholeDocument(text=HELPER_CALLER + "\n" * version)]))
+        found = await _diagnostics(client, uri, version)
+        assert [d.code for d in found] == expected, version
+        helpers.write_text("def backward_step(loss, scaler):\n    return loss  # no backward any more\n")

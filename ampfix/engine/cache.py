@@ -47,7 +47,7 @@ from ampfix import __version__
 from ampfix.engine import entries as E
 from ampfix.engine.results import Diagnostic, FileError, FileResult, FixEdit, Settings, TextEdit, file_digest
 from ampfix.engine.rulemeta import fingerprint as _code_fingerprint, write_json
-from ampfix.project.graph import CALLERS, GRAPH_DEPS, IMPORTERS, split_dep
+from ampfix.project.graph import CACHE_TAG, CALLERS, GRAPH_DEPS, IMPORTERS, split_dep
 
 DIR_NAME = ".ampfix_cache"
 
@@ -324,17 +324,23 @@ class Cache:
     def _prepare(self) -> None:
         if self._ready:
             return
-        self.folder.mkdir(parents=True, exist_ok=True)
-        for name, text in ((".gitignore", "# created by ampfix\n*\n"),
-                           ("CACHEDIR.TAG", "Signature: 8a477f597d28d172789f06886806bc55\n"
-                                            "# This file is a cache directory tag created by ampfix.\n")):
-            f = self.folder / name
-            if not f.exists():
-                try:
-                    f.write_text(text, encoding="utf-8")
-                except OSError:
-                    pass
+        prepare_folder(self.folder)
         self._ready = True
+
+
+def prepare_folder(folder: Path) -> None:
+    """Create the cache folder with its `.gitignore` and `CACHEDIR.TAG` (the import graph
+    does not walk a tagged folder: `graph.CACHE_TAG`)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, text in ((".gitignore", "# created by ampfix\n*\n"),
+                       (CACHE_TAG, "Signature: 8a477f597d28d172789f06886806bc55\n"
+                                   "# This file is a cache directory tag created by ampfix.\n")):
+        f = folder / name
+        if not f.exists():
+            try:
+                f.write_text(text, encoding="utf-8")
+            except OSError:
+                pass
 
 
 def _fix_json(fix: Optional[FixEdit]) -> Optional[dict]:
@@ -385,6 +391,7 @@ class Summaries:
     def __init__(self, folder: Path):
         self.folder = folder
         self.bucket = folder / ("v" + __version__) / "summaries"
+        self._ready = False
 
     def _key(self, path: str, digest: str) -> str:
         return hashlib.sha256(f"{_code_fingerprint(self.folder)}\0{path}\0{digest}".encode()).hexdigest()
@@ -405,4 +412,10 @@ class Summaries:
             entry = E.seal(SUMMARY.name, key, SUMMARY.encode(data))
         except (ValueError, TypeError, RecursionError):
             return  # not JSON: not kept
+        if not self._ready:  # (the language server keeps summaries only)
+            try:
+                prepare_folder(self.folder)
+            except OSError:
+                return  # a cache that cannot be written costs speed, never the check
+            self._ready = True
         write_json(self._entry(key), entry)

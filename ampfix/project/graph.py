@@ -27,6 +27,8 @@ from ampfix.project.layout import Layout, Target
 
 SKIP_DIRS = {".git", ".hg", ".svn", "__pycache__", ".venv", "venv", "env", ".env", "build", "dist", "site-packages",
              "node_modules", ".tox", ".nox", ".mypy_cache", ".pytest_cache", ".ampfix_cache", ".eggs"}
+#: a folder holding this file is a cache (https://bford.info/cachedir/: ampfix's own among them), not walked
+CACHE_TAG = "CACHEDIR.TAG"
 #: the key of a result's dependency on the importers of a module (`FileResult.deps`): this, then its path
 IMPORTERS = "importers:"
 #: ... on what the import lines of a file resolve to: this, then its path
@@ -156,22 +158,29 @@ class ImportGraph:
         self.root = self.layout.root
         self._text_of = text_of
         self._files: Optional[List[str]] = None
+        self._folders: List[str] = []  # the folders `files` walked (a namespace package is one)
         self._imports: Dict[str, List[str]] = {}
         self._direct: Dict[str, List[str]] = {}
         self._resolved: Dict[str, List[Tuple[str, Optional[Target]]]] = {}
         self._importers: Optional[Dict[str, List[str]]] = None
         self._texts: Dict[str, Optional[str]] = {}
         self._candidates: Dict[Tuple[str, str], List[str]] = {}
+        self._imports_digests: Dict[str, str] = {}
 
     def files(self) -> List[str]:
-        """Every Python file of the project (sorted; the folders of `SKIP_DIRS` and hidden
-        folders left out)."""
+        """Every Python file of the project (sorted; the folders of `SKIP_DIRS`, hidden
+        folders and cache folders (`CACHE_TAG`) left out)."""
         if self._files is None:
             out: List[str] = []
+            folders: List[str] = []
             for folder, dirs, names in os.walk(self.root):
+                if CACHE_TAG in names and folder != self.root:
+                    dirs[:] = []
+                    continue
                 dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS and not d.startswith("."))
+                folders.append(folder)
                 out.extend(os.path.join(folder, n) for n in sorted(names) if n.endswith(".py"))
-            self._files = out
+            self._files, self._folders = out, folders
         return self._files
 
     def imports_of(self, path: str) -> List[str]:
@@ -231,8 +240,13 @@ class ImportGraph:
         return sorted(out)
 
     def imports_digest(self, path: str) -> str:
-        """The digest of the `imports_dep` of `path`, as the files are now."""
-        return digest_of_paths(self.resolved_imports(path))
+        """The digest of the `imports_dep` of `path`, as the files are now (memoised, as the
+        resolutions it digests are)."""
+        path = os.path.abspath(path)
+        found = self._imports_digests.get(path)
+        if found is None:
+            found = self._imports_digests[path] = digest_of_paths(self.resolved_imports(path))
+        return found
 
     def _text(self, path: str) -> Optional[str]:
         """The text of a file, read once (through `text_of`) whichever question reads it."""
@@ -299,11 +313,16 @@ class ImportGraph:
 
     def stamp(self) -> str:
         """SHA-256 of the project's Python files as the file system describes them (path, size,
-        modification and change times, no read): while it is the same, so are the import lines
-        the graph reads (the cache keeps `digests` under it, so that a warm run
-        neither reads nor resolves the imports of a tree again)."""
+        modification and change times, no read) and of its folders (their paths: a new folder,
+        even an empty one, is a namespace package an import may now resolve to): while it is
+        the same, so are the import lines the graph reads and what they resolve to (the cache
+        keeps `digests` under it, so that a warm run neither reads nor resolves the imports of
+        a tree again)."""
         h = hashlib.sha256(self.root.encode("utf-8", "surrogatepass"))
-        for f in self.files():
+        files = self.files()
+        for d in self._folders:
+            h.update(f"\0{d}{os.sep}".encode("utf-8", "surrogatepass"))
+        for f in files:
             try:
                 st = os.stat(f)
             except OSError:

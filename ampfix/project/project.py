@@ -20,7 +20,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Protocol, Tuple, Union
+from typing import Callable, Dict, List, Optional, Protocol, Tuple, TypeVar, Union
 
 import libcst as cst
 
@@ -29,7 +29,7 @@ from ampfix.model.summarize import AMP_TEXT, TRACE_TEXT, def_spans
 from ampfix.model.summary import IMPORTED, LOCAL, ClassSummary, ModuleSummary, OutgoingCall, Value
 from ampfix.project.graph import (ImportGraph, callers_dep, digest_of_paths, import_statements, importers_dep,
                                   imports_dep, read_text)
-from ampfix.project.layout import Target
+from ampfix.project.layout import Layout, Target, clear_caches
 
 MAX_RESOLVE_DEPTH = 8
 MAX_CALLER_FILES = 40
@@ -76,6 +76,28 @@ def _read(path: str) -> Optional[Source]:
     return None if text is None else Source(text, digest_of(text))
 
 
+# what computing a memoised answer read: (the modules whose texts it read, the files whose imports it resolved)
+Deps = Tuple[Tuple[str, ...], Tuple[str, ...]]
+
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+class _Memo(Dict[K, V]):
+    """A memo of the project's answers, with what computing each one read (`deps`, None when
+    nothing; absent while it is being computed): a later file's analysis that reuses an answer
+    depends on the same modules as the one that computed it (`Project._replay`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.deps: Dict[object, Optional[Deps]] = {}
+
+    def clear(self) -> None:
+        super().clear()
+        self.deps.clear()
+
+
 class Project:
     """The project of one root folder (see the module docstring). One per run and process."""
 
@@ -90,29 +112,35 @@ class Project:
         self._sources: Dict[str, Source] = {}
         self._summaries: Dict[str, Optional[ModuleSummary]] = {}
         self._modules: Dict[str, ForeignModule] = {}
-        self._members: Dict[Tuple[str, str], Optional[Definition]] = {}
-        self._resolved: Dict[Tuple[str, str], Optional[Definition]] = {}
-        self._bases: Dict[Tuple[str, str], list] = {}
-        self._callers: Dict[Tuple[str, str], Optional[list]] = {}
+        self._members: _Memo[Tuple[str, str], Optional[Definition]] = _Memo()
+        self._resolved: _Memo[Tuple[str, str], Optional[Definition]] = _Memo()
+        self._bases: _Memo[Tuple[str, str], list] = _Memo()
+        self._callers: _Memo[Tuple[str, str], Optional[list]] = _Memo()
         self._indexes: Dict[str, ModuleIndex] = {}
         self._spans: Dict[str, Dict[str, Tuple[int, int]]] = {}
         self._relevant: Dict[Tuple[str, Optional[str], str], bool] = {}
         self._bound: Dict[str, Dict[str, str]] = {}
-        self._reached: Dict[Tuple[str, str], List[Optional[Definition]]] = {}
-        self._text_mros: Dict[Tuple[str, str], Optional[List[ForeignClass]]] = {}
+        self._reached: _Memo[Tuple[str, str], List[Optional[Definition]]] = _Memo()
+        self._text_mros: _Memo[Tuple[str, str], Optional[List[ForeignClass]]] = _Memo()
         self._imports_at: Dict[str, List[Tuple[int, int]]] = {}
-        self._used: Dict[Tuple[str, str], Optional[Definition]] = {}
-        self._closures: Dict[Tuple[Tuple[str, Optional[str]], int], Optional[frozenset]] = {}
+        self._used: _Memo[Tuple[str, str], Optional[Definition]] = _Memo()
+        self._closures: _Memo[Tuple[Tuple[str, Optional[str]], int], Optional[frozenset]] = _Memo()
         self._words: Dict[Tuple[Tuple[str, ...], Tuple[str, ...]], Dict[object, Tuple[frozenset, frozenset]]] = {}
         self._active: List[Tuple[str, str]] = []
         self.parsed: List[str] = []  # modules this project parsed itself (not given by the engine)
         self.from_store = 0  # summaries read from the store
         self._touched: Optional[set] = None
+        # the memoised answers being computed (innermost last): where what each reads starts in the logs
+        self._frames: List[Tuple[int, int]] = []
+        self._text_log: List[str] = []  # the modules whose texts they read, in order
+        self._import_log: List[str] = []  # the files whose imports they resolved
+        self._deps_pool: Dict[Deps, Deps] = {}
         self._asked: Optional[set] = None  # the modules whose importers were asked (`end`)
         self._read_imports: Optional[set] = None  # the files whose imports were resolved (`end`)
         self._called: Optional[set] = None  # the functions whose callers were asked (`end`)
         self._kept: Dict[str, Tuple[str, cst.Module]] = {}
         self._stats: Dict[str, Optional[Tuple[int, int]]] = {}
+        self._tree: Optional[str] = None  # the stamp of the tree when `refresh` last looked
         self.used: Dict[str, str] = {}  # path -> digest of every module whose summary was read
 
     # ------------------------------------------------------------------ sources and summaries
@@ -124,20 +152,37 @@ class Project:
     def begin(self) -> None:
         """Start recording the modules read for one file's analysis, the modules whose
         importers it asked, the files whose imports it resolved and the functions whose callers
-        it asked (`end` returns them). In a long-lived process (the language server) a module
-        changed on disk since it was read makes the project forget what it knew."""
+        it asked (`end` returns them). A module changed on disk since it was read makes the
+        project forget what it knew (the language server also calls `refresh`, which notices
+        new files)."""
         self._touched = set()
         self._asked = set()
         self._read_imports = set()
         self._called = set()
+        del self._frames[:]  # (left over by an analysis cut short: `_close`)
+        del self._text_log[:], self._import_log[:]
         if any(_stat_key(p) != key for p, key in self._stats.items()):
             self._forget()
 
-    def _forget(self) -> None:
+    def refresh(self) -> None:
+        """Before an analysis in a long-lived process (the language server): the project as the
+        files are now. When a Python file or a folder of the tree appeared, went or changed
+        since it last looked (the import graph's `stamp`: a walk of the tree and a stat of each
+        file, no read), or a module it read did, it forgets what it knew, the probes of its
+        layout included (a new module may resolve an import, or shadow what it resolved to)."""
+        stamp = ImportGraph(Path(self.root), layout=self.layout).stamp()
+        if stamp != self._tree or any(_stat_key(p) != key for p, key in self._stats.items()):
+            self._forget(layout=True)
+            self._tree = stamp
+
+    def _forget(self, layout: bool = False) -> None:
+        if layout:
+            clear_caches()
+            self.layout = Layout(Path(self.root))
         for memo in (self._sources, self._summaries, self._modules, self._members, self._resolved, self._bases,
                      self._callers, self._bound, self._used, self._reached,
                      self._text_mros, self._imports_at, self._stats, self._indexes, self._spans, self._relevant,
-                     self._closures, self._words):
+                     self._closures, self._words, self._deps_pool):
             memo.clear()
         self.graph = ImportGraph(Path(self.root), self._quiet_text, self.layout)
 
@@ -160,12 +205,67 @@ class Project:
     def _resolving(self, path: str) -> None:
         """The analysis resolves names the file at `path` imports: what its import lines
         resolve to is a dependency of the result (`end`)."""
-        if self._read_imports is not None and self.layout.contains(path):
-            self._read_imports.add(path)
+        if (self._read_imports is not None or self._frames) and self.layout.contains(path):
+            if self._read_imports is not None:
+                self._read_imports.add(path)
+            if self._frames:
+                self._import_log.append(path)
 
     def _touch(self, path: str) -> None:
+        """The analysis read the text of the module at `path` (a dependency of the result)."""
         if self._touched is not None:
             self._touched.add(path)
+        if self._frames:
+            self._text_log.append(path)
+
+    # A memoised answer depends on what computing it read: the memos that a question of
+    # another module is answered from (`_Memo`) keep that with each answer, and a later file's
+    # analysis that reuses the answer replays it into its own dependencies, as if it had
+    # computed it (`_replay`); else the file's cached result would not notice that a module it
+    # depends on through the answer changed. The memos of one module's own text (`index`,
+    # `_def_spans`, ...) record that module on a hit. (The questions of the import graph,
+    # `importers_of` and `callers`, are recorded on every call: no memoised answer asks them.)
+    # (Two logs and the positions where each computation's part starts, rather than a set per
+    # computation: an answer around another reads what that one read, with no copy, and what is
+    # kept is a tuple of strings, which the garbage collector leaves alone.)
+    def _open(self) -> int:
+        """Start recording what computing a memoised answer reads (`_close` ends it)."""
+        self._frames.append((len(self._text_log), len(self._import_log)))
+        return len(self._frames) - 1
+
+    def _close(self, frame: int) -> Optional[Deps]:
+        """What was read since `_open` returned `frame` (None: nothing); the answer being
+        computed around it (if any) read it too: it stays in the logs. A computation left
+        open above it (cut short by a RecursionError) ends with it."""
+        texts_at, imports_at = self._frames[frame]
+        del self._frames[frame:]
+        texts, imports = self._text_log[texts_at:], self._import_log[imports_at:]
+        if not self._frames:
+            del self._text_log[:], self._import_log[:]
+        if not texts and not imports:
+            return None
+        deps = (tuple(sorted(set(texts))), tuple(sorted(set(imports))))
+        return self._deps_pool.setdefault(deps, deps)  # many answers read the same modules: kept once
+
+    def _replay(self, deps: Deps) -> None:
+        """A memoised answer is reused: what computing it read is a dependency all the same."""
+        texts, imports = deps
+        if self._touched is not None:
+            self._touched.update(texts)
+        if self._read_imports is not None:
+            self._read_imports.update(imports)
+        if self._frames:
+            self._text_log.extend(texts)
+            self._import_log.extend(imports)
+
+    def _hit(self, memo: "_Memo", key) -> bool:
+        """`key` is in `memo` (its dependencies replayed)."""
+        if key not in memo:
+            return False
+        deps = memo.deps.get(key)
+        if deps is not None:
+            self._replay(deps)
+        return True
 
     def summary(self, path: str) -> Optional[ModuleSummary]:
         """The summary of the module at `path` (None: unreadable or unparsable)."""
@@ -256,6 +356,8 @@ class Project:
             if self.index(path) is None:
                 return None
             cached = self._modules[path] = ForeignModule(path, lambda: self._summary_for_facts(path))
+        else:
+            self._touch(path)  # its text, as `index` read it (and its summary, read once)
         return cached
 
     def _summary_for_facts(self, path: str) -> ModuleSummary:
@@ -312,17 +414,22 @@ class Project:
             if text is None:
                 return None
             cached = self._indexes[path] = module_index(text)
+        else:
+            self._touch(path)
         return cached
 
     # ------------------------------------------------------------------ resolution
     def resolve(self, importer: str, qualified: str) -> Optional[Definition]:
         key = (os.path.abspath(importer), qualified)
         self._resolving(key[0])
-        if key in self._resolved:
+        if self._hit(self._resolved, key):
             return self._resolved[key]
         self._resolved[key] = None
-        found = self._resolve(key[0], qualified, 0)
-        self._resolved[key] = found
+        frame = self._open()
+        try:
+            found = self._resolved[key] = self._resolve(key[0], qualified, 0)
+        finally:
+            self._resolved.deps[key] = self._close(frame)
         return found
 
     def _resolve(self, importer: str, qualified: str, depth: int, text_only: bool = False) -> Optional[Definition]:
@@ -378,16 +485,19 @@ class Project:
 
     def _member(self, module: ForeignModule, name: str, depth: int) -> Optional[Definition]:
         key = (module.path, name)
-        if key in self._members:
+        if self._hit(self._members, key):
             return self._members[key]
         if key in self._active or depth > MAX_RESOLVE_DEPTH:
             return None  # a cycle of re-exports
         self._active.append(key)
+        frame = self._open()
         try:
             found = self._lookup(module, name, depth)
         finally:
             self._active.pop()
+            deps = self._close(frame)
         self._members[key] = found
+        self._members.deps[key] = deps
         return found
 
     def _lookup(self, module: ForeignModule, name: str, depth: int) -> Optional[Definition]:
@@ -436,12 +546,17 @@ class Project:
 
     def bases(self, cls: ForeignClass) -> List[Union[Definition, str, None]]:
         key = cls.key
-        cached = self._bases.get(key)
-        if cached is None:
+        if self._hit(self._bases, key):
+            return self._bases[key]
+        frame = self._open()
+        try:
             module = self.module(cls.path)
             cached = [self.canonical_definition(module, b.text) if module is not None else None
                       for b in cls.summary.bases]
-            self._bases[key] = cached
+        finally:
+            deps = self._close(frame)
+        self._bases[key] = cached
+        self._bases.deps[key] = deps
         return cached
 
     # ------------------------------------------------------------------ related modules
@@ -628,9 +743,19 @@ class Project:
         than `reach_text` follows. Memoised."""
         qual = d.qual if isinstance(d, (ForeignFunction, ForeignClass)) else None
         key = (d.path, qual)
-        if (key, left) in self._closures:
+        if self._hit(self._closures, (key, left)):
             return self._closures[(key, left)]
+        frame = self._open()
+        try:
+            result = self._closures[(key, left)] = self._closure_of(d, key, left)
+        finally:
+            self._closures.deps[(key, left)] = self._close(frame)
+        return result
+
+    def _closure_of(self, d: Definition, key: Tuple[str, Optional[str]], left: int) -> Optional[frozenset]:
+        """`_closure` without its memo."""
         out = {key}
+        qual = key[1]
         if qual is not None and left > 0:
             module_text = self.text(d.path) or ""
             span = self._def_spans(d.path).get(qual)
@@ -640,11 +765,9 @@ class Project:
                         continue
                     inner = self._closure(found, left - 1)
                     if inner is None or len(out | inner) >= MAX_REACH_PARTS:
-                        self._closures[(key, left)] = None
                         return None
                     out |= inner
-        result = self._closures[(key, left)] = frozenset(out)
-        return result
+        return frozenset(out)
 
     def _import_spans(self, path: str) -> List[Tuple[int, int]]:
         """Where the import statements of a module are written (sorted; memoised)."""
@@ -652,6 +775,8 @@ class Project:
         if cached is None:
             text = self.text(path) or ""
             cached = self._imports_at[path] = sorted(m.span() for ms in import_statements(text) for m in ms)
+        else:
+            self._touch(path)
         return cached
 
     def _reached_from(self, d: Definition, qual: str, code: str, module_text: str) -> List[Optional[Definition]]:
@@ -659,13 +784,22 @@ class Project:
         calls, its bases (a class's or its method's class's), the other methods of its class it
         calls on `self`. Memoised per definition."""
         key = (d.path, qual)
-        cached = self._reached.get(key)
-        if cached is not None:
-            return cached
+        if self._hit(self._reached, key):
+            return self._reached[key]
         cached = self._reached[key] = []
+        frame = self._open()
+        try:
+            self._reach_from(d, qual, code, module_text, cached)
+        finally:
+            self._reached.deps[key] = self._close(frame)
+        return cached
+
+    def _reach_from(self, d: Definition, qual: str, code: str, module_text: str,
+                    cached: List[Optional[Definition]]) -> None:
+        """`_reached_from` without its memo: what it finds is appended to `cached`."""
         module = self.module(d.path)
         if module is None:
-            return cached
+            return
         names = list(_CALLED_RE.findall(code))
         owner = qual.partition(".")[0]
         header = None
@@ -689,7 +823,6 @@ class Project:
                 found = self._text_attribute(found, attr)
             if found is not None:
                 cached.append(found)
-        return cached
 
     def lacks_relevant_method(self, cls: ForeignClass, name: str) -> bool:
         """True when no class `cls` may inherit from (`text_mro`) defines a method `name`
@@ -725,9 +858,18 @@ class Project:
         texts (no summary): never fewer classes than the summaries' `foreign_mro`. None when
         not sure (a base that is not a plain name, a name bound twice or by a star import, a
         class the scan does not find). Memoised."""
-        if cls.key in self._text_mros:
+        if self._hit(self._text_mros, cls.key):
             return self._text_mros[cls.key]
         self._text_mros[cls.key] = None  # a cycle of bases: not sure
+        frame = self._open()
+        try:
+            found = self._text_mros[cls.key] = self._text_mro(cls)
+        finally:
+            self._text_mros.deps[cls.key] = self._close(frame)
+        return found
+
+    def _text_mro(self, cls: ForeignClass) -> Optional[List[ForeignClass]]:
+        """`text_mro` without its memo."""
         out: List[ForeignClass] = []
         todo: List[Tuple[ForeignClass, int]] = [(cls, 0)]
         seen = set()
@@ -741,7 +883,6 @@ class Project:
             seen.add(c.key)
             out.append(c)
             todo.extend((b, depth + 1) for b in bases)
-        self._text_mros[cls.key] = out
         return out
 
     def _text_bases(self, c: ForeignClass) -> Optional[List[ForeignClass]]:
@@ -779,6 +920,8 @@ class Project:
         cached = self._bound.get(path)
         if cached is None:
             cached = self._bound[path] = _bindings(self.text(path) or "")
+        else:
+            self._touch(path)
         return cached
 
     def _use(self, importer: str, qualified: str) -> Optional[Definition]:
@@ -786,9 +929,14 @@ class Project:
         (`resolve` reads a class's summary for its attributes). Memoised."""
         key = (importer, qualified)
         self._resolving(importer)
-        if key not in self._used:
-            self._used[key] = self._resolve(importer, qualified, 0, text_only=True)
-        return self._used[key]
+        if self._hit(self._used, key):
+            return self._used[key]
+        frame = self._open()
+        try:
+            found = self._used[key] = self._resolve(importer, qualified, 0, text_only=True)
+        finally:
+            self._used.deps[key] = self._close(frame)
+        return found
 
     def _text_attribute(self, d: Optional[Definition], name: str) -> Optional[Definition]:
         if isinstance(d, ForeignModule):
@@ -801,6 +949,8 @@ class Project:
         spans = self._spans.get(path)
         if spans is None:
             spans = self._spans[path] = def_spans(self.text(path) or "")
+        else:
+            self._touch(path)
         return spans
 
     def apex_amp_uses(self, path: str) -> List[Tuple[str, int]]:
@@ -840,11 +990,20 @@ class Project:
         candidates = self.graph.caller_candidates(path, qual)
         for f in candidates:
             self._touch(f)
-        if key in self._callers:
+        if self._hit(self._callers, key):
             return self._callers[key]
         self._callers[key] = None
         if len(candidates) > MAX_CALLER_FILES:
             return None
+        frame = self._open()
+        try:
+            found = self._callers[key] = self._calls_to(path, qual, candidates)
+        finally:
+            self._callers.deps[key] = self._close(frame)
+        return found
+
+    def _calls_to(self, path: str, qual: str, candidates: List[str]) -> List[Tuple[ForeignModule, OutgoingCall]]:
+        """`callers` without its memo."""
         found: List[Tuple[ForeignModule, OutgoingCall]] = []
         for f in candidates:
             module = self.module(f)
@@ -856,7 +1015,6 @@ class Project:
                 d = self.canonical_definition(module, call.callee)
                 if isinstance(d, ForeignFunction) and d.path == path and d.qual == qual:
                     found.append((module, call))
-        self._callers[key] = found
         return found
 
 

@@ -1,0 +1,218 @@
+"""The dependencies a cached result records (`Project.begin`/`end`, the import graph's stamp):
+the same whichever file of the run asked a question first, and a change on disk that changes an
+answer is noticed on a warm run."""
+
+import textwrap
+from pathlib import Path
+
+from ampfix.model.foreign import ForeignClass, ForeignFunction
+from ampfix.project import Project
+from ampfix.project.layout import clear_caches
+
+
+def tree(root: Path, files: dict) -> Path:
+    clear_caches()
+    for name, text in files.items():
+        p = root / name
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(textwrap.dedent(text), encoding="utf-8")
+    return root
+
+
+TRAIN_THROUGH_API = """\
+    # do_step runs the backward pass
+    import torch
+    from pkg.api import do_step
+
+
+    def train(model, opt, data):
+        for x in data:
+            with torch.autocast("cuda"):
+                loss = model(x).sum()
+                do_step(loss)
+            opt.step()
+    """
+
+
+def test_a_second_file_depends_on_the_re_export_the_first_one_resolved(tmp_path):
+    # a.py and b.py both import do_step from pkg/api.py, which re-exports it from
+    # pkg/helpers.py. One process checks a.py, then b.py: b.py's resolution of the import is
+    # answered by the project's memo, yet b.py's result depends on pkg/api.py as much as
+    # a.py's does. Once pkg/api.py re-exports another do_step (one that runs a backward inside
+    # the autocast region: AMP001), the warm run must report it in both files.
+    from conftest import run_ampfix
+
+    tree(tmp_path, {
+        "pyproject.toml": "",
+        "pkg/__init__.py": "",
+        "pkg/api.py": "from pkg.helpers import do_step\n",
+        "pkg/helpers.py": "def do_step(loss):\n    return loss\n",
+        "pkg/other.py": "def do_step(loss):\n    loss.backward()\n",
+        "a.py": TRAIN_THROUGH_API,
+        "b.py": TRAIN_THROUGH_API,
+    })
+    env = {"AMPFIX_CACHE_DIR": str(tmp_path / "cache")}
+    args = ("check", "-q", "-j", "1", "a.py", "b.py")
+    first = run_ampfix(*args, cwd=tmp_path, env=env)
+    assert (first.returncode, first.stdout) == (0, b""), first.stdout.decode() + first.stderr.decode()
+    (tmp_path / "pkg" / "api.py").write_text("from pkg.other import do_step\n", encoding="utf-8")
+    again = run_ampfix(*args, cwd=tmp_path, env=env)
+    fresh = run_ampfix(*args[:-2], "--no-cache", "a.py", "b.py", cwd=tmp_path)
+    assert "a.py:10:13: AMP001" in fresh.stdout.decode() and "b.py:10:13: AMP001" in fresh.stdout.decode()
+    assert (again.returncode, again.stdout) == (fresh.returncode, fresh.stdout)
+
+
+LAYERED = {
+    "pyproject.toml": "",
+    "pkg/__init__.py": "from .api import *\n",
+    "pkg/api.py": "from pkg.impl import step, Trainer\nfrom pkg.base import Base as Root\n",
+    "pkg/base.py": """\
+        import torch
+
+
+        class Base:
+            def __init__(self):
+                self.scaler = torch.amp.GradScaler("cuda")
+        """,
+    "pkg/impl.py": """\
+        import torch
+        from pkg.api import Root
+        from pkg.util import clip
+
+
+        def step(loss, opt, scaler):
+            scaler.scale(loss).backward()
+            clip(opt)
+            scaler.step(opt)
+            scaler.update()
+
+
+        class Trainer(Root):
+            def fit(self, loss, opt):
+                step(loss, opt, self.scaler)
+        """,
+    "pkg/util.py": "def clip(opt):\n    return opt\n",
+    "main.py": """\
+        from pkg import step, Trainer
+
+
+        def run(loss, opt, scaler):
+            step(loss, opt, scaler)
+            Trainer().fit(loss, opt)
+        """,
+    "other.py": "from pkg.api import step\n\n\ndef again(loss, opt, scaler):\n    step(loss, opt, scaler)\n",
+}
+
+
+def _questions(project: Project, root: Path, importer: str) -> None:
+    """The questions an analysis of `importer` asks the project (`ForeignFacts`, the triggers'
+    reach), each answered through the project's memos."""
+    path = str(root / importer)
+    step = project.resolve(path, "pkg.step")
+    trainer = project.resolve(path, "pkg.Trainer")
+    assert isinstance(step, ForeignFunction) and isinstance(trainer, ForeignClass)
+    project.relevant(step)
+    project.bases(trainer)
+    project.text_mro(trainer)
+    project.lacks_relevant_method(trainer, "fit")
+    project.lacks_relevant_classes(trainer)
+    project.callers(step.path, "step")
+    project.member(project.module(str(root / "pkg" / "api.py")), "step")
+    project.reach_words(path, ("backward", "GradScaler"), ("scaler",))
+    project.reach_held(path, ("backward", "GradScaler"), ("scaler",))
+    project.reach_text(path)
+    project.related_text(path)
+
+
+def _deps(project: Project, root: Path, importer: str):
+    project.begin()
+    _questions(project, root, importer)
+    return project.end()
+
+
+def test_a_memoised_answer_records_what_it_read(tmp_path):
+    # the dependencies of a file's analysis are the same when another file asked the same
+    # questions first (the project's memos answer them) as in a project of its own
+    tree(tmp_path, LAYERED)
+    for first, second in (("other.py", "main.py"), ("main.py", "other.py"), ("main.py", "main.py")):
+        alone = _deps(Project(tmp_path), tmp_path, second)
+        shared = Project(tmp_path)
+        _deps(shared, tmp_path, first)
+        texts, graph = _deps(shared, tmp_path, second)
+        assert set(alone[0]) - set(texts) == set(), (first, second)
+        assert set(alone[1]) - set(graph) == set(), (first, second)
+        assert str(tmp_path / "pkg" / "impl.py") in texts and str(tmp_path / "pkg" / "api.py") in texts
+
+
+NAMESPACE_CALLER = """\
+    import torch
+
+    from pkg import backward_step
+
+
+    def fit(model, optimizer, loader, epochs):
+        scaler = torch.amp.GradScaler("cuda")
+        for _ in range(epochs):
+            for x, y in loader:
+                with torch.autocast("cuda", dtype=torch.float16):
+                    loss = torch.nn.functional.mse_loss(model(x), y)
+                    backward_step(loss, scaler)
+                scaler.step(optimizer)
+                scaler.update()
+                optimizer.zero_grad()
+    """
+
+
+def test_a_cached_result_follows_a_new_folder_its_import_resolves_to(tmp_path):
+    # `from pkg import backward_step` is the function pkg/__init__.py defines (a backward
+    # inside the autocast region: AMP001) until an empty folder pkg/backward_step/ appears:
+    # then it is that namespace package (the layout's resolution). No Python file changed,
+    # yet what train.py's import lines resolve to did: the graph's stamp covers the folders.
+    from conftest import run_ampfix
+
+    tree(tmp_path, {"pyproject.toml": "",
+                    "pkg/__init__.py": "def backward_step(loss, scaler):\n    scaler.scale(loss).backward()\n",
+                    "train.py": NAMESPACE_CALLER})
+    env = {"AMPFIX_CACHE_DIR": str(tmp_path / "cache")}
+    first = run_ampfix("check", "-q", ".", cwd=tmp_path, env=env)
+    assert "train.py:12:17: AMP001" in first.stdout.decode(), first.stdout.decode() + first.stderr.decode()
+    (tmp_path / "pkg" / "backward_step").mkdir()
+    again = run_ampfix("check", "-q", ".", cwd=tmp_path, env=env)
+    fresh = run_ampfix("check", "-q", "--no-cache", ".", cwd=tmp_path)
+    assert (fresh.returncode, fresh.stdout) == (0, b"")
+    assert (again.returncode, again.stdout) == (fresh.returncode, fresh.stdout)
+    (tmp_path / "pkg" / "backward_step").rmdir()  # and gone again: the finding is back
+    gone = run_ampfix("check", "-q", ".", cwd=tmp_path, env=env)
+    assert (gone.returncode, gone.stdout) == (first.returncode, first.stdout)
+
+
+def test_the_graph_stamp_follows_folders_and_files(tmp_path):
+    from ampfix.project.graph import ImportGraph
+
+    tree(tmp_path, {"pyproject.toml": "", "pkg/__init__.py": "", "pkg/sub/__init__.py": "", "train.py": ""})
+    stamp = ImportGraph(tmp_path).stamp()
+    assert ImportGraph(tmp_path).stamp() == stamp  # the same tree, the same stamp
+    (tmp_path / "pkg" / "empty").mkdir()
+    with_folder = ImportGraph(tmp_path).stamp()
+    assert with_folder != stamp
+    (tmp_path / "pkg" / "empty").rmdir()
+    assert ImportGraph(tmp_path).stamp() == stamp
+    (tmp_path / "pkg" / "sub" / "__init__.py").unlink()  # a namespace package now
+    unlinked = ImportGraph(tmp_path).stamp()
+    assert unlinked not in (stamp, with_folder)
+    (tmp_path / "pkg" / "__pycache__").mkdir()  # nothing the graph reads: the same stamp
+    (tmp_path / "pkg" / "__pycache__" / "x.pyc").write_bytes(b"")
+    (tmp_path / ".hidden").mkdir()
+    (tmp_path / "notes.txt").write_text("not Python\n")
+    assert ImportGraph(tmp_path).stamp() == unlinked
+    # a cache kept in the tree under a plain name (AMPFIX_CACHE_DIR=cache) grows folders as it
+    # is written: it is tagged (CACHEDIR.TAG), and a tagged folder is not walked
+    from ampfix.engine.cache import Summaries
+
+    Summaries(tmp_path / "cache").put(str(tmp_path / "train.py"), "0" * 64, {"unreadable": True})
+    tagged = ImportGraph(tmp_path).stamp()
+    Summaries(tmp_path / "cache").put(str(tmp_path / "pkg" / "__init__.py"), "1" * 64, {"unreadable": True})
+    (tmp_path / "cache" / "more" / "x.py").parent.mkdir()
+    (tmp_path / "cache" / "more" / "x.py").write_text("")
+    assert ImportGraph(tmp_path).stamp() == tagged
+    assert str(tmp_path / "cache" / "more" / "x.py") not in ImportGraph(tmp_path).files()
