@@ -4,7 +4,8 @@ autograd graph of the mlp fixture's step walked two ways, remembering bare `id()
 
     python bench/gpu_graph_walk.py      # on a machine with CUDA (else the CPU, where both agree)
 """
-import sys, traceback, torch, torch.nn.functional as F
+import torch
+import torch.nn.functional as F
 dev = "cuda" if torch.cuda.is_available() else "cpu"
 torch.manual_seed(0)
 layers = [torch.nn.Linear(256, 512), torch.nn.ReLU()]
