@@ -7,7 +7,8 @@ from typing import Iterator, List, Optional
 import libcst as cst
 
 from ampfix.fixes.edits import hoist_before, in_block, insert_after, remove_statement, replace_statement
-from ampfix.model import AmpModel, Trace, TraceEvent, dotted, names_bound, reads_writes, uses_only
+from ampfix.model import (AmpModel, Trace, TraceEvent, dotted, group_frame, group_loop, names_bound, reads_writes,
+                          uses_only)
 from ampfix.model.events import OPT_NEW, SCALER_NEW, SCALER_STEP, UNSCALE, UPDATE
 from ampfix.rule import SAFE, UNSAFE, FileContext, Fix, Rule, Violation
 
@@ -109,7 +110,7 @@ for x, y in loader:
 
     def _in_loop(self, model: AmpModel, trace: Trace, new: TraceEvent, stmt, flagged: List) -> Violation:
         inner = flagged[-1]
-        frame, (_, loop) = inner
+        frame, loop = group_frame(inner), group_loop(inner)
         if len(frame) == len(new.frame):
             message = (f"a GradScaler is built in every iteration of the loop on line {model.line(loop)}: it forgets "
                        "its scale each time (starts again at 65536); build it once before the loop")
@@ -124,7 +125,7 @@ for x, y in loader:
     @staticmethod
     def _hoist(model: AmpModel, new: TraceEvent, stmt, flagged: List) -> Optional[Fix]:
         """Move the construction before the outermost flagged loop of its own function."""
-        loops = [g[1][1] for g in flagged if len(g[0]) == len(new.frame)]
+        loops = [group_loop(g) for g in flagged if len(group_frame(g)) == len(new.frame)]
         if not loops or not isinstance(stmt, cst.SimpleStatementLine) or len(stmt.body) != 1:
             return None
         outer = loops[0]

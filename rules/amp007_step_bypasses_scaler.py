@@ -152,8 +152,8 @@ for x, y in loader:
                     return [None] * len(group), None
                 conditional = True
             stmts.append(stmt)
-        key = group[0][3]
-        scaler = model.code(group[0][2].func.value)  # type: ignore[attr-defined]
+        _, _, first_scale, key = group[0]
+        scaler = model.code(first_scale.func.value)  # type: ignore[attr-defined]
         needs_update = not any(e.scaler == key for e in trace.of(UPDATE, SCALER_STEP))
         if needs_update and any(set(step.loops()) - set(bw.loops()) for step, bw, _, _ in group):
             return [None] * len(group), None  # `for opt in optimizers: opt.step()`: one update after that loop, by hand

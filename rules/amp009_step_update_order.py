@@ -7,7 +7,7 @@ from typing import Iterator, List, Optional, Tuple
 import libcst as cst
 
 from ampfix.fixes.edits import guarded, in_block, insert_after, statement
-from ampfix.model import AmpModel, Trace, TraceEvent, is_expression_statement_of
+from ampfix.model import AmpModel, Trace, TraceEvent, group_loop, is_expression_statement_of
 from ampfix.model.events import SCALER_STEP, UNSCALE, UPDATE
 from ampfix.rule import SAFE, FileContext, Fix, Rule, Violation
 
@@ -112,7 +112,7 @@ for x, y in loader:
                                                                     and e.target == ev.target))
 
             end = model.leaves_iteration_without(trace, ev, group, blocks)
-            if end is None or (ev.event.foreign and group is not None and not isinstance(group[1][1], cst.CSTNode)):
+            if end is None or (ev.event.foreign and group is not None and not isinstance(group_loop(group), cst.CSTNode)):
                 continue  # the iteration of a helper of another module: reported there
             updates = [u for u in trace.of(UPDATE) if u.scaler == scaler and model.in_iteration(u, group)
                        and model.may_precede(trace, ev, u)]
@@ -155,7 +155,7 @@ for x, y in loader:
 
     @staticmethod
     def _once_per_loop(model: AmpModel, ev: TraceEvent, update: TraceEvent, group, shown) -> str:
-        loop = group[1][1]
+        loop = group_loop(group)
         where = f"the loop on line {model.line(loop)}" if isinstance(loop, cst.CSTNode) else "the loop"
         return (f"`scaler.step()` runs on every iteration of {where}, but `scaler.update()` (line "
                 f"{model.line(update.node)}) only after that loop: the second `step()` raises RuntimeError (\"step() "
@@ -200,7 +200,7 @@ for x, y in loader:
         stmt = model.statement_of(ev.node)
         if not is_expression_statement_of(stmt, ev.node):
             return None, None
-        stop = group[1][1] if group is not None else None
+        stop = group_loop(group)
         while True:  # out of loops over optimizers inside the iteration
             loop = model.loop_of(stmt, stop)
             if loop is None:

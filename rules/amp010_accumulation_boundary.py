@@ -7,7 +7,7 @@ from typing import Dict, Iterator, List, Optional
 import libcst as cst
 
 from ampfix.fixes.edits import move_into_block
-from ampfix.model import AmpModel, Misplaced, Trace, call_name, names_bound, reads_writes
+from ampfix.model import AmpModel, Misplaced, Trace, call_name, group_loop, names_bound, reads_writes
 from ampfix.model.tree import child_nodes
 from ampfix.model.events import SCALER_STEP, UNSCALE
 from ampfix.rule import SAFE, UNSAFE, FileContext, Fix, Rule, Violation
@@ -112,7 +112,7 @@ for i, (x, y) in enumerate(loader):
     @staticmethod
     def _message(model: AmpModel, trace: Trace, m: Misplaced, shown: cst.CSTNode) -> str:
         if m.boundary == m.iteration:  # the micro-batch loop itself: the step runs after it
-            loop = m.boundary[1][1]  # type: ignore[index]
+            loop = group_loop(m.boundary)
             which = f"the loop on line {model.line(loop)}" if isinstance(loop, cst.CSTNode) else "the loop"
             return (f"`scaler.unscale_()` runs on every micro-batch of {which} that runs the backward, but the "
                     f"optimizer steps after that loop (`scaler.step()` on line {model.line(m.guarded.node)}): the "

@@ -254,6 +254,32 @@ def test_a_trace_runs_helpers_in_order_with_the_roots_names():
                       (UPDATE, "scaler", None)]
 
 
+def test_an_iteration_is_a_loop_group_read_through_its_accessors():
+    from ampfix.model import group_frame, group_loop
+
+    m = model("""
+        import torch
+
+        def apply_step(s, o):
+            s.step(o)
+            s.update()
+
+        def train(loader, opt):
+            scaler = torch.amp.GradScaler("cuda")
+            for x in loader:
+                scaler.scale(x).backward()
+                apply_step(scaler, opt)
+        """)
+    train = m.functions["train"][0]
+    trace = m.trace(train)
+    (step,) = trace.of(SCALER_STEP)
+    group = m.iteration_of(trace, step)
+    loop = group_loop(group)
+    assert isinstance(loop, cst.For) and m.function_of(loop) is train
+    assert group_frame(group) == ()  # the loop is the root's own code, though the step is in a helper
+    assert group_loop(None) is None and group_frame(None) == ()
+
+
 # ---------------------------------------------------------------------- checkpoints and precision
 
 

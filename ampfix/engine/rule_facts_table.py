@@ -2,7 +2,7 @@
 them before it analyses anything (see ampfix/engine/rulemeta.py). Do not edit; regenerate.
 """
 
-DIGEST = '07130bb90acbd49a7b2f78aa0167af70bca54e26cdfe2791d9f562f6a117b5f3'
+DIGEST = '96f9982808db050e4cda9aa26abb027f8ac716be7dc2ec276c0e6da4def62dcf'
 
 RULES = [
     ('AMP001', 'backward-in-autocast', True, ('autocast',), (),

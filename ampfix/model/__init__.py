@@ -50,7 +50,7 @@ from ampfix.model.events import Event, Events, Trace, TraceEvent, anchor
 from ampfix.model.flow import Flow
 from ampfix.model.foreign import Foreign, ForeignFacts
 from ampfix.model.guards import Guards
-from ampfix.model.iterations import Iterations, Misplaced
+from ampfix.model.iterations import Iterations, Misplaced, group_frame, group_loop
 from ampfix.model.training import Training
 from ampfix.model.updates import UpdateMisplaced, UpdatePlace, Updates
 from ampfix.model.names import API_TABLE, Api, ImportBinding, Names
@@ -93,6 +93,6 @@ class AmpModel(Tree, Names, Values, CallGraph, Regions, Objects, Flow, Events, G
 __all__ = [
     "API_TABLE", "AmpModel", "Api", "ApexLeftover", "ApexOptionalImport", "ApexRole", "ApexUse", "BackwardCall", "Event",
     "ImportBinding", "Misplaced", "Region", "Trace", "TraceEvent", "UpdateMisplaced", "UpdatePlace",
-    "anchor", "call_name", "dotted", "get_arg", "is_expression_statement_of", "literal_bool", "literal_string",
+    "anchor", "call_name", "dotted", "get_arg", "group_frame", "group_loop", "is_expression_statement_of", "literal_bool", "literal_string",
     "method_call", "names_bound", "reads_writes", "receiver", "uses_only",
 ]

@@ -578,6 +578,24 @@ def _evaluate(expr: cst.BaseExpression, where, known: Dict[Tuple, bool]) -> Opti
     return None if value is None else (value if positive else not value)
 
 
+def group_frame(group: Optional[Group]) -> Tuple[int, ...]:
+    """The frame of a qualified trace group `(frame, local)`: the calls it was reached through
+    (empty: the root's own code, or a group that is not qualified)."""
+    if isinstance(group, tuple) and len(group) == 2 and isinstance(group[0], tuple):
+        return group[0]
+    return ()
+
+
+def group_loop(group: Optional[Group]) -> object:
+    """What a loop group `(frame, ("loop" | "comp", node))` holds for its loop: the loop's node
+    (for a loop of another module's code, a key that is not a node of this file); None for any
+    other group. Rules read a group's parts through this and `group_frame`, not by index."""
+    local = _local(group) if group is not None else None
+    if isinstance(local, tuple) and len(local) >= 2 and local[0] in ("loop", "comp"):
+        return local[1]
+    return None
+
+
 def _local(group: Group):
     """The function-local part of a trace group (`(frame, local)`, or a stable test as is)."""
     if isinstance(group, tuple) and len(group) == 2 and isinstance(group[0], tuple) and isinstance(group[1], tuple):
