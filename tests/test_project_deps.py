@@ -163,11 +163,12 @@ NAMESPACE_CALLER = """\
     """
 
 
-def test_a_cached_result_follows_a_new_folder_its_import_resolves_to(tmp_path):
+def test_a_package_binding_beats_a_folder_of_its_name_and_the_cache_agrees(tmp_path):
     # `from pkg import backward_step` is the function pkg/__init__.py defines (a backward
-    # inside the autocast region: AMP001) until an empty folder pkg/backward_step/ appears:
-    # then it is that namespace package (the layout's resolution). No Python file changed,
-    # yet what train.py's import lines resolve to did: the graph's stamp covers the folders.
+    # inside the autocast region: AMP001). An empty folder pkg/backward_step/ appearing does
+    # not change that: Python reads the package's attribute before it looks for a submodule
+    # (`Project._package_attribute`). The warm run, whose graph stamp changed with the folder,
+    # agrees with a run without the cache at each step.
     from conftest import run_ampfix
 
     tree(tmp_path, {"pyproject.toml": "",
@@ -179,11 +180,28 @@ def test_a_cached_result_follows_a_new_folder_its_import_resolves_to(tmp_path):
     (tmp_path / "pkg" / "backward_step").mkdir()
     again = run_ampfix("check", "-q", ".", cwd=tmp_path, env=env)
     fresh = run_ampfix("check", "-q", "--no-cache", ".", cwd=tmp_path)
-    assert (fresh.returncode, fresh.stdout) == (0, b"")
+    assert (fresh.returncode, fresh.stdout) == (first.returncode, first.stdout)
     assert (again.returncode, again.stdout) == (fresh.returncode, fresh.stdout)
-    (tmp_path / "pkg" / "backward_step").rmdir()  # and gone again: the finding is back
+    (tmp_path / "pkg" / "backward_step").rmdir()
     gone = run_ampfix("check", "-q", ".", cwd=tmp_path, env=env)
     assert (gone.returncode, gone.stdout) == (first.returncode, first.stdout)
+
+
+def test_a_package_re_export_of_a_same_named_submodule_is_the_function(tmp_path):
+    # `from .backward_step import backward_step` in the package: `from pkg import
+    # backward_step` is that function, not the submodule (before, the module: nothing found);
+    # `from . import backward_step` binds the submodule itself: calling it says nothing.
+    from conftest import run_ampfix
+
+    tree(tmp_path, {"pyproject.toml": "",
+                    "pkg/__init__.py": "from .backward_step import backward_step\n",
+                    "pkg/backward_step.py": "def backward_step(loss, scaler):\n    scaler.scale(loss).backward()\n",
+                    "train.py": NAMESPACE_CALLER})
+    found = run_ampfix("check", "-q", "--no-cache", ".", cwd=tmp_path)
+    assert "train.py:12:17: AMP001" in found.stdout.decode(), found.stdout.decode() + found.stderr.decode()
+    (tmp_path / "pkg" / "__init__.py").write_text("from . import backward_step\n")
+    module = run_ampfix("check", "-q", "--no-cache", ".", cwd=tmp_path)
+    assert (module.returncode, module.stdout) == (0, b"")
 
 
 def test_the_graph_stamp_follows_folders_and_files(tmp_path):

@@ -446,6 +446,7 @@ class Project:
             target = self.layout.resolve(importer, dots + ".".join(parts[:k]))
             if target is None:
                 continue
+            target = self._package_attribute(importer, dots, parts[:k], target)
             d = self._target(target, depth)
             for name in parts[k:]:
                 d = self._text_attribute(d, name) if text_only else self._attribute(d, name, depth + 1)
@@ -454,6 +455,24 @@ class Project:
             target = self.layout.resolve(importer, dots)
             return self._target(target, depth) if target is not None else None
         return None
+
+    def _package_attribute(self, importer: str, dots: str, parts: List[str], target: Target) -> Target:
+        """`pkg.name` (or `.name`) that the layout found as the submodule or folder `pkg/name`:
+        what `pkg/__init__.py` binds to `name` when it binds it otherwise, as Python reads the
+        package's attribute before it looks for a submodule (`from .name import name` in the
+        package, `from pkg import name` in the file: the function, not the module)."""
+        if target.attr is not None or not parts or (not dots and len(parts) < 2):
+            return target
+        parent = self.layout.resolve(importer, dots + ".".join(parts[:-1]))
+        if parent is None or parent.attr is not None or not parent.path.endswith("__init__.py"):
+            return target
+        index = self.index(parent.path)
+        name = parts[-1]
+        if index is None or name not in index.names:
+            return target
+        if any(self.layout.resolve(parent.path, q) == target for q in index.imports.get(name, ())):
+            return target  # `from . import name`: the package binds the submodule itself
+        return Target(parent.path, attr=name)
 
     def _target(self, target: Target, depth: int) -> Optional[Definition]:
         if not target.path:  # a namespace package: a folder, no file
