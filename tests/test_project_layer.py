@@ -86,6 +86,19 @@ def test_a_local_module_shadows_a_library_of_the_same_name(tmp_path):
     assert lay.resolve(str(tmp_path / "train.py"), "logging").path == str(tmp_path / "logging.py")
 
 
+def test_a_folder_without_init_does_not_hide_a_module_found_later(tmp_path):
+    # scripts/utils/ (no `__init__.py`) is only a namespace portion: Python takes the module
+    # utils.py of a later path entry (the project root) before it; with none, the folder
+    tree(tmp_path, {"pyproject.toml": "", "utils.py": "def f(): pass\n", "scripts/train.py": "",
+                    "scripts/utils/notes.txt": "", "scripts/other/notes.txt": ""})
+    lay = Layout(tmp_path)
+    script = str(tmp_path / "scripts" / "train.py")
+    assert lay.resolve(script, "utils").path == str(tmp_path / "utils.py")
+    assert lay.resolve(script, "utils.f").attr == "f"
+    other = lay.resolve(script, "other")
+    assert (other.path, other.folder) == ("", str(tmp_path / "scripts" / "other"))
+
+
 def test_unresolvable_imports_stay_unknown(tmp_path):
     tree(tmp_path, {"pyproject.toml": "", "train.py": ""})
     p = Project(tmp_path)

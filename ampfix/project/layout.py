@@ -143,11 +143,13 @@ class Layout:
             if not self.contains(folder):
                 return None
             return self._resolve_in(folder, parts, relative=True)
+        namespace = None  # a folder without `__init__.py`: a module or package found later wins, as in Python
         for folder in self.search_path(importer):
             found = self._resolve_in(folder, parts, relative=False)
-            if found is not None:
+            if found is not None and found.path:
                 return found
-        return None
+            namespace = namespace or found
+        return namespace
 
     def _resolve_in(self, folder: str, parts: Tuple[str, ...], relative: bool) -> Optional[Target]:
         if not parts:
