@@ -82,6 +82,7 @@ Deps = Tuple[Tuple[str, ...], Tuple[str, ...]]
 
 K = TypeVar("K")
 V = TypeVar("V")
+_UNSET = object()  # `Project._memoised`: no placeholder
 
 
 class _Memo(Dict[K, V]):
@@ -258,14 +259,24 @@ class Project:
             self._text_log.extend(texts)
             self._import_log.extend(imports)
 
-    def _hit(self, memo: "_Memo", key) -> bool:
-        """`key` is in `memo` (its dependencies replayed)."""
-        if key not in memo:
-            return False
-        deps = memo.deps.get(key)
-        if deps is not None:
-            self._replay(deps)
-        return True
+    def _memoised(self, memo: "_Memo[K, V]", key: K, compute: Callable[[], V], placeholder: object = _UNSET) -> V:
+        """`memo[key]`, computed by `compute` the first time with what computing it read kept
+        beside it (`_open`, `_close`), and replayed into the current file's dependencies on a
+        hit. `placeholder`: what the key holds while it is computed (what a cycle back to it
+        reads)."""
+        if key in memo:
+            deps = memo.deps.get(key)
+            if deps is not None:
+                self._replay(deps)
+            return memo[key]
+        if placeholder is not _UNSET:
+            memo[key] = placeholder  # type: ignore[assignment]
+        frame = self._open()
+        try:
+            found = memo[key] = compute()
+        finally:
+            memo.deps[key] = self._close(frame)
+        return found
 
     def summary(self, path: str) -> Optional[ModuleSummary]:
         """The summary of the module at `path` (None: unreadable or unparsable)."""
@@ -422,15 +433,7 @@ class Project:
     def resolve(self, importer: str, qualified: str) -> Optional[Definition]:
         key = (os.path.abspath(importer), qualified)
         self._resolving(key[0])
-        if self._hit(self._resolved, key):
-            return self._resolved[key]
-        self._resolved[key] = None
-        frame = self._open()
-        try:
-            found = self._resolved[key] = self._resolve(key[0], qualified, 0)
-        finally:
-            self._resolved.deps[key] = self._close(frame)
-        return found
+        return self._memoised(self._resolved, key, lambda: self._resolve(key[0], qualified, 0), placeholder=None)
 
     def _resolve(self, importer: str, qualified: str, depth: int, text_only: bool = False) -> Optional[Definition]:
         """`resolve` without its memo; `text_only`: a class's attributes are its methods found in
@@ -504,20 +507,17 @@ class Project:
 
     def _member(self, module: ForeignModule, name: str, depth: int) -> Optional[Definition]:
         key = (module.path, name)
-        if self._hit(self._members, key):
-            return self._members[key]
-        if key in self._active or depth > MAX_RESOLVE_DEPTH:
+        if key not in self._members and (key in self._active or depth > MAX_RESOLVE_DEPTH):
             return None  # a cycle of re-exports
-        self._active.append(key)
-        frame = self._open()
-        try:
-            found = self._lookup(module, name, depth)
-        finally:
-            self._active.pop()
-            deps = self._close(frame)
-        self._members[key] = found
-        self._members.deps[key] = deps
-        return found
+
+        def lookup() -> Optional[Definition]:
+            self._active.append(key)
+            try:
+                return self._lookup(module, name, depth)
+            finally:
+                self._active.pop()
+
+        return self._memoised(self._members, key, lookup)
 
     def _lookup(self, module: ForeignModule, name: str, depth: int) -> Optional[Definition]:
         index = self.index(module.path) if module.path.endswith(".py") else None
@@ -564,19 +564,12 @@ class Project:
         return None
 
     def bases(self, cls: ForeignClass) -> List[Union[Definition, str, None]]:
-        key = cls.key
-        if self._hit(self._bases, key):
-            return self._bases[key]
-        frame = self._open()
-        try:
+        def resolved() -> List[Union[Definition, str, None]]:
             module = self.module(cls.path)
-            cached = [self.canonical_definition(module, b.text) if module is not None else None
-                      for b in cls.summary.bases]
-        finally:
-            deps = self._close(frame)
-        self._bases[key] = cached
-        self._bases.deps[key] = deps
-        return cached
+            return [self.canonical_definition(module, b.text) if module is not None else None
+                    for b in cls.summary.bases]
+
+        return self._memoised(self._bases, cls.key, resolved)
 
     # ------------------------------------------------------------------ related modules
     def text(self, path: str) -> Optional[str]:
@@ -762,14 +755,7 @@ class Project:
         than `reach_text` follows. Memoised."""
         qual = d.qual if isinstance(d, (ForeignFunction, ForeignClass)) else None
         key = (d.path, qual)
-        if self._hit(self._closures, (key, left)):
-            return self._closures[(key, left)]
-        frame = self._open()
-        try:
-            result = self._closures[(key, left)] = self._closure_of(d, key, left)
-        finally:
-            self._closures.deps[(key, left)] = self._close(frame)
-        return result
+        return self._memoised(self._closures, (key, left), lambda: self._closure_of(d, key, left))
 
     def _closure_of(self, d: Definition, key: Tuple[str, Optional[str]], left: int) -> Optional[frozenset]:
         """`_closure` without its memo."""
@@ -802,23 +788,16 @@ class Project:
         """What the code of `d` (a function, a method, a class) names in its module: what it
         calls, its bases (a class's or its method's class's), the other methods of its class it
         calls on `self`. Memoised per definition."""
-        key = (d.path, qual)
-        if self._hit(self._reached, key):
-            return self._reached[key]
-        cached = self._reached[key] = []
-        frame = self._open()
-        try:
-            self._reach_from(d, qual, code, module_text, cached)
-        finally:
-            self._reached.deps[key] = self._close(frame)
-        return cached
+        found: List[Optional[Definition]] = []  # (a cycle back to `d` reads what is found so far)
+        return self._memoised(self._reached, (d.path, qual),
+                              lambda: self._reach_from(d, qual, code, module_text, found), placeholder=found)
 
     def _reach_from(self, d: Definition, qual: str, code: str, module_text: str,
-                    cached: List[Optional[Definition]]) -> None:
-        """`_reached_from` without its memo: what it finds is appended to `cached`."""
+                    cached: List[Optional[Definition]]) -> List[Optional[Definition]]:
+        """`_reached_from` without its memo: what it finds is appended to `cached` (returned)."""
         module = self.module(d.path)
         if module is None:
-            return
+            return cached
         names = list(_CALLED_RE.findall(code))
         owner = qual.partition(".")[0]
         header = None
@@ -842,6 +821,7 @@ class Project:
                 found = self._text_attribute(found, attr)
             if found is not None:
                 cached.append(found)
+        return cached
 
     def lacks_relevant_method(self, cls: ForeignClass, name: str) -> bool:
         """True when no class `cls` may inherit from (`text_mro`) defines a method `name`
@@ -877,15 +857,8 @@ class Project:
         texts (no summary): never fewer classes than the summaries' `foreign_mro`. None when
         not sure (a base that is not a plain name, a name bound twice or by a star import, a
         class the scan does not find). Memoised."""
-        if self._hit(self._text_mros, cls.key):
-            return self._text_mros[cls.key]
-        self._text_mros[cls.key] = None  # a cycle of bases: not sure
-        frame = self._open()
-        try:
-            found = self._text_mros[cls.key] = self._text_mro(cls)
-        finally:
-            self._text_mros.deps[cls.key] = self._close(frame)
-        return found
+        # (a cycle of bases reads None: not sure)
+        return self._memoised(self._text_mros, cls.key, lambda: self._text_mro(cls), placeholder=None)
 
     def _text_mro(self, cls: ForeignClass) -> Optional[List[ForeignClass]]:
         """`text_mro` without its memo."""
@@ -948,14 +921,7 @@ class Project:
         (`resolve` reads a class's summary for its attributes). Memoised."""
         key = (importer, qualified)
         self._resolving(importer)
-        if self._hit(self._used, key):
-            return self._used[key]
-        frame = self._open()
-        try:
-            found = self._used[key] = self._resolve(importer, qualified, 0, text_only=True)
-        finally:
-            self._used.deps[key] = self._close(frame)
-        return found
+        return self._memoised(self._used, key, lambda: self._resolve(importer, qualified, 0, text_only=True))
 
     def _text_attribute(self, d: Optional[Definition], name: str) -> Optional[Definition]:
         if isinstance(d, ForeignModule):
@@ -1009,17 +975,8 @@ class Project:
         candidates = self.graph.caller_candidates(path, qual)
         for f in candidates:
             self._touch(f)
-        if self._hit(self._callers, key):
-            return self._callers[key]
-        self._callers[key] = None
-        if len(candidates) > MAX_CALLER_FILES:
-            return None
-        frame = self._open()
-        try:
-            found = self._callers[key] = self._calls_to(path, qual, candidates)
-        finally:
-            self._callers.deps[key] = self._close(frame)
-        return found
+        return self._memoised(self._callers, key, lambda: None if len(candidates) > MAX_CALLER_FILES
+                              else self._calls_to(path, qual, candidates), placeholder=None)
 
     def _calls_to(self, path: str, qual: str, candidates: List[str]) -> List[Tuple[ForeignModule, OutgoingCall]]:
         """`callers` without its memo."""
