@@ -233,21 +233,25 @@ def test_exclusive_branches_and_one_stable_decision():
 # ---------------------------------------------------------------------- traces
 
 
+# a training loop whose step and update run in a helper
+HELPER_STEP = """
+    import torch
+
+    def apply_step(s, o):
+        s.unscale_(o)
+        s.step(o)
+        s.update()
+
+    def train(loader, opt):
+        scaler = torch.amp.GradScaler("cuda")
+        for x in loader:
+            scaler.scale(x).backward()
+            apply_step(scaler, opt)
+    """
+
+
 def test_a_trace_runs_helpers_in_order_with_the_roots_names():
-    m = model("""
-        import torch
-
-        def apply_step(s, o):
-            s.unscale_(o)
-            s.step(o)
-            s.update()
-
-        def train(loader, opt):
-            scaler = torch.amp.GradScaler("cuda")
-            for x in loader:
-                scaler.scale(x).backward()
-                apply_step(scaler, opt)
-        """)
+    m = model(HELPER_STEP)
     train = m.functions["train"][0]
     events = [(e.kind, e.scaler, e.target) for e in m.trace(train).events if e.kind != "scaler_new"]
     assert events == [(BACKWARD, "scaler", "x"), (UNSCALE, "scaler", "opt"), (SCALER_STEP, "scaler", "opt"),
@@ -257,19 +261,7 @@ def test_a_trace_runs_helpers_in_order_with_the_roots_names():
 def test_an_iteration_is_a_loop_group_read_through_its_accessors():
     from ampfix.model import group_frame, group_loop
 
-    m = model("""
-        import torch
-
-        def apply_step(s, o):
-            s.step(o)
-            s.update()
-
-        def train(loader, opt):
-            scaler = torch.amp.GradScaler("cuda")
-            for x in loader:
-                scaler.scale(x).backward()
-                apply_step(scaler, opt)
-        """)
+    m = model(HELPER_STEP)
     train = m.functions["train"][0]
     trace = m.trace(train)
     (step,) = trace.of(SCALER_STEP)
