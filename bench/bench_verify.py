@@ -87,14 +87,20 @@ def cpu_model():
     return platform.processor() or "?"
 
 
+def check(doc, name):
+    """The verify document's check called `name`."""
+    (c,) = [c for c in doc["checks"] if c["name"] == name]
+    return c
+
+
 def dtype_of(run):
     return "/".join(run.get("autocast_dtypes") or ["none"])
 
 
 def speed_row(name, doc, took):
     rows = {r["label"]: r for r in doc["runs"]}
-    sp = [c for c in doc["checks"] if c["name"] == "speed"][0]
-    par = [c for c in doc["checks"] if c["name"] == "loss-parity"][0]
+    sp = check(doc, "speed")
+    par = check(doc, "loss-parity")
     f, m = rows["fp32"], rows["fixed-amp"]
     mm = sp["metrics"]
     return "| %s | %s | %.1f (±%.0f%%) | %.1f (±%.0f%%) | %.2fx | %s | %s | %s %.2f%% / %.2f%% | %d | %.0fs |" % (
@@ -116,8 +122,8 @@ def fmt_check(c):
 
 def bug_row(bug, fixed, doc):
     orig = doc["original_vs_fp32"]
-    par = [c for c in doc["checks"] if c["name"] == "loss-parity"][0]
-    eq = [c for c in doc["checks"] if c["name"] == "fp32-equivalence"][0]
+    par = check(doc, "loss-parity")
+    eq = check(doc, "fp32-equivalence")
     rows = {r["label"]: r for r in doc["runs"]}
     by = ("hand-fixed copy `%s`" % fixed) if fixed else (
         "ampfix rewrite (%s)" % ", ".join(sorted({f["code"] for f in doc.get("fixes") or [] if f.get("code")}) or "?")
