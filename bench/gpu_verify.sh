@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # `ampfix verify` on a CUDA machine: the speed of the correct training fixtures (float16 autocast
 # with an enabled GradScaler, at the fixtures' own sizes and at sizes where tensor cores pay),
-# every buggy fixture's verdict, and tests/test_verify.py, in one bounded run.
+# every buggy fixture's verdict, and tests/test_verify.py (first: its CUDA tests), in one bounded run.
 #
 #     OUT=/some/folder bash bench/gpu_verify.sh
 #
@@ -28,6 +28,7 @@ STEPS=${STEPS:-200}
 REPS=${REPS:-3}
 WARMUP=${WARMUP:-20}
 XDIST=$("$PY" -c "import xdist" 2>/dev/null && echo "-n 8")
+# e.g. LARGE_FIXTURES="mlp.py": only these correct fixtures in that part (SMALL_FIXTURES alike)
 
 {
     nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv 2>&1
@@ -46,13 +47,13 @@ part() {  # part LIMIT_S NAME COMMAND...: run one part under its limit (0: skip 
     echo "[$name: exit ${PIPESTATUS[0]}, $((SECONDS - t0)) s]" | tee -a "$OUT/$name.md"
 }
 
+part "${TESTS_S:-80}" tests "$PY" -m pytest -q -p no:cacheprovider $XDIST tests/test_verify.py
 part "${LARGE_S:-150}" large "$PY" bench/bench_verify.py --steps "$STEPS" --warmup "$WARMUP" --reps "$REPS" --threads 4 \
-    --large --skip-bugs --only-large --out "$OUT/json/large"
+    --large --skip-bugs --only-large ${LARGE_FIXTURES:+--fixtures $LARGE_FIXTURES} --out "$OUT/json/large"
 part "${BUGS_S:-110}" bugs "$PY" bench/bench_verify.py --steps "$STEPS" --warmup "$WARMUP" --reps 1 --threads 2 \
     --only-bugs --all-bugs --jobs 6 --out "$OUT/json/bugs"
 part "${SMALL_S:-90}" small "$PY" bench/bench_verify.py --steps "$STEPS" --warmup "$WARMUP" --reps "$REPS" --threads 4 \
-    --skip-bugs --out "$OUT/json/small"
-part "${TESTS_S:-80}" tests "$PY" -m pytest -q -p no:cacheprovider $XDIST tests/test_verify.py
+    --skip-bugs ${SMALL_FIXTURES:+--fixtures $SMALL_FIXTURES} --out "$OUT/json/small"
 [ -d "$OUT/json" ] && tar czf "$OUT/json.tgz" -C "$OUT" json && rm -rf "$OUT/json"
 [ -n "$LINKED" ] && rm -f ampfix/rules
 true

@@ -283,6 +283,26 @@ def test_hanging_script_is_killed_with_its_process_group(torch_available, tmp_pa
         pytest.fail("the script's child process survived the time-limit kill")
 
 
+@pytest.mark.parametrize("script", ["mlp.py", "transformer.py"])
+def test_correct_fixtures_on_cuda_train_float16(torch_available, script):
+    """On a machine with CUDA (skipped elsewhere; bench/gpu_verify.sh runs it): autocast is
+    float16, the scaler enabled, and `amp-active` finds float16 in the loss's graph (it did not
+    before the graph walk kept its visited nodes alive: CUDA's node wrappers are made per access).
+    The speed is not asserted: the fixtures at their own sizes are launch-bound on a big GPU."""
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA on this machine")
+    p, doc = run_json(fx(script), *FAST, "--device", "cuda")
+    assert check(doc, "amp-active")["status"] == "PASS", p.stdout[-3000:]
+    assert check(doc, "loss-parity")["status"] == "PASS", p.stdout[-3000:]
+    (amp,) = [r for r in doc["runs"] if r["label"] == "fixed-amp"]
+    (fp32,) = [r for r in doc["runs"] if r["label"] == "fp32"]
+    assert amp["autocast_dtypes"] == ["float16"] and "float16" in amp["graph_dtypes"]
+    assert not fp32["amp_active"] and "float16" not in fp32["graph_dtypes"]
+    assert amp["param_dtypes"] == {"float32": amp["param_dtypes"]["float32"]}
+
+
 def test_device_cuda_without_cuda_is_an_error(torch_available):
     import torch
 
