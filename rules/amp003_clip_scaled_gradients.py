@@ -115,7 +115,7 @@ scaler.update()
     def _decides(self, model: AmpModel, node: cst.CSTNode) -> bool:
         memo = self.__dict__.setdefault("_decides_memo", {})
         if id(node) not in memo:
-            memo[id(node)] = model.feeds_decision(node)
+            memo[id(node)] = model.dataflow.feeds_decision(node)
         return memo[id(node)]
 
     @staticmethod

@@ -67,7 +67,7 @@ scaler.update()
         model = ctx.model
         for trace in model.traces():
             for upd in trace.of(UPDATE):
-                fact = model.update_misplaced(trace, upd)
+                fact = model.updates.update_misplaced(trace, upd)
                 if fact is not None:
                     yield (self._in_optimizer_loop if fact.place is UpdatePlace.OPTIMIZER_LOOP else self._between_steps
                            if fact.place is UpdatePlace.BETWEEN_STEPS else self._wrong_scaler)(model, fact)

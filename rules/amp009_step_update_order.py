@@ -85,7 +85,7 @@ for x, y in loader:
         shown = set()
         for trace in model.traces():
             skip = {id(m.event) for m in model.accumulation_misplaced(trace)}  # AMP010's
-            theirs = [u for u in trace.of(UPDATE) if model.update_misplaced(trace, u) is not None]  # AMP004's
+            theirs = [u for u in trace.of(UPDATE) if model.updates.update_misplaced(trace, u) is not None]  # AMP004's
             found = [*self._missing(model, trace, skip, theirs), *self._twice(model, trace, skip),
                      *self._update_first(model, trace, theirs)]
             for v in found:

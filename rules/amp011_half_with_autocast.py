@@ -102,7 +102,7 @@ export = copy.deepcopy(model).half()
 
     def check(self, ctx: FileContext) -> Iterator[Violation]:
         model = ctx.model
-        regions = model.autocast_regions()
+        regions = model.precision.autocast_regions()
         scalers = [c for c in model.calls if model.is_api(c, "GradScaler")
                    and literal_bool(model.scaler_enabled(c)) is not False]
         if not regions and not scalers:
@@ -111,7 +111,7 @@ export = copy.deepcopy(model).half()
                    *(_enabled_expr(model, r.call) for r in regions if r.call is not None)]
         amp_texts = {model.code(e) for e in enabled if e is not None}
         scaler_texts = {model.code(e) for e in (model.scaler_enabled(c) for c in scalers) if e is not None}
-        if model.freezes_parameters():
+        if model.training.freezes_parameters():
             return  # which parameters are trained (float32 adapters on frozen float16 weights?) is unknown
         for call in model.calls:
             dtype_arg = _half_cast(model, call)
@@ -123,10 +123,10 @@ export = copy.deepcopy(model).half()
                 continue  # `model.half().float()`
             key = target or dotted(receiver)
             if key is not None and key.endswith(".data"):  # `p.data = p.data.half()` for the model's parameters
-                key = model.parameters_loop_owner(call, key[:-len(".data")])
-            if key is None or not model.trained_model(key) or model.copied_model(receiver) \
-                    or model.evaluation_only(call) or not _amp_branch(model, call, amp_texts, scaler_texts) \
-                    or model.after_training(call) or model.rewrapped_after(call, key):
+                key = model.training.parameters_loop_owner(call, key[:-len(".data")])
+            if key is None or not model.training.trained_model(key) or model.training.copied_model(receiver) \
+                    or model.training.evaluation_only(call) or not _amp_branch(model, call, amp_texts, scaler_texts) \
+                    or model.training.after_training(call) or model.training.rewrapped_after(call, key):
                 continue
             yield Violation(call.func.attr, fix=_fix(model, call, dtype_arg, top, target))  # type: ignore[attr-defined]
 
@@ -157,8 +157,8 @@ def _float16(model: AmpModel, expr: cst.BaseExpression) -> bool:
     api = model.api_of(expr)
     if api is not None:
         return api.kind == "dtype.float16"
-    return isinstance(expr, (cst.Name, cst.Attribute)) and model.torch_dtype_valued(expr) \
-        and model.dtype_values(expr) == {"float16"}
+    return isinstance(expr, (cst.Name, cst.Attribute)) and model.precision.torch_dtype_valued(expr) \
+        and model.precision.dtype_values(expr) == {"float16"}
 
 
 def _assigned(model: AmpModel, call: cst.Call):

@@ -113,9 +113,9 @@ for x, y in loader:
         scales = [c for c in sources if model.scale_call_scaler(c)]
         if not scales or len(scales) < len(sources) or model.scaler_disabled(scales[0].func.value):  # type: ignore[attr-defined]
             return None
-        if model.combined_with(call, model.reads_get_scale) or model.value_escapes(call):
+        if model.dataflow.combined_with(call, model.dataflow.reads_get_scale) or model.dataflow.value_escapes(call):
             return None
-        if len(model.value_reads(call)) < 2 and isinstance(model.parent(call), (cst.Assign, cst.Expr)):
+        if len(model.dataflow.value_reads(call)) < 2 and isinstance(model.parent(call), (cst.Assign, cst.Expr)):
             return None  # the gradients are not used (or only through `.sign()`)
         scaler = model.code(scales[0].func.value)  # type: ignore[attr-defined]
         return (f"these gradients of `{scaler}.scale(...)` are never divided by `{scaler}.get_scale()`: the penalty "
@@ -128,7 +128,7 @@ for x, y in loader:
         regions = [r for r in ([ev.region] if ev.region else []) + model.value_regions(outputs.value) if _fp16(r)]
         if not regions:
             return None
-        reads = model.value_reads(ev.node)
+        reads = model.dataflow.value_reads(ev.node)
         for bw in trace.after(ev, BACKWARD):
             scales = [c for c in model.backward_scale_sources(bw) if model.scale_call_scaler(c)]
             if not scales or model.scaler_disabled(scales[0].func.value) or not model.may_precede(trace, ev, bw):

@@ -70,21 +70,21 @@ torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
     def check(self, ctx: FileContext) -> Iterator[Violation]:
         model = ctx.model
         saves = []  # (state, scalers): checkpoints that leave the scaler out
-        for state in model.saved_states():
+        for state in model.checkpoints.saved_states():
             if state.scaler_state or state.opaque or not state.optimizers:
                 continue
-            scalers = model.scalers_at(state.dict_node)
+            scalers = model.checkpoints.scalers_at(state.dict_node)
             if scalers or model.runs_with_scaler(state.save):
                 saves.append((state, scalers))
         loads = []  # (optimizer restore call, scalers): resumes that leave the scaler out
         scopes = {model.scope_of(c): None for c in model.calls if method_call(c, "load_state_dict") is not None}
         for scope in scopes:
-            restores = model.restores(scope)
+            restores = model.checkpoints.restores(scope)
             if any(model.is_scaler(method_call(c, "load_state_dict")) for c in restores):
                 continue
             for call in restores:
                 receiver = method_call(call, "load_state_dict")
-                scalers = model.scalers_at(call)
+                scalers = model.checkpoints.scalers_at(call)
                 if receiver is not None and model.is_optimizer(receiver) and (scalers or model.runs_with_scaler(call)):
                     loads.append((call, scalers))
         fixes, why = self._fixes(model, saves, loads)
@@ -149,7 +149,7 @@ torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
         """The key under which this file's checkpoints already save (or its resumes read) a
         GradScaler's state, when there is exactly one."""
         keys = set()
-        for state in model.saved_states():
+        for state in model.checkpoints.saved_states():
             if state.scaler_state and isinstance(state.dict_node, cst.Dict):
                 for el in state.dict_node.elements:
                     k = literal_string(el.key) if isinstance(el, cst.DictElement) else None
@@ -173,8 +173,8 @@ torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
         node = state.dict_node
         if len(scalers) != 1:
             return None, ("several GradScalers are reachable here" if scalers else "no GradScaler is reachable here")
-        if isinstance(node, cst.Call) and model.snapshot_class(node) is not None:
-            return None, (f"the checkpoint is a `{model.snapshot_class(node).name.value}` object; give it a field for "
+        if isinstance(node, cst.Call) and model.checkpoints.snapshot_class(node) is not None:
+            return None, (f"the checkpoint is a `{model.checkpoints.snapshot_class(node).name.value}` object; give it a field for "
                           f"`{scalers[0]}.state_dict()`")
         if not isinstance(node, cst.Dict) or not node.elements or key in state.keys:
             return None, "the checkpoint is not a dict literal ampfix can extend"

@@ -88,11 +88,11 @@ scaler.update()
 
     def check(self, ctx: FileContext) -> Iterator[Violation]:
         model = ctx.model
-        regions = model.autocast_regions()
+        regions = model.precision.autocast_regions()
         if not regions:
             return
         configured = None
-        if any(model.region_dtype(r) != "bfloat16" for r in regions):
+        if any(model.precision.region_dtype(r) != "bfloat16" for r in regions):
             configured = _configured_dtype(model, regions)
             if configured is None:
                 return
@@ -105,7 +105,7 @@ scaler.update()
             if not model.is_api(call, "GradScaler"):
                 continue
             enabled = model.scaler_enabled(call)
-            if enabled is not None and (literal_bool(enabled) is False or model.float16_gated(enabled)):
+            if enabled is not None and (literal_bool(enabled) is False or model.precision.float16_gated(enabled)):
                 continue
             if configured is None:
                 yield Violation(call, fix=self._fix(model, call, enabled, regions))
@@ -130,7 +130,7 @@ scaler.update()
         if text is not None and node is not None and model.dtype_name(node) == "dynamic" \
                 and _readable(model, node, call):
             tie = f"{text} == {model.torch_alias() or 'torch'}.float16"
-        if tie_only and (tie is None or not model.torch_dtype_valued(node)):
+        if tie_only and (tie is None or not model.precision.torch_dtype_valued(node)):
             return None
         if tie is None:
             value = "False"
@@ -169,14 +169,14 @@ def _configured_dtype(model: AmpModel, regions: List[Region]):
              for r in regions}
     if len(texts) != 1 or None in texts:
         return None
-    values = {model.dtype_values(r.dtype_node) for r in regions}
+    values = {model.precision.dtype_values(r.dtype_node) for r in regions}
     if len(values) != 1 or None in values:
         return None
     (dtypes,) = values
     if "bfloat16" not in dtypes or len(dtypes) < 2 or not dtypes <= {"bfloat16", "float16", "float32"}:
         return None
     chosen = _default_choice(model, regions[0].dtype_node)
-    if chosen is None or model.dtype_values(chosen) != {"bfloat16"}:
+    if chosen is None or model.precision.dtype_values(chosen) != {"bfloat16"}:
         return None  # bfloat16 only when asked for (`--amp-dtype bfloat16`): the default run needs the scaler
     return texts.pop(), dtypes
 
@@ -191,7 +191,7 @@ def _default_choice(model: AmpModel, expr: cst.CSTNode, depth: int = 0) -> Optio
     if api is not None and api.kind.startswith("dtype."):
         return expr
     if isinstance(expr, (cst.Name, cst.Attribute)):
-        default = model.option_default(expr)
+        default = model.precision.option_default(expr)
         if default is not None:
             return default
         values = [v for v in model.values_of(expr) if v is not expr]
@@ -238,7 +238,7 @@ def _built_under_dtype_test(model: AmpModel, call: cst.Call) -> bool:
     """The scaler is built (or enabled) under a condition on the dtype or the precision."""
     child: cst.CSTNode = call
     for anc in model.ancestors(call):
-        if isinstance(anc, (cst.If, cst.IfExp)) and child is not anc.test and model.float16_gated(anc.test):
+        if isinstance(anc, (cst.If, cst.IfExp)) and child is not anc.test and model.precision.float16_gated(anc.test):
             return True
         child = anc
     return False

@@ -76,10 +76,10 @@ with torch.autocast("cuda", dtype=amp_dtype):
 
     def check(self, ctx: FileContext) -> Iterator[Violation]:
         model = ctx.model
-        if model.sets_autocast_dtype():
+        if model.precision.sets_autocast_dtype():
             return
         seen = set()
-        for region in model.autocast_regions():
+        for region in model.precision.autocast_regions():
             if region.dtype is not None or region.call is None or model.region_of(region.node) is not None \
                     or id(region.call) in seen:
                 continue
@@ -89,13 +89,13 @@ with torch.autocast("cuda", dtype=amp_dtype):
             func = region.node if isinstance(region.node, cst.FunctionDef) else model.function_of(region.node)
             if func is not None and _called_in_region(model, func):
                 continue  # it inherits the dtype of the region it is called in
-            devices = model.region_devices(region)
+            devices = model.precision.region_devices(region)
             if devices is not None and "cuda" not in devices:
                 continue
             chosen, late = self._chosen(model, region)
             if not chosen:
                 continue
-            typed = [k for k, v in chosen.items() if v is not None and all(model.torch_dtype_valued(x) for x in v)]
+            typed = [k for k, v in chosen.items() if v is not None and all(model.precision.torch_dtype_valued(x) for x in v)]
             named = [k for k, v in chosen.items() if v is not None and k not in typed
                      and all(literal_string(x) in TORCH_NAMES for x in v)]
             torch_name = model.torch_alias()
@@ -151,22 +151,22 @@ with torch.autocast("cuda", dtype=amp_dtype):
             key = dotted(n)
             if model.scope_of(n) is not scope or key is None or key.startswith("self."):
                 continue
-            options = model.option_values(n)  # a command-line option: its default and choices
+            options = model.precision.option_values(n)  # a command-line option: its default and choices
             if AMP_DTYPE.match(n.attr.value) or (n.attr.value == "dtype" and options):
                 candidates.setdefault(key, options or [n])
         enabled = next((a.value for a in region.call.args if a.keyword and a.keyword.value == "enabled"), None)
         region_gates = {dotted(g) for g in _gates_in(model, enabled)}  # enabled only for float16: fine
         for gate in _float16_gates(model):  # `GradScaler(enabled=args.precision == "fp16")`: what it compares
-            key, values = dotted(gate), model.option_values(gate) or [gate]
+            key, values = dotted(gate), model.precision.option_values(gate) or [gate]
             root = (key or "").split(".")[0]
             visible = model.self_class(at) is not None if root == "self" else model.binding_scope(root, scope)
-            if key and visible and key not in region_gates and all(model.dtype_values(v) is not None for v in values):
+            if key and visible and key not in region_gates and all(model.precision.dtype_values(v) is not None for v in values):
                 candidates.setdefault(key, values)
         out: Dict[str, Optional[List[cst.CSTNode]]] = {}
         for key, values in candidates.items():
             dtypes = set()
             for v in values or ():
-                d = model.dtype_values(v)
+                d = model.precision.dtype_values(v)
                 if d is None:
                     dtypes = None
                     break
@@ -232,7 +232,7 @@ def _gates_in(model: AmpModel, expr: Optional[cst.CSTNode]) -> List[cst.CSTNode]
             for a, b in ((n.left, n.comparisons[0].comparator), (n.comparisons[0].comparator, n.left)):
                 api = model.api_of(b)
                 if dotted(a) is not None and (api is not None and api.kind == "dtype.float16" or
-                                              literal_string(b) is not None and model.dtype_values(b) == {"float16"}):
+                                              literal_string(b) is not None and model.precision.dtype_values(b) == {"float16"}):
                     out.append(a)
         stack.extend(n.children)
     return out

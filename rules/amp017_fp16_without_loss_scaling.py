@@ -95,11 +95,11 @@ for x, y in loader:
                 continue  # a GradScaler (or what may be one) in this training step: AMP008 judges the rest
             for bw in trace.of(BACKWARD):
                 loss = model.unscaled_loss(bw)
-                if loss is None or model.scalers_at(bw.node) or _scales_unseen(model, bw):
+                if loss is None or model.checkpoints.scalers_at(bw.node) or _scales_unseen(model, bw):
                     continue
-                if model.value_dtypes(loss) != {"float16"}:
+                if model.precision.value_dtypes(loss) != {"float16"}:
                     continue
-                regions, foreign = model.computing_regions(loss)
+                regions, foreign = model.precision.computing_regions(loss)
                 step = model.first_after(trace, bw, lambda e: e.kind == OPT_STEP)
                 if step is None or frameworks(model).derives_from_prepared_module(loss):
                     continue
@@ -147,7 +147,7 @@ def _scaler_fix(model: AmpModel, trace: Trace, bw: TraceEvent, step: TraceEvent,
     own = opt.startswith("self.")
     name = next((n for n in ("scaler", "grad_scaler") if not any(
         (a.attr.value if own else a.value) == n for a in model.nodes_of(cst.Attribute if own else cst.Name))), None)
-    device, torch_name = model.region_device_code(regions, made), model.torch_alias()
+    device, torch_name = model.precision.region_device_code(regions, made), model.torch_alias()
     if name is None or device is None or torch_name is None:
         return None
     name = "self." + name if own else name

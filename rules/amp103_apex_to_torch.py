@@ -91,14 +91,14 @@ model = torch.nn.parallel.DistributedDataParallel(model)
     def check(self, ctx: FileContext) -> Iterator[Violation]:
         model = ctx.model
         if not ctx.extra.get("rewrite_pass"):  # the imports in use before a rewrite changed anything
-            ctx.extra.setdefault("rewrite_memo", {})[USED_KEY] = model.apex_imports_in_use()
-        for optional in model.apex_optional_imports():  # with a torch fallback: handled whole
+            ctx.extra.setdefault("rewrite_memo", {})[USED_KEY] = model.apex.imports_in_use()
+        for optional in model.apex.optional_imports():  # with a torch fallback: handled whole
             yield self._optional(model, optional)
-        for imp, mod in model.apex_star_imports():
+        for imp, mod in model.apex.star_imports():
             yield Violation(imp, message=f"`from {mod} import *` brings NVIDIA apex names that cannot be followed "
                                          "(each has a torch replacement): import them by name, or migrate them by hand")
-        found = {id(u): (u, *self._use(ctx, u)) for u in model.apex_uses() if u.reported}
-        for members in model.apex_factories():
+        found = {id(u): (u, *self._use(ctx, u)) for u in model.apex.uses() if u.reported}
+        for members in model.apex.factories():
             yield self._factory(model, [found.pop(id(u)) for u in members])
         for u, message, fix in found.values():
             yield Violation(u.shown, message=message, fix=fix)
@@ -126,7 +126,7 @@ model = torch.nn.parallel.DistributedDataParallel(model)
         elif tuple(ctx.min_torch_version) < api.min_torch:
             reason = (f"torch.{target} needs torch >= {_ver(api.min_torch)} and the oldest supported torch is "
                       f"{_ver(ctx.min_torch_version)} ({ctx.min_torch_source or 'min-torch-version'})")
-        elif torch is None and model.first_import() is None:
+        elif torch is None and model.apex.first_import() is None:
             reason = "the file has no module-level import before which `import torch` could go"
         elif u.role is ApexRole.BUILD:
             assert call is not None
@@ -149,14 +149,14 @@ model = torch.nn.parallel.DistributedDataParallel(model)
         if new is None:
             return f"{msg}; not migrated: {reason}{flag}", None
         if torch is None:  # `import torch` goes before the file's first import, with this use
-            first = model.first_import()
+            first = model.apex.first_import()
             new[first] = cst.FlattenSentinel([cst.parse_statement("import torch\n").with_changes(
                 leading_lines=first.leading_lines), first.with_changes(leading_lines=())])
         title = f"apex {short} -> torch.{target}: " + "; ".join([api.why, *notes])
         return msg + flag, Fix(new, applicability=UNSAFE, description=title)
 
     def _factory(self, model: AmpModel, members: List[Finding]) -> Violation:
-        """One finding per optimizer factory (`model.apex_factories()`), at its first apex optimizer,
+        """One finding per optimizer factory (`model.apex.factories()`), at its first apex optimizer,
         the message naming each branch; its fix migrates every branch that can be."""
         parts = [f"line {model.line(u.shown)}: `{u.qualified.split('.')[-1]}`, {message.split(': ', 1)[1]}"
                  for u, message, _ in members]
@@ -176,7 +176,7 @@ model = torch.nn.parallel.DistributedDataParallel(model)
 
     # ------------------------------------------------------------------ imports
     def _optional(self, model: AmpModel, optional: ApexOptionalImport) -> Violation:
-        """Keep the torch fallback, drop the apex branch (`model.apex_optional_imports()` says when not)."""
+        """Keep the torch fallback, drop the apex branch (`model.apex.optional_imports()` says when not)."""
         tr, first = optional.node, optional.bindings[0]
         msg = (f"optional NVIDIA apex import `{first.name}` with a torch fallback: keep the fallback "
                f"and drop apex")
@@ -197,7 +197,7 @@ model = torch.nn.parallel.DistributedDataParallel(model)
         """Imports the migration of their uses left unused, removed in the rewrite's next pass."""
         if not ctx.extra.get("rewrite_pass"):
             return
-        for left in ctx.model.apex_leftover_imports(ctx.extra.get("rewrite_memo", {}).get(USED_KEY, set())):
+        for left in ctx.model.apex.leftover_imports(ctx.extra.get("rewrite_memo", {}).get(USED_KEY, set())):
             first = left.bindings[0]
             names = ", ".join(f"`{b.name}`" for b in left.bindings)
             imports = f"apex import{'s' if len(left.bindings) > 1 else ''} {names} no longer used"

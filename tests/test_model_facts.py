@@ -283,7 +283,7 @@ def test_saved_states_classify_their_entries():
         optimizer = torch.optim.SGD(params, lr=0.1)
         torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": 3}, "ckpt.pt")
         """)
-    (state,) = m.saved_states()
+    (state,) = m.checkpoints.saved_states()
     assert state.keys == ["model", "optimizer", "epoch"] and len(state.optimizers) == 1 and not state.scaler_state
 
 
@@ -295,12 +295,12 @@ def test_saved_states_classify_their_entries():
 ])
 def test_dtype_values(expr, dtypes):
     m = model(f"import torch\n\ndtype = {expr}\nuse(dtype)\n")
-    assert m.dtype_values(name_at(m, "use(dtype)")) == frozenset(dtypes)
+    assert m.precision.dtype_values(name_at(m, "use(dtype)")) == frozenset(dtypes)
 
 
 def test_a_dtype_from_an_unknown_place_is_unknown():
     m = model("import torch\n\ndef f(cfg):\n    use(cfg.dtype)\n")
-    assert m.dtype_values(name_at(m, "use(cfg.dtype)")) is None
+    assert m.precision.dtype_values(name_at(m, "use(cfg.dtype)")) is None
 
 
 def test_command_line_options_hold_their_default_and_choices_or_anything():
@@ -315,7 +315,7 @@ def test_command_line_options_hold_their_default_and_choices_or_anything():
         use(args.dtype, args.name, args.amp)
         """)
     call = call_named(m, "use(args.dtype, args.name, args.amp)")
-    assert m.dtype_values(call.args[0].value) == frozenset({"bfloat16", "float16"})
+    assert m.precision.dtype_values(call.args[0].value) == frozenset({"bfloat16", "float16"})
     assert any(m.is_synthetic(v) for v in m.possible_values(call.args[1].value))  # anything the user passes
     assert sorted(m.code(v) for v in m.possible_values(call.args[2].value)) == ["False", "True"]
 
@@ -359,7 +359,7 @@ def test_a_scaler_that_cannot_be_off():
 
 
 def apex_roles(m: AmpModel) -> list:
-    return [(m.code(u.node), u.role.value) for u in m.apex_uses()]
+    return [(m.code(u.node), u.role.value) for u in m.apex.uses()]
 
 
 def test_apex_uses_are_built_type_checked_or_only_named_for_compatibility():
@@ -387,11 +387,11 @@ def test_apex_uses_are_built_type_checked_or_only_named_for_compatibility():
         ("SyncBatchNorm", "compatibility"), ("SyncBatchNorm", "compatibility"),  # built elsewhere
         ("FusedAdam", "compatibility"),  # a type tuple
         ("FusedLAMB", "no_torch")]
-    assert [u.reported for u in m.apex_uses()] == [False, True, True, False, False, False, False]
-    built = m.apex_uses()[1]
+    assert [u.reported for u in m.apex.uses()] == [False, True, True, False, False, False, False]
+    built = m.apex.uses()[1]
     assert built.role is ApexRole.BUILD and built.qualified == "apex.parallel.DistributedDataParallel"
     assert m.code(built.shown) == "DDP(net)" and not built.ambiguous and not built.flagged
-    assert {b.name for b in m.apex_bindings()} == {"apex", "DDP", "SyncBatchNorm", "FusedAdam", "FusedLAMB"}
+    assert {b.name for b in m.apex.bindings()} == {"apex", "DDP", "SyncBatchNorm", "FusedAdam", "FusedLAMB"}
 
 
 def test_an_apex_class_bound_to_a_called_name_or_wrapped_thinly_is_built_here():
@@ -418,8 +418,8 @@ def test_an_apex_class_bound_to_a_called_name_or_wrapped_thinly_is_built_here():
         """)
     assert apex_roles(m) == [("FusedLayerNorm", ApexRole.REBOUND.value), ("FusedRMSNorm", ApexRole.WRAPPED.value),
                              ("FusedAdam", ApexRole.COMPATIBILITY.value)]
-    assert m.thin_wrapper(next(c for c in m.nodes_of(cst.ClassDef) if c.name.value == "Norm"))
-    assert not m.thin_wrapper(next(c for c in m.nodes_of(cst.ClassDef) if c.name.value == "AdamV2"))
+    assert m.apex.thin_wrapper(next(c for c in m.nodes_of(cst.ClassDef) if c.name.value == "Norm"))
+    assert not m.apex.thin_wrapper(next(c for c in m.nodes_of(cst.ClassDef) if c.name.value == "AdamV2"))
 
 
 def test_apex_optimizer_factories_are_alternatives_of_one_function():
@@ -436,10 +436,10 @@ def test_apex_optimizer_factories_are_alternatives_of_one_function():
         def both(params):
             return FusedAdam(params), FusedSGD(params, 0.1)
         """)
-    groups = m.apex_factories()
+    groups = m.apex.factories()
     assert [[m.code(u.shown) for u in g] for g in groups] == [["FusedAdam(params)", "FusedSGD(params, 0.1)"]]
     a, b = (call_named(m, t) for t in ("FusedAdam(params)", "FusedSGD(params, 0.1)"))
-    assert m.alternatives(a, b) and m.alternatives(b, a)
+    assert m.apex.alternatives(a, b) and m.apex.alternatives(b, a)
 
 
 def test_apex_optional_imports_with_their_torch_fallback():
@@ -459,14 +459,14 @@ def test_apex_optional_imports_with_their_torch_fallback():
         norm = LayerNorm(8, memory_efficient=True)
         bn = SyncBatchNorm(8)
         """)
-    first, second = m.apex_optional_imports()
+    first, second = m.apex.optional_imports()
     assert [b.name for b in first.bindings] == ["LayerNorm"] and first.blocker is None
     assert [(m.code(c), [m.code(a) for a in args]) for c, args in first.calls.items()] == [
         ("LayerNorm(8, memory_efficient=True)", ["8,"])]  # memory_efficient goes
-    assert m.fallback_targets(first.node) == {"LayerNorm": "torch.nn.LayerNorm"}
-    assert m.fallback_targets(second.node) == {"SyncBatchNorm": "?"}  # code of its own
+    assert m.apex.fallback_targets(first.node) == {"LayerNorm": "torch.nn.LayerNorm"}
+    assert m.apex.fallback_targets(second.node) == {"SyncBatchNorm": "?"}  # code of its own
     assert second.blocker is not None and "binds `SyncBatchNorm` to code of its own" in second.blocker
-    assert m.apex_uses() == []  # each is handled with its `try:`
+    assert m.apex.uses() == []  # each is handled with its `try:`
 
 
 def test_apex_imports_next_to_a_flag_star_imports_and_unused_imports():
@@ -485,16 +485,16 @@ def test_apex_imports_next_to_a_flag_star_imports_and_unused_imports():
 
         model = DDP(net)
         """)
-    (use,) = m.apex_uses()
-    assert use.flagged and m.sets_flag(use.binding.stmt)
-    tr = m.import_try(use.binding.stmt)
-    assert tr is not None and m.try_body_of(use.binding.stmt) is tr
-    assert not m.imports_only(tr, {id(use.binding.alias)})
-    assert [m.code(n) for n in m.except_names_used(tr)] == []
-    assert [mod for _, mod in m.apex_star_imports()] == ["apex.parallel"]  # apex.contrib: nothing torch replaces
-    assert [b.name for b in m.apex_unused_imports()] == ["apex"]
-    assert m.apex_imports_in_use() == {("apex.parallel.DistributedDataParallel", "DDP")}
-    assert m.code(m.first_import()).strip() == "import os"
+    (use,) = m.apex.uses()
+    assert use.flagged and m.apex.sets_flag(use.binding.stmt)
+    tr = m.apex.import_try(use.binding.stmt)
+    assert tr is not None and m.apex.try_body_of(use.binding.stmt) is tr
+    assert not m.apex.imports_only(tr, {id(use.binding.alias)})
+    assert [m.code(n) for n in m.apex.except_names_used(tr)] == []
+    assert [mod for _, mod in m.apex.star_imports()] == ["apex.parallel"]  # apex.contrib: nothing torch replaces
+    assert [b.name for b in m.apex.unused_imports()] == ["apex"]
+    assert m.apex.imports_in_use() == {("apex.parallel.DistributedDataParallel", "DDP")}
+    assert m.code(m.apex.first_import()).strip() == "import os"
 
 
 def test_apex_imports_the_migration_left_unused():
@@ -518,7 +518,7 @@ def test_apex_imports_the_migration_left_unused():
         """)
     before = {("apex.parallel.DistributedDataParallel", "DDP"), ("apex.normalization.FusedLayerNorm", "FusedLayerNorm"),
               ("apex.optimizers.FusedAdam", "FusedAdam")}  # SyncBatchNorm was unused already: a probe
-    left = m.apex_leftover_imports(before)
+    left = m.apex.leftover_imports(before)
     assert [([b.name for b in x.bindings], x.node is not None, x.removable) for x in left] == [
         (["DDP"], False, True), (["FusedLayerNorm"], True, True), (["FusedAdam"], True, False)]
     assert left[2].kept_by is not None and m.line(left[2].kept_by) == 16  # `if HAVE_APEX:`

@@ -184,7 +184,7 @@ def test_imports_inside_functions_resolve(tmp_path):
     p = Project(tmp_path)
     m = model_of(p, tmp_path / "t.py")
     ret = next(iter(m.nodes_of(cst.Return))).value
-    assert m.dtype_values(ret) == frozenset({"float16"})
+    assert m.precision.dtype_values(ret) == frozenset({"float16"})
 
 
 # ---------------------------------------------------------------------- summaries

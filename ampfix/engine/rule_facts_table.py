@@ -2,7 +2,7 @@
 them before it analyses anything (see ampfix/engine/rulemeta.py). Do not edit; regenerate.
 """
 
-DIGEST = '96f9982808db050e4cda9aa26abb027f8ac716be7dc2ec276c0e6da4def62dcf'
+DIGEST = '5d3837071a30b07a3267b1f35de71db94824aafb27057116ea05dab1ee750775'
 
 RULES = [
     ('AMP001', 'backward-in-autocast', True, ('autocast',), (),

@@ -214,7 +214,7 @@ class ApexMigration:
         changes too (an `amp.load_state_dict`), or the migration is not applied."""
         model = self.model
         saved: Dict[str, cst.CSTNode] = {}
-        for state in model.saved_states():
+        for state in model.checkpoints.saved_states():
             node = state.dict_node
             if not isinstance(node, cst.Dict):
                 continue
@@ -283,7 +283,7 @@ class ApexMigration:
         for node, bindings in tries.items():
             self._optional_import(node, bindings)
         if model.torch_alias() is None:  # `import torch` goes with the other imports
-            first = model.first_import()  # after `from __future__` imports (a line that holds one too)
+            first = model.apex.first_import()  # after `from __future__` imports (a line that holds one too)
             if first is None or any(n.value == "torch" and not model.in_import(n) for n in model.nodes_of(cst.Name)):
                 raise _Blocked("the file does not `import torch` at module level: add it, then migrate")
             self.rw.insert_before(self.init, first, [self.stmt("import torch")])

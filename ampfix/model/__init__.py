@@ -1,7 +1,7 @@
 """The shared model of a training file that every rule queries.
 
 Built once per parsed file, from one indexing pass; every other fact is computed on first use
-and cached. Its parts, one module each:
+and cached. The core, one class whose parts are one module each, answers what most rules ask:
 
 * `tree`: the indexing pass; parents, text order, statements, blocks, scopes, loops;
 * `names`: what a name refers to through imports (canonical torch APIs whatever the import
@@ -19,23 +19,33 @@ and cached. Its parts, one module each:
 * `iterations`: the training iteration an event runs in, its ends (for "before the next
   iteration" questions), gradient-accumulation boundaries;
 * `guards`: old-torch fallback code that must not be modernised;
-* `checkpoints`: what `torch.save` stores (model, optimizer, scaler state) and what a resume
-  restores;
 * `environ`: reads and writes of the process environment (`os.environ`, `getenv`, copies);
-* `readwrite`: names read and bound by a statement;
-* `dataflow`: where a value goes within its function (and through `return`), and whether it
-  is ever multiplied or divided by some factor (`scaler.get_scale()`);
-* `precision`: the dtypes the file chooses (`amp_dtype`, `{...}[dtype]` tables) and the dtype
-  each autocast region runs in (its `dtype=` or the device's default); GradScaler `enabled=`;
+* `foreign`: the facts of other modules, from the project (`ampfix/project/`);
 * `bound`: what a name or `self.` attribute may be at a point (assigned on every path? None on
-  some?), for fixes that insert code;
-* `apex_uses`: uses of NVIDIA apex outside `apex.amp` (which AMP103 migrates, which only name
-  apex for compatibility), its optional imports and optimizer factories;
-* `syntax`: small helpers over nodes (`dotted`, `get_arg`, literals).
+  some?), for fixes that insert code.
+
+The facts of a family of questions that few rules ask are facets (`facet.Facet`), built on
+first use, each reading the core through its `model`, so their names stay out of the core's:
+
+* `model.precision` (`precision`): the dtypes the file chooses (`amp_dtype`, `{...}[dtype]`
+  tables) and the dtype and device of each autocast region;
+* `model.dataflow` (`dataflow`): where a value goes within its function (and through
+  `return`), and whether it is ever multiplied or divided by some factor (`get_scale()`);
+* `model.checkpoints` (`checkpoints`): what `torch.save` stores (model, optimizer, scaler
+  state) and what a resume restores;
+* `model.updates` (`updates`): where a `scaler.update()` is misplaced;
+* `model.training` (`training`): which models the file trains; where one is copied, evaluated,
+  frozen or rewrapped;
+* `model.apex` (`apex_uses`): uses of NVIDIA apex outside `apex.amp` (which AMP103 migrates,
+  which only name apex for compatibility), its optional imports and optimizer factories.
+
+Helpers over nodes: `readwrite` (names read and bound by a statement), `syntax` (`dotted`,
+`get_arg`, literals).
 """
 
 from __future__ import annotations
 
+from functools import cached_property
 from typing import Optional
 
 import libcst as cst
@@ -64,8 +74,8 @@ from ampfix.model.tree import Tree, dotted
 from ampfix.model.values import Values
 
 
-class AmpModel(Tree, Names, Values, CallGraph, Regions, Objects, Flow, Events, Guards, Environ, Checkpoints,
-               Iterations, Updates, Training, Dataflow, Precision, Foreign, Bound, ApexUses):
+class AmpModel(Tree, Names, Values, CallGraph, Regions, Objects, Flow, Events, Guards, Environ, Iterations, Foreign,
+               Bound):
     """Facts about one parsed file (see the package docstring for its parts). `foreign`: the
     project the file belongs to (`ampfix/project/`), which answers for the other modules;
     `path`: the file's path (absolute), as the project knows it."""
@@ -79,7 +89,36 @@ class AmpModel(Tree, Names, Values, CallGraph, Regions, Objects, Flow, Events, G
         self._init_objects()
         self._init_flow()
         self._init_events()
-        self._init_dataflow()
+
+    @cached_property
+    def training(self) -> Training:
+        """Which models the file trains; where one is copied, evaluated, frozen, rewrapped."""
+        return Training(self)
+
+    @cached_property
+    def precision(self) -> Precision:
+        """The dtypes the file chooses and each autocast region's dtype and device."""
+        return Precision(self)
+
+    @cached_property
+    def checkpoints(self) -> Checkpoints:
+        """What `torch.save` stores (model, optimizer, scaler state), what a resume restores."""
+        return Checkpoints(self)
+
+    @cached_property
+    def updates(self) -> Updates:
+        """Where a `scaler.update()` runs against the optimizer steps of its iteration."""
+        return Updates(self)
+
+    @cached_property
+    def apex(self) -> ApexUses:
+        """Uses of NVIDIA apex outside `apex.amp`, its optional imports and factories."""
+        return ApexUses(self)
+
+    @cached_property
+    def dataflow(self) -> Dataflow:
+        """Where a value goes within its function and through `return`."""
+        return Dataflow(self)
 
     def reads_of(self, node: cst.CSTNode) -> set:
         """The names `node` (a statement or expression) reads (computed once per node)."""

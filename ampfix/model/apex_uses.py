@@ -4,18 +4,18 @@ apex.fp16_utils): which the file acts on, and which only name apex for compatibi
 Asked by AMP103 (apex-to-torch); what each apex name is, and its torch replacement, is static
 knowledge (`ampfix/knowledge/apex_api.py`). The facts:
 
-* `apex_bindings`: the imports that bind an apex name outside `apex.amp` (not the fallback of a
-  torch import), and `apex_imports_in_use` (those the file refers to);
-* `apex_optional_imports`: `try: <apex imports>` / `except ImportError: <the same names bound
+* `bindings`: the imports that bind an apex name outside `apex.amp` (not the fallback of a
+  torch import), and `imports_in_use` (those the file refers to);
+* `optional_imports`: `try: <apex imports>` / `except ImportError: <the same names bound
   again>`, with what stops replacing the `try` by its fallback (`ApexOptionalImport`);
-* `apex_uses`: each reference to such a name (`ApexUse`), with its role (`ApexRole`): built,
+* `uses`: each reference to such a name (`ApexUse`), with its role (`ApexRole`): built,
   a type check of a class the file builds, the base of a thin wrapper the file builds, bound to a
   name the file calls; or not acted on: named for compatibility with objects built elsewhere, or
   a feature torch has no replacement for;
-* `apex_factories`: optimizer factories, the apex optimizers one function builds in branches
+* `factories`: optimizer factories, the apex optimizers one function builds in branches
   that never both run;
-* `apex_star_imports`, `apex_unused_imports`: `from apex... import *` with replaceable names,
-  and the imports nothing refers to; `apex_leftover_imports` (`ApexLeftover`): those the
+* `star_imports`, `unused_imports`: `from apex... import *` with replaceable names,
+  and the imports nothing refers to; `leftover_imports` (`ApexLeftover`): those the
   rewrite's migration left unused, alone or with the `try:` that holds them;
 * import helpers: `try_body_of` (the `try:` whose body holds an import), `import_try` (the same,
   when it catches ImportError),
@@ -33,6 +33,7 @@ import libcst as cst
 
 from ampfix.knowledge.apex_api import actionable, canonical, category, is_apex_rest, lookup, map_args, \
     star_actionable
+from ampfix.model.facet import Facet
 from ampfix.model.names import ImportBinding
 from ampfix.model.readwrite import names_bound
 
@@ -97,22 +98,22 @@ class ApexLeftover:
         return tr is None or (tr.orelse is None and tr.finalbody is None and self.kept_by is None)
 
 
-class ApexUses:
-    """Mixin of AmpModel (uses Tree, Names, Flow)."""
+class ApexUses(Facet):
+    """Uses of NVIDIA apex outside `apex.amp` (`model.apex`)."""
 
     # ---------------------------------------------------------------- imports
-    def apex_bindings(self) -> List[ImportBinding]:
+    def bindings(self) -> List[ImportBinding]:
         """Imports of apex names outside `apex.amp`, except the fallbacks of a torch import."""
         if "_apex_bindings" not in self.__dict__:
-            self.__dict__["_apex_bindings"] = [b for b in self.import_bindings  # type: ignore[attr-defined]
-                                               if is_apex_rest(b.qualified) and not self.in_fallback(b.stmt)]
+            self.__dict__["_apex_bindings"] = [b for b in self.model.import_bindings
+                                               if is_apex_rest(b.qualified) and not self.model.in_fallback(b.stmt)]
         return self.__dict__["_apex_bindings"]
 
-    def apex_imports_in_use(self) -> Set[Tuple[str, str]]:
+    def imports_in_use(self) -> Set[Tuple[str, str]]:
         """(qualified, bound name) of the apex imports the file refers to."""
-        return {(b.qualified, b.name) for b in self.apex_bindings() if b.refs}
+        return {(b.qualified, b.name) for b in self.bindings() if b.refs}
 
-    def apex_optional_imports(self) -> List[ApexOptionalImport]:
+    def optional_imports(self) -> List[ApexOptionalImport]:
         """`try: <apex imports>` / `except ImportError: <the same names bound again>`, for apex
         names torch replaces, in order; each with what stops keeping only the fallback (the `try`
         does more than import them, its fallback binds a name to something other than the torch
@@ -120,7 +121,7 @@ class ApexUses:
         if "_apex_optional" in self.__dict__:
             return self.__dict__["_apex_optional"]
         tries: Dict[cst.Try, List[ImportBinding]] = {}
-        for b in self.apex_bindings():
+        for b in self.bindings():
             if lookup(b.qualified)[0] is None:
                 continue  # `nccl_allocator = None` as the fallback of an apex module torch has nothing for
             tr = self.import_try(b.stmt)
@@ -144,13 +145,13 @@ class ApexUses:
                 reason = (f"the `except ImportError` branch binds `{b.name}` to "
                           f"{'`' + got.replace('builtins.', '') + '`' if got and got != '?' else 'code of its own'}, not to "
                           f"`torch.{api.target if api else '...'}`: keep one of the two by hand")
-            for ref in (r for ib in self.import_bindings if ib.name == b.name and ib.scope is b.scope  # type: ignore[attr-defined]
+            for ref in (r for ib in self.model.import_bindings if ib.name == b.name and ib.scope is b.scope
                         for r in ib.refs):
-                role, call = self.reference_role(ref)  # type: ignore[attr-defined]
+                role, call = self.model.reference_role(ref)
                 if reason is None and role == "call" and api is not None:
-                    args, target, _ = map_args(self, call, api)
+                    args, target, _ = map_args(self.model, call, api)
                     if args is None or target != api.target:
-                        reason = f"the call on line {self.line(call)} cannot be mapped: {target}"  # type: ignore[attr-defined]
+                        reason = f"the call on line {self.model.line(call)} cannot be mapped: {target}"
                     elif [id(a) for a in args] != [id(a) for a in call.args]:
                         out.calls[call] = args
         out.blocker = reason
@@ -159,31 +160,31 @@ class ApexUses:
     def _apex_flag_bindings(self) -> Set[int]:
         """ids of the apex bindings handled with their `try:` as a whole: optional imports with a
         torch fallback, and imports next to an availability flag."""
-        whole = {id(b) for o in self.apex_optional_imports() for b in o.bindings}
-        return whole | {id(b) for b in self.apex_bindings() if id(b) not in whole and self.sets_flag(b.stmt)}
+        whole = {id(b) for o in self.optional_imports() for b in o.bindings}
+        return whole | {id(b) for b in self.bindings() if id(b) not in whole and self.sets_flag(b.stmt)}
 
-    def apex_star_imports(self) -> List[Tuple[cst.ImportFrom, str]]:
+    def star_imports(self) -> List[Tuple[cst.ImportFrom, str]]:
         """`from <apex module> import *` (with its module) that brings apex names torch replaces."""
         out = []
-        for imp in self.nodes_of(cst.ImportFrom):  # type: ignore[attr-defined]
-            mod = self.code(imp.module).strip() if imp.module is not None and not imp.relative else ""  # type: ignore[attr-defined]
+        for imp in self.model.nodes_of(cst.ImportFrom):
+            mod = self.model.code(imp.module).strip() if imp.module is not None and not imp.relative else ""
             if isinstance(imp.names, cst.ImportStar) and mod.split(".")[0] == "apex" and star_actionable(mod):
                 out.append((imp, mod))
         return out
 
-    def apex_unused_imports(self) -> List[ImportBinding]:
+    def unused_imports(self) -> List[ImportBinding]:
         """The apex imports nothing refers to (an optional import or one next to an availability
         flag is not one of them: its `try:` is handled whole)."""
         whole = self._apex_flag_bindings()
-        return [b for b in self.apex_bindings() if not b.refs and id(b) not in whole]
+        return [b for b in self.bindings() if not b.refs and id(b) not in whole]
 
-    def apex_leftover_imports(self, used_before: Set[Tuple[str, str]]) -> List[ApexLeftover]:
+    def leftover_imports(self, used_before: Set[Tuple[str, str]]) -> List[ApexLeftover]:
         """The apex imports nothing refers to that were in use before the rewrite (`used_before`:
-        `apex_imports_in_use()` then): each alone, then those of one `try:` together (each alone
+        `imports_in_use()` then): each alone, then those of one `try:` together (each alone
         again when the `try` does more than import them)."""
         plain: List[ApexLeftover] = []
         by_try: Dict[int, Tuple[cst.Try, List[ImportBinding]]] = {}
-        for b in self.apex_unused_imports():
+        for b in self.unused_imports():
             if (b.qualified, b.name) not in used_before:
                 continue  # unused before (an install check, a probe): there was nothing to migrate
             owner = self.try_body_of(b.stmt)
@@ -200,16 +201,16 @@ class ApexUses:
         return plain
 
     # ---------------------------------------------------------------- uses
-    def apex_uses(self) -> List[ApexUse]:
+    def uses(self) -> List[ApexUse]:
         """Every reference to an apex name outside `apex.amp` (once per attribute chain), in the
         order of the imports, then of the text; optional imports with a torch fallback are left
-        to `apex_optional_imports`."""
+        to `optional_imports`."""
         if "_apex_uses" in self.__dict__:
             return self.__dict__["_apex_uses"]
-        optional = {id(b) for o in self.apex_optional_imports() for b in o.bindings}
+        optional = {id(b) for o in self.optional_imports() for b in o.bindings}
         seen: Set[int] = set()
         found: List[Tuple[cst.CSTNode, str, bool, ImportBinding]] = []
-        for b in self.apex_bindings():
+        for b in self.bindings():
             if id(b) in optional:
                 continue
             for ref in b.refs:
@@ -217,16 +218,16 @@ class ApexUses:
                 if id(node) in seen:
                     continue
                 seen.add(id(node))
-                names = {qn.name for qn in self.qualified_names(node)}  # type: ignore[attr-defined]
+                names = {qn.name for qn in self.model.qualified_names(node)}
                 apex = sorted(n for n in names if n.startswith("apex"))
                 if not apex or any(n.startswith("apex.amp") or n == "apex" for n in apex):
                     continue  # apex.amp: AMP102's
                 found.append((node, apex[0], len(names) > 1, b))
         # classes this file constructs: their isinstance checks and annotations migrate with them
-        built = {canonical(q) for node, q, _, _ in found if self.reference_role(node)[0] == "call"}  # type: ignore[attr-defined]
+        built = {canonical(q) for node, q, _, _ in found if self.model.reference_role(node)[0] == "call"}
         out = []
         for node, q, ambiguous, b in found:
-            role, site = self.reference_role(node)  # type: ignore[attr-defined]
+            role, site = self.model.reference_role(node)
             use = ApexUse(node, q, b, self._apex_role(node, q, role, canonical(q) in built), ambiguous=ambiguous,
                           flagged=self.sets_flag(b.stmt))
             if role == "call":
@@ -248,7 +249,7 @@ class ApexUses:
             return ApexRole.DECORATOR
         if not self._constructed_elsewhere(node):
             return ApexRole.COMPATIBILITY  # passed as a value (a type tuple, a tracer's leaf classes)
-        return ApexRole.WRAPPED if isinstance(self.parent(node), cst.Arg) else ApexRole.REBOUND  # type: ignore[attr-defined]
+        return ApexRole.WRAPPED if isinstance(self.model.parent(node), cst.Arg) else ApexRole.REBOUND
 
     def _constructed_elsewhere(self, node: cst.CSTNode) -> bool:
         """An apex class used as a value that this file still builds: bound to a name the file
@@ -256,30 +257,30 @@ class ApexUses:
         or the base of a thin wrapper the file builds (every method of the subclass calls the
         same method of `super()`: fairseq's FusedLayerNorm). A subclass that does more extends
         apex's internals (fairseq's FusedAdamV2): replacing its base is no migration."""
-        parent = self.parent(node)  # type: ignore[attr-defined]
-        calls = self.calls  # type: ignore[attr-defined]
-        if isinstance(parent, cst.Arg) and isinstance(self.parent(parent), cst.ClassDef):  # type: ignore[attr-defined]
-            cls = self.parent(parent)  # type: ignore[attr-defined]
+        parent = self.model.parent(node)
+        calls = self.model.calls
+        if isinstance(parent, cst.Arg) and isinstance(self.model.parent(parent), cst.ClassDef):
+            cls = self.model.parent(parent)
             built = any(isinstance(c.func, cst.Name) and c.func.value == cls.name.value for c in calls)
             return built and self.thin_wrapper(cls)
         value: cst.CSTNode = node
-        while isinstance(self.parent(value), (cst.IfExp, cst.BooleanOperation)):  # type: ignore[attr-defined]
-            value = self.parent(value)  # type: ignore[attr-defined]
-        assign = self.parent(value)  # type: ignore[attr-defined]
+        while isinstance(self.model.parent(value), (cst.IfExp, cst.BooleanOperation)):
+            value = self.model.parent(value)
+        assign = self.model.parent(value)
         if not isinstance(assign, cst.Assign) or assign.value is not value:
             return False
         names = {t.target.value for t in assign.targets if isinstance(t.target, cst.Name)}
         return any(isinstance(c.func, cst.Name) and c.func.value in names for c in calls)
 
-    def apex_factories(self) -> List[List[ApexUse]]:
+    def factories(self) -> List[List[ApexUse]]:
         """Optimizer factories: the apex optimizers (two or more) that one function builds in
         branches that never both run (`if name == "fusedadam": ... elif name == "fusedsgd": ...`),
         each group in text order."""
         factories: Dict[int, List[ApexUse]] = {}
-        for u in self.apex_uses():
+        for u in self.uses():
             site = u.call if u.call is not None else u.decorator
             if u.reported and site is not None and category(u.qualified) == "optimizers":
-                scope = self.function_of(site)  # type: ignore[attr-defined]
+                scope = self.model.function_of(site)
                 if scope is not None:
                     factories.setdefault(id(scope), []).append(u)
         out = []
@@ -287,15 +288,15 @@ class ApexUses:
             sites = [u.call if u.call is not None else u.decorator for u in members]
             if len(members) < 2 or not all(self.alternatives(a, b) for i, a in enumerate(sites) for b in sites[i + 1:]):
                 continue
-            out.append(sorted(members, key=lambda u: self.start(u.shown)))  # type: ignore[attr-defined]
+            out.append(sorted(members, key=lambda u: self.model.start(u.shown)))
         return out
 
     # ---------------------------------------------------------------- shapes
     def outer_reference(self, ref: cst.CSTNode) -> cst.CSTNode:
         """`ref` with the attributes read through it (`apex.parallel.DistributedDataParallel` for `apex`)."""
         node = ref
-        while isinstance(self.parent(node), cst.Attribute) and self.parent(node).value is node:  # type: ignore[attr-defined]
-            node = self.parent(node)  # type: ignore[attr-defined]
+        while isinstance(self.model.parent(node), cst.Attribute) and self.model.parent(node).value is node:
+            node = self.model.parent(node)
         return node
 
     def alternatives(self, a: Optional[cst.CSTNode], b: Optional[cst.CSTNode]) -> bool:
@@ -303,36 +304,36 @@ class ApexUses:
         or one is in an `if` branch that ends in `return`/`raise` and the other after that `if`."""
         if a is None or b is None:
             return False
-        if self.exclusive(a, b):  # type: ignore[attr-defined]
+        if self.model.exclusive(a, b):
             return True
-        first, second = (a, b) if self.before(a, b) else (b, a)  # type: ignore[attr-defined]
-        for anc in self.ancestors(first):  # type: ignore[attr-defined]
+        first, second = (a, b) if self.model.before(a, b) else (b, a)
+        for anc in self.model.ancestors(first):
             if isinstance(anc, (cst.FunctionDef, cst.Lambda, cst.ClassDef)):
                 return False
-            if isinstance(anc, cst.If) and self.is_ancestor(anc.body, first) \
-                    and not self.is_ancestor(anc, second) and _ends_in_exit(anc.body):  # type: ignore[attr-defined]
+            if isinstance(anc, cst.If) and self.model.is_ancestor(anc.body, first) \
+                    and not self.model.is_ancestor(anc, second) and _ends_in_exit(anc.body):
                 return True
         return False
 
     def thin_wrapper(self, cls: cst.ClassDef) -> bool:
         """Every method `cls` defines calls the same method of `super()` (and it defines one)."""
-        methods = [f for f in self.nodes_of(cst.FunctionDef) if self.class_of(f) is cls]  # type: ignore[attr-defined]
+        methods = [f for f in self.model.nodes_of(cst.FunctionDef) if self.model.class_of(f) is cls]
         if not methods:
             return False
         for f in methods:
             name = f.name.value
             if not any(isinstance(c.func, cst.Attribute) and c.func.attr.value == name
                        and isinstance(c.func.value, cst.Call) and isinstance(c.func.value.func, cst.Name)
-                       and c.func.value.func.value == "super" and self.function_of(c) is f  # type: ignore[attr-defined]
-                       for c in self.calls):  # type: ignore[attr-defined]
+                       and c.func.value.func.value == "super" and self.model.function_of(c) is f
+                       for c in self.model.calls):
                 return False
         return True
 
     def try_body_of(self, stmt: cst.CSTNode) -> Optional[cst.Try]:
         """The `try` whose body holds the small statement `stmt` (an import) directly."""
-        line = self.parent(stmt)  # type: ignore[attr-defined]
-        block = self.block_of(line) if line is not None else None  # type: ignore[attr-defined]
-        tr = self.parent(block) if block is not None else None  # type: ignore[attr-defined]
+        line = self.model.parent(stmt)
+        block = self.model.block_of(line) if line is not None else None
+        tr = self.model.parent(block) if block is not None else None
         return tr if isinstance(tr, cst.Try) and tr.body is block else None
 
     def import_try(self, stmt: cst.CSTNode) -> Optional[cst.Try]:
@@ -342,7 +343,7 @@ class ApexUses:
             return None
         for h in tr.handlers:
             types = h.type.elements if isinstance(h.type, cst.Tuple) else [h.type]
-            names = {self.code(t.value if isinstance(t, cst.Element) else t).strip()  # type: ignore[attr-defined]
+            names = {self.model.code(t.value if isinstance(t, cst.Element) else t).strip()
                      for t in types if t is not None}
             if names & {"ImportError", "ModuleNotFoundError", "Exception"} or h.type is None:
                 return tr
@@ -364,13 +365,13 @@ class ApexUses:
     def except_names_used(self, tr: cst.Try) -> List[cst.Name]:
         """The Names outside `tr` that read or bind a name its `except` branches bind."""
         bound = names_bound([s for h in tr.handlers for s in h.body.body])
-        return [n for n in self.nodes_of(cst.Name)  # type: ignore[attr-defined]
-                if n.value in bound and not self.is_ancestor(tr, n)]  # type: ignore[attr-defined]
+        return [n for n in self.model.nodes_of(cst.Name)
+                if n.value in bound and not self.model.is_ancestor(tr, n)]
 
     def fallback_targets(self, tr: cst.Try) -> Dict[str, str]:
         """name -> what the `except` branch binds it to (a qualified name, or "?" for code of its own)."""
         out: Dict[str, str] = {}
-        code = self.code  # type: ignore[attr-defined]
+        code = self.model.code
         for h in tr.handlers:
             for st in h.body.body:
                 for small in (st.body if isinstance(st, cst.SimpleStatementLine) else [st]):
@@ -381,8 +382,8 @@ class ApexUses:
                             out[name] = f"{code(small.module).strip()}.{code(a.name).strip()}"
                     elif isinstance(small, cst.Assign) and len(small.targets) == 1 and \
                             isinstance(small.targets[0].target, cst.Name):
-                        q = sorted(self.qualnames(small.value)) if isinstance(small.value, (cst.Name, cst.Attribute)) \
-                            else []  # type: ignore[attr-defined]
+                        q = sorted(self.model.qualnames(small.value)) if isinstance(small.value, (cst.Name, cst.Attribute)) \
+                            else []
                         out[small.targets[0].target.value] = q[0] if q else "?"
                     else:
                         for name in names_bound([small]):
@@ -391,11 +392,11 @@ class ApexUses:
 
     def first_import(self) -> Optional[cst.SimpleStatementLine]:
         """The file's first module-level import (after `from __future__` imports), where `import torch` can go."""
-        for st in self.module.body:  # type: ignore[attr-defined]
+        for st in self.model.module.body:
             if isinstance(st, cst.SimpleStatementLine) and isinstance(st.body[0], (cst.Import, cst.ImportFrom)):
                 small = st.body[0]
                 if isinstance(small, cst.ImportFrom) and small.module is not None and not small.relative \
-                        and self.code(small.module).strip() == "__future__":  # type: ignore[attr-defined]
+                        and self.model.code(small.module).strip() == "__future__":
                     continue
                 return st
         return None

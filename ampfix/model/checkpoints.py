@@ -14,6 +14,7 @@ from typing import List, Optional, Tuple
 
 import libcst as cst
 
+from ampfix.model.facet import Facet
 from ampfix.model.syntax import call_name, literal_string, method_call
 from ampfix.model.tree import dotted
 
@@ -31,19 +32,19 @@ class SavedState:
     opaque: bool = False  # **spread or non-literal keys: it may hold anything
 
 
-class Checkpoints:
-    """Checkpoint contents (a part of `AmpModel`)."""
+class Checkpoints(Facet):
+    """Checkpoint contents: what is saved, what a resume restores (`model.checkpoints`)."""
 
     def saved_states(self) -> List[SavedState]:
         out = []
-        for call in self.calls:
-            if not self.is_api(call, "save") or not call.args or call.args[0].keyword is not None:
+        for call in self.model.calls:
+            if not self.model.is_api(call, "save") or not call.args or call.args[0].keyword is not None:
                 continue
-            for v in self.possible_values(call.args[0].value):
+            for v in self.model.possible_values(call.args[0].value):
                 state = self._state_of(call, v)
                 if state is not None:
                     out.append(state)
-        if self.foreign is not None:  # type: ignore[attr-defined]
+        if self.model.foreign is not None:
             out.extend(self._saved_through_helpers())
         return out
 
@@ -52,18 +53,18 @@ class Checkpoints:
         it is handed (built here), or what it saves of the objects it is handed (its summary):
         the state is the call's (`dict_node` is the call)."""
         out: List[SavedState] = []
-        for call in self.calls:
+        for call in self.model.calls:
             if "save" not in (call_name(call) or "").lower() and "checkpoint" not in (call_name(call) or "").lower():
                 continue
-            ff = self.foreign_callee(call)  # type: ignore[attr-defined]
+            ff = self.model.foreign_callee(call)
             if ff is None or not ff.summary.saves:
                 continue
-            bound = self.bind_foreign_arguments(call, ff)  # type: ignore[attr-defined]
+            bound = self.model.bind_foreign_arguments(call, ff)
             for s in ff.summary.saves:
                 param = s.get("param")
                 if isinstance(param, str):
                     arg = bound.get(param)
-                    for v in self.possible_values(arg) if arg is not None else []:
+                    for v in self.model.possible_values(arg) if arg is not None else []:
                         state = self._state_of(call, v)
                         if state is not None:
                             out.append(state)
@@ -73,9 +74,9 @@ class Checkpoints:
                 for key, what in (s.get("state") or {}).items():
                     kind, _, receiver = str(what).partition("|")
                     arg = bound.get(receiver[len("__param__."):]) if receiver.startswith("__param__.") else None
-                    if arg is not None and self.scaler_key(arg) is not None:
+                    if arg is not None and self.model.scaler_key(arg) is not None:
                         state.scaler_state = True
-                    elif kind == "optimizer" and (arg is None or self.is_optimizer(arg)):
+                    elif kind == "optimizer" and (arg is None or self.model.is_optimizer(arg)):
                         state.optimizers.append(arg if arg is not None else call)
                 out.append(state)
         return out
@@ -88,11 +89,11 @@ class Checkpoints:
                     entries.append((literal_string(el.key), el.value))
                 else:
                     entries.append((None, None))
-        elif isinstance(node, cst.Call) and self.is_builtin(node.func, "dict"):
+        elif isinstance(node, cst.Call) and self.model.is_builtin(node.func, "dict"):
             entries = [(a.keyword.value if a.keyword else None, a.value if a.keyword else None) for a in node.args]
         elif depth < 2 and self._snapshot_source(node) is not None:
             # `dataclasses.asdict(state)`, `vars(state)`, `state.__dict__`: what `state` holds
-            for v in self.possible_values(self._snapshot_source(node)):  # type: ignore[arg-type]
+            for v in self.model.possible_values(self._snapshot_source(node)):  # type: ignore[arg-type]
                 state = self._state_of(save, v, depth + 1)
                 if state is not None:
                     return state
@@ -110,11 +111,11 @@ class Checkpoints:
             state.keys.append(key)
             state.entries.append((key, value))
             receivers = self.state_receivers(value) if value is not None else []
-            if any(self.scaler_key(r) is not None for r in receivers) or key.lower() in SCALER_KEYS \
+            if any(self.model.scaler_key(r) is not None for r in receivers) or key.lower() in SCALER_KEYS \
                     or "scaler" in key.lower():
                 state.scaler_state = True
             else:
-                state.optimizers.extend([r for r in receivers if self.is_optimizer(r)][:1])
+                state.optimizers.extend([r for r in receivers if self.model.is_optimizer(r)][:1])
         return state
 
     def state_receivers(self, value: cst.CSTNode) -> List[cst.BaseExpression]:
@@ -122,7 +123,7 @@ class Checkpoints:
         conditional expression (`None if final else opt.state_dict()`: the resume path still
         saves it), a name bound to one followed to it."""
         out = []
-        for leaf in self.possible_values(value):
+        for leaf in self.model.possible_values(value):
             receiver = method_call(leaf, "state_dict")
             if receiver is not None:
                 out.append(receiver)
@@ -133,20 +134,20 @@ class Checkpoints:
         if isinstance(node, cst.Attribute) and node.attr.value == "__dict__":
             return node.value
         if isinstance(node, cst.Call) and len(node.args) == 1 and node.args[0].keyword is None \
-                and not node.args[0].star and (self.is_builtin(node.func, "vars")
-                                                or "dataclasses.asdict" in self.qualnames(node.func)):
+                and not node.args[0].star and (self.model.is_builtin(node.func, "vars")
+                                                or "dataclasses.asdict" in self.model.qualnames(node.func)):
             return node.args[0].value
         return None
 
     def snapshot_class(self, call: cst.Call) -> Optional[cst.ClassDef]:
         """The class of this file whose instance `call` builds, when the call is what a
         `torch.save` writes (a training-state snapshot: its fields are the checkpoint's keys)."""
-        return self.class_named(call.func)  # type: ignore[attr-defined]
+        return self.model.class_named(call.func)
 
     def _snapshot_entries(self, call: cst.Call, cls: cst.ClassDef) -> list:
         """The (field, value) pairs a snapshot object is built with: keyword arguments, and
         positional ones mapped to a dataclass's fields in order (else unknown: opaque)."""
-        fields = [s.body[0].target.value for s in cls.body.body  # type: ignore[attr-defined]
+        fields = [s.body[0].target.value for s in cls.body.body
                   if isinstance(s, cst.SimpleStatementLine) and isinstance(s.body[0], cst.AnnAssign)
                   and isinstance(s.body[0].target, cst.Name)]
         dataclass = any("dataclass" in (dotted(d.decorator.func if isinstance(d.decorator, cst.Call)
@@ -166,34 +167,34 @@ class Checkpoints:
     def _added_entries(self, node: cst.CSTNode) -> list:
         """Entries added to the dict after it is built: `ckpt["scaler"] = ...` on the name it is
         bound to (in the same scope); `ckpt.update(...)` or `ckpt[k] = ...` make it opaque."""
-        parent = self.parent(node)
+        parent = self.model.parent(node)
         if not isinstance(parent, cst.Assign) or len(parent.targets) != 1:
             return []
         name = dotted(parent.targets[0].target)
-        scope = self.scope_of(parent)
+        scope = self.model.scope_of(parent)
         out = []
-        for assign, target, value in self._index.assignments:
-            if isinstance(target, cst.Subscript) and dotted(target.value) == name and self.scope_of(assign) is scope:
+        for assign, target, value in self.model._index.assignments:
+            if isinstance(target, cst.Subscript) and dotted(target.value) == name and self.model.scope_of(assign) is scope:
                 index = target.slice[0].slice if len(target.slice) == 1 else None
                 key = literal_string(index.value) if isinstance(index, cst.Index) else None
                 out.append((key, value))
-        for call in self.calls_in_scope(scope):
-            if method_call(call, "update", "setdefault") is not None and dotted(call.func.value) == name:  # type: ignore[attr-defined]
+        for call in self.model.calls_in_scope(scope):
+            if method_call(call, "update", "setdefault") is not None and dotted(call.func.value) == name:
                 out.append((None, None))
         return out
 
     def restores(self, scope: cst.CSTNode) -> List[cst.Call]:
         """`X.load_state_dict(...)` calls in `scope` whose argument comes from a `torch.load`."""
         out = []
-        for call in self.calls_in_scope(scope):
+        for call in self.model.calls_in_scope(scope):
             if method_call(call, "load_state_dict") is None or not call.args:
                 continue
             arg = call.args[0].value
             while isinstance(arg, cst.Subscript):
                 arg = arg.value
             if isinstance(arg, cst.Call) and method_call(arg, "get") is not None:
-                arg = arg.func.value  # type: ignore[attr-defined]
-            if any(isinstance(v, cst.Call) and self.is_api(v, "load") for v in self.possible_values(arg)):
+                arg = arg.func.value
+            if any(isinstance(v, cst.Call) and self.model.is_api(v, "load") for v in self.model.possible_values(arg)):
                 out.append(call)
         return out
 
@@ -201,25 +202,25 @@ class Checkpoints:
         """The scaler keys code at `node` can reach: its function's names and the module's,
         and `self.` attributes of its class, when they hold an enabled (or possibly enabled)
         GradScaler."""
-        scope = self.scope_of(node)
-        cls = self.self_class(node)
+        scope = self.model.scope_of(node)
+        cls = self.model.self_class(node)
         out = []
-        for key in sorted(self.scalers):
+        for key in sorted(self.model.scalers):
             root, _, rest = key.partition(".")
             if root == "self":
-                if cls is None or "." in rest or not self._enabled_scaler(self.attribute_values(cls, rest)):
+                if cls is None or "." in rest or not self._enabled_scaler(self.model.attribute_values(cls, rest)):
                     continue
-            elif rest or self.binding_scope(root, scope) is None:
+            elif rest or self.model.binding_scope(root, scope) is None:
                 continue
-            elif not self._enabled_scaler([v for n, v, s in self._by_key.get(key, [])
-                                           if s is self.binding_scope(root, scope)]):
+            elif not self._enabled_scaler([v for n, v, s in self.model._by_key.get(key, [])
+                                           if s is self.model.binding_scope(root, scope)]):
                 continue
             out.append(key)
         return out
 
     def _enabled_scaler(self, values: List[cst.BaseExpression]) -> bool:
         for v in values:
-            for leaf in self.possible_values(v):
-                if isinstance(leaf, cst.Call) and self.is_api(leaf, "GradScaler") and not self.built_disabled(leaf):
+            for leaf in self.model.possible_values(v):
+                if isinstance(leaf, cst.Call) and self.model.is_api(leaf, "GradScaler") and not self.model.built_disabled(leaf):
                     return True
         return False

@@ -21,12 +21,16 @@ computed from one (`inv_scale = 1. / scaler.get_scale()`).
 
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Optional, Set, Tuple
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Set, Tuple
 
 import libcst as cst
 
+from ampfix.model.facet import Facet
 from ampfix.model.syntax import call_name
 from ampfix.model.tree import child_nodes, target_names
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ampfix.model import AmpModel
 
 Site = Tuple[cst.CSTNode, Tuple[str, ...], Tuple[cst.CSTNode, ...]]  # (node, names bound, value expressions)
 SCALE_INVARIANT = {"sign", "sgn", "isfinite", "isnan", "isinf", "ne", "eq"}
@@ -37,10 +41,11 @@ APPEND_METHODS = {"append", "extend", "insert", "add"}
 MAX_RETURN_HOPS = 3
 
 
-class Dataflow:
-    """Value flow within a function and through `return` (a part of `AmpModel`)."""
+class Dataflow(Facet):
+    """Value flow within a function and through `return` (`model.dataflow`)."""
 
-    def _init_dataflow(self) -> None:
+    def __init__(self, model: "AmpModel") -> None:
+        super().__init__(model)
         self._sites: Dict[cst.CSTNode, List[Site]] = {}
         self._names_in_scope: Optional[Dict[cst.CSTNode, List[cst.Name]]] = None
         self._bound_names: Set[cst.Name] = set()
@@ -59,9 +64,9 @@ class Dataflow:
             if names and vals:
                 sites.append((node, names, vals))
 
-        for node in self.nodes_of(cst.Assign, cst.AnnAssign, cst.AugAssign, cst.NamedExpr, cst.For, cst.CompFor,
+        for node in self.model.nodes_of(cst.Assign, cst.AnnAssign, cst.AugAssign, cst.NamedExpr, cst.For, cst.CompFor,
                                   cst.Call):
-            if self.scope_of(node) is not scope:
+            if self.model.scope_of(node) is not scope:
                 continue
             if isinstance(node, cst.Assign):
                 for t in node.targets:
@@ -87,17 +92,17 @@ class Dataflow:
 
     def _invariant_use(self, node: cst.CSTNode) -> bool:
         """`node` is consumed by a scale-invariant function (`g.sign()`, `torch.sign(g)`)."""
-        parent = self.parent(node)
+        parent = self.model.parent(node)
         if isinstance(parent, cst.Attribute) and parent.value is node and parent.attr.value in SCALE_INVARIANT:
-            return isinstance(self.parent(parent), cst.Call)
+            return isinstance(self.model.parent(parent), cst.Call)
         if isinstance(parent, cst.Arg):
-            call = self.parent(parent)
+            call = self.model.parent(parent)
             return isinstance(call, cst.Call) and bool(
-                self.qualnames(call.func) & {f"torch.{m}" for m in SCALE_INVARIANT})  # type: ignore[attr-defined]
+                self.model.qualnames(call.func) & {f"torch.{m}" for m in SCALE_INVARIANT})
         return False
 
     def _is_read(self, name: cst.Name) -> bool:
-        parent = self.parent(name)
+        parent = self.model.parent(name)
         if isinstance(parent, cst.Attribute) and parent.attr is name:
             return False
         if isinstance(parent, cst.Arg) and parent.keyword is name:
@@ -108,18 +113,18 @@ class Dataflow:
     def derived_names(self, source: cst.CSTNode, seeds: Tuple[str, ...] = ()) -> Set[str]:
         """The names of `source`'s function bound from its value (see the module docstring).
         `seeds`: names that hold the value from the start (a parameter it is passed to)."""
-        scope = self.scope_of(source)
+        scope = self.model.scope_of(source)
         sites = self._binding_sites(scope)
-        start = self._index.order_of(source)
+        start = self.model._index.order_of(source)
         derived: Set[str] = set(seeds)
         for node, names, values in sites:
-            if any(v is source or self.is_ancestor(v, source) for v in values):
+            if any(v is source or self.model.is_ancestor(v, source) for v in values):
                 derived.update(names)
         changed = True
         while changed:
             changed = False
             for node, names, values in sites:
-                if self._index.order_of(node) < start or set(names) <= derived:
+                if self.model._index.order_of(node) < start or set(names) <= derived:
                     continue
                 if any(self._reads(v, derived) for v in values):
                     derived.update(names)
@@ -130,8 +135,8 @@ class Dataflow:
         """The derived names that hold `source`'s value itself, not a value computed from it:
         bound from it as it is, a subscript of it, or a loop over it (`grads = autograd.grad(...)`,
         `(g,) = ...`, `g = grads[0]`, `for p, g in zip(params, grads)`)."""
-        scope = self.scope_of(source)
-        start = self._index.order_of(source)
+        scope = self.model.scope_of(source)
+        start = self.model._index.order_of(source)
         raw: Set[str] = set()
 
         def plain(v: cst.CSTNode) -> bool:
@@ -150,7 +155,7 @@ class Dataflow:
         while changed:
             changed = False
             for node, names, values in self._binding_sites(scope):
-                if self._index.order_of(node) >= start or any(v is source or self.is_ancestor(v, source) for v in values):
+                if self.model._index.order_of(node) >= start or any(v is source or self.model.is_ancestor(v, source) for v in values):
                     if not set(names) <= raw and isinstance(node, (cst.Assign, cst.For, cst.CompFor)) \
                             and any(plain(v) for v in values):
                         raw.update(names)
@@ -161,11 +166,11 @@ class Dataflow:
         """`source` and every read of a name derived from it, after it in its function; when
         the value is returned from a function of this file, the reads at its callers too."""
         derived = self.derived_names(source)
-        scope = self.scope_of(source)
-        start = self._index.order_of(source)
+        scope = self.model.scope_of(source)
+        start = self.model._index.order_of(source)
         reads: List[cst.CSTNode] = [source]
         for n in self._scope_names(scope):
-            if n.value in derived and self._index.order_of(n) > start and n not in self._bound_names \
+            if n.value in derived and self.model._index.order_of(n) > start and n not in self._bound_names \
                     and self._is_read(n) and not self._invariant_use(n):
                 reads.append(n)
         if hops < MAX_RETURN_HOPS and isinstance(scope, cst.FunctionDef):
@@ -176,9 +181,9 @@ class Dataflow:
     def _returned_at(self, func: cst.FunctionDef, reads: List[cst.CSTNode]) -> List[cst.Call]:
         """The calls to `func` when one of `reads` is (part of) a returned value."""
         for r in reads:
-            ret = next((a for a in self.ancestors(r) if isinstance(a, (cst.Return, cst.FunctionDef))), None)
+            ret = next((a for a in self.model.ancestors(r) if isinstance(a, (cst.Return, cst.FunctionDef))), None)
             if isinstance(ret, cst.Return):
-                return list(self.callers(func))  # type: ignore[attr-defined]
+                return list(self.model.callers(func))
         return []
 
     def value_escapes(self, source: cst.CSTNode) -> List[cst.CSTNode]:
@@ -192,12 +197,12 @@ class Dataflow:
             if r is not source and not (isinstance(r, cst.Name) and r.value in raw):
                 continue  # a value computed from it (a penalty) does not escape by being logged
             child = r
-            for anc in self.ancestors(r):
+            for anc in self.model.ancestors(r):
                 if isinstance(anc, (cst.SimpleStatementLine, cst.BaseCompoundStatement, cst.Lambda)):
                     break
-                if isinstance(anc, cst.Arg) and isinstance(self.parent(anc), cst.Call):
-                    call = self.parent(anc)
-                    if self.callees(call) or isinstance(self.parent(call), cst.Expr):  # type: ignore[attr-defined]
+                if isinstance(anc, cst.Arg) and isinstance(self.model.parent(anc), cst.Call):
+                    call = self.model.parent(anc)
+                    if self.model.callees(call) or isinstance(self.model.parent(call), cst.Expr):
                         out.append(r)  # a function of this file, or a call whose result is dropped
                         break
                 if isinstance(anc, (cst.Assign, cst.AugAssign, cst.AnnAssign)) and child is getattr(anc, "value", None):
@@ -209,10 +214,10 @@ class Dataflow:
                     out.append(r)
                     break
                 if isinstance(anc, cst.Return):
-                    func = self.function_of(anc)
+                    func = self.model.function_of(anc)
                     whole = anc.value is r or (isinstance(anc.value, (cst.Tuple, cst.List))
                                                and any(e.value is r for e in anc.value.elements))
-                    if whole and (func is None or not self.callers(func)):  # type: ignore[attr-defined]
+                    if whole and (func is None or not self.model.callers(func)):
                         out.append(r)
                     break
                 child = anc
@@ -226,7 +231,7 @@ class Dataflow:
         file shows."""
         for r in self.value_reads(source):
             child = r
-            for anc in self.ancestors(r):
+            for anc in self.model.ancestors(r):
                 if isinstance(anc, (cst.SimpleStatementLine, cst.FunctionDef, cst.ClassDef, cst.Lambda)):
                     break
                 if isinstance(anc, (cst.If, cst.While, cst.IfExp, cst.Assert)) and child is anc.test:
@@ -235,7 +240,7 @@ class Dataflow:
                     break
                 if isinstance(anc, cst.Comparison):
                     return True
-                if isinstance(anc, cst.Call) and child is not anc.func and _changes_gradients(self, anc):
+                if isinstance(anc, cst.Call) and child is not anc.func and _changes_gradients(self.model, anc):
                     return True
                 child = anc
         return False
@@ -245,7 +250,7 @@ class Dataflow:
         accepts (see the module docstring)."""
         for r in self.value_reads(source):
             child = r
-            for anc in self.ancestors(r):
+            for anc in self.model.ancestors(r):
                 if isinstance(anc, (cst.SimpleStatementLine, cst.BaseCompoundStatement)):
                     break
                 if isinstance(anc, cst.BinaryOperation) and isinstance(anc.operator, (cst.Multiply, cst.Divide)):
@@ -257,7 +262,7 @@ class Dataflow:
                         others = [a.value for a in anc.args] if child is anc.func else [anc.func.value]
                         if any(factor(o) for o in others):
                             return True
-                    if self.qualnames(anc.func) & MUL_DIV_FUNCS:  # type: ignore[attr-defined]
+                    if self.model.qualnames(anc.func) & MUL_DIV_FUNCS:
                         if any(factor(a.value) for a in anc.args if a.value is not child):
                             return True
                 child = anc
@@ -269,9 +274,9 @@ class Dataflow:
         calls = [c for c in _nodes_under(expr, cst.Call) if call_name(c) in ("get_scale", "_get_scale_async")]
         if calls:
             return True
-        scope = self.scope_of(expr)
+        scope = self.model.scope_of(expr)
         derived: Set[str] = set()
-        for c in self.calls_in_scope(scope):  # type: ignore[attr-defined]
+        for c in self.model.calls_in_scope(scope):
             if call_name(c) in ("get_scale", "_get_scale_async"):
                 derived |= self.derived_names(c)
         return bool(derived) and any(n.value in derived for n in _names_under(expr) if self._is_read(n))
@@ -279,8 +284,8 @@ class Dataflow:
     def _scope_names(self, scope: cst.CSTNode) -> List[cst.Name]:
         if self._names_in_scope is None:
             by_scope: Dict[cst.CSTNode, List[cst.Name]] = {}
-            for n in self.nodes_of(cst.Name):
-                by_scope.setdefault(self.scope_of(n), []).append(n)  # type: ignore[arg-type]
+            for n in self.model.nodes_of(cst.Name):
+                by_scope.setdefault(self.model.scope_of(n), []).append(n)  # type: ignore[arg-type]
             self._names_in_scope = by_scope
         self._binding_sites(scope)  # fills the bound names of this scope
         return self._names_in_scope.get(scope, [])

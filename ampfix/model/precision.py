@@ -21,6 +21,7 @@ from typing import FrozenSet, List, NamedTuple, Optional, Set, Tuple
 
 import libcst as cst
 
+from ampfix.model.facet import Facet
 from ampfix.model.regions import Region
 from ampfix.model.syntax import call_name, get_arg, literal_string
 from ampfix.model.tree import child_nodes, dotted
@@ -47,14 +48,14 @@ class ForeignRegion(NamedTuple):
     function: str  # the function of that module (`Trainer.compute_loss`)
 
 
-class Precision:
-    """Dtypes (a part of `AmpModel`)."""
+class Precision(Facet):
+    """Dtypes: the ones the file chooses, each autocast region's (`model.precision`)."""
 
     def dtype_values(self, expr: cst.CSTNode, depth: int = 0) -> Optional[FrozenSet[str]]:
         if depth > 4:
             return None
         out = set()
-        for v in self.possible_values(expr):
+        for v in self.model.possible_values(expr):
             if isinstance(v, ReturnedElement):
                 return None
             one = self._dtype_of_leaf(v, depth)
@@ -64,7 +65,7 @@ class Precision:
         return frozenset(out)
 
     def _dtype_of_leaf(self, v: cst.CSTNode, depth: int) -> Optional[FrozenSet[str]]:
-        api = self.api_of(v)
+        api = self.model.api_of(v)
         if api is not None and api.kind.startswith("dtype."):
             return frozenset([api.kind.split(".", 1)[1]])
         s = literal_string(v)
@@ -80,12 +81,12 @@ class Precision:
                 if value is None:
                     return None
                 table[literal_string(el.key)] = value
-            keys = self.possible_values(v.slice[0].slice.value)
+            keys = self.model.possible_values(v.slice[0].slice.value)
             if all(literal_string(k) in table for k in keys):
                 return frozenset(d for k in keys for d in table[literal_string(k)])
             return frozenset(d for ds in table.values() for d in ds)
-        if isinstance(v, cst.Call) and self.is_builtin(v.func, "getattr") and len(v.args) >= 2 \
-                and dotted(v.args[0].value) == self.torch_alias():  # getattr(torch, name)
+        if isinstance(v, cst.Call) and self.model.is_builtin(v.func, "getattr") and len(v.args) >= 2 \
+                and dotted(v.args[0].value) == self.model.torch_alias():  # getattr(torch, name)
             return self.dtype_values(v.args[1].value, depth + 1)
         return None
 
@@ -116,10 +117,10 @@ class Precision:
             return None
         if not any(isinstance(v, cst.Call) and call_name(v) in ("parse_args", "parse_known_args")
                    or isinstance(v, ReturnedElement) and call_name(v.call) == "parse_known_args"
-                   for v in self.possible_values(expr.value)):
+                   for v in self.model.possible_values(expr.value)):
             return None
         flag = "--" + expr.attr.value
-        for call in self.calls:
+        for call in self.model.calls:
             if call_name(call) == "add_argument" and any(
                     (literal_string(a.value) or "").replace("-", "_") == flag.replace("-", "_")
                     for a in call.args if a.keyword is None):
@@ -129,7 +130,7 @@ class Precision:
     def torch_dtype_valued(self, expr: cst.CSTNode) -> bool:
         """Every value `expr` may hold is a torch dtype object (not a string): it can be passed
         as autocast's `dtype=`."""
-        values = self.possible_values(expr)
+        values = self.model.possible_values(expr)
         return bool(values) and all(self._torch_dtype_leaf(v) for v in values)
 
     def _torch_dtype_leaf(self, v: cst.CSTNode) -> bool:
@@ -167,26 +168,26 @@ class Precision:
             if isinstance(n, ReturnedElement):  # `logits, loss = model(x, y)`: the call's region and returns
                 foreign |= self._foreign_return_dtypes(n.call)
                 stack.append((n.call, hops, True))
-                stack.extend((r, hops, True) for r in self.returned(n.call, n.index))
+                stack.extend((r, hops, True) for r in self.model.returned(n.call, n.index))
                 continue
             if isinstance(n, cst.Call) and isinstance(n.func, cst.Attribute) and n.func.attr.value in DETACHING:
                 continue
-            if is_value and not self.is_synthetic(n):
+            if is_value and not self.model.is_synthetic(n):
                 if self.under_no_grad(n):
                     continue
-                region = self.region_of(n)
+                region = self.model.region_of(n)
                 if region is not None and all(region.node is not r.node for r in regions):
                     regions.append(region)
             if isinstance(n, (cst.Name, cst.Attribute)) and dotted(n) is not None:
                 if hops < MAX_VALUE_HOPS:
-                    stack.extend((v, hops + 1, True) for v in self.values_of(n) if v is not n)
+                    stack.extend((v, hops + 1, True) for v in self.model.values_of(n) if v is not n)
                 if isinstance(n, cst.Attribute):
                     stack.append((n.value, hops, False))  # `out.loss`, `out.sum`: what `out` holds
                 continue
             if isinstance(n, cst.Call):
                 foreign |= self._foreign_return_dtypes(n)
-                if hops < MAX_VALUE_HOPS and self.callees(n):
-                    stack.extend((r, hops + 1, True) for r in self.returned(n, None))
+                if hops < MAX_VALUE_HOPS and self.model.callees(n):
+                    stack.extend((r, hops + 1, True) for r in self.model.returned(n, None))
                 if isinstance(n.func, cst.Attribute):
                     stack.append((n.func.value, hops, False))
                 stack.extend((a.value, hops, False) for a in n.args)
@@ -195,20 +196,20 @@ class Precision:
         return regions, frozenset(foreign)
 
     def _foreign_return_dtypes(self, call: cst.Call) -> Set["ForeignRegion"]:
-        ff = self.foreign_callee(call) if isinstance(call, cst.Call) else None
+        ff = self.model.foreign_callee(call) if isinstance(call, cst.Call) else None
         if ff is None:
             return set()
         return {ForeignRegion(d, ff.path, line, ff.qual) for d, line in ff.summary.return_dtypes.items()}
 
     def under_no_grad(self, node: cst.CSTNode) -> bool:
         """`node` runs under `with torch.no_grad()` / `torch.inference_mode()` in its function."""
-        for anc in self.ancestors(node):
+        for anc in self.model.ancestors(node):
             if isinstance(anc, cst.With) and any(
-                    self.qualnames(i.item.func if isinstance(i.item, cst.Call) else i.item) & NO_GRAD
+                    self.model.qualnames(i.item.func if isinstance(i.item, cst.Call) else i.item) & NO_GRAD
                     for i in anc.items):
                 return True
             if isinstance(anc, (cst.FunctionDef, cst.Lambda, cst.ClassDef)):
-                return any(self.qualnames(d.decorator.func if isinstance(d.decorator, cst.Call) else d.decorator)
+                return any(self.model.qualnames(d.decorator.func if isinstance(d.decorator, cst.Call) else d.decorator)
                            & NO_GRAD for d in getattr(anc, "decorators", ()))
         return False
 
@@ -219,14 +220,14 @@ class Precision:
         call = region.call
         if call is None:
             return None
-        args = call.args[1:] if self.partial_parts(call) is not None else call.args
+        args = call.args[1:] if self.model.partial_parts(call) is not None else call.args
         arg = next((a for a in args if a.keyword is not None and a.keyword.value == "device_type"), None)
         if arg is None and args and args[0].keyword is None and not args[0].star:
             arg = args[0]
         if arg is None:
             return None
         out = set()
-        for v in self.possible_values(arg.value):
+        for v in self.model.possible_values(arg.value):
             s = literal_string(v)
             if s is None:
                 return None
@@ -245,13 +246,13 @@ class Precision:
             if len(devices) == 1:
                 texts.add(f'"{next(iter(devices))}"')
                 continue
-            direct = r.call is not None and r.api.device is None and self.autocast_call_info(r.call) is not None
+            direct = r.call is not None and r.api.device is None and self.model.autocast_call_info(r.call) is not None
             arg = get_arg(r.call, 0, "device_type") if direct else None  # type: ignore[arg-type]
             key = dotted(arg.value) if arg is not None else None
             root = (key or "").split(".")[0]
-            if key is None or root == "self" or self.binding_scope(root, self.scope_of(r.call)) is not \
-                    self.binding_scope(root, self.scope_of(at)) or not any(
-                        self.before(n, at) for n, _ in self.assignments_to(key)):
+            if key is None or root == "self" or self.model.binding_scope(root, self.model.scope_of(r.call)) is not \
+                    self.model.binding_scope(root, self.model.scope_of(at)) or not any(
+                        self.model.before(n, at) for n, _ in self.model.assignments_to(key)):
                 return None
             texts.add(key)
         return texts.pop() if len(texts) == 1 else None
@@ -270,19 +271,19 @@ class Precision:
 
     def sets_autocast_dtype(self) -> bool:
         """The file changes autocast's default dtype (`torch.set_autocast_dtype`, ...)."""
-        return any("set_autocast" in (call_name(c) or "") and "dtype" in (call_name(c) or "") for c in self.calls)
+        return any("set_autocast" in (call_name(c) or "") and "dtype" in (call_name(c) or "") for c in self.model.calls)
 
     def autocast_regions(self) -> List[Region]:
         """Every enabled or possibly enabled autocast region of the file."""
         cached = getattr(self, "_all_regions", None)
         if cached is None:
             cached = []
-            for w in self.nodes_of(cst.With):
-                r = self.with_region(w)  # type: ignore[arg-type]
+            for w in self.model.nodes_of(cst.With):
+                r = self.model.with_region(w)  # type: ignore[arg-type]
                 if r is not None and r.enabled is not False:
                     cached.append(r)
-            for f in self.nodes_of(cst.FunctionDef):
-                r = self.decorator_region(f)  # type: ignore[arg-type]
+            for f in self.model.nodes_of(cst.FunctionDef):
+                r = self.model.decorator_region(f)  # type: ignore[arg-type]
                 if r is not None and r.enabled is not False:
                     cached.append(r)
             self._all_regions = cached
@@ -301,7 +302,7 @@ class Precision:
             if isinstance(n, (cst.Name, cst.Attribute)) and dotted(n) is not None:
                 if FLOAT16_WORDS.search(dotted(n) or ""):
                     return True
-                stack.extend(v for v in self.possible_values(n) if v is not n and isinstance(v, cst.CSTNode))
+                stack.extend(v for v in self.model.possible_values(n) if v is not n and isinstance(v, cst.CSTNode))
                 continue
             s = literal_string(n)
             if s is not None and FLOAT16_WORDS.search(s):

@@ -377,10 +377,10 @@ class Summarizer:
         for r in m.nodes_of(cst.Return):
             if r.value is not None and m.scope_of(r) is func:
                 summary.returns.extend(self.canon.values(r.value))
-                if m.autocast_regions():  # a loss computed under autocast and returned
-                    regions, foreign = m.computing_regions(r.value)
+                if m.precision.autocast_regions():  # a loss computed under autocast and returned
+                    regions, foreign = m.precision.computing_regions(r.value)
                     for region in regions:
-                        summary.return_dtypes.setdefault(m.region_dtype(region) or "unknown", m.line(region.node))
+                        summary.return_dtypes.setdefault(m.precision.region_dtype(region) or "unknown", m.line(region.node))
                     for fr in foreign:
                         summary.return_dtypes.setdefault(fr.dtype, m.line(r))
         summary.saves = self.saves(func)
@@ -407,7 +407,7 @@ class Summarizer:
                     continue
             region = None
             if te.region is not None:
-                region = m.region_dtype(te.region) or "unknown"
+                region = m.precision.region_dtype(te.region) or "unknown"
             scale_source = self._scale_source(te, func) if ev.kind == BACKWARD else None
             text = m.code(node.func) if isinstance(node, cst.Call) else m.code(node)
             frame = tuple(frames.setdefault(i, len(frames)) for i in te.frame)
@@ -469,12 +469,12 @@ class Summarizer:
     def saves(self, func: cst.FunctionDef) -> List[Dict[str, Any]]:
         m = self.model
         out = []
-        for state in m.saved_states():
+        for state in m.checkpoints.saved_states():
             if m.scope_of(state.save) is not func:
                 continue
             what = {}
             for key, value in state.entries:
-                receivers = m.state_receivers(value) if value is not None else []
+                receivers = m.checkpoints.state_receivers(value) if value is not None else []
                 receiver = next((r for r in receivers if m.scaler_key(r) is not None or m.is_optimizer(r)),
                                 receivers[0] if receivers else None)
                 if receiver is None:

@@ -8,6 +8,7 @@ from typing import List, Optional
 
 import libcst as cst
 
+from ampfix.model.facet import Facet
 from ampfix.model.syntax import call_name, literal_bool
 from ampfix.model.tree import child_nodes, dotted
 from ampfix.model.values import SAME_OBJECT_METHODS
@@ -23,8 +24,8 @@ TRANSPARENT = re.compile(r"^(?:DistributedDataParallel|DDP|DataParallel|FullySha
 FREEZING = re.compile(r"peft|lora|adapter|freeze|prepare_model", re.IGNORECASE)
 
 
-class Training:
-    """Mixin of AmpModel."""
+class Training(Facet):
+    """The training facts of a file: `model.training`."""
 
     def trained_model(self, key: str) -> bool:
         """`key` names a model trained in this file by a torch optimizer: its parameters go to
@@ -36,41 +37,41 @@ class Training:
         return any(self._trained_exactly(k) for k in owners)
 
     def _trained_exactly(self, key: str) -> bool:
-        for call in self.calls:
+        for call in self.model.calls:
             name = call_name(call) or ""
-            torch_opt = self.is_api(call, "optimizer")
+            torch_opt = self.model.is_api(call, "optimizer")
             if not torch_opt and not re.search(r"optim", name, re.IGNORECASE):
                 continue
             args = [a.value for a in call.args]
             args += [v for a in args if dotted(a) is not None
-                     for v in self.possible_values(a) if isinstance(v, cst.CSTNode)]
+                     for v in self.model.possible_values(a) if isinstance(v, cst.CSTNode)]
             for arg in args:
-                if not torch_opt and key in (dotted(arg), self.key(arg)):
+                if not torch_opt and key in (dotted(arg), self.model.key(arg)):
                     return True
                 for sub in [arg, *calls_under(arg)]:
                     if call_name(sub) in ("parameters", "named_parameters") and isinstance(sub.func, cst.Attribute) \
-                            and key in (dotted(sub.func.value), self.key(sub.func.value)):
+                            and key in (dotted(sub.func.value), self.model.key(sub.func.value)):
                         return True
         return False
 
     def copied_model(self, receiver: cst.BaseExpression) -> bool:
-        values = [receiver] + ([v for v in self.possible_values(receiver)] if dotted(receiver) else [])
+        values = [receiver] + ([v for v in self.model.possible_values(receiver)] if dotted(receiver) else [])
         return any(isinstance(v, cst.Call) and (call_name(same_object_base(v)) == "deepcopy" or call_name(v) == "deepcopy")
                    for v in values)
 
     def evaluation_only(self, call: cst.Call) -> bool:
         """The cast runs under no_grad/inference_mode, or in a function for evaluation or export."""
         child: cst.CSTNode = call
-        for anc in self.ancestors(call):
+        for anc in self.model.ancestors(call):
             if isinstance(anc, cst.With) and child is anc.body and any(
-                    isinstance(i.item, cst.Call) and self.qualnames(i.item.func) & set(NO_GRAD) for i in anc.items):
+                    isinstance(i.item, cst.Call) and self.model.qualnames(i.item.func) & set(NO_GRAD) for i in anc.items):
                 return True
             if isinstance(anc, cst.FunctionDef):
                 if EVAL_FUNCTION.search(anc.name.value) or any(
-                        self.qualnames(getattr(d.decorator, "func", d.decorator)) & set(NO_GRAD)
+                        self.model.qualnames(getattr(d.decorator, "func", d.decorator)) & set(NO_GRAD)
                         for d in anc.decorators):
                     return True
-                calls = self.calls_in_scope(anc)
+                calls = self.model.calls_in_scope(anc)
                 names = {call_name(c) for c in calls}
                 if "eval" in names and not names & {"backward", "step"}:
                     return True
@@ -81,7 +82,7 @@ class Training:
         """`p.data = p.data.half()` in `for p in M.parameters():` (or `for n, p in
         M.named_parameters():`): M, when every parameter is cast (no condition in the loop, no
         `requires_grad` read or written there); else None."""
-        loop = self.loop_of(call)
+        loop = self.model.loop_of(call)
         if not isinstance(loop, cst.For) or not isinstance(loop.iter, cst.Call) \
                 or call_name(loop.iter) not in ("parameters", "named_parameters") \
                 or not isinstance(loop.iter.func, cst.Attribute):
@@ -89,9 +90,9 @@ class Training:
         target = loop.target
         if isinstance(target, cst.Tuple) and call_name(loop.iter) == "named_parameters" and len(target.elements) == 2:
             target = target.elements[1].value
-        if dotted(target) != name or "requires_grad" in self.code(loop.body):
+        if dotted(target) != name or "requires_grad" in self.model.code(loop.body):
             return None
-        if any(isinstance(a, (cst.If, cst.IfExp, cst.Try)) for a in _between(self, call, loop)):
+        if any(isinstance(a, (cst.If, cst.IfExp, cst.Try)) for a in _between(self.model, call, loop)):
             return None
         return dotted(loop.iter.func.value)
 
@@ -99,24 +100,24 @@ class Training:
         """The file freezes parameters (`requires_grad_(False)`, `p.requires_grad = False`): then
         which ones are trained, and in which dtype, is not this rule's to tell (LoRA on frozen
         float16 weights trains float32 adapters, correctly)."""
-        for call in self.calls:
+        for call in self.model.calls:
             if call_name(call) == "requires_grad_" and call.args and literal_bool(call.args[0].value) is False:
                 return True
         return any(key.endswith(".requires_grad") and any(literal_bool(v) is False for _, v in entries)
-                   for key, entries in self.assignments.items())
+                   for key, entries in self.model.assignments.items())
 
     def rewrapped_after(self, call: cst.Call, key: str) -> bool:
         """After the cast the model goes through a call that may freeze it and add trainable weights
         (`model = get_peft_model(model, config)`, `prepare_model_for_kbit_training(model)`), or is
         replaced by what such a call returns: what is trained is no longer known."""
-        for other in self.calls:
-            if other is call or not self.before(call, other):
+        for other in self.model.calls:
+            if other is call or not self.model.before(call, other):
                 continue
             name = call_name(other) or ""
             given = any(dotted(a.value) == key for a in other.args)
             if given and FREEZING.search(name):
                 return True
-            parent = self.parent(other)
+            parent = self.model.parent(other)
             if given and isinstance(parent, cst.Assign) and parent.value is other \
                     and any(dotted(t.target) == key for t in parent.targets) and not TRANSPARENT.match(name):
                 return True
@@ -124,9 +125,9 @@ class Training:
 
     def after_training(self, call: cst.Call) -> bool:
         """The cast follows every backward/step of its function and runs in no loop of it."""
-        scope = self.scope_of(call)
-        steps = [c for c in self.calls_in_scope(scope) if call_name(c) in ("backward", "step")]
-        return bool(steps) and all(self.before(c, call) for c in steps) and self.loop_of(call) is None
+        scope = self.model.scope_of(call)
+        steps = [c for c in self.model.calls_in_scope(scope) if call_name(c) in ("backward", "step")]
+        return bool(steps) and all(self.model.before(c, call) for c in steps) and self.model.loop_of(call) is None
 
 
 def calls_under(node: cst.CSTNode) -> List[cst.Call]:

@@ -15,6 +15,7 @@ from typing import Callable, Dict, Optional, Tuple
 
 import libcst as cst
 
+from ampfix.model.facet import Facet
 from ampfix.model.events import BACKWARD, SCALER_STEP, UPDATE, ZERO_GRAD, Trace, TraceEvent
 from ampfix.model.tree import target_names
 
@@ -43,8 +44,8 @@ def _same(kind: str, scaler: Optional[str]) -> Callable[[TraceEvent], bool]:
     return lambda e: e.kind == kind and e.scaler == scaler
 
 
-class Updates:
-    """Mixin of AmpModel (uses the trace queries of Events and Iterations)."""
+class Updates(Facet):
+    """Where a `scaler.update()` is misplaced (`model.updates`)."""
 
     def update_misplaced(self, trace: Trace, upd: TraceEvent) -> Optional[UpdateMisplaced]:
         memo: Dict = self.__dict__.setdefault("_update_misplaced", {})
@@ -67,7 +68,7 @@ class Updates:
             key = (id(trace), group, upd.scaler)
             if key not in memo:
                 memo[key] = [e for e in trace.members(group) if e.kind == SCALER_STEP and e.scaler == upd.scaler
-                             and names & self.reads_of(e.path[len(frame)])]
+                             and names & self.model.reads_of(e.path[len(frame)])]
             steps = memo[key]
             if not steps or any(group in b.ctx for b in backwards):
                 continue
@@ -77,16 +78,16 @@ class Updates:
     def _between_steps(self, trace: Trace, upd: TraceEvent) -> Optional[UpdateMisplaced]:
         loops = set(upd.loops())
         same_step = _same(SCALER_STEP, upd.scaler)
-        earlier = self.last_before(trace, upd, lambda e: same_step(e) and loops <= set(e.loops()),
+        earlier = self.model.last_before(trace, upd, lambda e: same_step(e) and loops <= set(e.loops()),
                                    stop=_same(UPDATE, upd.scaler))
-        later = self.first_after(trace, upd, lambda e: same_step(e) and loops <= set(e.loops()))
-        if earlier is None or later is None or self.within_one_call(earlier, upd, later) \
+        later = self.model.first_after(trace, upd, lambda e: same_step(e) and loops <= set(e.loops()))
+        if earlier is None or later is None or self.model.within_one_call(earlier, upd, later) \
                 or self._next_iteration(trace, earlier, upd, later):
             return None
-        shown = self.anchor(earlier, upd, later)[1]
+        shown = self.model.anchor(earlier, upd, later)[1]
         last = self._chain_end(trace, later, (upd.scaler, frozenset(loops)),
                                lambda e: same_step(e) and loops <= set(e.loops()))
-        final = self.first_after(trace, last, _same(UPDATE, upd.scaler))
+        final = self.model.first_after(trace, last, _same(UPDATE, upd.scaler))
         return UpdateMisplaced(UpdatePlace.BETWEEN_STEPS, upd, shown, earlier=earlier, later=later, last=last,
                                final=final)
 
@@ -96,14 +97,14 @@ class Updates:
         step-and-update helper called twice) or that optimizer's gradients were zeroed after
         `earlier`'s backward. Its gradients were then scaled with the scale `upd` set: this is
         the next iteration, not a second optimizer of this one."""
-        backwards = [b for b in trace.between(upd, later, BACKWARD) if self.mandatory_between(b, upd, later)]
+        backwards = [b for b in trace.between(upd, later, BACKWARD) if self.model.mandatory_between(b, upd, later)]
         if not backwards:
             return False
         if later.target is not None and later.target == earlier.target:
             return True
         first = backwards[0]
         start = max([earlier, *(b for b in trace.between(earlier, upd, BACKWARD))], key=lambda e: e.order)
-        return any(z.target == later.target and self.mandatory_between(z, start, first)
+        return any(z.target == later.target and self.model.mandatory_between(z, start, first)
                    for z in trace.between(start, first, ZERO_GRAD))
 
     def _chain_end(self, trace: Trace, start: TraceEvent, key, match) -> TraceEvent:
@@ -118,7 +119,7 @@ class Updates:
                 end = memo[k]
                 break
             walked.append(k)
-            nxt = self.first_after(trace, cur, match)
+            nxt = self.model.first_after(trace, cur, match)
             if nxt is None:
                 end = cur
                 break
@@ -130,17 +131,17 @@ class Updates:
     def _wrong_scaler(self, trace: Trace, upd: TraceEvent) -> Optional[UpdateMisplaced]:
         """An update of a scaler that has not stepped since its last update, right after the
         step of another scaler that is never updated afterwards."""
-        if self.last_before(trace, upd, _same(SCALER_STEP, upd.scaler), stop=_same(UPDATE, upd.scaler)):
+        if self.model.last_before(trace, upd, _same(SCALER_STEP, upd.scaler), stop=_same(UPDATE, upd.scaler)):
             return None
-        prev = self.last_before(trace, upd, lambda e: e.kind == SCALER_STEP and e.scaler != upd.scaler)
-        if prev is None or self.first_after(trace, prev, _same(UPDATE, prev.scaler)) is not None:
+        prev = self.model.last_before(trace, upd, lambda e: e.kind == SCALER_STEP and e.scaler != upd.scaler)
+        if prev is None or self.model.first_after(trace, prev, _same(UPDATE, prev.scaler)) is not None:
             return None
         same_update = _same(UPDATE, upd.scaler)
-        if self.last_before(trace, upd, same_update) is None and self.first_after(trace, upd, same_update) is None:
+        if self.model.last_before(trace, upd, same_update) is None and self.model.first_after(trace, upd, same_update) is None:
             return None  # this scaler is updated once: only the other one is missing its update
-        if self.within_one_call(prev, upd):
+        if self.model.within_one_call(prev, upd):
             return None
-        return UpdateMisplaced(UpdatePlace.WRONG_SCALER, upd, self.anchor(prev, upd)[1], other=prev)
+        return UpdateMisplaced(UpdatePlace.WRONG_SCALER, upd, self.model.anchor(prev, upd)[1], other=prev)
 
 
 __all__ = ["UpdatePlace", "UpdateMisplaced", "Updates"]
