@@ -19,11 +19,7 @@ if ! "$PY" -c "import libcst, click" 2>/dev/null; then
     export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-# a checkout that was not `pip install`ed has no ampfix.rules (the install maps rules/ there)
-LINKED=
-if ! "$PY" -c "import ampfix.rules" 2>/dev/null; then
-    ln -s ../rules ampfix/rules && LINKED=1
-fi
+# a checkout that was not `pip install`ed runs as it is: ampfix maps rules/ to ampfix.rules itself
 STEPS=${STEPS:-200}
 REPS=${REPS:-3}
 WARMUP=${WARMUP:-20}
@@ -55,5 +51,4 @@ part "${BUGS_S:-110}" bugs "$PY" bench/bench_verify.py --steps "$STEPS" --warmup
 part "${SMALL_S:-90}" small "$PY" bench/bench_verify.py --steps "$STEPS" --warmup "$WARMUP" --reps "$REPS" --threads 4 \
     --skip-bugs ${SMALL_FIXTURES:+--fixtures $SMALL_FIXTURES} --out "$OUT/json/small"
 [ -d "$OUT/json" ] && tar czf "$OUT/json.tgz" -C "$OUT" json && rm -rf "$OUT/json"
-[ -n "$LINKED" ] && rm -f ampfix/rules
 true

@@ -104,6 +104,15 @@ def test_equivalence_and_speed_verdicts():
     assert C.check_equivalence([1.0, 0.5], [1.0, 0.5], th, False).status == C.PASS
     diff = C.check_equivalence([1.0, 0.5], [1.0, 0.50001], th, False)
     assert diff.status == C.FAIL and "step 1" in diff.detail
+    # an original that raised with AMP on: its forced-fp32 run is no behaviour of the script's
+    crashed = C.check_equivalence([1.0, 0.5], [1.0, 0.50001], th, False, "RuntimeError: boom", 0)
+    assert crashed.status == C.INFO and crashed.detail.startswith("not comparable: the original raised")
+    assert "RuntimeError: boom" in crashed.detail and "step 1" in crashed.detail
+    assert crashed.metrics["comparable"] is False
+    shorter = C.check_equivalence([1.0], [1.0, 0.5], th, False, "RuntimeError: boom", 0)
+    assert shorter.status == C.INFO and "it ran 1 step, the fixed script 2" in shorter.detail
+    # ... but identical fp32 losses still show the rewrite is precision handling only
+    assert C.check_equivalence([1.0, 0.5], [1.0, 0.5], th, False, "RuntimeError: boom", 0).status == C.PASS
     assert C.check_speed([150, 152], [100, 101], th, True, 1.1).status == C.PASS
     assert C.check_speed([100, 101], [100, 101], th, True, 1.1).status == C.FAIL
     # the reps disagree about the verdict: inconclusive rather than a guess
