@@ -234,3 +234,30 @@ def test_the_graph_stamp_follows_folders_and_files(tmp_path):
     (tmp_path / "cache" / "more" / "x.py").write_text("")
     assert ImportGraph(tmp_path).stamp() == tagged
     assert str(tmp_path / "cache" / "more" / "x.py") not in ImportGraph(tmp_path).files()
+
+
+def test_an_answer_cut_short_is_not_kept_for_the_files_that_follow(tmp_path, monkeypatch):
+    # a RecursionError deep in one file's questions (the engine then analyses that file alone)
+    # must not leave the placeholders of the answers being computed (None: "unknown") in the
+    # project's memos: the next file of the process would read them and lose its findings
+    import pytest
+
+    tree(tmp_path, LAYERED)
+    path = str(tmp_path / "main.py")
+    project = Project(tmp_path)
+    trainer = project.resolve(path, "pkg.Trainer")
+    real = Project._summarize
+
+    def too_deep(self, at, source):
+        if at.endswith("impl.py"):
+            raise RecursionError("maximum recursion depth exceeded")
+        return real(self, at, source)
+
+    monkeypatch.setattr(Project, "_summarize", too_deep)
+    with pytest.raises(RecursionError):
+        project.bases(trainer)
+    monkeypatch.setattr(Project, "_summarize", real)
+    fresh = Project(tmp_path)
+    names = lambda bases: [(b.path, b.qual) for b in bases]  # noqa: E731
+    assert names(project.bases(trainer)) == names(fresh.bases(fresh.resolve(path, "pkg.Trainer"))) != []
+    assert project.summary(str(tmp_path / "pkg" / "impl.py")) is not None

@@ -274,8 +274,11 @@ class Project:
         frame = self._open()
         try:
             found = memo[key] = compute()
-        finally:
-            memo.deps[key] = self._close(frame)
+        except BaseException:  # cut short (a RecursionError deep in a query): no answer to keep
+            memo.pop(key, None)
+            self._close(frame)
+            raise
+        memo.deps[key] = self._close(frame)
         return found
 
     def summary(self, path: str) -> Optional[ModuleSummary]:
@@ -285,6 +288,14 @@ class Project:
         if path in self._summaries:
             return self._summaries[path]
         self._summaries[path] = None  # an import cycle reads this as unknown
+        try:
+            return self._summary(path)
+        except BaseException:  # cut short: the placeholder is no answer for the files that follow
+            if self._summaries.get(path, 0) is None:
+                del self._summaries[path]
+            raise
+
+    def _summary(self, path: str) -> Optional[ModuleSummary]:
         source = self._sources.get(path) or _read(path)
         if source is None:
             return None
