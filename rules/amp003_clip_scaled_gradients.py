@@ -166,7 +166,7 @@ scaler.update()
         (opt,) = opts
         code = f"{bw.event.scaler}.unscale_({opt})"
         new = [statement(model.module, code)]
-        problem = model.insertion_problem(new, stmt)
+        problem = model.bound.insertion_problem(new, stmt)
         what = "clipping" if read.event.detail == "clip" else "reading the gradients"
         description = f"scaler.unscale_(optimizer) inserted before {what}"
         extra: dict = {}
@@ -174,11 +174,11 @@ scaler.update()
             # under the test the scaled backward runs under (`if self.scaler is not None:`): the
             # gradients are scaled exactly when it holds
             bw_stmt = model.statement_of(bw.node)
-            tests = model.branch_tests(bw_stmt, stmt) if bw_stmt is not None else None
+            tests = model.bound.branch_tests(bw_stmt, stmt) if bw_stmt is not None else None
             if not tests:
                 return None, f"{problem}: an `unscale_` there could raise"
             new = [statement(model.module, guarded(model, tests, code))]
-            if model.insertion_problem(new, stmt) is not None:
+            if model.bound.insertion_problem(new, stmt) is not None:
                 return None, f"{problem}: an `unscale_` there could raise"
             description += ", under the test the scaled backward runs under"
             extra = {g: br for g, br in bw.ctx.items() if g not in read.ctx}

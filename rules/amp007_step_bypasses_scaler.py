@@ -162,7 +162,7 @@ for x, y in loader:
         for i, ((step, bw, _, _), stmt) in enumerate(zip(group, stmts)):
             opt = model.code(step.node.func.value)  # type: ignore[attr-defined]
             then = [f"{scaler}.update()"] if needs_update and i == last else []
-            problem = model.insertion_problem([statement(model.module, c) for c in (f"{scaler}.step({opt})", *then)],
+            problem = model.bound.insertion_problem([statement(model.module, c) for c in (f"{scaler}.step({opt})", *then)],
                                               stmt)
             if conditional:  # only the guarded step is right: without the scaled backward, a plain step
                 moved = StepBypassesScaler._guarded(model, bw, stmt, scaler, opt, then)
@@ -186,7 +186,7 @@ for x, y in loader:
         goes through the scaler under the test the scaled backward runs under, and stays a plain
         `optimizer.step()` otherwise."""
         bw_stmt = model.statement_of(bw.node)
-        tests = model.branch_tests(bw_stmt, stmt) if bw_stmt is not None else None
+        tests = model.bound.branch_tests(bw_stmt, stmt) if bw_stmt is not None else None
         if not tests:
             return None
         indent = model.module.default_indent
@@ -197,7 +197,7 @@ for x, y in loader:
         assert isinstance(new, cst.If) and isinstance(new.orelse, cst.Else)
         new = new.with_changes(orelse=new.orelse.with_changes(body=new.orelse.body.with_changes(
             body=[stmt.with_changes(leading_lines=())])))
-        if model.insertion_problem([new], stmt) is not None:
+        if model.bound.insertion_problem([new], stmt) is not None:
             return None
         return Fix(replace_statement(model.module, stmt, [new]), applicability=UNSAFE,
                    description="optimizer.step() replaced by scaler.step(optimizer) under the test the scaled "

@@ -210,15 +210,15 @@ for x, y in loader:
             return None, None
         receiver = model.code(ev.node.func.value)  # type: ignore[attr-defined]
         code = f"{receiver}.update()"
-        problem = model.insertion_problem([statement(model.module, code)], stmt, after=True)
+        problem = model.bound.insertion_problem([statement(model.module, code)], stmt, after=True)
         if problem is None:
             return Fix(insert_after(model.module, stmt, [code]), applicability=SAFE,
                        description="scaler.update() inserted after the last step"), None
         step = model.statement_of(ev.node)
-        tests = model.branch_tests(step, stmt) if step is not None and step is not stmt else None
+        tests = model.bound.branch_tests(step, stmt) if step is not None and step is not stmt else None
         if tests:
             moved = guarded(model, tests, code)
-            if model.insertion_problem([statement(model.module, moved)], stmt, after=True) is None:
+            if model.bound.insertion_problem([statement(model.module, moved)], stmt, after=True) is None:
                 return Fix(insert_after(model.module, stmt, [moved]), applicability=SAFE,
                            description="scaler.update() inserted after the last step, under the test the step "
                                        "runs under"), None
@@ -240,7 +240,7 @@ for x, y in loader:
                         break
                     if not model.exclusive(first, second) and not model.exclusive(first, barrier):
                         continue
-                if second.kind == UNSCALE and not second.event.foreign and model.in_stage_test(second.node):
+                if second.kind == UNSCALE and not second.event.foreign and model.guards.in_stage_test(second.node):
                     break  # it unscales only an optimizer not unscaled yet
                 if self._disabled(model, second) or model.within_one_call(first, second) or not model.path_avoiding(
                         trace, first, second, lambda e: e.kind == UPDATE and e.scaler == first.scaler):

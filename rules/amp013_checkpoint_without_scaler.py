@@ -201,16 +201,16 @@ torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
         restore = f"{scaler}.load_state_dict({ckpt}[{q}{key}{q}])"
         indent = model.module.default_indent
         code = f"if {has}:\n{indent}{restore}"
-        problem = model.insertion_problem([statement(model.module, code)], stmt, after=True)
+        problem = model.bound.insertion_problem([statement(model.module, code)], stmt, after=True)
         if problem is None:
             return insert_after(model.module, stmt, [code]), None
         # after the scaler is created, later in the same function, under the resume's own test
         for place in _assignments_after(model, scaler, stmt):
-            tests = model.branch_tests(stmt, place)
+            tests = model.bound.branch_tests(stmt, place)
             if tests is None:
                 continue
             moved = f"if {guard_test(model, tests)} and {has}:\n{indent}{restore}" if tests else code
-            if model.insertion_problem([statement(model.module, moved)], place, after=True) is None:
+            if model.bound.insertion_problem([statement(model.module, moved)], place, after=True) is None:
                 return insert_after(model.module, place, [moved]), None
         return None, f"{problem}, so restoring the scaler there would raise"
 

@@ -98,7 +98,7 @@ with autocast("cuda", dtype=torch.float16):
         model = ctx.model
         q = model.quote()
         bindings = [b for b in collect_bindings(model)
-                    if not model.in_fallback(b.stmt) and not model.has_modern_alternative(b.stmt)]
+                    if not model.guards.in_fallback(b.stmt) and not model.guards.has_modern_alternative(b.stmt)]
         by_ref: Dict[int, Binding] = {id(r): b for b in bindings for r in b.refs}
         uses: List[Use] = []
         seen: Set[int] = set()
@@ -116,7 +116,7 @@ with autocast("cuda", dtype=torch.float16):
                 root = root.value
             if isinstance(root, cst.Name) and id(root) in by_ref:
                 continue  # through a binding: handled above
-            if model.in_fallback(node) or model.in_version_branch(node):
+            if model.guards.in_fallback(node) or model.guards.in_version_branch(node):
                 continue
             api = model.api_of(node)
             assert api is not None and api.device is not None

@@ -21,7 +21,7 @@ def _stmt(model: AmpModel, starts: str) -> cst.CSTNode:
 def problem(src: str, at: str, code: str, after: bool = False):
     model = _model(src)
     new = [cst.parse_statement(c + "\n") for c in code.split("\n\n")]
-    return model.insertion_problem(new, _stmt(model, at), after)
+    return model.bound.insertion_problem(new, _stmt(model, at), after)
 
 
 RESUME = '''
@@ -222,10 +222,10 @@ def test_replacement_is_judged_against_what_it_replaces():
     model = _model(TRAINER)
     step = _stmt(model, "self.optimizer.step()")
     naive = [cst.parse_statement("self.scaler.step(self.optimizer)\n")]
-    assert model.replacement_problem(step, naive).startswith("`self.scaler` may be None")
+    assert model.bound.replacement_problem(step, naive).startswith("`self.scaler` may be None")
     guarded = [cst.parse_statement("if self.scaler is not None:\n    self.scaler.step(self.optimizer)\n"
                                    "else:\n    self.optimizer.step()\n")]
-    assert model.replacement_problem(step, guarded) is None
+    assert model.bound.replacement_problem(step, guarded) is None
 
 
 @pytest.mark.parametrize("stmt", ["for x in []:\n    pass", "while cond():\n    break", "with f() as g:\n    pass",

@@ -361,7 +361,7 @@ def _fix_problem(fix: Fix, model: AmpModel, created: Set[str]) -> Optional[str]:
             stmts = [replaced]
         else:
             continue
-        why = model.replacement_problem(stmt, stmts, created)
+        why = model.bound.replacement_problem(stmt, stmts, created)
         if why is not None:
             return f"{why}, so the fixed code could raise there"
     return None

@@ -156,7 +156,7 @@ def unsafe_reads(old_model, new_model, ops: Opcodes) -> List[Trouble]:
 
 
 def _check(model, stmt, reads: Set[str], derefs: Set[str], created: Set[str], changed: Set[int]) -> Optional[str]:
-    for p in model.head_problems(stmt, lambda s: model.line(s) in changed):
+    for p in model.bound.head_problems(stmt, lambda s: model.line(s) in changed):
         if p.kind == NONE and p.key in derefs or p.kind == UNBOUND and p.key in reads | derefs and p.key not in created:
             kind = "may be None" if p.kind == NONE else "may not be assigned"
             return f"the fix makes line {model.line(stmt)} use `{p.key}`, which {kind} there"

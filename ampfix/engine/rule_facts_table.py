@@ -2,7 +2,7 @@
 them before it analyses anything (see ampfix/engine/rulemeta.py). Do not edit; regenerate.
 """
 
-DIGEST = '5d3837071a30b07a3267b1f35de71db94824aafb27057116ea05dab1ee750775'
+DIGEST = 'c0d7ec7d0a1660b3a2f4fee3c2848fa9799a0b83c932d5768161aa570fd75e89'
 
 RULES = [
     ('AMP001', 'backward-in-autocast', True, ('autocast',), (),

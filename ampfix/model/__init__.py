@@ -18,11 +18,8 @@ and cached. The core, one class whose parts are one module each, answers what mo
 * `events`: per-function AMP event summaries, and traces that inline them through calls;
 * `iterations`: the training iteration an event runs in, its ends (for "before the next
   iteration" questions), gradient-accumulation boundaries;
-* `guards`: old-torch fallback code that must not be modernised;
 * `environ`: reads and writes of the process environment (`os.environ`, `getenv`, copies);
-* `foreign`: the facts of other modules, from the project (`ampfix/project/`);
-* `bound`: what a name or `self.` attribute may be at a point (assigned on every path? None on
-  some?), for fixes that insert code.
+* `foreign`: the facts of other modules, from the project (`ampfix/project/`).
 
 The facts of a family of questions that few rules ask are facets (`facet.Facet`), built on
 first use, each reading the core through its `model`, so their names stay out of the core's:
@@ -36,6 +33,9 @@ first use, each reading the core through its `model`, so their names stay out of
 * `model.updates` (`updates`): where a `scaler.update()` is misplaced;
 * `model.training` (`training`): which models the file trains; where one is copied, evaluated,
   frozen or rewrapped;
+* `model.guards` (`guards`): old-torch fallback code that must not be modernised;
+* `model.bound` (`bound`): what a name or `self.` attribute may be at a point (assigned on
+  every path? None on some?), for fixes that insert code;
 * `model.apex` (`apex_uses`): uses of NVIDIA apex outside `apex.amp` (which AMP103 migrates,
   which only name apex for compatibility), its optional imports and optimizer factories.
 
@@ -74,8 +74,7 @@ from ampfix.model.tree import Tree, dotted
 from ampfix.model.values import Values
 
 
-class AmpModel(Tree, Names, Values, CallGraph, Regions, Objects, Flow, Events, Guards, Environ, Iterations, Foreign,
-               Bound):
+class AmpModel(Tree, Names, Values, CallGraph, Regions, Objects, Flow, Events, Environ, Iterations, Foreign):
     """Facts about one parsed file (see the package docstring for its parts). `foreign`: the
     project the file belongs to (`ampfix/project/`), which answers for the other modules;
     `path`: the file's path (absolute), as the project knows it."""
@@ -119,6 +118,16 @@ class AmpModel(Tree, Names, Values, CallGraph, Regions, Objects, Flow, Events, G
     def dataflow(self) -> Dataflow:
         """Where a value goes within its function and through `return`."""
         return Dataflow(self)
+
+    @cached_property
+    def bound(self) -> Bound:
+        """What a name or `self.` attribute may be at a point, for fixes that insert code."""
+        return Bound(self)
+
+    @cached_property
+    def guards(self) -> Guards:
+        """Old-torch fallback code, stage and version branches (code that must not be modernised)."""
+        return Guards(self)
 
     def reads_of(self, node: cst.CSTNode) -> set:
         """The names `node` (a statement or expression) reads (computed once per node)."""

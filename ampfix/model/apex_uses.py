@@ -106,7 +106,7 @@ class ApexUses(Facet):
         """Imports of apex names outside `apex.amp`, except the fallbacks of a torch import."""
         if "_apex_bindings" not in self.__dict__:
             self.__dict__["_apex_bindings"] = [b for b in self.model.import_bindings
-                                               if is_apex_rest(b.qualified) and not self.model.in_fallback(b.stmt)]
+                                               if is_apex_rest(b.qualified) and not self.model.guards.in_fallback(b.stmt)]
         return self.__dict__["_apex_bindings"]
 
     def imports_in_use(self) -> Set[Tuple[str, str]]:

@@ -45,6 +45,7 @@ from typing import Callable, Dict, FrozenSet, List, Optional, Sequence, Set, Tup
 
 import libcst as cst
 
+from ampfix.model.facet import Facet
 from ampfix.model.tree import child_nodes, dotted, target_names
 
 UNBOUND, NONE, VALUE = "unbound", "none", "value"
@@ -91,8 +92,8 @@ class _Loop:
 class _Walker:
     """The forward pass over one scope (see the module docstring)."""
 
-    def __init__(self, model, scope: cst.CSTNode, start: Optional[State] = None) -> None:
-        self.model = model
+    def __init__(self, bound: "Bound", scope: cst.CSTNode, start: Optional[State] = None) -> None:
+        self.bound = bound
         self.scope = scope
         self.before: Dict[cst.CSTNode, Optional[State]] = {}
         self.after: Dict[cst.CSTNode, Optional[State]] = {}
@@ -108,7 +109,7 @@ class _Walker:
     def initial(self, key: str) -> FrozenSet[Tag]:
         hit = self._initial.get(key)
         if hit is None:
-            hit = self.start.get(key) or self.model._initial_tags(self.scope, key)
+            hit = self.start.get(key) or self.bound._initial_tags(self.scope, key)
             self._initial[key] = hit
         return hit
 
@@ -188,7 +189,7 @@ class _Walker:
         if isinstance(expr, cst.IfExp):
             body = self.value_tags(expr.body, state, origin, depth + 1)
             other = self.value_tags(expr.orelse, state, origin, depth + 1)
-            cond = self.model._stable_cond(expr.test)
+            cond = self.bound._stable_cond(expr.test)
             if cond is None or body == other:
                 return body | other
             c, positive = cond
@@ -290,7 +291,7 @@ class _Walker:
             return None
         out = dict(state)
         self._refine_into(out, test, value)
-        return self.assume(out, self.model._stable_cond(test, value))
+        return self.assume(out, self.bound._stable_cond(test, value))
 
     def _refine_into(self, state: State, test: cst.BaseExpression, value: bool) -> None:
         while isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
@@ -299,7 +300,7 @@ class _Walker:
             if isinstance(test.operator, cst.And) and value or isinstance(test.operator, cst.Or) and not value:
                 for operand in (test.left, test.right):  # each operand has that value too
                     self._refine_into(state, operand, value)
-                    assumed = self.assume(state, self.model._stable_cond(operand, value))
+                    assumed = self.assume(state, self.bound._stable_cond(operand, value))
                     if assumed is not None:
                         state.update(assumed)
             return
@@ -448,7 +449,7 @@ class _Walker:
 
     def if_(self, stmt: cst.If, state: State) -> Optional[State]:
         self.evaluate(state, stmt.test)
-        cond = self.model._stable_cond(stmt.test)
+        cond = self.bound._stable_cond(stmt.test)
         body = self.suite(stmt.body, self.refine_test(state, stmt.test, True))
         other_entry = self.refine_test(state, stmt.test, False)
         if isinstance(stmt.orelse, cst.If):
@@ -685,7 +686,7 @@ def _uses_comprehension(comp: cst.CSTNode, reads: List[str], derefs: List[str]) 
     inner_reads: List[str] = []
     inner_derefs: List[str] = []
     bound: Set[str] = set()
-    for_in = comp.for_in  # type: ignore[attr-defined]
+    for_in = comp.for_in
     first = True
     while for_in is not None:
         _uses(for_in.iter, reads if first else inner_reads, derefs if first else inner_derefs, False)
@@ -705,8 +706,8 @@ def _uses_comprehension(comp: cst.CSTNode, reads: List[str], derefs: List[str]) 
 # ----------------------------------------------------------------------------- the model part
 
 
-class Bound:
-    """Definite assignment and None-ness at a point (a part of `AmpModel`)."""
+class Bound(Facet):
+    """Definite assignment and None-ness at a point, for fixes that insert code (`model.bound`)."""
 
     def _walker(self, scope: cst.CSTNode) -> _Walker:
         cache = self.__dict__.setdefault("_bound_walkers", {})
@@ -732,9 +733,9 @@ class Bound:
         return table[stmt]
 
     def _bound_scope(self, node: cst.CSTNode) -> cst.CSTNode:
-        scope = self.scope_of(node)  # type: ignore[attr-defined]
+        scope = self.model.scope_of(node)
         while isinstance(scope, cst.Lambda):
-            scope = self.scope_of(scope)  # type: ignore[attr-defined]
+            scope = self.model.scope_of(scope)
         return scope
 
     # ---------------------------------------------------------------- the queries, never raising
@@ -803,7 +804,7 @@ class Bound:
         from the same state (what the code after it reads anyway counts as proven, as in
         `insertion_problem`). Keys in `created` (attributes the fix itself creates) are the
         fix's own business."""
-        if self.block_of(old) is None:  # type: ignore[attr-defined]
+        if self.model.block_of(old) is None:
             return None  # a one-line suite: nothing to place the proof on
         scope = self._bound_scope(old)
         walker = self._walker(scope)
@@ -861,7 +862,7 @@ class Bound:
         """Keys the original code reads / dereferences unconditionally from the point before (or
         after) `stmt` on, in its block, before anything assigns them and before a statement that
         may leave the block."""
-        block = self.block_of(stmt)  # type: ignore[attr-defined]
+        block = self.model.block_of(stmt)
         if block is None:
             return [], []
         body = list(block.body)
@@ -890,22 +891,22 @@ class Bound:
             isinstance(sm, (cst.Return, cst.Raise, cst.Break, cst.Continue)) for sm in stmt.body)
 
     def _explain(self, p: Problem, stmt: cst.CSTNode, scope: cst.CSTNode) -> str:
-        where = f"line {self.line(stmt)}"  # type: ignore[attr-defined]
+        where = f"line {self.model.line(stmt)}"
         origin_line = self._line_or_none(p.origin)
         origin = f" (line {origin_line})" if origin_line is not None else ""
         if p.kind == NONE:
             return f"`{p.key}` may be None at {where}{origin}"
         if p.key.startswith("self.") and origin_line is None:
-            cls = self.self_class(stmt)  # type: ignore[attr-defined]
+            cls = self.model.self_class(stmt)
             owner = f"`{cls.name.value}`" if cls is not None else "the class"
             return (f"`{p.key}` is not assigned in `__init__` or the class body of {owner} (nor before {where} "
                     "on every path)")
         if origin_line is None and isinstance(scope, (cst.FunctionDef, cst.Module)) and \
-                p.key in self._index.local_names.get(scope, ()):  # type: ignore[attr-defined]
-            later = [n for n, _, s in self._by_key.get(p.key, []) if s is scope]  # type: ignore[attr-defined]
-            if later and not any(self.before(n, stmt) for n in later):  # type: ignore[attr-defined]
+                p.key in self.model._index.local_names.get(scope, ()):
+            later = [n for n, _, s in self.model._by_key.get(p.key, []) if s is scope]
+            if later and not any(self.model.before(n, stmt) for n in later):
                 owner = f"in `{scope.name.value}`" if isinstance(scope, cst.FunctionDef) else \
-                    f"on line {self.line(later[0])}"  # type: ignore[attr-defined]
+                    f"on line {self.model.line(later[0])}"
                 return f"`{p.key}` is not assigned yet at {where} (it is assigned later {owner})"
         return f"`{p.key}` is not assigned on every path that reaches {where}{origin}"
 
@@ -913,7 +914,7 @@ class Bound:
         if node is None:
             return None
         try:
-            return self.line(node)  # type: ignore[attr-defined]
+            return self.model.line(node)
         except KeyError:  # a node of the code being inserted
             return None
 
@@ -924,13 +925,13 @@ class Bound:
         an `except`, a test that calls something): then no guard can say when `node` ran."""
         out: List[Tuple[cst.BaseExpression, bool]] = []
         child = node
-        for anc in self.ancestors(node):  # type: ignore[attr-defined]
+        for anc in self.model.ancestors(node):
             if isinstance(anc, (cst.FunctionDef, cst.Lambda, cst.ClassDef, cst.Module)):
                 break
-            if anc is point or self.is_ancestor(anc, point):  # type: ignore[attr-defined]
+            if anc is point or self.model.is_ancestor(anc, point):
                 # a block that holds both: what runs before `point` in it is common ground
                 if isinstance(anc, (cst.If, cst.IfExp)) and (child is anc.body or child is anc.orelse):
-                    if self.is_ancestor(child, point) or child is point:  # type: ignore[attr-defined]
+                    if self.model.is_ancestor(child, point) or child is point:
                         child = anc
                         continue
                     return None  # `node` and `point` in different branches: never both
@@ -959,14 +960,14 @@ class Bound:
         positive = value
         while isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
             test, positive = test.expression, not positive
-        if not self._is_stable(test):  # type: ignore[attr-defined]
+        if not self.model._is_stable(test):
             return None
-        text = _SPACE.sub(" ", self.code(test))  # type: ignore[attr-defined]
+        text = _SPACE.sub(" ", self.model.code(test))
         if isinstance(test, cst.Comparison) and len(test.comparisons) == 1 and \
                 isinstance(test.comparisons[0].operator, (cst.IsNot, cst.NotEqual, cst.NotIn)):
             positive = not positive
             text = text.replace(" is not ", " is ").replace(" != ", " == ").replace(" not in ", " in ")
-        keys = frozenset(k for k in (dotted(n) for n in self._names_in(test)) if k)  # type: ignore[attr-defined]
+        keys = frozenset(k for k in (dotted(n) for n in self.model._names_in(test)) if k)
         return (text, keys), positive
 
     # ---------------------------------------------------------------- where keys start
@@ -974,17 +975,17 @@ class Bound:
         root, _, rest = key.partition(".")
         if rest:
             if root == "self" and "." not in rest and isinstance(scope, cst.FunctionDef):
-                cls = self.class_of(scope)  # type: ignore[attr-defined]
-                if cls is not None and self.is_method(scope):  # type: ignore[attr-defined]
+                cls = self.model.class_of(scope)
+                if cls is not None and self.model.is_method(scope):
                     return self._attribute_tags(cls, rest, scope)
             return _tags(VALUE)
         return self._name_tags(scope, root)
 
     def _name_tags(self, scope: cst.CSTNode, name: str) -> FrozenSet[Tag]:
-        index = self._index  # type: ignore[attr-defined]
+        index = self.model._index
         declared = index.declared.get(scope, set())
         if isinstance(scope, (cst.FunctionDef, cst.Lambda)) and name not in declared:
-            if self.is_parameter(scope, name):  # type: ignore[attr-defined]
+            if self.model.is_parameter(scope, name):
                 return self._parameter_tags(scope, name)
             p = scope.params
             if any(isinstance(s, cst.Param) and s.name.value == name for s in (p.star_arg, p.star_kwarg)):
@@ -995,30 +996,30 @@ class Bound:
                 name in index.local_names.get(scope, ()) or name in index.imports.get(scope, {})):
             return _tags(UNBOUND)
         # an enclosing function's, the module's, a builtin
-        outer = None if isinstance(scope, cst.Module) else index.scope_of(scope, self.module)  # type: ignore[attr-defined]
+        outer = None if isinstance(scope, cst.Module) else index.scope_of(scope, self.model.module)
         while outer is not None:
             if isinstance(outer, cst.ClassDef):
-                outer = index.scope_of(outer, self.module)  # type: ignore[attr-defined]
+                outer = index.scope_of(outer, self.model.module)
                 continue
             if name in index.local_names.get(outer, ()) or name in index.imports.get(outer, {}):
-                if isinstance(outer, (cst.FunctionDef, cst.Lambda)) and self.is_parameter(outer, name):  # type: ignore[attr-defined]
+                if isinstance(outer, (cst.FunctionDef, cst.Lambda)) and self.model.is_parameter(outer, name):
                     return self._parameter_tags(outer, name)
                 return self._global_tags(outer, name)
             if isinstance(outer, cst.Module):
                 break
-            outer = index.scope_of(outer, self.module)  # type: ignore[attr-defined]
+            outer = index.scope_of(outer, self.model.module)
         if isinstance(scope, cst.Module) or name in declared:
-            if name in index.local_names.get(self.module, ()) or name in index.imports.get(self.module, {}):  # type: ignore[attr-defined]
-                return self._global_tags(self.module, name)  # type: ignore[attr-defined]
+            if name in index.local_names.get(self.model.module, ()) or name in index.imports.get(self.model.module, {}):
+                return self._global_tags(self.model.module, name)
         if name in BUILTINS or self._star_import():
             return _tags(VALUE)
         return _tags(UNBOUND)
 
     def _star_import(self) -> bool:
-        return any(isinstance(n.names, cst.ImportStar) for n in self.nodes_of(cst.ImportFrom))  # type: ignore[attr-defined]
+        return any(isinstance(n.names, cst.ImportStar) for n in self.model.nodes_of(cst.ImportFrom))
 
     def _parameter_tags(self, func: cst.CSTNode, name: str) -> FrozenSet[Tag]:
-        p = func.params  # type: ignore[attr-defined]
+        p = func.params
         for param in (*p.posonly_params, *p.params, *p.kwonly_params):
             if param.name.value == name:
                 if _is_none(param.default):
@@ -1030,8 +1031,8 @@ class Bound:
         """A name bound somewhere in an enclosing scope, read from a nested function: a value
         (the enclosing code ran first), None too when one of its assignments is None."""
         tags = {Tag(VALUE)}
-        for node, value, s in self._by_key.get(name, []):  # type: ignore[attr-defined]
-            if s is scope or (scope is self.module and name in self._index.declared.get(s, ())):  # type: ignore[attr-defined]
+        for node, value, s in self.model._by_key.get(name, []):
+            if s is scope or (scope is self.model.module and name in self.model._index.declared.get(s, ())):
                 if any(_is_none(leaf) for leaf in _leaves(value)):
                     tags.add(Tag(NONE, frozenset(), node))
         return frozenset(tags)
@@ -1045,12 +1046,12 @@ class Bound:
         bound = False
         key = f"self.{attr}"
         for c in chain:
-            for node, value, scope in self._by_key.get(attr, []):  # type: ignore[attr-defined]
+            for node, value, scope in self.model._by_key.get(attr, []):
                 if scope is c:  # a class attribute
                     bound = True
                     tags |= self._walker(c).value_tags(value, {}, node)
         for c in chain:
-            init = self.method(c, "__init__")  # type: ignore[attr-defined]
+            init = self.model.method(c, "__init__")
             if init is None or init is method:
                 continue
             end = self._init_end(init)
@@ -1061,11 +1062,11 @@ class Bound:
             if not any(t.kind == UNBOUND for t in at_end):
                 bound = True
             tags |= {t for t in portable if t.kind != UNBOUND}
-        for node, value, scope in self._by_key.get(key, []):  # type: ignore[attr-defined]
-            owner = self.self_class(node)  # type: ignore[attr-defined]
-            if owner in chain and self.function_of(node) is not method:  # type: ignore[attr-defined]
+        for node, value, scope in self.model._by_key.get(key, []):
+            owner = self.model.self_class(node)
+            if owner in chain and self.model.function_of(node) is not method:
                 if any(_is_none(leaf) for leaf in _leaves(value)):
-                    fn = self.function_of(node)  # type: ignore[attr-defined]
+                    fn = self.model.function_of(node)
                     if fn is None or fn.name.value != "__init__":
                         tags.add(Tag(NONE, frozenset(), node))
         if not bound:
@@ -1078,7 +1079,7 @@ class Bound:
         out = [cls]
         i = 0
         while i < len(out) and len(out) < 8:
-            for b in self._bases(out[i]):  # type: ignore[attr-defined]
+            for b in self.model._bases(out[i]):
                 if b not in out:
                     out.append(b)
             i += 1
@@ -1091,18 +1092,18 @@ class Bound:
         if not isinstance(body, cst.IndentedBlock) or not body.body:
             return None
         states = [walker.after.get(body.body[-1])]
-        for r in self.nodes_of(cst.Return):  # type: ignore[attr-defined]
-            if self.function_of(r) is init:  # type: ignore[attr-defined]
-                line = self.statement_of(r)  # type: ignore[attr-defined]
+        for r in self.model.nodes_of(cst.Return):
+            if self.model.function_of(r) is init:
+                line = self.model.statement_of(r)
                 states.append(walker.before.get(line))
         return walker.join(*states)
 
     def _set_in_init_only(self, key: str) -> bool:
-        """`self.x` assigned only in `__init__` methods and class bodies (a stable attribute)."""
+        """`self.model.x` assigned only in `__init__` methods and class bodies (a stable attribute)."""
         if not key.startswith("self.") or key.count(".") != 1:
             return False
-        for node, _, _ in self._by_key.get(key, []):  # type: ignore[attr-defined]
-            fn = self.function_of(node)  # type: ignore[attr-defined]
+        for node, _, _ in self.model._by_key.get(key, []):
+            fn = self.model.function_of(node)
             if fn is None or fn.name.value != "__init__":
                 return False
         return True
@@ -1170,7 +1171,7 @@ def _all_expressions(stmt: cst.CSTNode) -> List[cst.CSTNode]:
 
 
 def _definition_expressions(node: cst.CSTNode) -> List[cst.CSTNode]:
-    out: List[cst.CSTNode] = [d.decorator for d in node.decorators]  # type: ignore[attr-defined]
+    out: List[cst.CSTNode] = [d.decorator for d in node.decorators]
     if isinstance(node, cst.FunctionDef):
         p = node.params
         out += [x.default for x in (*p.posonly_params, *p.params, *p.kwonly_params) if x.default is not None]

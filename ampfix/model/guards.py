@@ -16,6 +16,7 @@ import re
 
 import libcst as cst
 
+from ampfix.model.facet import Facet
 from ampfix.model.syntax import literal_string
 from ampfix.model.tree import child_nodes, dotted
 
@@ -24,12 +25,12 @@ VERSION_TEST = re.compile(r"version|TORCH_\d|TORCH_(?:GREATER|LESS|GE|LT|AT_LEAS
 MODERN_KINDS = {"autocast", "GradScaler", "custom_fwd", "custom_bwd"}
 
 
-class Guards:
-    """Old-torch fallbacks (a part of `AmpModel`)."""
+class Guards(Facet):
+    """Old-torch fallbacks, stage and version branches (`model.guards`)."""
 
     def in_fallback(self, node: cst.CSTNode) -> bool:
         """Inside `except ImportError/AttributeError/TypeError:` (a fallback for an old torch)."""
-        for anc in self.ancestors(node):
+        for anc in self.model.ancestors(node):
             if isinstance(anc, cst.ExceptHandler) and anc.type is not None:
                 types = anc.type.elements if isinstance(anc.type, cst.Tuple) else [anc.type]
                 names = {dotted(t.value if isinstance(t, cst.Element) else t) for t in types}
@@ -41,9 +42,9 @@ class Guards:
         """`node` runs under a test of the GradScaler's per-optimizer stage (`if
         scaler._per_optimizer_states[id(opt)]["stage"] is not OptState.UNSCALED:`): code that
         unscales only what is not unscaled yet, so it cannot unscale twice."""
-        for anc in self.ancestors(node):  # type: ignore[attr-defined]
+        for anc in self.model.ancestors(node):
             if isinstance(anc, (cst.If, cst.IfExp)):
-                test = self.code(anc.test)  # type: ignore[attr-defined]
+                test = self.model.code(anc.test)
                 if "OptState" in test or "_per_optimizer_states" in test:
                     return True
             if isinstance(anc, (cst.FunctionDef, cst.ClassDef)):
@@ -67,11 +68,11 @@ class Guards:
 
     def _version_choice(self, node: cst.CSTNode, by_test: bool) -> bool:
         child = node
-        for anc in self.ancestors(node):
+        for anc in self.model.ancestors(node):
             if isinstance(anc, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
                 return False
             if isinstance(anc, (cst.If, cst.IfExp)) and child is not anc.test:
-                if by_test and VERSION_TEST.search(self.code(anc.test)):
+                if by_test and VERSION_TEST.search(self.model.code(anc.test)):
                     return True
                 if self._probes_modern(anc.test):
                     return True
@@ -91,7 +92,7 @@ class Guards:
         "amp")`, `hasattr(torch.amp, "custom_fwd")`, `"GradScaler" in dir(torch.amp)`."""
         for n in self._nodes_in(test, cst.Call):
             if isinstance(n.func, cst.Name) and n.func.value in ("hasattr", "getattr", "dir") and n.args:
-                owner = self.qualnames(n.args[0].value)
+                owner = self.model.qualnames(n.args[0].value)
                 attr = literal_string(n.args[1].value) if len(n.args) > 1 else None
                 if "torch.amp" in owner or ("torch" in owner and attr == "amp"):
                     return True
@@ -114,26 +115,26 @@ class Guards:
             if isinstance(prev, cst.If) and isinstance(prev.body, cst.IndentedBlock) and prev.body.body:
                 last = prev.body.body[-1]
                 returns = isinstance(last, cst.SimpleStatementLine) and isinstance(last.body[-1], (cst.Return, cst.Raise))
-                if returns and (VERSION_TEST.search(self.code(prev.test)) or self._uses_modern_api(prev.body)):
+                if returns and (VERSION_TEST.search(self.model.code(prev.test)) or self._uses_modern_api(prev.body)):
                     return True
         return False
 
     def _uses_modern_api(self, subtree: cst.CSTNode) -> bool:
-        for n in self.nodes_of(cst.Attribute, cst.Name):
-            api = self.api_of(n)
-            if api is not None and api.kind in MODERN_KINDS and not api.deprecated and self.is_ancestor(subtree, n):
+        for n in self.model.nodes_of(cst.Attribute, cst.Name):
+            api = self.model.api_of(n)
+            if api is not None and api.kind in MODERN_KINDS and not api.deprecated and self.model.is_ancestor(subtree, n):
                 return True
         # `from torch.amp import GradScaler` (its name may also be bound to the old class elsewhere)
-        for imp in self.nodes_of(cst.ImportFrom):
-            if (imp is subtree or self.is_ancestor(subtree, imp)) and imp.module is not None and not imp.relative and dotted(imp.module) == "torch.amp" and (
+        for imp in self.model.nodes_of(cst.ImportFrom):
+            if (imp is subtree or self.model.is_ancestor(subtree, imp)) and imp.module is not None and not imp.relative and dotted(imp.module) == "torch.amp" and (
                     isinstance(imp.names, cst.ImportStar)
                     or any(dotted(a.name) in MODERN_KINDS for a in imp.names)):  # type: ignore[union-attr]
                 return True
         # `getattr(torch.amp, "custom_fwd", None)`: the modern name, looked up
-        for call in self.calls:
+        for call in self.model.calls:
             if isinstance(call.func, cst.Name) and call.func.value == "getattr" and len(call.args) > 1 \
-                    and (call is subtree or self.is_ancestor(subtree, call)) \
-                    and "torch.amp" in self.qualnames(call.args[0].value) \
+                    and (call is subtree or self.model.is_ancestor(subtree, call)) \
+                    and "torch.amp" in self.model.qualnames(call.args[0].value) \
                     and literal_string(call.args[1].value) in MODERN_KINDS:
                 return True
         return False

@@ -294,7 +294,7 @@ class Names:
         others = [f for f in self.functions.get(b.name, []) if self.scope_of(f) is b.scope]
         others += [self.classes[b.name]] if b.name in self.classes and self.scope_of(self.classes[b.name]) is b.scope else []
         others += [n for n, _, s in self._by_key.get(b.name, []) if s is b.scope]
-        return not others or any(not self.exclusive(b.stmt, o) and not self.in_fallback(o) for o in others)
+        return not others or any(not self.exclusive(b.stmt, o) and not self.guards.in_fallback(o) for o in others)
 
     def module_binds(self, name: str) -> bool:
         """True when a module-level import binds `name` (new module-level code may use it)."""
