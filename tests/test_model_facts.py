@@ -546,3 +546,25 @@ def test_rules_ask_the_model_and_keep_nothing_on_it():
                 if private and node.module.rpartition(".")[2] != path.stem:
                     found.append(f"{path.name}:{node.lineno}: from {node.module} import {', '.join(private)}")
     assert not found, "\n".join(found)
+
+
+def test_the_core_model_shows_only_what_is_asked_of_it():
+    """The core model's public names are its query surface: each is asked by a rule, the
+    engine, the project layer, a migration, a front end or a model-fact test; an internal step
+    of a query is private. Facts that few rules ask live in facets (`model.precision`, ...),
+    so their names stay out of the core's."""
+    import functools
+    import re
+    from pathlib import Path
+
+    from ampfix.model import AmpModel
+
+    top = Path(__file__).resolve().parent.parent
+    model_dir = top / "ampfix" / "model"
+    texts = [p.read_text(encoding="utf-8") for folder in (top / "rules", top / "ampfix", top / "tests")
+             for p in folder.rglob("*.py") if model_dir not in p.parents]
+    facets = [n for n in dir(AmpModel) if isinstance(getattr(AmpModel, n), functools.cached_property)]
+    assert {"precision", "dataflow", "checkpoints", "updates", "training", "apex", "bound", "guards"} <= set(facets)
+    unasked = [n for n in dir(AmpModel) if not n.startswith("_") and n not in facets
+               and not any(re.search(r"\.%s\b" % n, t) for t in texts)]
+    assert unasked == [], "public names of the model nothing outside it asks (make them private): %s" % unasked
