@@ -295,18 +295,13 @@ class ImportGraph:
         """The digest of the `importers_dep` of `path`, as the files are now."""
         return digest_of_paths(self.importers_of(path))
 
-    def importers_digests(self) -> Dict[str, str]:
-        """The digest of the `importers_dep` of every module some file imports (any other
-        module's is `digest_of_paths([])`), by module path."""
-        self.importers_of(self.root)
-        return {p: digest_of_paths(found) for p, found in (self._importers or {}).items()}
-
     def digests(self) -> Dict[str, str]:
         """What the cache keeps of the graph under its `stamp`, by dependency key: the
         `importers_dep` of every module some file imports (any other module's is
         `digest_of_paths([])`) and the `imports_dep` of every file of `files` (the same
         reading of the import lines: no other text is read)."""
-        out = {importers_dep(p): d for p, d in self.importers_digests().items()}
+        self.importers_of(self.root)
+        out = {importers_dep(p): digest_of_paths(found) for p, found in (self._importers or {}).items()}
         for f in self.files():
             out[imports_dep(f)] = self.imports_digest(f)
         return out
