@@ -108,8 +108,10 @@ def triggered(rules: Sequence[Type[Rule]], text: str, path: str = "",
     if project is None:
         return active
     full = os.path.abspath(path)
-    words = tuple(sorted({t for r in rest for t in (*r.triggers, *(s for g in r.requires for s in g))}))
-    lower_words = tuple(sorted({t for r in rest for t in r.triggers_lower}))
+    # the strings of every rule that may pass through the project, not only of `rest`: one set
+    # for every file, so the project reads each part of the code once (`Project._held_by`
+    # memoises by it); `_passing` reads only the strings of the rules of `rest`
+    words, lower_words = _project_words(rules)
     own = ({t for t in words if t in text}, {t for t in lower_words if t in lowered})
     # the rules' trigger test on the file and the code it reaches (`Project.reach_held`), after a
     # cheaper bound of that code (`reach_words`) that lets most files go without a walk
@@ -121,6 +123,22 @@ def triggered(rules: Sequence[Type[Rule]], text: str, path: str = "",
         return active
     also = _passing(rest, own, reach)
     return [r for r in rules if r in active or r in also]
+
+
+_PROJECT_WORDS: Dict[Tuple[Type[Rule], ...], Tuple[Tuple[str, ...], Tuple[str, ...]]] = {}
+
+
+def _project_words(rules: Sequence[Type[Rule]]) -> Tuple[Tuple[str, ...], Tuple[str, ...]]:
+    """The trigger strings (and lower-case ones) of the rules that read related modules
+    (`Rule.project_requires`), memoised per set of rules."""
+    key = tuple(rules)
+    hit = _PROJECT_WORDS.get(key)
+    if hit is None:
+        some = [r for r in rules if r.project_requires is not None]
+        hit = _PROJECT_WORDS[key] = (
+            tuple(sorted({t for r in some for t in (*r.triggers, *(s for g in r.requires for s in g))})),
+            tuple(sorted({t for r in some for t in r.triggers_lower})))
+    return hit
 
 
 def _passing(rules: Sequence[Type[Rule]], own: Tuple[set, set], reach: Tuple[set, set]) -> List[Type[Rule]]:

@@ -661,10 +661,15 @@ class Events:
                 return f"{ff.path}:{key}"  # a global of that module: one object for every call
             return f"{key}@{ff.path}:{ff.qual}@{fframe[-1]}"  # a local of this run of it
 
+        # the groups of this run of `ff`, each qualified once (effects share their decisions and loops)
+        qualified: Dict[Hashable, Hashable] = {}
         for e in ff.summary.effects:
             ev_ctx = dict(ctx)
             for g, br in e.ctx:
-                ev_ctx[self._foreign_group(g, ff, fframe, keys)] = br
+                q = qualified.get(g)
+                if q is None:
+                    q = qualified[g] = self._foreign_group(g, ff, fframe, keys)
+                ev_ctx[q] = br
             if e.kind == EXTERNAL:
                 if depth >= MAX_INLINE_DEPTH or len(trace.events) >= MAX_TRACE_EVENTS:
                     continue

@@ -276,6 +276,11 @@ class _Groups:
         return self.ids.setdefault(("branch", id(b)), len(self.ids))
 
 
+_WORD_CHAR = re.compile(r"\w")
+# what may follow the function of a call up to its `(`: blanks, line continuations, comments
+_OPENS_CALL = re.compile(r"(?:[ \t\f\r\n\\]|#[^\n]*)*\(")
+
+
 class Summarizer:
     def __init__(self, model):
         self.model = model
@@ -320,10 +325,48 @@ class Summarizer:
         while pos >= 0:
             places.append(pos)
             pos = text.find(needle, pos + 1, span[1])
+        if len(places) != len(same) and self._one_definition(qual):
+            places = self._code_places(places, needle, same)
         if len(places) != len(same) or not any(n is node for n in same):
             return None
         pos = places[next(i for i, n in enumerate(same) if n is node)]
         return text.count("\n", 0, pos) + 1, pos - (text.rfind("\n", 0, pos) + 1)
+
+    def _code_places(self, places: List[int], needle: str, same: List[cst.CSTNode]) -> List[int]:
+        """The places of `needle` that can be one of the nodes `same` (each is written there):
+        not where it continues a name (`self.foo` in `self.foobar`, `x_self.foo`,
+        `a.self.foo`), and, where each of them is a call whose function is written on one
+        line, only where a `(` follows (after blanks and comments). Fewer nodes then need the
+        positions of their whole top-level statement (`model.start`)."""
+        text = self.text or ""
+        whole = self.__dict__.get("_whole_needles", {})
+        called = all(isinstance(n, cst.Call) and whole.get(n, False) for n in same)
+        open_start = _WORD_CHAR.match(needle) is not None
+        open_end = _WORD_CHAR.match(needle[-1:]) is not None
+        out = []
+        for pos in places:
+            end = pos + len(needle)
+            if open_start and pos > 0 and (text[pos - 1] == "." or _WORD_CHAR.match(text[pos - 1])):
+                continue
+            if open_end and end < len(text) and _WORD_CHAR.match(text[end]):
+                continue
+            if called and not _OPENS_CALL.match(text, end):
+                continue
+            out.append(pos)
+        return out
+
+    def _one_definition(self, qual: str) -> bool:
+        """Exactly one function or method of the module is `qual` as `_owner` names them (the
+        span of an `@overload`ed function, or of a method defined twice, may be another one's)."""
+        counts = self.__dict__.get("_quals")
+        if counts is None:
+            m = self.model
+            counts = self.__dict__["_quals"] = {}
+            for f in m.nodes_of(cst.FunctionDef):
+                cls = m.class_of(f)
+                q = f"{cls.name.value}.{f.name.value}" if cls is not None else f.name.value
+                counts[q] = counts.get(q, 0) + 1
+        return counts.get(qual, 0) == 1
 
     def _owned(self, qual: str, kind: type) -> List[cst.CSTNode]:
         """The module's nodes of `kind` held by the top-level function or method `qual` (the
@@ -353,6 +396,7 @@ class Summarizer:
             shown = node.body[0] if isinstance(node, cst.SimpleStatementLine) and node.body else node  # not its comments
             code = self.model.code(shown.func if isinstance(shown, cst.Call) else shown)
             hit = memo[node] = code.splitlines()[0] if code else ""
+            self.__dict__.setdefault("_whole_needles", {})[node] = bool(code) and hit == code  # one line
         return hit
 
     def function(self, func: cst.FunctionDef, is_method: bool) -> FunctionSummary:

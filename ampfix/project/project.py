@@ -123,6 +123,7 @@ class Project:
         self._bound: Dict[str, Dict[str, str]] = {}
         self._reached: _Memo[Tuple[str, str], List[Optional[Definition]]] = _Memo()
         self._text_mros: _Memo[Tuple[str, str], Optional[List[ForeignClass]]] = _Memo()
+        self._lacks_methods: _Memo[Tuple[Tuple[str, str], str], bool] = _Memo()
         self._imports_at: Dict[str, List[Tuple[int, int]]] = {}
         self._used: _Memo[Tuple[str, str], Optional[Definition]] = _Memo()
         self._closures: _Memo[Tuple[Tuple[str, Optional[str]], int], Optional[frozenset]] = _Memo()
@@ -182,7 +183,7 @@ class Project:
             self.layout = Layout(Path(self.root))
         for memo in (self._sources, self._summaries, self._modules, self._members, self._resolved, self._bases,
                      self._callers, self._bound, self._used, self._reached,
-                     self._text_mros, self._imports_at, self._stats, self._indexes, self._spans, self._relevant,
+                     self._text_mros, self._lacks_methods, self._imports_at, self._stats, self._indexes, self._spans, self._relevant,
                      self._closures, self._words, self._deps_pool):
             memo.clear()
         self.graph = ImportGraph(Path(self.root), self._quiet_text, self.layout)
@@ -837,7 +838,12 @@ class Project:
     def lacks_relevant_method(self, cls: ForeignClass, name: str) -> bool:
         """True when no class `cls` may inherit from (`text_mro`) defines a method `name`
         whose code holds AMP code (`relevant`): a call of it has no effect and no value worth
-        reading, and no summary is read to know it. False: not sure."""
+        reading, and no summary is read to know it. False: not sure. Memoised (asked for every
+        call of a method on an object of another module's class)."""
+        return self._memoised(self._lacks_methods, (cls.key, name), lambda: self._lacks_method(cls, name))
+
+    def _lacks_method(self, cls: ForeignClass, name: str) -> bool:
+        """`lacks_relevant_method` without its memo."""
         classes = self.text_mro(cls)
         if classes is None:
             return False
