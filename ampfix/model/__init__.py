@@ -129,7 +129,7 @@ class AmpModel(Tree, Names, Values, CallGraph, Regions, Objects, Flow, Events, E
         """Old-torch fallback code, stage and version branches (code that must not be modernised)."""
         return Guards(self)
 
-    def reads_of(self, node: cst.CSTNode) -> set:
+    def _reads_of(self, node: cst.CSTNode) -> set:
         """The names `node` (a statement or expression) reads (computed once per node)."""
         cache = self.__dict__.setdefault("_reads_cache", {})
         hit = cache.get(id(node))

@@ -723,7 +723,7 @@ class Bound(Facet):
             walker.suite(body, {})
         return walker
 
-    def state_at(self, stmt: cst.CSTNode, after: bool = False) -> Optional[State]:
+    def _state_at(self, stmt: cst.CSTNode, after: bool = False) -> Optional[State]:
         """What each key may be right before (or after) the statement `stmt` (a statement of
         a block of its scope); None where no path reaches it."""
         walker = self._walker(self._bound_scope(stmt))
@@ -778,7 +778,7 @@ class Bound(Facet):
         raised there too."""
         scope = self._bound_scope(stmt)
         walker = self._walker(scope)
-        state = self.state_at(stmt, after)
+        state = self._state_at(stmt, after)
         if state is None:
             return None  # nothing reaches it: nothing can fail there
         checker = _Walker(self, scope)
@@ -808,7 +808,7 @@ class Bound(Facet):
             return None  # a one-line suite: nothing to place the proof on
         scope = self._bound_scope(old)
         walker = self._walker(scope)
-        start = self.state_at(old)
+        start = self._state_at(old)
         if start is None:
             return None
         reads, derefs = self._later_uses(old, True)
@@ -840,7 +840,7 @@ class Bound(Facet):
         excepted, as in `insertion_problem`; `new` tells the statements that are not the original
         code's, whose reads prove nothing)."""
         scope = self._bound_scope(stmt)
-        state = self.state_at(stmt)
+        state = self._state_at(stmt)
         if state is None:
             return []
         walker = self._walker(scope)
@@ -976,7 +976,7 @@ class Bound(Facet):
         if rest:
             if root == "self" and "." not in rest and isinstance(scope, cst.FunctionDef):
                 cls = self.model.class_of(scope)
-                if cls is not None and self.model.is_method(scope):
+                if cls is not None and self.model._is_method(scope):
                     return self._attribute_tags(cls, rest, scope)
             return _tags(VALUE)
         return self._name_tags(scope, root)

@@ -71,7 +71,7 @@ class CallGraph:
                         return [m]
                 return []
             found: List[cst.FunctionDef] = []
-            named = self.class_named(owner)
+            named = self._class_named(owner)
             if named is not None:
                 m = self.lookup_method(named, name)  # Class.method(obj, ...)
                 return [m] if m is not None else []
@@ -93,7 +93,7 @@ class CallGraph:
             # a function reached through values is one this file uses as a value, and
             # `obj(...)` runs a `__call__` of this file: without either, nothing to follow
             for value in self.values_of(func) if self.functions_used_as_values() else ():
-                parts = self.partial_parts(value)
+                parts = self._partial_parts(value)
                 target = parts[0] if parts is not None else value
                 target_kind = _DOTTED_KIND.get(type(target))
                 if target_kind is None:
@@ -162,7 +162,7 @@ class CallGraph:
                 return m
         return None
 
-    def is_method(self, func: cst.FunctionDef) -> bool:
+    def _is_method(self, func: cst.FunctionDef) -> bool:
         if self.class_of(func) is None:
             return False
         params = [*func.params.posonly_params, *func.params.params]
@@ -184,8 +184,8 @@ class CallGraph:
     def bind_arguments(self, call: cst.Call, func: cst.FunctionDef) -> Dict[str, cst.BaseExpression]:
         """Parameter name -> the argument expression `call` passes to it (when certain)."""
         params = [*func.params.posonly_params, *func.params.params]
-        bound_self = self.is_method(func) and (isinstance(call.func, cst.Attribute) or func.name.value == "__call__")
-        if bound_self and isinstance(call.func, cst.Attribute) and self.class_named(call.func.value) is not None:
+        bound_self = self._is_method(func) and (isinstance(call.func, cst.Attribute) or func.name.value == "__call__")
+        if bound_self and isinstance(call.func, cst.Attribute) and self._class_named(call.func.value) is not None:
             bound_self = False  # Class.method(obj, ...): obj is passed explicitly
         if bound_self:
             params = params[1:]

@@ -56,10 +56,10 @@ class Checkpoints(Facet):
         for call in self.model.calls:
             if "save" not in (call_name(call) or "").lower() and "checkpoint" not in (call_name(call) or "").lower():
                 continue
-            ff = self.model.foreign_callee(call)
+            ff = self.model._foreign_callee(call)
             if ff is None or not ff.summary.saves:
                 continue
-            bound = self.model.bind_foreign_arguments(call, ff)
+            bound = self.model._bind_foreign_arguments(call, ff)
             for s in ff.summary.saves:
                 param = s.get("param")
                 if isinstance(param, str):
@@ -142,7 +142,7 @@ class Checkpoints(Facet):
     def snapshot_class(self, call: cst.Call) -> Optional[cst.ClassDef]:
         """The class of this file whose instance `call` builds, when the call is what a
         `torch.save` writes (a training-state snapshot: its fields are the checkpoint's keys)."""
-        return self.model.class_named(call.func)
+        return self.model._class_named(call.func)
 
     def _snapshot_entries(self, call: cst.Call, cls: cst.ClassDef) -> list:
         """The (field, value) pairs a snapshot object is built with: keyword arguments, and

@@ -278,7 +278,7 @@ class Events:
         self._local_events: Dict[cst.CSTNode, List[Event]] = {}
         self._traces: Dict[cst.CSTNode, Trace] = {}
         self._local_traces: Dict[cst.CSTNode, Trace] = {}
-        self._roots: Optional[List[cst.CSTNode]] = None
+        self._roots_memo: Optional[List[cst.CSTNode]] = None
         self._alias: Dict[Tuple[int, str], str] = {}
 
     # ---------------------------------------------------------------- classification
@@ -303,9 +303,9 @@ class Events:
         self._alias[cache] = result
         return result
 
-    def classify(self, call: cst.Call) -> Optional[Event]:
+    def _classify(self, call: cst.Call) -> Optional[Event]:
         """The AMP event a call is, if any (see the module docstring)."""
-        bw = self.backward_call(call)
+        bw = self._backward_call(call)
         if bw is not None:
             loss = call.func.value if isinstance(call.func, cst.Attribute) else None
             if bw.kind == "scaled" and isinstance(loss, cst.Call) and loss.args:
@@ -319,7 +319,7 @@ class Events:
         if worker is not None:
             return Event(THREAD_RUN, call, target=self.code(worker))
         callees = self.callees(call)
-        if callees and not self.scaler_method_call(call):  # a scaler class's own methods are scaler calls
+        if callees and not self._scaler_method_call(call):  # a scaler class's own methods are scaler calls
             return Event(CALL, call, callees=tuple(callees))
         func = call.func
         if isinstance(func, cst.Attribute):
@@ -350,9 +350,9 @@ class Events:
                 return Event(SCALER_NEW, call)
             if api.kind == "autograd.grad":
                 return Event(AUTOGRAD_GRAD, call)
-        if self.reads_grad(call):
+        if self._reads_grad(call):
             return Event(GRAD_READ, call, detail="read")
-        reason = self.cuda_init_reason(call)
+        reason = self._cuda_init_reason(call)
         if reason is not None:
             return Event(CUDA_INIT, call, detail=reason)
         if self.builds_optimizer(call):  # type: ignore[attr-defined]
@@ -409,7 +409,7 @@ class Events:
                 return arg.value if arg is not None else None
         return None
 
-    def reads_grad(self, call: cst.Call) -> bool:
+    def _reads_grad(self, call: cst.Call) -> bool:
         """The call's result depends on the magnitude of some `.grad` (`p.grad.norm()`,
         `torch.norm(p.grad)`)."""
         if isinstance(call.func, cst.Attribute) and call.func.attr.value in VALUE_METHODS \
@@ -425,11 +425,11 @@ class Events:
         post = self._index.post_of
         found: List[Tuple[int, Event]] = []
         for call in self.calls_in_scope(scope):
-            ev = self.classify(call)
+            ev = self._classify(call)
             if ev is not None:
                 found.append((post(call), ev))
-        for stmt in self.nodes_in_scope(scope, cst.SimpleStatementLine):
-            kind = self.exit_kind(stmt)
+        for stmt in self._nodes_in_scope(scope, cst.SimpleStatementLine):
+            kind = self._exit_kind(stmt)
             if kind is not None:
                 loop = self.loop_of(stmt) if kind in ("continue", "break") else None
                 found.append((post(stmt), Event(EXIT, stmt, detail=kind, loop=loop)))
@@ -456,23 +456,23 @@ class Events:
 
     # ---------------------------------------------------------------- traces
     @property
-    def roots(self) -> List[cst.CSTNode]:
+    def _roots(self) -> List[cst.CSTNode]:
         """The module and every function that no call of this file reaches."""
-        if self._roots is None:
+        if self._roots_memo is None:
             roots: List[cst.CSTNode] = [self.module]
             for f in self.nodes_of(cst.FunctionDef):
                 if not self.callers(f):  # type: ignore[arg-type]
                     roots.append(f)
-            self._roots = roots
-        return self._roots
+            self._roots_memo = roots
+        return self._roots_memo
 
-    def roots_reaching(self, node: cst.CSTNode) -> List[cst.CSTNode]:
+    def _roots_reaching(self, node: cst.CSTNode) -> List[cst.CSTNode]:
         """The roots whose traces run `node` (its function, through the callers of this file)."""
         start: cst.CSTNode = self.function_of(node) or self.module
         seen, todo, out = {start}, [start], []
         while todo:
             func = todo.pop()
-            if func in self.roots:
+            if func in self._roots:
                 out.append(func)
             if isinstance(func, cst.FunctionDef):
                 for call in self.callers(func):
@@ -484,12 +484,12 @@ class Events:
 
     def runs_with_scaler(self, node: cst.CSTNode) -> bool:
         """Some run of the file that reaches `node` also steps a GradScaler."""
-        return any(self.trace(root).of(SCALER_STEP) for root in self.roots_reaching(node))
+        return any(self.trace(root).of(SCALER_STEP) for root in self._roots_reaching(node))
 
     def traces(self) -> List[Trace]:
         """One trace per root (plus the functions a trace had to leave out)."""
         out: List[Trace] = []
-        pending = list(self.roots)
+        pending = list(self._roots)
         seen = set()
         while pending:
             root = pending.pop(0)
@@ -512,7 +512,7 @@ class Events:
         self._expand(trace, root, (), {}, {}, None, 0, (root,))
         return trace
 
-    def local_trace(self, root: cst.CSTNode) -> Trace:
+    def _local_trace(self, root: cst.CSTNode) -> Trace:
         """The events `root` runs through the functions of this file only, with the calls that
         may leave the module kept as EXTERNAL events (what the module's summary records)."""
         cached = self._local_traces.get(root)
@@ -529,7 +529,7 @@ class Events:
         post = self._index.post_of
         keys = [post(e.path[0]) for e in trace.events]
         i = bisect.bisect_left(keys, post(node))
-        ctx = {self._qualify(g, ()): br for g, br in self.contexts(node)}
+        ctx = {self._qualify(g, ()): br for g, br in self._contexts(node)}
         order = i - 0.5 + 0.4 * post(node) / (len(self._index.nodes) + 1)  # two points between the same events keep their order
         return TraceEvent(Event("point", node), (node,), order, ctx, self.region_of(node))
 
@@ -587,10 +587,10 @@ class Events:
         frame = tuple(id(p) for p in prefix)
         for ev in self.local_events(func):
             ev_ctx = dict(ctx)
-            for group, branch in self.contexts(ev.node):
+            for group, branch in self._contexts(ev.node):
                 ev_ctx[self._qualify(group, frame, subst)] = branch
             ev_region = self.region_of(ev.node)
-            if ev_region is None and not self.masked_by_disabled_region(ev.node):
+            if ev_region is None and not self._masked_by_disabled_region(ev.node):
                 ev_region = region
             path = prefix + (ev.node,)
             if ev.kind == CALL:
@@ -604,7 +604,7 @@ class Events:
                              ev_region, depth + 1, stack + (callee,), external)
                 continue
             if ev.kind == EXTERNAL and external:
-                ff = self.foreign_callee(ev.node)  # type: ignore[attr-defined]
+                ff = self._foreign_callee(ev.node)  # type: ignore[attr-defined]
                 if ff is not None and not self.foreign.relevant_to_traces(ff):  # type: ignore[attr-defined]
                     continue  # only checkpoint or configuration code: no event of a trace
                 if ff is not None and ff.key not in stack and depth < MAX_INLINE_DEPTH \
@@ -625,7 +625,7 @@ class Events:
         `call`: each becomes an event of this trace at `call`, its scaler and optimizer keys in
         the root's names through the arguments `call` passes."""
         keys: Dict[str, str] = {}
-        bindings = self.bind_foreign_arguments(call, ff)  # type: ignore[attr-defined]
+        bindings = self._bind_foreign_arguments(call, ff)  # type: ignore[attr-defined]
         for param, arg in bindings.items():
             k = self._subst(self.key(arg), subst, frame, call)
             if k is not None:
@@ -695,7 +695,7 @@ class Events:
                         continue
                     sub: Dict[str, str] = {}
                     params = [*target.params.posonly_params, *target.params.params]
-                    if self.is_method(target) and params:
+                    if self._is_method(target) and params:
                         sub[params[0].name.value] = tr(slots.get("owner", "self")) or "self"
                         params = params[1:]
                     for i, prm in enumerate(params):
@@ -783,7 +783,7 @@ class Events:
                     local = self.lookup_method(self_cls, rest)  # type: ignore[attr-defined]
                     if local is not None:
                         return local
-                return self.inherited_method(self_cls, rest)  # type: ignore[attr-defined]
+                return self._inherited_method(self_cls, rest)  # type: ignore[attr-defined]
             if self_cls is not None:
                 mro = self.foreign_mro(self_cls)  # type: ignore[attr-defined]
                 if kind == "super":
@@ -811,14 +811,14 @@ class Events:
         from ampfix.model.foreign import Synthetic
         from ampfix.model.summary import Value
 
-        expr = self.materialize(Value(rest), Synthetic(ff.module, ff.owner, bindings or None))  # type: ignore[attr-defined]
+        expr = self._materialize(Value(rest), Synthetic(ff.module, ff.owner, bindings or None))  # type: ignore[attr-defined]
         if expr is None:
             return None
-        d = self.foreign_definition(expr)  # type: ignore[attr-defined]
+        d = self._foreign_definition(expr)  # type: ignore[attr-defined]
         if d is not None and type(d).__name__ == "ForeignFunction":
             return d
         if d is not None and type(d).__name__ == "ForeignClass":
-            return self.foreign_method(d, "__init__")  # type: ignore[attr-defined]
+            return self._foreign_method(d, "__init__")  # type: ignore[attr-defined]
         if isinstance(expr, cst.Attribute):
             return self._method_on_values(expr.value, expr.attr.value)  # type: ignore[attr-defined]
         return self._method_on_values(expr, "__call__")  # type: ignore[attr-defined]
@@ -827,12 +827,12 @@ class Events:
         source = e.scale_source
         if source is None or not source.startswith("param:"):
             return source
-        arg = self.bind_foreign_arguments(call, ff).get(source[len("param:"):])  # type: ignore[attr-defined]
+        arg = self._bind_foreign_arguments(call, ff).get(source[len("param:"):])  # type: ignore[attr-defined]
         if arg is None:
             return "unknown"
         return "scaled" if self.scale_sources(arg) else "unscaled"  # type: ignore[attr-defined]
 
-    def key_expression(self, text: str, at: cst.CSTNode) -> Optional[cst.BaseExpression]:
+    def _key_expression(self, text: str, at: cst.CSTNode) -> Optional[cst.BaseExpression]:
         """`text` (a key of the trace's root, such as `self.scaler`) as an expression read where
         `at` is: not part of the file (never reported nor edited), its names resolved in `at`'s
         scope. Cached per text and scope."""
@@ -875,7 +875,7 @@ class Events:
             if ev.event.scale_source == "unscaled":
                 return []
             if ev.event.detail == "scaled" and ev.scaler is not None and "@" not in ev.scaler:
-                scale = self.key_expression(f"{ev.scaler}.scale(__foreign__)", ev.path[0])
+                scale = self._key_expression(f"{ev.scaler}.scale(__foreign__)", ev.path[0])
                 if isinstance(scale, cst.Call):
                     return [scale]
             return [ev.node]
@@ -894,7 +894,7 @@ class Events:
             key = ev.target
             if key is None or any(mark in key for mark in ("@", ":", "__")):
                 return None
-            return self.key_expression(key, ev.path[0])
+            return self._key_expression(key, ev.path[0])
         call = ev.node
         if ev.event.detail == "tensor" and any(a.keyword is None for a in call.args):  # type: ignore[attr-defined]
             return None
@@ -971,14 +971,14 @@ class Events:
             k = self._subst(self.key(arg), subst, frame, call)
             if k is not None:
                 out[param] = k
-        if self.is_method(callee):
+        if self._is_method(callee):
             first = [*callee.params.posonly_params, *callee.params.params][0].name.value
             owner = call.func.value if isinstance(call.func, cst.Attribute) else call.func
             if isinstance(owner, cst.Call):  # super().method()
                 owner_key = "self"
             else:
                 owner_key = self.key(owner)
-            if owner_key is not None and self.class_named(owner) is None:
+            if owner_key is not None and self._class_named(owner) is None:
                 out[first] = self._subst(owner_key, subst, frame, call) or owner_key
         return out
 
@@ -1029,8 +1029,8 @@ class Events:
 
     def exclusive(self, a, b) -> bool:
         """`a` and `b` (trace events, or two nodes of one function) never run in the same pass."""
-        ca = a.ctx if isinstance(a, TraceEvent) else dict(self.contexts(a))
-        cb = b.ctx if isinstance(b, TraceEvent) else dict(self.contexts(b))
+        ca = a.ctx if isinstance(a, TraceEvent) else dict(self._contexts(a))
+        cb = b.ctx if isinstance(b, TraceEvent) else dict(self._contexts(b))
         small, big = (ca, cb) if len(ca) <= len(cb) else (cb, ca)
         for g, br in small.items():
             other = big.get(g, br)

@@ -45,16 +45,16 @@ class Flow:
     """Conditional contexts and path queries (a part of `AmpModel`)."""
 
     def _init_flow(self) -> None:
-        self._contexts: Dict[cst.CSTNode, Contexts] = {}
+        self._contexts_memo: Dict[cst.CSTNode, Contexts] = {}
         self._stable: Dict[cst.CSTNode, Optional[Tuple[Hashable, bool]]] = {}
         self._fall: Dict[cst.CSTNode, Dict[cst.CSTNode, Contexts]] = {}
 
     # ---------------------------------------------------------------- contexts
-    def contexts(self, node: cst.CSTNode) -> Contexts:
+    def _contexts(self, node: cst.CSTNode) -> Contexts:
         """The conditional contexts of `node` within its function, outermost first. Groups are
         local: ("if", node), ("cond", scope, text, version, names), ("loop", node), ... (see module
         docstring); `events.py` qualifies them with the call path."""
-        cached = self._contexts.get(node)
+        cached = self._contexts_memo.get(node)
         if cached is not None:
             return cached
         out: List[Tuple[Group, Hashable]] = []
@@ -82,7 +82,7 @@ class Flow:
                 out.extend(reversed(self._fallthrough(anc).get(child, ())))
             child = anc
         result = tuple(reversed(out))
-        self._contexts[node] = result
+        self._contexts_memo[node] = result
         return result
 
     def _fallthrough(self, block: cst.IndentedBlock) -> Dict[cst.CSTNode, Contexts]:
@@ -116,13 +116,13 @@ class Flow:
         return ends(stmt.body) or ends(stmt.orelse)
 
     def _decision(self, node: cst.CSTNode, polarity: bool) -> Tuple[Group, Hashable]:
-        stable = self.stable_test(node)
+        stable = self._stable_test(node)
         if stable is None:
             return (("if", node), polarity)
         group, positive = stable
         return (group, polarity if positive else not polarity)
 
-    def stable_test(self, node: cst.CSTNode) -> Optional[Tuple[Hashable, bool]]:
+    def _stable_test(self, node: cst.CSTNode) -> Optional[Tuple[Hashable, bool]]:
         """For an `if` whose test is stable: (group, whether the text is the positive form)."""
         if node in self._stable:
             return self._stable[node]
@@ -183,7 +183,7 @@ class Flow:
         return out
 
     # ---------------------------------------------------------------- exits
-    def exit_kind(self, stmt: cst.CSTNode) -> Optional[str]:
+    def _exit_kind(self, stmt: cst.CSTNode) -> Optional[str]:
         """"continue"/"break"/"return"/"raise"/"exit" for a statement that leaves its block."""
         if isinstance(stmt, cst.SimpleStatementLine):
             for small in stmt.body:

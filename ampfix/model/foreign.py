@@ -206,10 +206,10 @@ class Foreign:
         """A value materialised from another module (not part of this file)."""
         return node in self._synthetic
 
-    def synthetic_origin(self, node: cst.CSTNode) -> Optional[Synthetic]:
+    def _synthetic_origin(self, node: cst.CSTNode) -> Optional[Synthetic]:
         return self._synthetic.get(node)
 
-    def materialize(self, value: Value, origin: Synthetic) -> Optional[cst.BaseExpression]:
+    def _materialize(self, value: Value, origin: Synthetic) -> Optional[cst.BaseExpression]:
         """The canonical expression `value` as an expression node of this model (cached)."""
         if value.unknown or origin.depth > MAX_FOREIGN_DEPTH:
             return None
@@ -240,7 +240,7 @@ class Foreign:
         self._materialized[key] = expr
         return expr
 
-    def synthetic_values(self, expr: cst.CSTNode) -> Optional[List[cst.BaseExpression]]:
+    def _synthetic_values(self, expr: cst.CSTNode) -> Optional[List[cst.BaseExpression]]:
         """For a synthetic name or attribute (`__local__.X`, `__imported__("m.f")`,
         `__self__.x`, `__param__.p`, `torch.float16`): what it holds (None: not one of those;
         [] : unknown)."""
@@ -261,8 +261,8 @@ class Foreign:
             return self._definition_values(self.foreign.member(origin.module, name), attr, deeper)
         if root == SELF and origin.cls is not None:
             attr, _, more = rest.partition(".")
-            return [v for val in self.foreign_attribute(origin.cls, attr)
-                    for v in [self.materialize(val, deeper)] if v is not None] if not more else []
+            return [v for val in self._foreign_attribute(origin.cls, attr)
+                    for v in [self._materialize(val, deeper)] if v is not None] if not more else []
         if root == PARAM:
             return []  # a parameter the call did not bind: unknown
         if text == IMPORTED:
@@ -280,15 +280,15 @@ class Foreign:
             if isinstance(d, ForeignModule):
                 return self._definition_values(self.foreign.member(d, first), more, origin)
             if isinstance(d, ForeignClass) and not more:
-                return [v for val in self.foreign_attribute(d, first) for v in [self.materialize(val, origin)]
+                return [v for val in self._foreign_attribute(d, first) for v in [self._materialize(val, origin)]
                         if v is not None]
             return []
         if isinstance(d, ForeignConstant):
             sub = Synthetic(d.module, None, None, 0, origin.depth)
-            return [v for val in d.values for v in [self.materialize(val, sub)] if v is not None]
-        return [self.definition_node(d)]
+            return [v for val in d.values for v in [self._materialize(val, sub)] if v is not None]
+        return [self._definition_node(d)]
 
-    def definition_node(self, d: Definition) -> cst.BaseExpression:
+    def _definition_node(self, d: Definition) -> cst.BaseExpression:
         """A synthetic name standing for a function, class or module of another module (what
         `from .utils import helper` binds): `foreign_definition` gives it back."""
         key = (id(d), "#def", 0)
@@ -308,7 +308,7 @@ class Foreign:
         return defs
 
     # ---------------------------------------------------------------- definitions
-    def foreign_definition(self, expr: Optional[cst.CSTNode]) -> Optional[Definition]:
+    def _foreign_definition(self, expr: Optional[cst.CSTNode]) -> Optional[Definition]:
         """The definition of another module that the name or attribute `expr` refers to:
         through an import of this file (`helper` after `from .utils import helper`,
         `utils.helper` after `from . import utils`), or a synthetic value standing for one."""
@@ -372,7 +372,7 @@ class Foreign:
             name = (dotted(expr) or "").rpartition(".")[2]
             if isinstance(expr, cst.Name) and name in self.classes and self.classes[name] is not cls:
                 continue  # a class of this file
-            d = self.foreign_definition(expr)
+            d = self._foreign_definition(expr)
             if d is not None:
                 out.append(d)
                 continue
@@ -433,7 +433,7 @@ class Foreign:
                 todo[0:0] = [(b, depth + 1) for b in self.foreign.bases(c) if isinstance(b, ForeignClass)]
         return out
 
-    def foreign_attribute(self, cls: ForeignClass, attr: str) -> List[Value]:
+    def _foreign_attribute(self, cls: ForeignClass, attr: str) -> List[Value]:
         """The values `self.<attr>` may hold for an instance of a class of another module
         (assigned in it or in its bases; a class whose code holds no AMP code gives none)."""
         out: List[Value] = []
@@ -444,14 +444,14 @@ class Foreign:
                 out.extend(c.summary.attributes.get(attr, []))
         return out
 
-    def foreign_method(self, cls: ForeignClass, name: str) -> Optional[ForeignFunction]:
+    def _foreign_method(self, cls: ForeignClass, name: str) -> Optional[ForeignFunction]:
         for c in self.foreign_mro(cls):
             f = c.summary.methods.get(name)
             if f is not None:
                 return ForeignFunction(c.module, f"{c.qual}.{name}", c)
         return None
 
-    def inherited_method(self, cls: cst.ClassDef, name: str) -> Optional[ForeignFunction]:
+    def _inherited_method(self, cls: cst.ClassDef, name: str) -> Optional[ForeignFunction]:
         """`name` found in a base of another module of a class of this file (after its bases
         of this file, which `lookup_method` searches)."""
         todo = [cls]
@@ -463,7 +463,7 @@ class Foreign:
             seen.append(c)
             for b in self.foreign_bases(c):
                 if isinstance(b, ForeignClass):
-                    m = self.foreign_method(b, name)
+                    m = self._foreign_method(b, name)
                     if m is not None:
                         return m
             todo.extend(self._bases(c))  # type: ignore[attr-defined]
@@ -487,23 +487,23 @@ class Foreign:
                             continue
                         origin = Synthetic(fc.module, fc)
                         out.extend(v for val in fc.summary.attributes.get(attr, [])
-                                   for v in [self.materialize(val, origin)] if v is not None)
+                                   for v in [self._materialize(val, origin)] if v is not None)
             todo.extend(self._bases(c))  # type: ignore[attr-defined]
         return out
 
-    def foreign_class_of(self, value: cst.CSTNode) -> Optional[ForeignClass]:
+    def _foreign_class_of(self, value: cst.CSTNode) -> Optional[ForeignClass]:
         """The class of another module whose instance `value` builds (`Trainer(...)` with
         `Trainer` imported, a synthetic `__local__.Trainer(...)`)."""
         if isinstance(value, cst.Call):
             func = value.func
             if isinstance(func, cst.Attribute) and func.attr.value in ("cuda", "to", "train", "eval"):
-                return self.foreign_class_of(func.value)
-            d = self.foreign_definition(func)
+                return self._foreign_class_of(func.value)
+            d = self._foreign_definition(func)
             return d if isinstance(d, ForeignClass) else None
         return None
 
     # ---------------------------------------------------------------- calls
-    def foreign_callee(self, call: cst.Call) -> Optional[ForeignFunction]:
+    def _foreign_callee(self, call: cst.Call) -> Optional[ForeignFunction]:
         """The function or method of another module that `call` runs, if known (computed once
         per call; a call met again while it is being resolved is unknown)."""
         if self.foreign is None:
@@ -512,30 +512,30 @@ class Foreign:
         if call in memo:
             return memo[call]
         memo[call] = None
-        found = self._foreign_callee(call)
+        found = self._foreign_callee_uncached(call)
         if found is not None and not self.foreign.relevant(found):
             found = None  # no AMP code in it: no effects, no value worth following
         memo[call] = found
         return found
 
-    def _foreign_callee(self, call: cst.Call) -> Optional[ForeignFunction]:
+    def _foreign_callee_uncached(self, call: cst.Call) -> Optional[ForeignFunction]:
         func = call.func
-        d = self.foreign_definition(func) if isinstance(func, (cst.Name, cst.Attribute)) else None
+        d = self._foreign_definition(func) if isinstance(func, (cst.Name, cst.Attribute)) else None
         if isinstance(d, ForeignFunction):
             return d
         if isinstance(d, ForeignClass):
             if self.foreign.lacks_relevant_method(d, "__init__"):  # type: ignore[union-attr]
                 return None  # what it would find has no AMP code: `foreign_callee` drops it
-            return self.foreign_method(d, "__init__")
+            return self._foreign_method(d, "__init__")
         if isinstance(func, cst.Attribute):
             owner, name = func.value, func.attr.value
             if isinstance(owner, cst.Call) and isinstance(owner.func, cst.Name) and owner.func.value == "super":
                 cls = self.self_class(call)  # type: ignore[attr-defined]
-                return self.inherited_method(cls, name) if cls is not None else None
+                return self._inherited_method(cls, name) if cls is not None else None
             if isinstance(owner, cst.Name) and owner.value in ("self", "cls"):
                 cls = self.self_class(call)  # type: ignore[attr-defined]
                 if cls is not None and self.lookup_method(cls, name) is None:  # type: ignore[attr-defined]
-                    return self.inherited_method(cls, name)
+                    return self._inherited_method(cls, name)
                 return None
             found = self._method_on_values(owner, name, relevant_only=True)
             if found is not None:
@@ -550,18 +550,18 @@ class Foreign:
         classes are not read when their texts show none (`lacks_relevant_method`)."""
         classes = []
         for v in self.possible_values(owner):  # type: ignore[attr-defined]
-            fc = self.foreign_class_of(v)
+            fc = self._foreign_class_of(v)
             if fc is None:
                 return None  # some value is not an instance of a class of the project: unknown
             classes.append(fc)
         if relevant_only and all(self.foreign.lacks_relevant_method(c, name) for c in classes):  # type: ignore[union-attr]
             return None
-        methods = [self.foreign_method(c, name) for c in classes]
+        methods = [self._foreign_method(c, name) for c in classes]
         if methods and all(m is not None and m.key == methods[0].key for m in methods):  # type: ignore[union-attr]
             return methods[0]
         return None
 
-    def foreign_returned(self, call: cst.Call, callee: ForeignFunction, index: Optional[int]) -> List[cst.BaseExpression]:
+    def _foreign_returned(self, call: cst.Call, callee: ForeignFunction, index: Optional[int]) -> List[cst.BaseExpression]:
         """What a call to a function of another module returns, materialised with the call's
         arguments bound to its parameters (element `index` of a returned tuple). Memoised per
         call, callee and index: the materialised values are the same nodes for every query."""
@@ -569,15 +569,15 @@ class Foreign:
         key = (call, callee.key, index)
         hit = memo.get(key)
         if hit is None:
-            hit = memo[key] = self._foreign_returned(call, callee, index)
+            hit = memo[key] = self._foreign_returned_uncached(call, callee, index)
         return hit
 
-    def _foreign_returned(self, call: cst.Call, callee: ForeignFunction, index: Optional[int]) -> List[cst.BaseExpression]:
-        bindings = self.bind_foreign_arguments(call, callee)
+    def _foreign_returned_uncached(self, call: cst.Call, callee: ForeignFunction, index: Optional[int]) -> List[cst.BaseExpression]:
+        bindings = self._bind_foreign_arguments(call, callee)
         origin = Synthetic(callee.module, callee.owner, bindings)
         out: List[cst.BaseExpression] = []
         for val in callee.summary.returns:
-            expr = self.materialize(val, origin)
+            expr = self._materialize(val, origin)
             if expr is None:
                 continue
             if index is not None:
@@ -587,17 +587,17 @@ class Foreign:
             out.append(expr)
         return out
 
-    def bind_foreign_arguments(self, call: cst.Call, callee: ForeignFunction) -> Dict[str, cst.BaseExpression]:
+    def _bind_foreign_arguments(self, call: cst.Call, callee: ForeignFunction) -> Dict[str, cst.BaseExpression]:
         """Parameter name -> the argument expression `call` passes to it (when certain). One dict
         per call and callee (materialised values are cached by it)."""
         memo = self.__dict__.setdefault("_foreign_bindings_memo", {})
         key = (call, callee.key)
         hit = memo.get(key)
         if hit is None:
-            hit = memo[key] = self._bind_foreign_arguments(call, callee)
+            hit = memo[key] = self._bind_foreign_arguments_uncached(call, callee)
         return hit
 
-    def _bind_foreign_arguments(self, call: cst.Call, callee: ForeignFunction) -> Dict[str, cst.BaseExpression]:
+    def _bind_foreign_arguments_uncached(self, call: cst.Call, callee: ForeignFunction) -> Dict[str, cst.BaseExpression]:
         params = [p for p in callee.summary.params if p.kind in ("posonly", "pos")]
         kw_names = {p.name for p in callee.summary.params if p.kind in ("pos", "kwonly")}
         if callee.summary.is_method and isinstance(call.func, cst.Attribute) or callee.qual.endswith(".__init__"):
@@ -639,7 +639,7 @@ class Foreign:
                 val = c.positional[index]
             if val is None:
                 continue
-            expr = self.materialize(val, Synthetic(module))
+            expr = self._materialize(val, Synthetic(module))
             if expr is not None:
                 out.append(expr)
         return out

@@ -258,14 +258,14 @@ class FrameworkFacts:
             fws = self.prepare_call(expr.call)
             if fws:
                 return [Prepared(expr.call, expr.call.func.value, self._role(expr.call, expr.index), tuple(fws))]
-            return [p for e in self.m.returned(expr.call, expr.index) for p in self.prepared_by(e, depth + 1)]
+            return [p for e in self.m._returned(expr.call, expr.index) for p in self.prepared_by(e, depth + 1)]
         if isinstance(expr, cst.Call):
             fws = self.prepare_call(expr)
             if fws:
                 return [Prepared(expr, expr.func.value, self._role(expr, None), tuple(fws))]  # type: ignore
             if isinstance(expr.func, cst.Attribute) and expr.func.attr.value in SAME_OBJECT_METHODS:
                 return self.prepared_by(expr.func.value, depth + 1)
-            return [p for e in self.m.returned(expr, None) for p in self.prepared_by(e, depth + 1)]
+            return [p for e in self.m._returned(expr, None) for p in self.prepared_by(e, depth + 1)]
         if isinstance(expr, cst.IfExp):
             return self.prepared_by(expr.body, depth + 1) + self.prepared_by(expr.orelse, depth + 1)
         if isinstance(expr, (cst.Name, cst.Attribute)) and dotted(expr) is not None:
@@ -299,12 +299,12 @@ class FrameworkFacts:
                     continue  # `model(x).detach()`: no gradient flows back into the model
                 if isinstance(n.func, (cst.Name, cst.Attribute)):
                     out.extend(self.prepared_modules(n.func))
-                for r in self.m.returned(n, None):
+                for r in self.m._returned(n, None):
                     out.extend(self.derives_from_prepared_module(r, depth + 1, seen))
             if isinstance(n, (cst.Name, cst.Attribute)) and dotted(n) is not None:
                 for v in self.m.values_of(n):
                     if isinstance(v, ReturnedElement):
-                        for r in self.m.returned(v.call, v.index):
+                        for r in self.m._returned(v.call, v.index):
                             out.extend(self.derives_from_prepared_module(r, depth + 1, seen))
                         stack.append(v.call)
                     elif v is not n:
@@ -364,7 +364,7 @@ class FrameworkFacts:
             if any(q.endswith(".LightningModule") and q.split(".")[0] in ("lightning", "pytorch_lightning")
                    for q in self.m.qualnames(b.value)):
                 return True
-            base = self.m.class_named(b.value)
+            base = self.m._class_named(b.value)
             if base is not None and base is not cls and depth < MAX_DEPTH and self._is_lightning_module(base, depth + 1):
                 return True
         return False

@@ -95,7 +95,7 @@ class Iterations:
             out[g] = br
         return out
 
-    def iteration_ends(self, trace: Trace, group: Optional[Group]) -> List[TraceEvent]:
+    def _iteration_ends(self, trace: Trace, group: Optional[Group]) -> List[TraceEvent]:
         """The places one iteration ends: a synthetic end point after the last event of the loop
         body (for None: of the root), then every `continue` of that loop (for None: every
         `return` of the root's own body)."""
@@ -124,7 +124,7 @@ class Iterations:
                                  blocks: Callable[[TraceEvent], bool]) -> Optional[TraceEvent]:
         """An end of `ev`'s iteration (see `iteration_ends`) that some path from `ev` reaches with
         no event `blocks` accepts in between; None when every path meets one."""
-        for end in self.iteration_ends(trace, group):
+        for end in self._iteration_ends(trace, group):
             if end.order > ev.order and self.path_avoiding(trace, ev, end, blocks):
                 return end
         return None
@@ -235,7 +235,7 @@ class Iterations:
         return None if expr is None else _evaluate(expr, where, known)
 
     # ---------------------------------------------------------------- accumulation boundaries
-    def decision_test(self, group: Group) -> Optional[str]:
+    def _decision_test(self, group: Group) -> Optional[str]:
         """The source text of the test behind a decision group (an `if`), else None."""
         local = group[1] if isinstance(group, tuple) and len(group) == 2 and isinstance(group[1], tuple) else group
         if not isinstance(local, tuple) or not local:
@@ -246,13 +246,13 @@ class Iterations:
             return local[2]
         return None
 
-    def is_accumulation_test(self, group: Group) -> bool:
+    def _is_accumulation_test(self, group: Group) -> bool:
         """The decision is "this micro-batch steps": a modulo test (`(i + 1) % accum == 0`,
         `not step % n`), or a test naming accumulation or a should-step flag
         (`is_last_accum_step`, `update_grad`, `self.steps_since_update == self.grad_acc_steps`).
         A comparison of the accumulation count with a number (`if args.accum_freq == 1:`,
         `if ACCUMULATION_STEPS > 1:`) is a mode switch, not a boundary."""
-        text = self.decision_test(group)
+        text = self._decision_test(group)
         if text is None:
             return False
         expr = _parse(text)
@@ -270,11 +270,11 @@ class Iterations:
                 return False
         return True
 
-    def is_boundary(self, trace: Trace, ev: TraceEvent, group: Group) -> bool:
+    def _is_boundary(self, trace: Trace, ev: TraceEvent, group: Group) -> bool:
         """The decision `group` on `ev`'s path is an accumulation boundary: an accumulation test
         (`is_accumulation_test`), or the `if` of a counter it resets (`if tokens_seen >=
         tokens_per_step: ... tokens_seen = 0`, `if micro == n: ... micro = 0`)."""
-        if self.is_accumulation_test(group):
+        if self._is_accumulation_test(group):
             return True
         node = self.decision_node(trace, ev, group) if _is_binary(group) else None
         return node is not None and _resets_counter(node)
@@ -309,7 +309,7 @@ class Iterations:
             if guarded.target is None:
                 continue
             group = self.iteration_of(trace, guarded)
-            for g in self.boundaries(trace, guarded, group):
+            for g in self._boundaries(trace, guarded, group):
                 for e in trace.of(UNSCALE, SCALER_STEP):
                     if e is guarded or e.target != guarded.target or any(m.event is e for m in out):
                         continue
@@ -318,7 +318,7 @@ class Iterations:
                     if guarded.kind == ZERO_GRAD and e.kind == UNSCALE:
                         continue  # an unscale_ is judged against its own step's boundary
                     if g in e.ctx or self.exclusive(e, guarded) or self.iteration_of(trace, e) != group \
-                            or self.boundaries(trace, e, group):
+                            or self._boundaries(trace, e, group):
                         continue
                     out.append(Misplaced(e, guarded, g, group))
         for e in trace.of(UNSCALE):  # an unscale_ in the micro-batch loop, the step after that loop
@@ -332,7 +332,7 @@ class Iterations:
                 out.append(Misplaced(e, after[0], group, group))
         for upd in trace.of(UPDATE):
             group = self.iteration_of(trace, upd)
-            if self.boundaries(trace, upd, group):
+            if self._boundaries(trace, upd, group):
                 continue
             steps = (s for s in self._steps_by_iteration(trace).get((upd.scaler, group), ())
                      if not self.exclusive(s, upd))  # lazily: the walk below often stops at the first
@@ -342,7 +342,7 @@ class Iterations:
                 if mis is not None:
                     reason = reason or mis
                     continue
-                outside = self.boundaries(trace, s, group)
+                outside = self._boundaries(trace, s, group)
                 if not outside:
                     reason = None
                     break
@@ -403,7 +403,7 @@ class Iterations:
             hit = memo[id(trace)] = (trace, index)
         return hit[1]
 
-    def boundaries(self, trace: Trace, ev: TraceEvent, group: Optional[Group]) -> List[Group]:
+    def _boundaries(self, trace: Trace, ev: TraceEvent, group: Optional[Group]) -> List[Group]:
         """The accumulation boundaries that guard `ev` within its iteration `group`: decisions
         that are accumulation tests, taken inside the iteration, with a backward of the same
         iteration outside them (the micro-batches); also the test of an earlier
@@ -412,7 +412,7 @@ class Iterations:
         outer = self.loop_context(trace, group) if group is not None else {}
         out = []
         for g, br in ev.ctx.items():
-            if g in outer or g == group or not self.is_boundary(trace, ev, g):
+            if g in outer or g == group or not self._is_boundary(trace, ev, g):
                 continue
             if any(self.in_iteration(b, group) and b.ctx.get(g) != br and not self.exclusive(b, ev)
                    for b in trace.of(BACKWARD)):
@@ -423,7 +423,7 @@ class Iterations:
                         or self.exclusive(x, ev):
                     continue
                 out.extend(g for g, br in x.ctx.items() if g not in outer and g != group and g not in ev.ctx
-                           and self.is_boundary(trace, x, g) and g not in out)
+                           and self._is_boundary(trace, x, g) and g not in out)
         return out
 
     # ---------------------------------------------------------------- objects
@@ -499,7 +499,7 @@ class Iterations:
             return "step"
         return "epoch" if "epoch" in params else None
 
-    def loops_between(self, node: cst.CSTNode, stop: cst.CSTNode) -> List[cst.CSTNode]:
+    def _loops_between(self, node: cst.CSTNode, stop: cst.CSTNode) -> List[cst.CSTNode]:
         """The loops whose bodies hold `node`, innermost first, up to (not including) `stop`
         (an ancestor) or the function."""
         out = []
@@ -551,7 +551,7 @@ def _operands(expr: cst.BaseExpression, op: type) -> List[cst.BaseExpression]:
 
 
 def _normal(expr: cst.BaseExpression) -> Tuple[str, bool]:
-    """A test's text as `flow.stable_test` keys it, and whether it is the positive form."""
+    """A test's text as `flow._stable_test` keys it, and whether it is the positive form."""
     positive = True
     while isinstance(expr, cst.UnaryOperation) and isinstance(expr.operator, cst.Not):
         expr, positive = expr.expression, not positive

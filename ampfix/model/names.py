@@ -307,12 +307,12 @@ class Names:
                 return name
         return None
 
-    def names_used(self) -> Set[str]:
+    def _names_used(self) -> Set[str]:
         return {n.value for n in self.nodes_of(cst.Name)}
 
     def free_name(self, candidates: Iterable[str]) -> Optional[str]:
         """The first candidate that no Name in the file uses."""
-        used = self.names_used()
+        used = self._names_used()
         return next((c for c in candidates if c not in used), None)
 
     def quote(self) -> str:

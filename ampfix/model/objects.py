@@ -59,17 +59,17 @@ class Objects:
     def _init_objects(self) -> None:
         self._scalers: Optional[Set[str]] = None
         self._stepped: Optional[Set[str]] = None
-        self._scaler_classes: Optional[List[cst.ClassDef]] = None
+        self._scaler_classes_memo: Optional[List[cst.ClassDef]] = None
 
     # ---------------------------------------------------------------- the project's own scaler classes
     @property
-    def scaler_classes(self) -> List[cst.ClassDef]:
+    def _scaler_classes(self) -> List[cst.ClassDef]:
         """Classes of this file that stand in for a GradScaler: a subclass of GradScaler (through
         this file), or a class with `scale` and `step` methods and another of a GradScaler's
         (`update`, `unscale_`, `get_scale`, `is_enabled`, `state_dict`, `load_state_dict`: a
         project's no-op scaler used when AMP is off, a wrapper around a GradScaler). A call of
         one of their scaler methods is a scaler call, whatever the method's body does."""
-        if self._scaler_classes is None:
+        if self._scaler_classes_memo is None:
             out: List[cst.ClassDef] = []
             for cls in self.nodes_of(cst.ClassDef):
                 if self._subclasses_grad_scaler(cls):  # type: ignore[arg-type]
@@ -79,8 +79,8 @@ class Objects:
                 if {"scale", "step"} <= has and (has & {"update", "unscale_"} or any(
                         self.lookup_method(cls, m) is not None for m in SCALER_EXTRAS)):  # type: ignore[arg-type]
                     out.append(cls)  # type: ignore[arg-type]
-            self._scaler_classes = out
-        return self._scaler_classes
+            self._scaler_classes_memo = out
+        return self._scaler_classes_memo
 
     def _subclasses_grad_scaler(self, cls: cst.ClassDef, depth: int = 0) -> bool:
         if depth > 6:
@@ -88,39 +88,39 @@ class Objects:
         for b in cls.bases:
             if self.is_api(b.value, "GradScaler"):
                 return True
-            base = self.class_named(b.value)
+            base = self._class_named(b.value)
             if base is not None and base is not cls and self._subclasses_grad_scaler(base, depth + 1):
                 return True
         return False
 
-    def scaler_class_of(self, value: cst.CSTNode) -> Optional[cst.ClassDef]:
+    def _scaler_class_of(self, value: cst.CSTNode) -> Optional[cst.ClassDef]:
         """The scaler class of this file (`scaler_classes`) that `value` constructs, if any."""
-        if not self.scaler_classes or not isinstance(value, cst.Call):
+        if not self._scaler_classes or not isinstance(value, cst.Call):
             return None
-        cls = self.class_of_value(value)
-        return cls if cls is not None and cls in self.scaler_classes else None
+        cls = self._class_of_value(value)
+        return cls if cls is not None and cls in self._scaler_classes else None
 
-    def scaler_method_call(self, call: cst.Call) -> bool:
+    def _scaler_method_call(self, call: cst.Call) -> bool:
         """`call` runs a scaler method (`scale`/`step`/`update`/`unscale_`) of a scaler class of
         this file: it is the scaler's call (a no-op scaler's `step()` calls `optimizer.step()`,
         which is no bypass of the scaler), not a helper to follow."""
         if not (isinstance(call.func, cst.Attribute) and call.func.attr.value in SCALER_METHODS):
             return False
         callees = self.callees(call)
-        classes = self.scaler_classes
+        classes = self._scaler_classes
         return bool(callees) and all(self.class_of(f) in classes for f in callees)
 
-    def passes_loss_through(self, cls: cst.ClassDef) -> bool:
+    def _passes_loss_through(self, cls: cst.ClassDef) -> bool:
         """The scaler class's `scale(x)` returns `x` unchanged (a no-op scaler)."""
         method = self.lookup_method(cls, "scale")
         if method is None:
             return False
         params = [*method.params.posonly_params, *method.params.params]
-        if self.is_method(method):
+        if self._is_method(method):
             params = params[1:]
         if not params:
             return False
-        returns = self.nodes_in_scope(method, cst.Return)
+        returns = self._nodes_in_scope(method, cst.Return)
         return bool(returns) and all(isinstance(r.value, cst.Name) and r.value.value == params[0].name.value
                                      for r in returns)  # type: ignore[attr-defined]
 
@@ -134,7 +134,7 @@ class Objects:
         """Dotted keys ("scaler", "self.scaler", parameter names) that hold a GradScaler."""
         if self._scalers is None:
             keys: Set[str] = {key for key, entries in self._by_key.items()
-                              if any(self.constructs_scaler(v) or any(self.scaler_class_of(leaf) is not None
+                              if any(self.constructs_scaler(v) or any(self._scaler_class_of(leaf) is not None
                                                                       for leaf in _leaves(v)) for _, v, _ in entries)}
             for funcs in self.functions.values():  # parameters annotated as GradScaler
                 for f in funcs:
@@ -246,8 +246,8 @@ class Objects:
         def off(v: cst.CSTNode) -> bool:
             if isinstance(v, cst.Call) and self.is_api(v, "GradScaler"):
                 return self.built_disabled(v)
-            cls = self.scaler_class_of(v)  # the project's no-op scaler: `scale(loss)` returns the loss
-            return cls is not None and self.passes_loss_through(cls)
+            cls = self._scaler_class_of(v)  # the project's no-op scaler: `scale(loss)` returns the loss
+            return cls is not None and self._passes_loss_through(cls)
 
         return all(off(v) for v in values)
 
@@ -297,7 +297,7 @@ class Objects:
         out = []
         callees = self.callees(expr)
         for f in callees:
-            for ret in self.nodes_in_scope(f, cst.Return):  # type: ignore[attr-defined]
+            for ret in self._nodes_in_scope(f, cst.Return):  # type: ignore[attr-defined]
                 if ret.value is not None:
                     out.extend(self.scale_sources(ret.value, depth + 1))  # type: ignore[attr-defined]
         if not callees:  # `cast(Tensor, scaler.scale(loss))`, `scaler.scale(loss).float()`: may pass it through
@@ -342,11 +342,11 @@ class Objects:
         return key in self._stepped_optimizers() or bool(OPTIMIZER_NAME.match(key.rpartition(".")[2]))
 
     # ---------------------------------------------------------------- modules, DataParallel, threads
-    def is_dataparallel_class(self, cls: cst.ClassDef) -> bool:
+    def _is_dataparallel_class(self, cls: cst.ClassDef) -> bool:
         """A class of this file that is (a subclass of) `nn.DataParallel`."""
         return any(self.is_api(b.value, "DataParallel") or
-                   (isinstance(b.value, cst.Name) and (base := self.class_named(b.value)) is not None
-                    and base is not cls and self.is_dataparallel_class(base)) for b in cls.bases)
+                   (isinstance(b.value, cst.Name) and (base := self._class_named(b.value)) is not None
+                    and base is not cls and self._is_dataparallel_class(base)) for b in cls.bases)
 
     def dataparallel_module(self, expr: cst.CSTNode) -> Optional[cst.CSTNode]:
         """When `expr` holds an `nn.DataParallel` (any spelling, or a subclass of this file):
@@ -357,8 +357,8 @@ class Objects:
                 v = v.func.value  # nn.DataParallel(net).cuda()
             if not isinstance(v, cst.Call):
                 continue
-            cls = self.class_of_value(v)
-            if self.is_api(v, "DataParallel") or (cls is not None and self.is_dataparallel_class(cls)):
+            cls = self._class_of_value(v)
+            if self.is_api(v, "DataParallel") or (cls is not None and self._is_dataparallel_class(cls)):
                 arg = get_arg(v, 0, "module")
                 return arg.value if arg is not None else v
         return None
@@ -369,7 +369,7 @@ class Objects:
             name = dotted(b.value) or ""
             if name.rpartition(".")[2] == "Module" or any(q.startswith("torch.nn") for q in self.qualnames(b.value)):
                 return True
-            base = self.class_named(b.value)
+            base = self._class_named(b.value)
             if base is not None and base is not cls and self.is_module_class(base):
                 return True
         return False
@@ -412,7 +412,7 @@ class Objects:
         return owners.pop() if len(owners) == 1 else None
 
     # ---------------------------------------------------------------- backward calls
-    def backward_call(self, call: cst.Call) -> Optional[BackwardCall]:
+    def _backward_call(self, call: cst.Call) -> Optional[BackwardCall]:
         if self.is_api(call, "autograd.backward"):  # before `.backward`: its receiver is a module
             return BackwardCall(call, "autograd")
         if isinstance(call.func, cst.Attribute) and call.func.attr.value == "backward":
@@ -434,7 +434,7 @@ class Objects:
 
     @property
     def backward_calls(self) -> List[BackwardCall]:
-        return [b for b in (self.backward_call(c) for c in self.calls) if b is not None]
+        return [b for b in (self._backward_call(c) for c in self.calls) if b is not None]
 
     # ---------------------------------------------------------------- custom autograd Functions
     def autograd_functions(self) -> List[cst.ClassDef]:
@@ -470,7 +470,7 @@ class Objects:
         return result
 
     # ---------------------------------------------------------------- CUDA initialisation
-    def is_cuda_device(self, expr: Optional[cst.CSTNode], depth: int = 0, allow_int: bool = False) -> bool:
+    def _is_cuda_device(self, expr: Optional[cst.CSTNode], depth: int = 0, allow_int: bool = False) -> bool:
         """True when `expr` is certainly a CUDA device: "cuda...", torch.device("cuda..."), or a
         name always bound to one."""
         if expr is None or depth > 4:
@@ -484,16 +484,16 @@ class Objects:
             arg = get_arg(expr, 0, "type")
             if arg is None:
                 return False
-            return isinstance(arg.value, cst.Integer) or self.is_cuda_device(arg.value, depth + 1)
+            return isinstance(arg.value, cst.Integer) or self._is_cuda_device(arg.value, depth + 1)
         if isinstance(expr, cst.IfExp):
-            return self.is_cuda_device(expr.body, depth + 1, allow_int) and \
-                self.is_cuda_device(expr.orelse, depth + 1, allow_int)
+            return self._is_cuda_device(expr.body, depth + 1, allow_int) and \
+                self._is_cuda_device(expr.orelse, depth + 1, allow_int)
         if isinstance(expr, (cst.Name, cst.Attribute)):
-            values = self.values_before(expr)
-            return bool(values) and all(self.is_cuda_device(v, depth + 1, allow_int) for v in values)
+            values = self._values_before(expr)
+            return bool(values) and all(self._is_cuda_device(v, depth + 1, allow_int) for v in values)
         return False
 
-    def values_before(self, expr: cst.CSTNode) -> List[cst.BaseExpression]:
+    def _values_before(self, expr: cst.CSTNode) -> List[cst.BaseExpression]:
         """Values the name may hold at `expr`: its assignments earlier in the same scope when
         there are any, else every visible assignment (none for an unbound parameter)."""
         key = dotted(expr)
@@ -512,7 +512,7 @@ class Objects:
         `f"cuda:{var}"`, `torch.device("cuda", var)`, `set_device(var)`, `device_ids=[var]`, ..."""
         return _device_index_uses(self, scope, var)
 
-    def cuda_init_reason(self, call: cst.Call) -> Optional[str]:
+    def _cuda_init_reason(self, call: cst.Call) -> Optional[str]:
         """A short description when this call initialises CUDA, else None."""
         func = call.func
         for name in self.qualnames(func):
@@ -528,20 +528,20 @@ class Objects:
                 return ".cuda()"
             if method == "to":
                 dev = get_arg(call, 0, "device")
-                return ".to(<cuda device>)" if dev is not None and self.is_cuda_device(dev.value, allow_int=True) else None
+                return ".to(<cuda device>)" if dev is not None and self._is_cuda_device(dev.value, allow_int=True) else None
             if method in TENSOR_NEW_METHODS:
                 dev = get_arg(call, None, "device")
-                if dev is not None and self.is_cuda_device(dev.value, allow_int=True):
+                if dev is not None and self._is_cuda_device(dev.value, allow_int=True):
                     return f".{method}(device=<cuda>)"
                 return None
         torch_names = [n for n in self.qualnames(func) if n.startswith("torch.")]
         if torch_names and not any(n == p or n.startswith(p) for n in torch_names for p in NON_INIT_DEVICE_CALLEES):
             dev = get_arg(call, None, "device")
-            if dev is not None and self.is_cuda_device(dev.value, allow_int=True):
+            if dev is not None and self._is_cuda_device(dev.value, allow_int=True):
                 return f"{torch_names[0]}(device=<cuda>)"
             if "torch.load" in torch_names:
                 loc = get_arg(call, None, "map_location")
-                if loc is not None and self.is_cuda_device(loc.value):
+                if loc is not None and self._is_cuda_device(loc.value):
                     return "torch.load(map_location=<cuda>)"
         return None
 

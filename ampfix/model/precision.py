@@ -168,7 +168,7 @@ class Precision(Facet):
             if isinstance(n, ReturnedElement):  # `logits, loss = model(x, y)`: the call's region and returns
                 foreign |= self._foreign_return_dtypes(n.call)
                 stack.append((n.call, hops, True))
-                stack.extend((r, hops, True) for r in self.model.returned(n.call, n.index))
+                stack.extend((r, hops, True) for r in self.model._returned(n.call, n.index))
                 continue
             if isinstance(n, cst.Call) and isinstance(n.func, cst.Attribute) and n.func.attr.value in DETACHING:
                 continue
@@ -187,7 +187,7 @@ class Precision(Facet):
             if isinstance(n, cst.Call):
                 foreign |= self._foreign_return_dtypes(n)
                 if hops < MAX_VALUE_HOPS and self.model.callees(n):
-                    stack.extend((r, hops + 1, True) for r in self.model.returned(n, None))
+                    stack.extend((r, hops + 1, True) for r in self.model._returned(n, None))
                 if isinstance(n.func, cst.Attribute):
                     stack.append((n.func.value, hops, False))
                 stack.extend((a.value, hops, False) for a in n.args)
@@ -196,7 +196,7 @@ class Precision(Facet):
         return regions, frozenset(foreign)
 
     def _foreign_return_dtypes(self, call: cst.Call) -> Set["ForeignRegion"]:
-        ff = self.model.foreign_callee(call) if isinstance(call, cst.Call) else None
+        ff = self.model._foreign_callee(call) if isinstance(call, cst.Call) else None
         if ff is None:
             return set()
         return {ForeignRegion(d, ff.path, line, ff.qual) for d, line in ff.summary.return_dtypes.items()}
@@ -220,7 +220,7 @@ class Precision(Facet):
         call = region.call
         if call is None:
             return None
-        args = call.args[1:] if self.model.partial_parts(call) is not None else call.args
+        args = call.args[1:] if self.model._partial_parts(call) is not None else call.args
         arg = next((a for a in args if a.keyword is not None and a.keyword.value == "device_type"), None)
         if arg is None and args and args[0].keyword is None and not args[0].star:
             arg = args[0]
@@ -246,7 +246,7 @@ class Precision(Facet):
             if len(devices) == 1:
                 texts.add(f'"{next(iter(devices))}"')
                 continue
-            direct = r.call is not None and r.api.device is None and self.model.autocast_call_info(r.call) is not None
+            direct = r.call is not None and r.api.device is None and self.model._autocast_call_info(r.call) is not None
             arg = get_arg(r.call, 0, "device_type") if direct else None  # type: ignore[arg-type]
             key = dotted(arg.value) if arg is not None else None
             root = (key or "").split(".")[0]
@@ -283,7 +283,7 @@ class Precision(Facet):
                 if r is not None and r.enabled is not False:
                     cached.append(r)
             for f in self.model.nodes_of(cst.FunctionDef):
-                r = self.model.decorator_region(f)  # type: ignore[arg-type]
+                r = self.model._decorator_region(f)  # type: ignore[arg-type]
                 if r is not None and r.enabled is not False:
                     cached.append(r)
             self._all_regions = cached

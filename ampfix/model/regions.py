@@ -82,19 +82,19 @@ class Regions:
         return Region(node=node, call=call, api=api, device=device, dtype=self.dtype_name(dtype_node),
                       enabled=enabled, dtype_node=dtype_node)
 
-    def autocast_call_info(self, call: cst.Call) -> Optional[Region]:
+    def _autocast_call_info(self, call: cst.Call) -> Optional[Region]:
         """Describe `torch.autocast(...)`-like calls (any spelling), else None."""
         api = self.api_of(call)
         if api is None or api.kind != "autocast":
             return None
         return self._region_from_args(api, call.args, call, call)
 
-    def context_region(self, expr: cst.BaseExpression, depth: int = 0) -> Optional[Region]:
+    def _context_region(self, expr: cst.BaseExpression, depth: int = 0) -> Optional[Region]:
         """The autocast region a `with` item's expression opens (None: not an autocast)."""
         if depth > MAX_DEPTH:
             return None
         if isinstance(expr, cst.Call):
-            direct = self.autocast_call_info(expr)
+            direct = self._autocast_call_info(expr)
             if direct is not None:
                 return direct
             # a name bound to partial(torch.autocast, ...) (or to a region-returning value), called
@@ -102,7 +102,7 @@ class Regions:
                 found = []
                 values = self.possible_values(expr.func)
                 for v in values:
-                    parts = self.partial_parts(v)
+                    parts = self._partial_parts(v)
                     if parts is not None:
                         api = self.api_of(parts[0])
                         if api is not None and api.kind == "autocast":
@@ -116,8 +116,8 @@ class Regions:
                 if merged is not None:
                     return merged
             # a helper (of this file or another module) that returns the region
-            returned = [v for r in self.returned(expr, None) for v in self.possible_values(r)]
-            found = [r for r in (self.context_region(v, depth + 1) for v in returned
+            returned = [v for r in self._returned(expr, None) for v in self.possible_values(r)]
+            found = [r for r in (self._context_region(v, depth + 1) for v in returned
                                  if isinstance(v, (cst.Call, cst.IfExp))) if r is not None]
             merged = self._merge(found, len(returned)) if returned else None
             return replace(merged, node=expr) if merged is not None else None
@@ -125,7 +125,7 @@ class Regions:
             values = self.possible_values(expr)
             if values == [expr]:
                 return None
-            found = [r for r in (self.context_region(v, depth + 1) for v in values
+            found = [r for r in (self._context_region(v, depth + 1) for v in values
                                  if isinstance(v, (cst.Call, cst.IfExp))) if r is not None]
             return self._merge(found, len(values))
         return None
@@ -145,14 +145,14 @@ class Regions:
     def with_region(self, node: cst.With) -> Optional[Region]:
         """The region a `with` statement opens (first autocast item), disabled ones included."""
         for item in node.items:
-            r = self.context_region(item.item)
+            r = self._context_region(item.item)
             if r is not None:
                 return replace(r, node=node)
         return None
 
-    def decorator_region(self, func: cst.FunctionDef) -> Optional[Region]:
+    def _decorator_region(self, func: cst.FunctionDef) -> Optional[Region]:
         for dec in func.decorators:
-            r = self.context_region(dec.decorator) if isinstance(dec.decorator, cst.Call) else None
+            r = self._context_region(dec.decorator) if isinstance(dec.decorator, cst.Call) else None
             if r is not None:
                 return replace(r, node=func)
         return None
@@ -171,7 +171,7 @@ class Regions:
                 if r is not None:
                     return None if r.enabled is False else r
             elif isinstance(anc, cst.FunctionDef):
-                r = self.decorator_region(anc)
+                r = self._decorator_region(anc)
                 if r is not None:
                     return None if r.enabled is False else r
                 return None
@@ -203,7 +203,7 @@ class Regions:
                 found.append(r)
         return found
 
-    def masked_by_disabled_region(self, node: cst.CSTNode) -> bool:
+    def _masked_by_disabled_region(self, node: cst.CSTNode) -> bool:
         """`node` runs inside a literal `autocast(enabled=False)` region of its function."""
         child = node
         for anc in self.ancestors(node):
@@ -216,11 +216,11 @@ class Regions:
             child = anc
         return False
 
-    def regions_in(self, func: cst.CSTNode) -> List[Region]:
+    def _regions_in(self, func: cst.CSTNode) -> List[Region]:
         """Every possibly enabled region opened by `func`'s own body (or its decorator)."""
         out = []
         if isinstance(func, cst.FunctionDef):
-            r = self.decorator_region(func)
+            r = self._decorator_region(func)
             if r is not None and r.enabled is not False:
                 out.append(r)
         for w in self.nodes_of(cst.With):
@@ -232,4 +232,4 @@ class Regions:
 
     def function_enables_autocast(self, func: cst.FunctionDef) -> bool:
         """True when calling `func` runs (part of) its body under an enabled autocast."""
-        return bool(self.regions_in(func))
+        return bool(self._regions_in(func))

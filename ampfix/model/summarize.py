@@ -2,7 +2,7 @@
 
 `summarize(model, digest)` reads the model already built for the module (one parse): its
 imports, top-level constants, functions and classes, and the calls it makes. Each function's
-effects are its trace within the module (`events.local_trace`: its own AMP events and those of
+effects are its trace within the module (`events._local_trace`: its own AMP events and those of
 the module's helpers it calls, in order, with their conditional contexts), keeping the calls
 that leave the module as `CALL` effects for the project to compose.
 """
@@ -116,7 +116,7 @@ class Canonical:
         """The line of a value when its position was asked already, else 0: a value's line is
         a nicety no finding reads, not worth generating the code of its statement (a whole
         class, for a method's value)."""
-        return self.model.known_line(node) or 0
+        return self.model._known_line(node) or 0
 
     def text(self, expr: cst.CSTNode, depth: int) -> Optional[str]:
         """The canonical text of `expr`, None when unknown."""
@@ -436,7 +436,7 @@ class Summarizer:
         groups = _Groups()
         frames: Dict[int, int] = {}
         out: List[Effect] = []
-        for te in m.local_trace(func).events:
+        for te in m._local_trace(func).events:
             ev = te.event
             node = ev.node
             line, col = self.locate(node)
@@ -624,7 +624,7 @@ def _class(m, s: Summarizer, cls: cst.ClassDef) -> ClassSummary:
     out = ClassSummary(cls.name.value, 0,
                        [v for b in cls.bases if b.keyword is None for v in s.canon.values(b.value)])
     for method in m.methods(cls):
-        out.methods[method.name.value] = s.function(method, m.is_method(method))
+        out.methods[method.name.value] = s.function(method, m._is_method(method))
     for key, entries in m.assignments.items():
         root, _, rest = key.partition(".")
         if root == "self" and rest and "." not in rest:

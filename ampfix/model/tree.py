@@ -663,7 +663,7 @@ class Tree:
         self.__dict__["_top_line_map"] = out
         return out
 
-    def known_line(self, node: cst.CSTNode) -> Optional[int]:
+    def _known_line(self, node: cst.CSTNode) -> Optional[int]:
         """The line of `node` when its position is computed already (None: not yet)."""
         found = self._positions.get(node) if self._positions is not None else None
         return found.start.line if found is not None else None
@@ -679,7 +679,7 @@ class Tree:
         """True when `a` starts before `b` in the text (an ancestor comes before its children)."""
         return self._index.order_of(a) < self._index.order_of(b)
 
-    def finishes_before(self, a: cst.CSTNode, b: cst.CSTNode) -> bool:
+    def _finishes_before(self, a: cst.CSTNode, b: cst.CSTNode) -> bool:
         """True when `a` is evaluated before `b` within one statement (post-order: in
         `scaler.scale(loss).backward()` the `scale` call finishes first)."""
         return self._index.post_of(a) < self._index.post_of(b)
@@ -691,7 +691,7 @@ class Tree:
             found.sort(key=self._index.order_of)
         return found
 
-    def nodes_in_scope(self, scope: cst.CSTNode, cls: type) -> List[cst.CSTNode]:
+    def _nodes_in_scope(self, scope: cst.CSTNode, cls: type) -> List[cst.CSTNode]:
         """`[n for n in self.nodes_of(cls) if self.scope_of(n) is scope]`, grouped once per type."""
         groups_by_type = self.__dict__.setdefault("_scope_groups", {})
         groups = groups_by_type.get(cls)

@@ -68,7 +68,7 @@ class Updates(Facet):
             key = (id(trace), group, upd.scaler)
             if key not in memo:
                 memo[key] = [e for e in trace.members(group) if e.kind == SCALER_STEP and e.scaler == upd.scaler
-                             and names & self.model.reads_of(e.path[len(frame)])]
+                             and names & self.model._reads_of(e.path[len(frame)])]
             steps = memo[key]
             if not steps or any(group in b.ctx for b in backwards):
                 continue

@@ -117,7 +117,7 @@ class Values:
             return cached
         self._values_cache[cache_key] = []  # recursion guard
         if self.is_synthetic(expr):  # type: ignore[attr-defined]
-            found = self.synthetic_values(expr)  # type: ignore[attr-defined]
+            found = self._synthetic_values(expr)  # type: ignore[attr-defined]
             self._values_cache[cache_key] = found or []
             return found or []
         root, _, rest = key.partition(".")
@@ -158,7 +158,7 @@ class Values:
     def _imported_values(self, expr: cst.CSTNode) -> List[cst.BaseExpression]:
         """The values of a name imported from another module of the project (a constant's
         values, or a synthetic name standing for a function, class or module)."""
-        d = self.foreign_definition(expr)  # type: ignore[attr-defined]
+        d = self._foreign_definition(expr)  # type: ignore[attr-defined]
         if d is None:
             return []
         from ampfix.model.foreign import Synthetic
@@ -185,12 +185,12 @@ class Values:
                     if name in dests or any(f.startswith("--") and f[2:].replace("-", "_") == name for f in flags):
                         return [self._unknown_value() if e is None else e for e in option_value_set(self, call)]
                 return []
-            ff = self.foreign_callee(v) if self.foreign is not None else None  # type: ignore[attr-defined]
+            ff = self._foreign_callee(v) if self.foreign is not None else None  # type: ignore[attr-defined]
             if ff is not None and name in ff.summary.options:
                 from ampfix.model.foreign import Synthetic
 
                 origin = Synthetic(ff.module)
-                return [self.materialize(val, origin) or self._unknown_value()  # type: ignore[attr-defined]
+                return [self._materialize(val, origin) or self._unknown_value()  # type: ignore[attr-defined]
                         for val in ff.summary.options[name]]
         return []
 
@@ -212,7 +212,7 @@ class Values:
 
         out: List[cst.BaseExpression] = []
         for v in self.possible_values(head):
-            fc = self.foreign_class_of(v)  # type: ignore[attr-defined]
+            fc = self._foreign_class_of(v)  # type: ignore[attr-defined]
             if fc is None or self.foreign.lacks_relevant_attributes(fc):  # type: ignore[attr-defined]
                 continue  # (the texts show no AMP code and no dataclass in its classes: no summary read)
             if fc.summary.fields and attr in fc.summary.fields and isinstance(v, cst.Call):
@@ -221,8 +221,8 @@ class Values:
                     out.append(passed)
                     continue
             origin = Synthetic(fc.module, fc)
-            out.extend(m for val in self.foreign_attribute(fc, attr)  # type: ignore[attr-defined]
-                       for m in [self.materialize(val, origin)] if m is not None)  # type: ignore[attr-defined]
+            out.extend(m for val in self._foreign_attribute(fc, attr)  # type: ignore[attr-defined]
+                       for m in [self._materialize(val, origin)] if m is not None)  # type: ignore[attr-defined]
         return out
 
     def _field_argument(self, call: cst.Call, fields: List[str], attr: str) -> Optional[cst.BaseExpression]:
@@ -255,7 +255,7 @@ class Values:
         if kind == _BOOLOP:
             return self.possible_values(expr.left, depth + 1) + self.possible_values(expr.right, depth + 1)  # type: ignore[attr-defined]
         if kind == _RETURNED:
-            return [leaf for e in self.returned(expr.call, expr.index) for leaf in self.possible_values(e, depth + 1)]  # type: ignore[attr-defined]
+            return [leaf for e in self._returned(expr.call, expr.index) for leaf in self.possible_values(e, depth + 1)]  # type: ignore[attr-defined]
         if kind == _DOTTED and dotted(expr) is not None:
             values = self.values_of(expr)
             if values:
@@ -265,25 +265,25 @@ class Values:
                 return out
         if kind == _CALL and not isinstance(expr.func, cst.Call):  # type: ignore[attr-defined]
             if self.is_synthetic(expr):  # type: ignore[attr-defined]
-                found = self.synthetic_values(expr)  # type: ignore[attr-defined]
+                found = self._synthetic_values(expr)  # type: ignore[attr-defined]
                 if found:  # `__imported__("cfg.AMP")`: what the other module binds
                     return [leaf for e in found for leaf in self.possible_values(e, depth + 1)]
-            returned = self.returned(expr, None)
+            returned = self._returned(expr, None)
             if returned:  # a helper of this file (or of another module) that builds the object
                 return [leaf for e in returned for leaf in self.possible_values(e, depth + 1)]
         return [expr]  # type: ignore[list-item]
 
-    def returned(self, call: cst.Call, index: Optional[int]) -> List[cst.BaseExpression]:
+    def _returned(self, call: cst.Call, index: Optional[int]) -> List[cst.BaseExpression]:
         """What a call to a function of this file returns (element `index` of a returned tuple);
         empty when unknown."""
         out: List[cst.BaseExpression] = []
         callees = self.callees(call)  # type: ignore[attr-defined]
         if not callees and self.foreign is not None:  # type: ignore[attr-defined]
-            ff = self.foreign_callee(call)  # type: ignore[attr-defined]
+            ff = self._foreign_callee(call)  # type: ignore[attr-defined]
             if ff is not None and not ff.qual.endswith(".__init__"):
-                return self.foreign_returned(call, ff, index)  # type: ignore[attr-defined]
+                return self._foreign_returned(call, ff, index)  # type: ignore[attr-defined]
         for func in callees:
-            for r in self.nodes_in_scope(func, cst.Return):
+            for r in self._nodes_in_scope(func, cst.Return):
                 if r.value is None:
                     continue
                 value = r.value
@@ -322,7 +322,7 @@ class Values:
         this file's assignments: an attribute it does not see is unknown, not unassigned."""
         for c in self.related_classes(cls):
             for b in c.bases:
-                if b.keyword is not None or self.class_named(b.value) is not None:
+                if b.keyword is not None or self._class_named(b.value) is not None:
                     continue
                 names = self.qualnames(b.value)  # type: ignore[attr-defined]
                 text = dotted(b.value) or ""
@@ -347,7 +347,7 @@ class Values:
             method = self.method(cls_, attr)
             if method is not None and any(isinstance(d.decorator, cst.Name) and d.decorator.value == "property"
                                           for d in method.decorators):
-                out.extend(r.value for r in self.nodes_in_scope(method, cst.Return) if r.value is not None)
+                out.extend(r.value for r in self._nodes_in_scope(method, cst.Return) if r.value is not None)
         return out
 
     def classes_of(self, expr: Optional[cst.CSTNode], depth: int = 0) -> List[cst.ClassDef]:
@@ -361,28 +361,28 @@ class Values:
                 return [cls]
         out: List[cst.ClassDef] = []
         for v in self.possible_values(expr, depth + 1):
-            cls = self.class_of_value(v, depth + 1)
+            cls = self._class_of_value(v, depth + 1)
             if cls is not None and cls not in out:
                 out.append(cls)
         return out
 
-    def class_of_value(self, value: cst.CSTNode, depth: int = 0) -> Optional[cst.ClassDef]:
+    def _class_of_value(self, value: cst.CSTNode, depth: int = 0) -> Optional[cst.ClassDef]:
         """The class of this file that `value` constructs (`Net(...)`, `Net(...).cuda()`, or a
         name bound to one)."""
         if depth > MAX_DEPTH:
             return None
         if isinstance(value, cst.Call):
             if isinstance(value.func, cst.Attribute) and value.func.attr.value in SAME_OBJECT_METHODS:
-                return self.class_of_value(value.func.value, depth + 1)
-            return self.class_named(value.func)
+                return self._class_of_value(value.func.value, depth + 1)
+            return self._class_named(value.func)
         if isinstance(value, (cst.Name, cst.Attribute)):
             for v in self.values_of(value):
-                cls = self.class_of_value(v, depth + 1)
+                cls = self._class_of_value(v, depth + 1)
                 if cls is not None:
                     return cls
         return None
 
-    def class_named(self, expr: cst.CSTNode) -> Optional[cst.ClassDef]:
+    def _class_named(self, expr: cst.CSTNode) -> Optional[cst.ClassDef]:
         """The class of this file that the Name `expr` refers to."""
         if isinstance(expr, cst.Name) and expr.value in self.classes:
             cls = self.classes[expr.value]
@@ -391,7 +391,7 @@ class Values:
         return None
 
     # ---------------------------------------------------------------- functools.partial
-    def partial_parts(self, value: cst.CSTNode) -> Optional[Tuple[cst.BaseExpression, cst.Call]]:
+    def _partial_parts(self, value: cst.CSTNode) -> Optional[Tuple[cst.BaseExpression, cst.Call]]:
         """For `functools.partial(f, *args, **kw)`: (f, the partial call)."""
         if isinstance(value, cst.Call) and self.is_api(value, "partial") and value.args \
                 and value.args[0].keyword is None and not value.args[0].star:
