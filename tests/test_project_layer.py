@@ -766,3 +766,25 @@ def test_project_triggers_read_other_modules_without_comments_and_autocast_that_
     for name, expected in (("test_layers.py", []), ("train.py", ["AMP001", "AMP017"])):
         path = str(tmp_path / name)
         assert [r.code for r in triggered(rules, (tmp_path / name).read_text(), path, settings)] == expected, name
+
+
+def test_summary_places_an_effect_of_an_overloaded_function_in_its_own_definition(tmp_path):
+    # `@overload` stubs share the implementation's name: the effect's place was looked for in
+    # the text of the first definition, which held the same text in a comment (line 6)
+    tree(tmp_path, {
+        "pyproject.toml": "",
+        "engine.py": """\
+            import torch
+            from typing import overload
+
+
+            @overload
+            def step(loss: int, scaler) -> None: ...  # calls scaler.scale(loss).backward() for ints
+            @overload
+            def step(loss: float, scaler) -> None: ...
+            def step(loss, scaler):
+                scaler.scale(loss).backward()
+            """,
+    })
+    effects = Project(tmp_path).summary(str(tmp_path / "engine.py")).functions["step"].effects
+    assert {(e.line, e.col) for e in effects} == {(10, 5)}, effects

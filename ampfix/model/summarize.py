@@ -309,8 +309,8 @@ class Summarizer:
             return None
         qual, owner = self._owner(node)
         span = self.spans.get(qual) if qual is not None else None
-        if span is None or owner is None:
-            return None
+        if span is None or owner is None or not self._one_definition(qual):
+            return None  # a function defined twice (`@overload` stubs): the span may be another's
         needle = self._needle(node)
         key = (qual, needle, type(node))
         same = self._same.get(key)
@@ -325,7 +325,7 @@ class Summarizer:
         while pos >= 0:
             places.append(pos)
             pos = text.find(needle, pos + 1, span[1])
-        if len(places) != len(same) and self._one_definition(qual):
+        if len(places) != len(same):
             places = self._code_places(places, needle, same)
         if len(places) != len(same) or not any(n is node for n in same):
             return None
