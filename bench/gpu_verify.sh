@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # `ampfix verify` on a CUDA machine: the speed of the correct training fixtures (float16 autocast
 # with an enabled GradScaler, at the fixtures' own sizes and at sizes where tensor cores pay),
-# every buggy fixture's verdict, and tests/test_verify.py (first: its CUDA tests), in one bounded run.
+# every buggy fixture's verdict, and tests/test_verify.py (run first), in one bounded run.
 #
 #     OUT=/some/folder bash bench/gpu_verify.sh
 #
