@@ -282,14 +282,17 @@ class ImportGraph:
         """The project's files that import the module at `path` (directly, or through a
         package `__init__.py` that re-exports it). The first question reads the import lines
         of every file of the project."""
-        path = os.path.abspath(path)
+        return self._importers_map().get(os.path.abspath(path), [])
+
+    def _importers_map(self) -> Dict[str, List[str]]:
+        """Module path -> the files importing it, for every module some file imports."""
         if self._importers is None:
             importers: Dict[str, List[str]] = {}
             for f in self.files():
                 for dep in self.imports_of(f):
                     importers.setdefault(dep, []).append(f)
             self._importers = importers
-        return self._importers.get(path, [])
+        return self._importers
 
     def importers_digest(self, path: str) -> str:
         """The digest of the `importers_dep` of `path`, as the files are now."""
@@ -300,8 +303,7 @@ class ImportGraph:
         `importers_dep` of every module some file imports (any other module's is
         `digest_of_paths([])`) and the `imports_dep` of every file of `files` (the same
         reading of the import lines: no other text is read)."""
-        self.importers_of(self.root)
-        out = {importers_dep(p): digest_of_paths(found) for p, found in (self._importers or {}).items()}
+        out = {importers_dep(p): self.importers_digest(p) for p in self._importers_map()}
         for f in self.files():
             out[imports_dep(f)] = self.imports_digest(f)
         return out
