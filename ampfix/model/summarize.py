@@ -290,6 +290,9 @@ class Summarizer:
         self.spans: Dict[str, Tuple[int, int]] = {}
         self._located: Dict[cst.CSTNode, Tuple[int, int]] = {}
         self._same: Dict[tuple, list] = {}
+        self._needles: Dict[cst.CSTNode, str] = {}  # a node's code as `_find` looks for it (its first line)
+        self._whole_needles: Dict[cst.CSTNode, bool] = {}  # ... and whether that is all of it
+        self._quals: Optional[Dict[str, int]] = None  # how many functions the module has of each name
 
     def locate(self, node: cst.CSTNode) -> Tuple[int, int]:
         """(line, 0-based column) of `node`, found in the text of the top-level function or
@@ -339,8 +342,7 @@ class Summarizer:
         line, only where a `(` follows (after blanks and comments). Fewer nodes then need the
         positions of their whole top-level statement (`model.start`)."""
         text = self.text or ""
-        whole = self.__dict__.get("_whole_needles", {})
-        called = all(isinstance(n, cst.Call) and whole.get(n, False) for n in same)
+        called = all(isinstance(n, cst.Call) and self._whole_needles.get(n, False) for n in same)
         open_start = _WORD_CHAR.match(needle) is not None
         open_end = _WORD_CHAR.match(needle[-1:]) is not None
         out = []
@@ -358,15 +360,18 @@ class Summarizer:
     def _one_definition(self, qual: str) -> bool:
         """Exactly one function or method of the module is `qual` as `_owner` names them (the
         span of an `@overload`ed function, or of a method defined twice, may be another one's)."""
-        counts = self.__dict__.get("_quals")
+        counts = self._quals
         if counts is None:
-            m = self.model
-            counts = self.__dict__["_quals"] = {}
-            for f in m.nodes_of(cst.FunctionDef):
-                cls = m.class_of(f)
-                q = f"{cls.name.value}.{f.name.value}" if cls is not None else f.name.value
+            counts = self._quals = {}
+            for f in self.model.nodes_of(cst.FunctionDef):
+                q = self._qual_of(f)
                 counts[q] = counts.get(q, 0) + 1
         return counts.get(qual, 0) == 1
+
+    def _qual_of(self, func: cst.FunctionDef) -> str:
+        """`Class.method` or `function`, as the spans name the top-level ones."""
+        cls = self.model.class_of(func)
+        return f"{cls.name.value}.{func.name.value}" if cls is not None else func.name.value
 
     def _owned(self, qual: str, kind: type) -> List[cst.CSTNode]:
         """The module's nodes of `kind` held by the top-level function or method `qual` (the
@@ -382,21 +387,20 @@ class Summarizer:
         m = self.model
         func = m.function_of(node)
         while func is not None:  # the top-level function or method that holds it (the spans know those)
-            cls = m.class_of(func)
-            qual = f"{cls.name.value}.{func.name.value}" if cls is not None else func.name.value
+            qual = self._qual_of(func)
             if qual in self.spans:
                 return qual, func
             func = m.function_of(func)
         return None, None
 
     def _needle(self, node: cst.CSTNode) -> str:
-        memo = self.__dict__.setdefault("_needles", {})
+        memo = self._needles
         hit = memo.get(node)
         if hit is None:
             shown = node.body[0] if isinstance(node, cst.SimpleStatementLine) and node.body else node  # not its comments
             code = self.model.code(shown.func if isinstance(shown, cst.Call) else shown)
             hit = memo[node] = code.splitlines()[0] if code else ""
-            self.__dict__.setdefault("_whole_needles", {})[node] = bool(code) and hit == code  # one line
+            self._whole_needles[node] = bool(code) and hit == code  # one line
         return hit
 
     def function(self, func: cst.FunctionDef, is_method: bool) -> FunctionSummary:
