@@ -8,6 +8,26 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "fixtures"
 
+# a training loop whose backward pass runs in a helper of another module (indented: the
+# project tests write it through `textwrap.dedent`)
+HELPER_CALLER = """\
+    import torch
+
+    from pkg.helpers import backward_step
+
+
+    def fit(model, optimizer, loader, epochs):
+        scaler = torch.amp.GradScaler("cuda")
+        for _ in range(epochs):
+            for x, y in loader:
+                with torch.autocast("cuda", dtype=torch.float16):
+                    loss = torch.nn.functional.mse_loss(model(x), y)
+                    backward_step(loss, scaler)
+                scaler.step(optimizer)
+                scaler.update()
+                optimizer.zero_grad()
+    """
+
 
 def run_ampfix(*args, cwd=None, input=None, env=None):
     """Run the CLI as a user does: a subprocess of `python -m ampfix`."""

@@ -8,6 +8,7 @@ from pathlib import Path
 from ampfix.model.foreign import ForeignClass, ForeignFunction
 from ampfix.project import Project
 from ampfix.project.layout import clear_caches
+from conftest import HELPER_CALLER
 
 
 def tree(root: Path, files: dict) -> Path:
@@ -144,23 +145,8 @@ def test_a_memoised_answer_records_what_it_read(tmp_path):
         assert str(tmp_path / "pkg" / "impl.py") in texts and str(tmp_path / "pkg" / "api.py") in texts
 
 
-NAMESPACE_CALLER = """\
-    import torch
-
-    from pkg import backward_step
-
-
-    def fit(model, optimizer, loader, epochs):
-        scaler = torch.amp.GradScaler("cuda")
-        for _ in range(epochs):
-            for x, y in loader:
-                with torch.autocast("cuda", dtype=torch.float16):
-                    loss = torch.nn.functional.mse_loss(model(x), y)
-                    backward_step(loss, scaler)
-                scaler.step(optimizer)
-                scaler.update()
-                optimizer.zero_grad()
-    """
+# the helper imported from the package, which re-exports it
+NAMESPACE_CALLER = HELPER_CALLER.replace("from pkg.helpers import", "from pkg import")
 
 
 def test_a_package_binding_beats_a_folder_of_its_name_and_the_cache_agrees(tmp_path):

@@ -14,6 +14,7 @@ from ampfix.model.foreign import ForeignClass, ForeignConstant, ForeignFunction,
 from ampfix.model.summary import ModuleSummary
 from ampfix.project import Project
 from ampfix.project.layout import Layout, clear_caches, find_root
+from conftest import HELPER_CALLER
 from ampfix.project.graph import import_lines
 
 
@@ -602,25 +603,6 @@ def test_a_cached_result_follows_the_files_that_call_its_functions(tmp_path, bef
     (tmp_path / "main.py").unlink()  # and gone again
     gone = run_ampfix(*args, cwd=tmp_path, env=env)
     assert (gone.returncode, gone.stdout) == (0, b"")
-
-
-HELPER_CALLER = """\
-    import torch
-
-    from pkg.helpers import backward_step
-
-
-    def fit(model, optimizer, loader, epochs):
-        scaler = torch.amp.GradScaler("cuda")
-        for _ in range(epochs):
-            for x, y in loader:
-                with torch.autocast("cuda", dtype=torch.float16):
-                    loss = torch.nn.functional.mse_loss(model(x), y)
-                    backward_step(loss, scaler)
-                scaler.step(optimizer)
-                scaler.update()
-                optimizer.zero_grad()
-    """
 
 
 def test_a_cached_result_follows_what_its_imports_resolve_to(tmp_path):
