@@ -207,3 +207,33 @@ def test_noqa_comments_are_the_tokenizers(text):
     from ampfix.engine.noqa import comments, noqa_comments
 
     assert noqa_comments(text) == [c for c in comments(text) if "noqa" in c.text.lower()]
+
+
+@pytest.mark.parametrize("project", [False, True], ids=["alone", "project"])
+def test_a_checked_files_model_and_tree_are_freed_without_a_collection(project):
+    """The engine pauses the cyclic collector while it analyses a file (`gc_paused`): the model
+    and the tree must then be freed by reference counting when the analysis ends. A reference
+    cycle through them (a facet keeping its model, a recursive closure over the index) left
+    every file's tree to the next collection, which traversed it: 5-10% of `check` on
+    accelerate and peft (bench/SPEED.md). Checked on a project fixture whose analysis reads
+    other modules' summaries (their models too)."""
+    import gc
+
+    from ampfix.engine.analyze import check_text
+    from ampfix.model import AmpModel
+
+    path = ROOT / "fixtures" / "projects" / "bad_base_class_scaler" / "trainers" / "classifier.py"
+    rules = [r for r in registry.all_rules().values()]
+    gc.collect()
+    gc.disable()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        diags, parsed = check_text(path.read_text(encoding="utf-8"), str(path), rules, Settings(project=project))
+        assert parsed and (diags or not project)  # (the finding needs the base class of another module)
+        gc.collect()
+        kept = [o for o in gc.garbage if issubclass(type(o), (cst.CSTNode, AmpModel, Index))]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
+    assert kept == []

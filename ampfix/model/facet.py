@@ -5,6 +5,7 @@ stays one small surface and a facet's names do not crowd it."""
 
 from __future__ import annotations
 
+import weakref
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -13,4 +14,6 @@ if TYPE_CHECKING:  # pragma: no cover
 
 class Facet:
     def __init__(self, model: "AmpModel") -> None:
-        self.model = model
+        # a proxy: the model keeps its facets, and a facet that kept the model would make every
+        # model (and its tree) a reference cycle that only the cyclic collector frees
+        self.model = weakref.proxy(model)

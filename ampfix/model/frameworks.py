@@ -21,6 +21,8 @@ built once and cached on it):
 
 from __future__ import annotations
 
+import weakref
+
 from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
@@ -106,7 +108,7 @@ def _int_text(node: cst.CSTNode) -> Optional[str]:
 
 class FrameworkFacts:
     def __init__(self, model):
-        self.m = model
+        self.m = weakref.proxy(model)  # (the model keeps these facts: no cycle back to it, `Facet`)
         self._fw_cache: dict = {}
 
     # ---------------------------------------------------------------- constructions
