@@ -293,6 +293,35 @@ def test_summaries_come_from_the_store_without_a_parse(tmp_path):
     assert third.summary(str(tmp_path / "m.py")).functions["f"].effects == [] and third.parsed
 
 
+def test_a_summary_asked_deep_in_a_query_is_the_same_as_from_the_top(tmp_path):
+    """A summary asked at the bottom of a deep query (the recursion limit nearly reached) is
+    computed on a fresh stack: it does not end in a RecursionError that a shallower caller
+    would not meet, which the store would keep as "unreadable" for that content, for every
+    later run. Asked with 10 to 200 frames left: each call either stops before it reaches the
+    summary (a RecursionError of the query itself) or gives the real summary."""
+    import inspect
+    import sys
+
+    tree(tmp_path, {"pyproject.toml": "", "m.py": "def f(scaler, loss):\n    scaler.scale(loss).backward()\n"})
+    store = MemoryStore()
+    expected = Project(tmp_path).summary(str(tmp_path / "m.py"))
+    reached = 0
+    for left in range(10, 200, 5):
+        project = Project(tmp_path, store=store)
+
+        def deep(n):
+            return deep(n + 1) if n < sys.getrecursionlimit() - left else project.summary(str(tmp_path / "m.py"))
+
+        try:
+            summary = deep(len(inspect.stack()))
+        except RecursionError:
+            continue
+        reached += 1
+        assert summary == expected, left
+        assert not any(v.get("unreadable") for v in store.data.values()), left
+    assert reached
+
+
 def test_a_module_offered_by_the_engine_is_not_parsed_again(tmp_path):
     tree(tmp_path, {"pyproject.toml": "", "m.py": "def f():\n    pass\n"})
     p = Project(tmp_path)

@@ -59,8 +59,29 @@ def deep_call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """`fn(*args, **kwargs)` on a thread with a large stack and a high recursion limit."""
     if UNGUARDED:
         return fn(*args, **kwargs)
-    if threading.current_thread() is not threading.main_thread() and getattr(_local, "deep", False):
+    if _on_deep_thread():
         return fn(*args, **kwargs)  # already on a deep thread
+    with _lock:
+        return _on_new_thread(fn, args, kwargs, RECURSION_LIMIT)
+
+
+def fresh_call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """`deep_call`, on a new deep thread even when the caller is on one already: for a
+    computation whose outcome must not depend on how deep its caller is (a module's summary,
+    which the cache keeps by content, asked at the bottom of a deep query)."""
+    if UNGUARDED or not _on_deep_thread():
+        return deep_call(fn, *args, **kwargs)
+    # (the `deep_call` this thread runs under holds the lock and has raised the limit)
+    return _on_new_thread(fn, args, kwargs)
+
+
+def _on_deep_thread() -> bool:
+    return threading.current_thread() is not threading.main_thread() and getattr(_local, "deep", False)
+
+
+def _on_new_thread(fn: Callable[..., Any], args: tuple, kwargs: dict, limit: int = 0) -> Any:
+    """`fn(*args, **kwargs)` on a new thread with a `STACK_SIZE` stack, its exception re-raised
+    here; the recursion limit raised to `limit` while it runs."""
     box: dict = {}
 
     def target() -> None:
@@ -70,24 +91,23 @@ def deep_call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         except BaseException as exc:  # re-raised on the calling thread
             box["error"] = exc
 
-    with _lock:
-        old_size = threading.stack_size()
-        old_limit = sys.getrecursionlimit()
-        try:
-            threading.stack_size(STACK_SIZE)
-        except (ValueError, RuntimeError):  # pragma: no cover - platforms without the setting
-            return fn(*args, **kwargs)
-        try:
-            t = threading.Thread(target=target, name="ampfix-deep", daemon=True)
-            t.start()
-        finally:
-            threading.stack_size(old_size)
-        if old_limit < RECURSION_LIMIT:
-            sys.setrecursionlimit(RECURSION_LIMIT)
-        try:
-            t.join()
-        finally:
-            sys.setrecursionlimit(old_limit)
+    old_size = threading.stack_size()
+    try:
+        threading.stack_size(STACK_SIZE)
+    except (ValueError, RuntimeError):  # pragma: no cover - platforms without the setting
+        return fn(*args, **kwargs)
+    try:
+        t = threading.Thread(target=target, name="ampfix-deep", daemon=True)
+        t.start()
+    finally:
+        threading.stack_size(old_size)
+    old_limit = sys.getrecursionlimit()
+    if old_limit < limit:
+        sys.setrecursionlimit(limit)
+    try:
+        t.join()
+    finally:
+        sys.setrecursionlimit(old_limit)
     if "error" in box:
         raise box["error"]
     return box["value"]

@@ -317,7 +317,11 @@ class Project:
         if summary is None and not stored:
             if source.module is None and self._over_memory(source.text):
                 return None  # unknown, and not kept: a larger bound may read it
-            summary = self._summarize(path, source)
+            from ampfix.engine.guard import fresh_call
+
+            # on a fresh stack: a summary asked deep in a query must not meet a RecursionError
+            # that a shallower caller would not (the store keeps the outcome by content)
+            summary = fresh_call(self._summarize, path, source)
             if self.store is not None:  # a module that cannot be summarised is kept as such too
                 self.store.put(path, source.digest, summary.to_json() if summary is not None else {"unreadable": True})
         self._summaries[path] = summary
