@@ -2,6 +2,7 @@
 
     python bench/bench_server.py [--file PATH] [--rounds 5] [--keystrokes 10] [--gap 0.03]
     python bench/bench_server.py --baseline-python /path/to/old/.venv/bin/python
+    python bench/bench_server.py --save [PATH]
 
 The document is opened with the text of `--file` (default: accelerate 1.15.0's `accelerator.py`,
 4400 lines, from the sdist that bench_check.py unpacks into bench/.cache/) plus, at its end, a
@@ -14,6 +15,9 @@ Then, per round:
     finding's range (quick fix, and "apply all safe fixes" as the server offers it), timed from
     the request to the answer;
   * resolving "apply all safe fixes" when the server offers it for resolving.
+With --save, each round starts with a save: PATH (default: the document's own file) gets a new
+modification time, as an editor's save gives it (its bytes are left as they are), so the burst's
+analysis is the first after a file of the tree changed on disk.
 The client announces VS Code's capabilities (it resolves code action edits). With
 --baseline-python the same is measured for `PYTHON -m ampfix server` (e.g. the code before a
 change, installed in another venv with pygls), alternating rounds, so both see the same load.
@@ -152,6 +156,10 @@ async def main_async(args) -> None:
     state = {s.label: (1, text) for s in sessions}
     for _ in range(args.rounds):
         for s in sessions:  # alternating: the machine's load hits both
+            if args.save is not None:
+                saved = Path(args.save or args.file)
+                st = saved.stat()
+                os.utime(saved, ns=(st.st_atime_ns, max(time.time_ns(), st.st_mtime_ns + 1_000_000)))
             version, current = state[s.label]
             latency, t_action, t_resolve, version, current = await one_round(
                 s, uri, current, version, args.keystrokes, args.gap, line, args.pause)
@@ -164,7 +172,8 @@ async def main_async(args) -> None:
     for s in sessions:
         await s.stop()
     lines_n = text.count("\n") + 1
-    print(f"{Path(args.file).name} ({lines_n} lines with the added step), {args.rounds} rounds of "
+    saved = "" if args.save is None else f", each round after a save of {Path(args.save or args.file).name}"
+    print(f"{Path(args.file).name} ({lines_n} lines with the added step), {args.rounds} rounds{saved} of "
           f"{args.keystrokes} keystrokes {args.gap * 1000:.0f} ms apart, code action {args.pause:.1f} s after the "
           f"diagnostics; {os.cpu_count()} cores, "
           f"load average {os.getloadavg()[0]:.1f} at the end")
@@ -187,6 +196,8 @@ def main() -> None:
     ap.add_argument("--pause", type=float, default=1.0,
                     help="seconds between the diagnostics' arrival and the code action request")
     ap.add_argument("--baseline-python", metavar="PYTHON")
+    ap.add_argument("--save", nargs="?", const="", metavar="PATH",
+                    help="a save (a new modification time) of PATH, default the document's file, before each burst")
     args = ap.parse_args()
     asyncio.run(main_async(args))
 

@@ -2,8 +2,12 @@
 the same whichever file of the run asked a question first, and a change on disk that changes an
 answer is noticed on a warm run."""
 
+import os
+import shutil
 import textwrap
 from pathlib import Path
+
+import pytest
 
 from ampfix.model.foreign import ForeignClass, ForeignFunction
 from ampfix.project import Project
@@ -247,3 +251,110 @@ def test_an_answer_cut_short_is_not_kept_for_the_files_that_follow(tmp_path, mon
     names = lambda bases: [(b.path, b.qual) for b in bases]  # noqa: E731
     assert names(project.bases(trainer)) == names(fresh.bases(fresh.resolve(path, "pkg.Trainer"))) != []
     assert project.summary(str(tmp_path / "pkg" / "impl.py")) is not None
+
+
+# ------------------------------------------------------------------ a long-lived project (the language server)
+FIXTURE_PROJECTS = Path(__file__).resolve().parent.parent / "fixtures" / "projects"
+TWINS = sorted(p.name[4:] for p in FIXTURE_PROJECTS.glob("bad_*") if (FIXTURE_PROJECTS / f"good_{p.name[4:]}").is_dir())
+
+
+def _analysed(root: Path, texts=None, fresh: bool = False):
+    """Every module's findings (code, line, message, related locations), as the language
+    server analyses them: one project per root kept between analyses (`refresh` first); or a
+    fresh project (`fresh`). `texts`: editor buffers that differ from the files."""
+    from ampfix.engine import analyze
+    from ampfix.engine.registry import all_rules
+    from ampfix.engine.results import Settings
+
+    settings = Settings(project=True)
+    rules = list(all_rules().values())
+    if fresh:
+        analyze._PROJECTS.clear()
+    out = {}
+    for f in sorted(root.rglob("*.py")):
+        analyze.project_for(str(f), settings).refresh()
+        text = (texts or {}).get(f) or f.read_text(encoding="utf-8")
+        diags, _ = analyze.check_text(text, str(f), rules, settings)
+        out[str(f.relative_to(root))] = sorted((d.code, d.line, d.message, repr(d.related)) for d in diags)
+    return out
+
+
+def _write(path: Path, text: str) -> None:
+    path.write_text(text, encoding="utf-8")
+    st = path.stat()
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 10_000_000))  # a later time, even on a coarse clock
+
+
+@pytest.mark.parametrize("twin", TWINS)
+def test_a_long_lived_project_answers_as_a_fresh_one_after_an_edit(tmp_path, twin):
+    """Each fixture project with a mistake, then each of its modules replaced by the correct
+    twin's one by one (saved, as the language server sees an edit of another file), then back:
+    after every step, the findings of every module with the project kept between analyses are
+    those of a fresh project. Then the same edits as unsaved editor buffers of the module being
+    analysed (`Project.offer`)."""
+    from ampfix.engine import analyze
+
+    bad, good = FIXTURE_PROJECTS / f"bad_{twin}", FIXTURE_PROJECTS / f"good_{twin}"
+    root = tmp_path / "p"
+    shutil.copytree(bad, root)
+    clear_caches()
+    analyze._PROJECTS.clear()
+    try:
+        assert _analysed(root) == _analysed(root, fresh=True)
+        changed = [f.relative_to(good) for f in sorted(good.rglob("*.py"))
+                   if (bad / f.relative_to(good)).is_file()
+                   and (bad / f.relative_to(good)).read_text() != f.read_text()]
+        assert changed, twin
+        for step in [(good, rel) for rel in changed] + [(bad, rel) for rel in changed]:
+            source, rel = step
+            _write(root / rel, (source / rel).read_text(encoding="utf-8"))
+            warm = _analysed(root)
+            assert warm == _analysed(root, fresh=True), step
+        for rel in changed:  # unsaved: the buffer of the module analysed differs from its file
+            buffers = {root / rel: (good / rel).read_text(encoding="utf-8")}
+            warm = _analysed(root, texts=buffers)
+            assert warm == _analysed(root, texts=buffers, fresh=True), rel
+            assert _analysed(root) == _analysed(root, fresh=True), rel  # the buffer closed unsaved
+    finally:
+        analyze._PROJECTS.clear()
+
+
+def test_a_save_keeps_the_summaries_of_the_modules_it_did_not_change(tmp_path):
+    """The language server's project after another module is saved: the summary of the
+    helper the analysis reads is kept (not parsed again), while the saved module's is read
+    anew; a new file still makes it forget everything (an import may resolve to it now)."""
+    from ampfix.engine import analyze
+    from ampfix.engine.registry import all_rules
+    from ampfix.engine.results import Settings
+
+    tree(tmp_path, {"pyproject.toml": "", "pkg/__init__.py": "", "pkg/api.py": """\
+        def do_step(loss):
+            loss.backward()
+        """, "pkg/other.py": """\
+        from pkg.api import do_step
+
+        def unrelated(loss):
+            do_step(loss)
+        """, "train.py": TRAIN_THROUGH_API})
+    settings, rules = Settings(project=True), list(all_rules().values())
+    train = tmp_path / "train.py"
+    analyze._PROJECTS.clear()
+    try:
+        project = analyze.project_for(str(train), settings)
+
+        def check(path):
+            project.refresh()
+            return analyze.check_text(path.read_text(), str(path), rules, settings)[0]
+
+        assert [d.code for d in check(train)] == ["AMP001", "AMP017"]
+        api = str(tmp_path / "pkg" / "api.py")
+        assert project.parsed == [api]
+        _write(tmp_path / "pkg" / "other.py", (tmp_path / "pkg" / "other.py").read_text() + "\nX = 1\n")
+        check(tmp_path / "pkg" / "other.py")
+        assert [d.code for d in check(train)] == ["AMP001", "AMP017"] and project.parsed == [api]
+        _write(tmp_path / "pkg" / "api.py", "def do_step(loss, scaler=None):\n    scaler.update()\n")  # the helper
+        assert check(train) == [] and project.parsed == [api, api]
+        (tmp_path / "pkg" / "new.py").write_text("x = 1\n")  # the tree's shape: everything forgotten
+        assert check(train) == [] and project.parsed == [api, api, api]
+    finally:
+        analyze._PROJECTS.clear()

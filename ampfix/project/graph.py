@@ -315,15 +315,29 @@ class ImportGraph:
         the same, so are the import lines the graph reads and what they resolve to (the cache
         keeps `digests` under it, so that a warm run neither reads nor resolves the imports of
         a tree again)."""
+        folders, stats = self.snapshot()
         h = hashlib.sha256(self.root.encode("utf-8", "surrogatepass"))
-        files = self.files()
-        for d in self._folders:
+        for d in folders:
             h.update(f"\0{d}{os.sep}".encode("utf-8", "surrogatepass"))
+        for f, st in stats.items():
+            if st is None:
+                h.update(f"\0{f}\0-".encode("utf-8", "surrogatepass"))
+            else:
+                h.update(f"\0{f}\0{st[0]}:{st[1]}:{st[2]}".encode("utf-8", "surrogatepass"))
+        return h.hexdigest()
+
+    def snapshot(self) -> Tuple[Tuple[str, ...], Dict[str, Optional[Tuple[int, int, int]]]]:
+        """What `stamp` hashes: the folders, and each Python file's (size, modification time,
+        change time) (None: gone since the walk). The shape of the tree (which files and
+        folders there are) tells whether an import may resolve elsewhere now; a file whose
+        times changed may have new contents (`Project.refresh`)."""
+        files = self.files()
+        stats: Dict[str, Optional[Tuple[int, int, int]]] = {}
         for f in files:
             try:
                 st = os.stat(f)
             except OSError:
-                h.update(f"\0{f}\0-".encode("utf-8", "surrogatepass"))
+                stats[f] = None
                 continue
-            h.update(f"\0{f}\0{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}".encode("utf-8", "surrogatepass"))
-        return h.hexdigest()
+            stats[f] = (st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        return tuple(self._folders), stats

@@ -20,7 +20,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Protocol, Tuple, TypeVar, Union
+from typing import Callable, Dict, List, Optional, Protocol, Set, Tuple, TypeVar, Union
 
 import libcst as cst
 
@@ -69,6 +69,17 @@ def _stat_key(path: str) -> Optional[Tuple[int, int]]:
     except OSError:
         return None
     return (st.st_mtime_ns, st.st_size)
+
+
+def _reads(deps: Optional[Deps], paths: "Set[str]") -> bool:
+    """A memoised answer with dependencies `deps` read the text of one of `paths` or resolved
+    its imports."""
+    return deps is not None and not (paths.isdisjoint(deps[0]) and paths.isdisjoint(deps[1]))
+
+
+def _part_path(key) -> str:
+    """The module of a key of `_reach_parts` or `_closure` (`Project._key_code`)."""
+    return key if isinstance(key, str) else key[0]
 
 
 def _read(path: str) -> Optional[Source]:
@@ -142,14 +153,22 @@ class Project:
         self._called: Optional[set] = None  # the functions whose callers were asked (`end`)
         self._kept: Dict[str, Tuple[str, cst.Module]] = {}
         self._stats: Dict[str, Optional[Tuple[int, int]]] = {}
-        self._tree: Optional[str] = None  # the stamp of the tree when `refresh` last looked
+        self._tree: Optional[tuple] = None  # the tree's `snapshot` when `refresh` last looked
+        self._offered: Dict[str, str] = {}  # path -> digest of the texts offered since `refresh`
         self.used: Dict[str, str] = {}  # path -> digest of every module whose summary was read
 
     # ------------------------------------------------------------------ sources and summaries
     def offer(self, path: str, text: str, module: Optional[cst.Module] = None) -> None:
-        """The engine read (and parsed) `path`: its summary, when asked for, comes from these."""
+        """The engine read (and parsed) `path`: its summary, when asked for, comes from these.
+        A text other than the one the project knew (an editor's buffer, a rewrite's next pass)
+        makes it forget what it derived from the old one (`_forget_texts`)."""
         path = os.path.abspath(path)
-        self._sources[path] = Source(text, digest_of(text), module)
+        digest = digest_of(text)
+        known = self._sources.get(path)
+        if known is not None and known.digest != digest:
+            self._forget_texts({path})
+        self._sources[path] = Source(text, digest, module)
+        self._offered[path] = digest
 
     def begin(self) -> None:
         """Start recording the modules read for one file's analysis, the modules whose
@@ -163,19 +182,31 @@ class Project:
         self._called = set()
         del self._frames[:]  # (left over by an analysis cut short: `_close`)
         del self._text_log[:], self._import_log[:]
-        if any(_stat_key(p) != key for p, key in self._stats.items()):
-            self._forget()
+        changed = {p for p, key in self._stats.items() if _stat_key(p) != key}
+        if changed:
+            self._forget_texts(changed)
 
     def refresh(self) -> None:
         """Before an analysis in a long-lived process (the language server): the project as the
-        files are now. When a Python file or a folder of the tree appeared, went or changed
-        since it last looked (the import graph's `stamp`: a walk of the tree and a stat of each
-        file, no read), or a module it read did, it forgets what it knew, the probes of its
-        layout included (a new module may resolve an import, or shadow what it resolved to)."""
-        stamp = ImportGraph(Path(self.root), layout=self.layout).stamp()
-        if stamp != self._tree or any(_stat_key(p) != key for p, key in self._stats.items()):
+        files are now. When a Python file or a folder of the tree appeared or went since it
+        last looked (the import graph's `snapshot`: a walk of the tree and a stat of each file,
+        no read), it forgets what it knew, the probes of its layout included (a new module may
+        resolve an import, or shadow what it resolved to). When only contents changed (a file's
+        times, a module it read, a text offered for one analysis that is not the file's), it
+        forgets what it derived from those texts (`_forget_texts`), and keeps the rest: the
+        summaries of the modules nobody edited are not read again after every save."""
+        shape, stats = ImportGraph(Path(self.root), layout=self.layout).snapshot()
+        if self._tree is None or shape != self._tree[0] or stats.keys() != self._tree[1].keys():
             self._forget(layout=True)
-            self._tree = stamp
+        else:
+            changed = {f for f, st in stats.items() if self._tree[1][f] != st}
+            changed.update(p for p, key in self._stats.items() if _stat_key(p) != key)
+            changed.update(p for p, digest in self._offered.items()
+                           if p not in changed and getattr(_read(p), "digest", None) != digest)
+            if changed:
+                self._forget_texts(changed)
+        self._offered.clear()  # (another file's analysis reads this one as it is on disk)
+        self._tree = (shape, stats)
 
     def _forget(self, layout: bool = False) -> None:
         if layout:
@@ -184,8 +215,33 @@ class Project:
         for memo in (self._sources, self._summaries, self._modules, self._members, self._resolved, self._bases,
                      self._callers, self._bound, self._used, self._reached,
                      self._text_mros, self._lacks_methods, self._imports_at, self._stats, self._indexes, self._spans, self._relevant,
-                     self._closures, self._words, self._deps_pool):
+                     self._closures, self._words, self._deps_pool, self._offered):
             memo.clear()
+        self.graph = ImportGraph(Path(self.root), self._quiet_text, self.layout)
+
+    def _forget_texts(self, changed: Set[str]) -> None:
+        """Forget what was derived from the texts of the modules `changed` (their contents
+        changed; the files and folders of the tree are the same): what is kept per module for
+        them, every memoised answer whose computation read one of their texts or resolved their
+        imports (the dependencies each answer keeps, `_Memo`), the callers of every function (a
+        changed module may call one now) and the import graph (their import lines). The
+        summaries and answers that read only other modules stay."""
+        for per_module in (self._sources, self._summaries, self._modules, self._indexes, self._spans, self._bound,
+                           self._imports_at, self._stats, self._kept, self.used):
+            for p in changed:
+                per_module.pop(p, None)
+        for key in [k for k in self._relevant if k[0] in changed]:
+            del self._relevant[key]
+        for parts in self._words.values():
+            for key in [k for k in parts if _part_path(k) in changed]:
+                del parts[key]
+        for memo in (self._members, self._resolved, self._bases, self._used, self._reached, self._text_mros,
+                     self._lacks_methods, self._closures):
+            stale = [k for k in memo if k not in memo.deps or _reads(memo.deps[k], changed)]
+            for key in stale:
+                del memo[key]
+                memo.deps.pop(key, None)
+        self._callers.clear()
         self.graph = ImportGraph(Path(self.root), self._quiet_text, self.layout)
 
     def end(self) -> Tuple[List[str], Dict[str, str]]:
