@@ -279,7 +279,8 @@ class Index(cst.CSTVisitor):
                 scopes.pop()
 
         walk(module, None, None)
-        del walk  # (the recursive closure refers to itself: a cycle that would keep the tree's nodes until a collection)
+        # (the recursive closure refers to itself: a cycle that would keep the tree's nodes until a collection)
+        walk = None  # type: ignore[assignment]
         index._done = done
         index.by_type = dict(by_type)
         index._slot = dict(zip(map(id, nodes), range(len(nodes))))

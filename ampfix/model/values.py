@@ -57,7 +57,8 @@ class Values:
 
         for node, target, value in self._index.assignments:
             record(node, target, value)
-        del record  # (a recursive closure over the model: a cycle that only a collection would free)
+        # (a recursive closure over the model: a cycle that only a collection would free)
+        record = None  # type: ignore[assignment]
         self._by_key = by_key
         self._values_cache: Dict[Tuple[int, str], List[cst.BaseExpression]] = {}
         self._related: Dict[cst.ClassDef, List[cst.ClassDef]] = {}
