@@ -33,7 +33,9 @@ the scale (65536 at first). Fabric refuses it at run time with a mixed-precision
 ("requires you to call `fabric.backward(loss)`"); Accelerate trains on, silently wrong.
 
 Not reported where the precision is known to need nothing from the framework's backward
-(Fabric "32-true"/"64-true"; Accelerate "no", "bf16", "fp8"); reported where it is not known
+(Fabric "32-true"/"64-true"; Accelerate "no", "bf16", "fp8"), nor where the Accelerator
+prepares modules only (a test of `join_uneven_inputs`: no wrapped optimizer unscales the
+gradients); reported where it is not known
 statically (no argument, or a computed one: `accelerate launch --mixed_precision fp16` and
 `fabric run --precision` set it from outside). Reported only when the backward's loss is computed by calling a set-up model, or the optimizer
 stepped after it in the same function was set up, and the framework object is reachable where
@@ -103,6 +105,9 @@ optimizer.step()
             if all(f.precisions is not None and not f.scales and (f.kind == "accelerate" or set(f.precisions) <=
                                                                   {"32-true", "64-true"}) for f in prepared.frameworks):
                 continue  # a precision known to need nothing from the framework's backward
+            if all(f.kind == "accelerate" for f in prepared.frameworks) and \
+                    not facts.may_prepare_optimizer(prepared.frameworks):
+                continue  # no wrapped optimizer unscales what was not scaled (a model prepared alone)
             harm = self.harm if fw.precisions is not None else "its precision is chosen at launch; " + self.harm
             if fw.precisions is not None and not fw.scales:
                 harm = f"with {fw.describe()} Fabric raises at run time"

@@ -2,7 +2,7 @@
 them before it analyses anything (see ampfix/engine/rulemeta.py). Do not edit; regenerate.
 """
 
-DIGEST = 'c0d7ec7d0a1660b3a2f4fee3c2848fa9799a0b83c932d5768161aa570fd75e89'
+DIGEST = 'f556d6c095e0b11783fa757adf154c913ff96eb08cbfa529c62458d50b688c96'
 
 RULES = [
     ('AMP001', 'backward-in-autocast', True, ('autocast',), (),

@@ -24,7 +24,7 @@ from __future__ import annotations
 import weakref
 
 from dataclasses import dataclass
-from typing import List, Optional, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import libcst as cst
 
@@ -98,6 +98,12 @@ def frameworks(model) -> "FrameworkFacts":
         facts = FrameworkFacts(model)
         model._framework_facts = facts
     return facts
+
+
+def _named_as_data(arg: cst.BaseExpression) -> bool:
+    """What `accelerator.prepare` is given is named as a scheduler, a data loader or data."""
+    text = (dotted(arg) or "").rpartition(".")[2].lower()
+    return "sched" in text or "loader" in text or text.endswith("_dl") or text in ("dl", "data", "dataset")
 
 
 def _int_text(node: cst.CSTNode) -> Optional[str]:
@@ -243,9 +249,9 @@ class FrameworkFacts:
         if index >= len(positional) or positional[index].star:
             return "other"
         arg = positional[index].value
-        text = (dotted(arg) or "").rpartition(".")[2].lower()
-        if "sched" in text or "loader" in text or text.endswith("_dl") or text in ("dl", "data", "dataset"):
+        if _named_as_data(arg):
             return "other"
+        text = (dotted(arg) or "").rpartition(".")[2].lower()
         if self.m.is_optimizer(arg):
             return "optimizer"
         if self.m.module_classes(arg) or "model" in text or "net" in text or "module" in text:
@@ -333,6 +339,25 @@ class FrameworkFacts:
         if key is not None and self.usable_at(key, prepared.call, site):
             return key
         return None
+
+    def may_prepare_optimizer(self, fws: Sequence[Framework]) -> bool:
+        """Some setup or prepare call of the file, by one of `fws`, may hand an optimizer to the
+        framework: `setup`'s arguments after the first, `setup_optimizers`, `prepare_optimizer`,
+        and an argument of `prepare(...)` not known to be a module, a scheduler or a data loader
+        (or passed by keyword or star). False: each of them prepares only modules, loaders or
+        schedulers, as far as the file shows."""
+        for call in self.m.calls:
+            found = self.prepare_call(call)
+            if not found or not any(f in fws for f in found):
+                continue
+            assert isinstance(call, cst.Call)
+            if any(a.keyword is not None or a.star for a in call.args):
+                return True
+            for i, arg in enumerate(call.args):
+                role = self._role(call, i)
+                if role == "optimizer" or (role == "other" and not _named_as_data(arg.value)):
+                    return True
+        return False
 
     def prepared_targets(self, call: cst.Call, role: str) -> List[Tuple[cst.CSTNode, str]]:
         """(assignment, dotted target) of the results of the prepare call `call` with `role`."""
