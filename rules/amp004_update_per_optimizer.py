@@ -35,7 +35,10 @@ A path that leaves the iteration early (`continue` after its own `update()`) is 
 iteration, not a second update; so is a step whose gradients are all made after the update (a
 backward runs between them, and it steps the same optimizer again, or an optimizer whose
 gradients were zeroed after the first backward): a step-and-update helper called twice runs
-two iterations. The fix removes the extra `update()` calls (or moves the one
+two iterations. A loop over optimizers whose body the loop's variable restricts to one of
+them (`if i != idx: continue`, `if idx is not None and i != idx: continue`, `if i == idx:`),
+as GAN trainers alternate the generator and the discriminator, is not reported: it may step and
+update one optimizer per iteration. The fix removes the extra `update()` calls (or moves the one
 in a `for opt in optimizers:` loop after the loop), leaving one update after the last step;
 for the wrong scaler it renames the receiver (unsafe). No fix when the update is in a helper.
 

@@ -2,7 +2,7 @@
 them before it analyses anything (see ampfix/engine/rulemeta.py). Do not edit; regenerate.
 """
 
-DIGEST = 'f556d6c095e0b11783fa757adf154c913ff96eb08cbfa529c62458d50b688c96'
+DIGEST = '56e0fe742de390104e4a9efd9c3cfaec572b9f298785900630749dea54d8521d'
 
 RULES = [
     ('AMP001', 'backward-in-autocast', True, ('autocast',), (),

@@ -40,6 +40,15 @@ class UpdateMisplaced:
     other: Optional[TraceEvent] = None  # WRONG_SCALER: the other scaler's step
 
 
+def _only_continue(block: cst.BaseSuite) -> bool:
+    """`block` is `continue` alone (`if ...: continue`)."""
+    if isinstance(block, cst.SimpleStatementSuite):
+        return len(block.body) == 1 and isinstance(block.body[0], cst.Continue)
+    stmts = block.body if isinstance(block, cst.IndentedBlock) else ()
+    return len(stmts) == 1 and isinstance(stmts[0], cst.SimpleStatementLine) and len(stmts[0].body) == 1 \
+        and isinstance(stmts[0].body[0], cst.Continue)
+
+
 def _same(kind: str, scaler: Optional[str]) -> Callable[[TraceEvent], bool]:
     return lambda e: e.kind == kind and e.scaler == scaler
 
@@ -72,8 +81,47 @@ class Updates(Facet):
             steps = memo[key]
             if not steps or any(group in b.ctx for b in backwards):
                 continue
-            return UpdateMisplaced(UpdatePlace.OPTIMIZER_LOOP, upd, upd.path[len(frame)], loop=loop, steps=tuple(steps))
+            site = upd.path[len(frame)]
+            if self._one_optimizer_selected(loop, names, site):
+                continue
+            return UpdateMisplaced(UpdatePlace.OPTIMIZER_LOOP, upd, site, loop=loop, steps=tuple(steps))
         return None
+
+    def _one_optimizer_selected(self, loop: cst.For, names: set, site: cst.CSTNode) -> bool:
+        """The loop's body reaches `site` only for the optimizer a test picks by the loop's
+        variable: after `if i != idx: continue` (also `if idx is not None and i != idx:
+        continue`, which lets every optimizer through only when `idx` is None: not known here),
+        or inside `if i == idx:`. Then it may update once per iteration (espnet's GAN trainers
+        step the generator and the discriminator on alternate turns)."""
+        m = self.model
+        body = loop.body.body if isinstance(loop.body, cst.IndentedBlock) else ()
+        for node in m.ancestors(site):
+            if node is loop:
+                break
+            parent = m.parent(node)
+            if isinstance(parent, cst.If) and node is parent.body and self._picks(parent.test, names, "=="):
+                return True
+        for stmt in body:
+            if stmt is site or m.is_ancestor(stmt, site):
+                break
+            if isinstance(stmt, cst.If) and stmt.orelse is None and _only_continue(stmt.body) \
+                    and self._picks(stmt.test, names, "!="):
+                return True
+        return False
+
+    def _picks(self, test: cst.BaseExpression, names: set, op: str) -> bool:
+        """`test` compares the loop's variable with something else by `op` (`!=` may be one
+        conjunct of an `and`)."""
+        if isinstance(test, cst.BooleanOperation) and op == "!=" and isinstance(test.operator, cst.And):
+            return self._picks(test.left, names, op) or self._picks(test.right, names, op)
+        if not (isinstance(test, cst.Comparison) and len(test.comparisons) == 1):
+            return False
+        target = test.comparisons[0]
+        kind = cst.NotEqual if op == "!=" else cst.Equal
+        if not isinstance(target.operator, kind):
+            return False
+        sides = (bool(names & self.model._reads_of(test.left)), bool(names & self.model._reads_of(target.comparator)))
+        return sides in ((True, False), (False, True))
 
     def _between_steps(self, trace: Trace, upd: TraceEvent) -> Optional[UpdateMisplaced]:
         loops = set(upd.loops())
