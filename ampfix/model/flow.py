@@ -103,17 +103,7 @@ class Flow:
     @staticmethod
     def _returns(stmt: cst.If) -> bool:
         """Some branch of this `if` always ends in `return`/`raise`."""
-        def ends(block: Optional[cst.CSTNode]) -> bool:
-            if isinstance(block, cst.Else):
-                block = block.body
-            if isinstance(block, cst.If):
-                return ends(block.body) or ends(block.orelse)
-            body = getattr(block, "body", None)
-            if not isinstance(body, (list, tuple)) or not body:
-                return False
-            last = body[-1]
-            return isinstance(last, cst.SimpleStatementLine) and isinstance(last.body[-1], (cst.Return, cst.Raise))
-        return ends(stmt.body) or ends(stmt.orelse)
+        return _ends(stmt.body) or _ends(stmt.orelse)
 
     def _decision(self, node: cst.CSTNode, polarity: bool) -> Tuple[Group, Hashable]:
         stable = self._stable_test(node)
@@ -219,3 +209,17 @@ def _comp_iter(comp: cst.CSTNode) -> Optional[cst.CSTNode]:
 
 
 __all__ = ["Flow", "Contexts"]
+
+
+def _ends(block: Optional[cst.CSTNode]) -> bool:
+    """The block (a branch of an `if`) ends in `return`/`raise` (`Flow._returns`; a module
+    function, not a closure: a recursive closure is a reference cycle per call)."""
+    if isinstance(block, cst.Else):
+        block = block.body
+    if isinstance(block, cst.If):
+        return _ends(block.body) or _ends(block.orelse)
+    body = getattr(block, "body", None)
+    if not isinstance(body, (list, tuple)) or not body:
+        return False
+    last = body[-1]
+    return isinstance(last, cst.SimpleStatementLine) and isinstance(last.body[-1], (cst.Return, cst.Raise))
