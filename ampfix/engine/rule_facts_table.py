@@ -2,7 +2,7 @@
 them before it analyses anything (see ampfix/engine/rulemeta.py). Do not edit; regenerate.
 """
 
-DIGEST = 'c0d7ec7d0a1660b3a2f4fee3c2848fa9799a0b83c932d5768161aa570fd75e89'
+DIGEST = 'e72b3c0e7140c7f590e37397dbdfe777426fb00b348d9b5ce27cf83561c36da8'
 
 RULES = [
     ('AMP001', 'backward-in-autocast', True, ('autocast',), (),

@@ -37,7 +37,10 @@ first use, each reading the core through its `model`, so their names stay out of
 * `model.bound` (`bound`): what a name or `self.` attribute may be at a point (assigned on
   every path? None on some?), for fixes that insert code;
 * `model.apex` (`apex_uses`): uses of NVIDIA apex outside `apex.amp` (which AMP103 migrates,
-  which only name apex for compatibility), its optional imports and optimizer factories.
+  which only name apex for compatibility), its optional imports and optimizer factories;
+* `model.parallel` (`parallel`): code run in other threads (`nn.DataParallel` replicas,
+  `parallel_apply`, threads of the file's own): the module a DataParallel wraps, the function
+  a thread runs, whether a function opens its own autocast region.
 
 Helpers over nodes: `readwrite` (names read and bound by a statement), `syntax` (`dotted`,
 `get_arg`, literals).
@@ -65,6 +68,7 @@ from ampfix.model.training import Training
 from ampfix.model.updates import UpdateMisplaced, UpdatePlace, Updates
 from ampfix.model.names import API_TABLE, Api, ImportBinding, Names
 from ampfix.model.objects import BackwardCall, Objects
+from ampfix.model.parallel import Parallel
 from ampfix.model.precision import Precision
 from ampfix.model.readwrite import names_bound, reads_writes, uses_only
 from ampfix.model.regions import Region, Regions
@@ -128,6 +132,11 @@ class AmpModel(Tree, Names, Values, CallGraph, Regions, Objects, Flow, Events, E
     def guards(self) -> Guards:
         """Old-torch fallback code, stage and version branches (code that must not be modernised)."""
         return Guards(self)
+
+    @cached_property
+    def parallel(self) -> Parallel:
+        """DataParallel replicas and threads: what they run, whether it opens its own region."""
+        return Parallel(self)
 
     def _reads_of(self, node: cst.CSTNode) -> set:
         """The names `node` (a statement or expression) reads (computed once per node)."""
