@@ -168,8 +168,9 @@ def _wrapped(model: AmpModel, call: cst.Call, how: Optional[str]) -> Optional[cs
     the module `replicate(module, ...)` made the replicas passed to parallel_apply from."""
     if how == "DataParallel":
         func = call.func
-        return model.parallel.dataparallel_module(func.value if isinstance(func, cst.Attribute) and func.attr.value == "forward"
-                                         else func)
+        if isinstance(func, cst.Attribute) and func.attr.value == "forward":
+            func = func.value
+        return model.parallel.dataparallel_module(func)
     arg = get_arg(call, 0, "module" if how == "data_parallel" else "modules")
     if arg is None or how == "data_parallel":
         return arg.value if arg is not None else None

@@ -556,7 +556,8 @@ def test_dataparallel_forwards_and_the_module_they_replicate():
     assert kinds == {"dp(x)": "DataParallel", "dp.forward(x)": "DataParallel", "sub(x)": "DataParallel",
                      "plain(x)": None, "parallel_apply(replicas, inputs)": "parallel_apply",
                      "nn.parallel.data_parallel(plain, x)": "data_parallel"}
-    wrapped = {text: m.parallel.dataparallel_module(call_named(m, text).func) for text in ("dp(x)", "sub(x)", "plain(x)")}
+    wrapped = {text: m.parallel.dataparallel_module(call_named(m, text).func)
+               for text in ("dp(x)", "sub(x)", "plain(x)")}
     assert m.code(wrapped["dp(x)"]) == "Net()" and m.code(wrapped["sub(x)"]) == "Net()"
     assert wrapped["plain(x)"] is None
     bare = next(n for n in m.nodes_of(cst.Name) if n.value == "bare")
@@ -605,6 +606,57 @@ def test_what_a_thread_runs_and_whether_it_opens_its_own_region():
     assert not m.parallel.library_module(mine, ("torchvision.",)) and not m.parallel.library_module(None, ("torch.",))
 
 
+# ---------------------------------------------------------------------- custom autograd Functions
+
+
+def test_custom_autograd_functions_and_their_amp_decorators():
+    m = model("""
+        import torch
+        from torch.cuda.amp import custom_fwd, custom_bwd
+
+        class Good(torch.autograd.Function):
+            @staticmethod
+            @custom_fwd(cast_inputs=torch.float32)
+            def forward(ctx, x):
+                return x
+
+            @staticmethod
+            @custom_bwd
+            def backward(ctx, g):
+                return g
+
+        class Swapped(torch.autograd.Function):
+            @staticmethod
+            @torch.amp.custom_fwd(device_type="cuda")
+            def forward(ctx, x):
+                return x
+
+            @staticmethod
+            @torch.amp.custom_fwd(device_type="cuda")
+            def backward(ctx, g):
+                return g
+
+        class ForwardOnly(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, x):
+                return x
+
+        class Net(torch.nn.Module):
+            @torch.autocast("cuda")
+            def forward(self, x):
+                return x
+    """)
+    assert [c.name.value for c in m.autograd.functions()] == ["Good", "Swapped", "ForwardOnly"]
+    assert [c.name.value for c in m.autograd.functions_without_custom_bwd()] == ["Swapped"]
+    good, swapped, _, net = m.nodes_of(cst.ClassDef)
+    assert m.autograd.decorator_kinds(m.method(good, "forward")) == ["custom_fwd"]  # staticmethod is no torch API
+    assert m.autograd.decorator_kinds(m.method(net, "forward")) == ["autocast"]
+    assert m.autograd.decorator_of(m.method(good, "backward"), "custom_fwd") is None
+    assert m.code(m.autograd.decorator_of(m.method(good, "backward"), "custom_bwd").decorator) == "custom_bwd"
+    wrong = m.autograd.decorator_of(m.method(swapped, "backward"), "custom_fwd")
+    assert m.code(wrong.decorator) == 'torch.amp.custom_fwd(device_type="cuda")'
+
+
 def test_rules_ask_the_model_and_keep_nothing_on_it():
     """A rule reads the model's public facts: it sets no attribute on it, reads none of its
     private names, and imports no other rule's private function (a fact two rules need
@@ -646,7 +698,7 @@ def test_the_core_model_shows_only_what_is_asked_of_it():
              for p in folder.rglob("*.py") if model_dir not in p.parents]
     facets = [n for n in dir(AmpModel) if isinstance(getattr(AmpModel, n), functools.cached_property)]
     assert {"precision", "dataflow", "checkpoints", "updates", "training", "apex", "bound", "guards",
-            "parallel"} <= set(facets)
+            "parallel", "autograd"} <= set(facets)
     unasked = [n for n in dir(AmpModel) if not n.startswith("_") and n not in facets
                and not any(re.search(r"\.%s\b" % n, t) for t in texts)]
     assert unasked == [], "public names of the model nothing outside it asks (make them private): %s" % unasked

@@ -2,7 +2,7 @@
 them before it analyses anything (see ampfix/engine/rulemeta.py). Do not edit; regenerate.
 """
 
-DIGEST = 'e72b3c0e7140c7f590e37397dbdfe777426fb00b348d9b5ce27cf83561c36da8'
+DIGEST = 'b2c71103f4d5143cc1ac7b0aa92cf8176f7ff4f195d72695af4f10ac0603d8ac'
 
 RULES = [
     ('AMP001', 'backward-in-autocast', True, ('autocast',), (),

@@ -12,8 +12,7 @@ and cached. The core, one class whose parts are one module each, answers what mo
 * `callgraph`: which functions and methods of this file a call runs (closures, `self.m()`,
   `obj.m()`, `obj(...)`, `super()`), with arguments bound to parameters;
 * `regions`: autocast regions (with, decorators, partial, module-global contexts);
-* `objects`: GradScalers, optimizers, backward calls, custom autograd Functions, CUDA
-  initialisation;
+* `objects`: GradScalers, optimizers, backward calls, CUDA initialisation;
 * `flow`: conditional contexts and exits, for path questions;
 * `events`: per-function AMP event summaries, and traces that inline them through calls;
 * `iterations`: the training iteration an event runs in, its ends (for "before the next
@@ -40,7 +39,9 @@ first use, each reading the core through its `model`, so their names stay out of
   which only name apex for compatibility), its optional imports and optimizer factories;
 * `model.parallel` (`parallel`): code run in other threads (`nn.DataParallel` replicas,
   `parallel_apply`, threads of the file's own): the module a DataParallel wraps, the function
-  a thread runs, whether a function opens its own autocast region.
+  a thread runs, whether a function opens its own autocast region;
+* `model.autograd` (`autograd`): the custom autograd Functions of the file and the
+  `custom_fwd`/`custom_bwd` decorators of their `forward` and `backward`.
 
 Helpers over nodes: `readwrite` (names read and bound by a statement), `syntax` (`dotted`,
 `get_arg`, literals).
@@ -54,6 +55,7 @@ from typing import Optional
 import libcst as cst
 
 from ampfix.model.apex_uses import ApexLeftover, ApexOptionalImport, ApexRole, ApexUse, ApexUses
+from ampfix.model.autograd import CustomFunctions
 from ampfix.model.bound import Bound
 from ampfix.model.callgraph import CallGraph
 from ampfix.model.checkpoints import Checkpoints
@@ -137,6 +139,11 @@ class AmpModel(Tree, Names, Values, CallGraph, Regions, Objects, Flow, Events, E
     def parallel(self) -> Parallel:
         """DataParallel replicas and threads: what they run, whether it opens its own region."""
         return Parallel(self)
+
+    @cached_property
+    def autograd(self) -> CustomFunctions:
+        """Custom autograd Functions and their `custom_fwd`/`custom_bwd` decorators."""
+        return CustomFunctions(self)
 
     def _reads_of(self, node: cst.CSTNode) -> set:
         """The names `node` (a statement or expression) reads (computed once per node)."""

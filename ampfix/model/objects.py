@@ -1,5 +1,5 @@
-"""The objects of a training step: GradScalers, optimizers, backward calls, custom autograd
-Functions, and the calls that initialise CUDA."""
+"""The objects of a training step: GradScalers, optimizers, backward calls, and the calls that
+initialise CUDA."""
 
 from __future__ import annotations
 
@@ -400,39 +400,6 @@ class Objects:
     @property
     def backward_calls(self) -> List[BackwardCall]:
         return [b for b in (self._backward_call(c) for c in self.calls) if b is not None]
-
-    # ---------------------------------------------------------------- custom autograd Functions
-    def autograd_functions(self) -> List[cst.ClassDef]:
-        """The `torch.autograd.Function` subclasses defined in this file."""
-        return [c for c in self.nodes_of(cst.ClassDef)  # type: ignore[misc]
-                if any(self.is_api(b.value, "autograd.Function") for b in c.bases)]
-
-    def decorator_kinds(self, func: cst.FunctionDef) -> List[str]:
-        """The torch API kinds of a function's decorators ("custom_fwd", "autocast", ...)."""
-        out = []
-        for d in func.decorators:
-            dec = d.decorator
-            api = self.api_of(dec.func if isinstance(dec, cst.Call) else dec)
-            if api is not None:
-                out.append(api.kind)
-        return out
-
-    def decorator_of(self, func: cst.FunctionDef, kind: str) -> Optional[cst.Decorator]:
-        """The decorator of `func` that is the torch API `kind` (called or bare), if any."""
-        for d in func.decorators:
-            dec = d.decorator
-            if self.is_api(dec.func if isinstance(dec, cst.Call) else dec, kind):
-                return d
-        return None
-
-    def custom_functions_without_custom_bwd(self) -> List[cst.ClassDef]:
-        """autograd.Function subclasses in this file whose backward lacks custom_bwd."""
-        result = []
-        for cls in self.autograd_functions():
-            bwd = self.method(cls, "backward")
-            if bwd is not None and "custom_bwd" not in self.decorator_kinds(bwd):
-                result.append(cls)
-        return result
 
     # ---------------------------------------------------------------- CUDA initialisation
     def _is_cuda_device(self, expr: Optional[cst.CSTNode], depth: int = 0, allow_int: bool = False) -> bool:
