@@ -95,7 +95,7 @@ scaler.update()
         if index is None or index == 0:
             return None  # nested deeper, or nothing would stay in the block
         moved, kept = list(body.body[index:]), list(body.body[:index])
-        safe = all(_is_training_call(s) for s in moved) and not model.custom_functions_without_custom_bwd()
+        safe = all(_is_training_call(s) for s in moved) and not model.autograd.functions_without_custom_bwd()
         # LibCST renders nested blocks relative to their parent, so the moved statements
         # take the `with` statement's indentation by themselves.
         new_with = region_node.with_changes(body=body.with_changes(body=kept))

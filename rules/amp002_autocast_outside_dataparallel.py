@@ -93,7 +93,7 @@ with torch.autocast("cuda", dtype=torch.bfloat16):
                 classes = model.module_classes(inner) if inner is not None else []
                 if classes and all(self._forward_enables(model, c) for c in classes):
                     continue
-                if not classes and not model.library_module(inner, KNOWN_LIBRARIES) and \
+                if not classes and not model.parallel.library_module(inner, KNOWN_LIBRARIES) and \
                         self._some_forward_enables(model):
                     continue  # an unknown module, and the file shows modules opening their own region
                 fix = self._fix(model, classes[0], region) if len(classes) == 1 and shown is ev.node else None
@@ -116,31 +116,31 @@ with torch.autocast("cuda", dtype=torch.bfloat16):
     def _thread_runs_model(self, model: AmpModel, call: cst.Call) -> bool:
         """The thread's function is a module, or a function/lambda of this file that calls one,
         and does not open an autocast region itself."""
-        fn = model.thread_target(call)
+        fn = model.parallel.thread_target(call)
         if fn is None:
             return False
-        if model.module_classes(fn) or model.library_module(fn, KNOWN_LIBRARIES):
+        if model.module_classes(fn) or model.parallel.library_module(fn, KNOWN_LIBRARIES):
             return True
         bodies = [fn] if isinstance(fn, cst.Lambda) else model.functions_named_by(fn)
         for body in bodies:
-            if isinstance(body, cst.FunctionDef) and model.function_enables_autocast(body):
+            if isinstance(body, cst.FunctionDef) and model.parallel.function_enables_autocast(body):
                 return False
             for c in model.calls:
                 if model.is_ancestor(body, c) and isinstance(c.func, (cst.Name, cst.Attribute)) and \
-                        (model.module_classes(c.func) or model.dataparallel_module(c.func) is not None
-                         or model.library_module(c.func, KNOWN_LIBRARIES)):
+                        (model.module_classes(c.func) or model.parallel.dataparallel_module(c.func) is not None
+                         or model.parallel.library_module(c.func, KNOWN_LIBRARIES)):
                     return True
         return False
 
     @staticmethod
     def _forward_enables(model: AmpModel, cls: cst.ClassDef) -> bool:
         fwd = model.lookup_method(cls, "forward")
-        return fwd is not None and model.function_enables_autocast(fwd)
+        return fwd is not None and model.parallel.function_enables_autocast(fwd)
 
     @staticmethod
     def _some_forward_enables(model: AmpModel) -> bool:
         """The file shows a module opening its own region (so an unknown module may, too)."""
-        return any(model.function_enables_autocast(f) for f in model.functions.get("forward", []))
+        return any(model.parallel.function_enables_autocast(f) for f in model.functions.get("forward", []))
 
     def _fix(self, model: AmpModel, cls: cst.ClassDef, region: Region) -> Optional[Fix]:
         fwd = model.method(cls, "forward")
@@ -168,8 +168,9 @@ def _wrapped(model: AmpModel, call: cst.Call, how: Optional[str]) -> Optional[cs
     the module `replicate(module, ...)` made the replicas passed to parallel_apply from."""
     if how == "DataParallel":
         func = call.func
-        return model.dataparallel_module(func.value if isinstance(func, cst.Attribute) and func.attr.value == "forward"
-                                         else func)
+        if isinstance(func, cst.Attribute) and func.attr.value == "forward":
+            func = func.value
+        return model.parallel.dataparallel_module(func)
     arg = get_arg(call, 0, "module" if how == "data_parallel" else "modules")
     if arg is None or how == "data_parallel":
         return arg.value if arg is not None else None

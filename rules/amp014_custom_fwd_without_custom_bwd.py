@@ -74,14 +74,14 @@ class MyMM(torch.autograd.Function):
 
     def check(self, ctx: FileContext) -> Iterator[Violation]:
         model = ctx.model
-        for cls in model.autograd_functions():
+        for cls in model.autograd.functions():
             fwd, bwd = model.method(cls, "forward"), model.method(cls, "backward")
             if fwd is None or bwd is None:
                 continue
-            fwd_dec = model.decorator_of(fwd, "custom_fwd")
-            if fwd_dec is None or "custom_bwd" in model.decorator_kinds(bwd):
+            fwd_dec = model.autograd.decorator_of(fwd, "custom_fwd")
+            if fwd_dec is None or "custom_bwd" in model.autograd.decorator_kinds(bwd):
                 continue
-            wrong = model.decorator_of(bwd, "custom_fwd")
+            wrong = model.autograd.decorator_of(bwd, "custom_fwd")
             message = None if wrong is None else (
                 "`backward` carries `custom_fwd` instead of `custom_bwd`: it does not replay the forward's "
                 "autocast state (and `cast_inputs` would cast the incoming gradients)")

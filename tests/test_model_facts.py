@@ -524,6 +524,139 @@ def test_apex_imports_the_migration_left_unused():
     assert left[2].kept_by is not None and m.line(left[2].kept_by) == 16  # `if HAVE_APEX:`
 
 
+# ---------------------------------------------------------------------- DataParallel replicas and threads
+
+
+def test_dataparallel_forwards_and_the_module_they_replicate():
+    m = model("""
+        import torch.nn as nn
+        from torch.nn.parallel import parallel_apply
+
+        class Net(nn.Module):
+            def forward(self, x):
+                return x
+
+        class MyDP(nn.DataParallel):
+            pass
+
+        dp = nn.DataParallel(Net()).cuda()
+        sub = MyDP(module=Net())
+        bare = nn.DataParallel()
+        plain = Net()
+        a = dp(x)
+        b = dp.forward(x)
+        c = sub(x)
+        d = plain(x)
+        e = parallel_apply(replicas, inputs)
+        f = nn.parallel.data_parallel(plain, x)
+    """)
+    kinds = {text: m.parallel.forward_kind(call_named(m, text))
+             for text in ("dp(x)", "dp.forward(x)", "sub(x)", "plain(x)", "parallel_apply(replicas, inputs)",
+                          "nn.parallel.data_parallel(plain, x)")}
+    assert kinds == {"dp(x)": "DataParallel", "dp.forward(x)": "DataParallel", "sub(x)": "DataParallel",
+                     "plain(x)": None, "parallel_apply(replicas, inputs)": "parallel_apply",
+                     "nn.parallel.data_parallel(plain, x)": "data_parallel"}
+    wrapped = {text: m.parallel.dataparallel_module(call_named(m, text).func)
+               for text in ("dp(x)", "sub(x)", "plain(x)")}
+    assert m.code(wrapped["dp(x)"]) == "Net()" and m.code(wrapped["sub(x)"]) == "Net()"
+    assert wrapped["plain(x)"] is None
+    bare = next(n for n in m.nodes_of(cst.Name) if n.value == "bare")
+    assert m.code(m.parallel.dataparallel_module(bare)) == "nn.DataParallel()"  # no module given: the call
+
+
+def test_what_a_thread_runs_and_whether_it_opens_its_own_region():
+    m = model("""
+        import threading
+        from concurrent.futures import ThreadPoolExecutor
+        import torch
+        import torchvision
+
+        def work():
+            with torch.autocast("cuda"):
+                run()
+
+        def plain():
+            with open("log") as f:
+                run()
+
+        @torch.autocast("cuda", dtype=torch.bfloat16)
+        def decorated():
+            run()
+
+        def disabled():
+            with torch.autocast("cuda", enabled=False):
+                run()
+
+        t = threading.Thread(target=work)
+        pool = ThreadPoolExecutor(2)
+        f = pool.submit(plain, 1)
+        g = other.submit(plain)
+        net = torchvision.models.resnet50().cuda()
+        mine = Net()
+    """)
+    assert m.code(m.parallel.thread_target(call_named(m, "threading.Thread(target=work)"))) == "work"
+    assert m.code(m.parallel.thread_target(call_named(m, "pool.submit(plain, 1)"))) == "plain"
+    assert m.parallel.thread_target(call_named(m, "other.submit(plain)")) is None  # not a thread pool
+    assert m.parallel.thread_target(call_named(m, "Net()")) is None
+    enables = {f.name.value: m.parallel.function_enables_autocast(f) for f in m.nodes_of(cst.FunctionDef)}
+    assert enables == {"work": True, "plain": False, "decorated": True, "disabled": False}
+    net, mine = (next(n for n in m.nodes_of(cst.Name) if n.value == name) for name in ("net", "mine"))
+    assert m.parallel.library_module(net, ("torchvision.", "timm."))
+    assert not m.parallel.library_module(net, ("timm.",))
+    assert not m.parallel.library_module(mine, ("torchvision.",)) and not m.parallel.library_module(None, ("torch.",))
+
+
+# ---------------------------------------------------------------------- custom autograd Functions
+
+
+def test_custom_autograd_functions_and_their_amp_decorators():
+    m = model("""
+        import torch
+        from torch.cuda.amp import custom_fwd, custom_bwd
+
+        class Good(torch.autograd.Function):
+            @staticmethod
+            @custom_fwd(cast_inputs=torch.float32)
+            def forward(ctx, x):
+                return x
+
+            @staticmethod
+            @custom_bwd
+            def backward(ctx, g):
+                return g
+
+        class Swapped(torch.autograd.Function):
+            @staticmethod
+            @torch.amp.custom_fwd(device_type="cuda")
+            def forward(ctx, x):
+                return x
+
+            @staticmethod
+            @torch.amp.custom_fwd(device_type="cuda")
+            def backward(ctx, g):
+                return g
+
+        class ForwardOnly(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, x):
+                return x
+
+        class Net(torch.nn.Module):
+            @torch.autocast("cuda")
+            def forward(self, x):
+                return x
+    """)
+    assert [c.name.value for c in m.autograd.functions()] == ["Good", "Swapped", "ForwardOnly"]
+    assert [c.name.value for c in m.autograd.functions_without_custom_bwd()] == ["Swapped"]
+    good, swapped, _, net = m.nodes_of(cst.ClassDef)
+    assert m.autograd.decorator_kinds(m.method(good, "forward")) == ["custom_fwd"]  # staticmethod is no torch API
+    assert m.autograd.decorator_kinds(m.method(net, "forward")) == ["autocast"]
+    assert m.autograd.decorator_of(m.method(good, "backward"), "custom_fwd") is None
+    assert m.code(m.autograd.decorator_of(m.method(good, "backward"), "custom_bwd").decorator) == "custom_bwd"
+    wrong = m.autograd.decorator_of(m.method(swapped, "backward"), "custom_fwd")
+    assert m.code(wrong.decorator) == 'torch.amp.custom_fwd(device_type="cuda")'
+
+
 def test_rules_ask_the_model_and_keep_nothing_on_it():
     """A rule reads the model's public facts: it sets no attribute on it, reads none of its
     private names, and imports no other rule's private function (a fact two rules need
@@ -564,7 +697,8 @@ def test_the_core_model_shows_only_what_is_asked_of_it():
     texts = [p.read_text(encoding="utf-8") for folder in (top / "rules", top / "ampfix", top / "tests")
              for p in folder.rglob("*.py") if model_dir not in p.parents]
     facets = [n for n in dir(AmpModel) if isinstance(getattr(AmpModel, n), functools.cached_property)]
-    assert {"precision", "dataflow", "checkpoints", "updates", "training", "apex", "bound", "guards"} <= set(facets)
+    assert {"precision", "dataflow", "checkpoints", "updates", "training", "apex", "bound", "guards",
+            "parallel", "autograd"} <= set(facets)
     unasked = [n for n in dir(AmpModel) if not n.startswith("_") and n not in facets
                and not any(re.search(r"\.%s\b" % n, t) for t in texts)]
     assert unasked == [], "public names of the model nothing outside it asks (make them private): %s" % unasked

@@ -2,7 +2,7 @@
 them before it analyses anything (see ampfix/engine/rulemeta.py). Do not edit; regenerate.
 """
 
-DIGEST = '56e0fe742de390104e4a9efd9c3cfaec572b9f298785900630749dea54d8521d'
+DIGEST = 'dddd13c2fe32d197cd3810ac39b58ecee69ffdf1da1854cc55ada05f21c366d5'
 
 RULES = [
     ('AMP001', 'backward-in-autocast', True, ('autocast',), (),

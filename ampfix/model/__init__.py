@@ -12,8 +12,7 @@ and cached. The core, one class whose parts are one module each, answers what mo
 * `callgraph`: which functions and methods of this file a call runs (closures, `self.m()`,
   `obj.m()`, `obj(...)`, `super()`), with arguments bound to parameters;
 * `regions`: autocast regions (with, decorators, partial, module-global contexts);
-* `objects`: GradScalers, optimizers, backward calls, custom autograd Functions, CUDA
-  initialisation;
+* `objects`: GradScalers, optimizers, backward calls, CUDA initialisation;
 * `flow`: conditional contexts and exits, for path questions;
 * `events`: per-function AMP event summaries, and traces that inline them through calls;
 * `iterations`: the training iteration an event runs in, its ends (for "before the next
@@ -37,7 +36,12 @@ first use, each reading the core through its `model`, so their names stay out of
 * `model.bound` (`bound`): what a name or `self.` attribute may be at a point (assigned on
   every path? None on some?), for fixes that insert code;
 * `model.apex` (`apex_uses`): uses of NVIDIA apex outside `apex.amp` (which AMP103 migrates,
-  which only name apex for compatibility), its optional imports and optimizer factories.
+  which only name apex for compatibility), its optional imports and optimizer factories;
+* `model.parallel` (`parallel`): code run in other threads (`nn.DataParallel` replicas,
+  `parallel_apply`, threads of the file's own): the module a DataParallel wraps, the function
+  a thread runs, whether a function opens its own autocast region;
+* `model.autograd` (`autograd`): the custom autograd Functions of the file and the
+  `custom_fwd`/`custom_bwd` decorators of their `forward` and `backward`.
 
 Helpers over nodes: `readwrite` (names read and bound by a statement), `syntax` (`dotted`,
 `get_arg`, literals).
@@ -51,6 +55,7 @@ from typing import Optional
 import libcst as cst
 
 from ampfix.model.apex_uses import ApexLeftover, ApexOptionalImport, ApexRole, ApexUse, ApexUses
+from ampfix.model.autograd import CustomFunctions
 from ampfix.model.bound import Bound
 from ampfix.model.callgraph import CallGraph
 from ampfix.model.checkpoints import Checkpoints
@@ -65,6 +70,7 @@ from ampfix.model.training import Training
 from ampfix.model.updates import UpdateMisplaced, UpdatePlace, Updates
 from ampfix.model.names import API_TABLE, Api, ImportBinding, Names
 from ampfix.model.objects import BackwardCall, Objects
+from ampfix.model.parallel import Parallel
 from ampfix.model.precision import Precision
 from ampfix.model.readwrite import names_bound, reads_writes, uses_only
 from ampfix.model.regions import Region, Regions
@@ -128,6 +134,16 @@ class AmpModel(Tree, Names, Values, CallGraph, Regions, Objects, Flow, Events, E
     def guards(self) -> Guards:
         """Old-torch fallback code, stage and version branches (code that must not be modernised)."""
         return Guards(self)
+
+    @cached_property
+    def parallel(self) -> Parallel:
+        """DataParallel replicas and threads: what they run, whether it opens its own region."""
+        return Parallel(self)
+
+    @cached_property
+    def autograd(self) -> CustomFunctions:
+        """Custom autograd Functions and their `custom_fwd`/`custom_bwd` decorators."""
+        return CustomFunctions(self)
 
     def _reads_of(self, node: cst.CSTNode) -> set:
         """The names `node` (a statement or expression) reads (computed once per node)."""

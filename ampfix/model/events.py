@@ -312,10 +312,10 @@ class Events:
                 loss = loss.args[0].value
             return Event(BACKWARD, call, scaler=bw.scaler, detail=bw.kind,
                          target=self.code(loss) if loss is not None else None)
-        dp = self._parallel_forward(call)
+        dp = self.parallel.forward_kind(call)  # type: ignore[attr-defined]
         if dp is not None:
             return Event(DP_FORWARD, call, detail=dp)
-        worker = self.thread_target(call)
+        worker = self.parallel.thread_target(call)  # type: ignore[attr-defined]
         if worker is not None:
             return Event(THREAD_RUN, call, target=self.code(worker))
         callees = self.callees(call)
@@ -381,33 +381,6 @@ class Events:
         if isinstance(bscope, cst.FunctionDef) and self.is_parameter(bscope, root):
             return True
         return any(self.is_synthetic(v) for v in self.possible_values(func if "." not in text else func.value))
-
-    def _parallel_forward(self, call: cst.Call) -> Optional[str]:
-        """"DataParallel" for `dp_model(x)` / `dp_model.forward(x)`, "parallel_apply" and
-        "data_parallel" for the functional forms."""
-        api = self.api_of(call)
-        if api is not None and api.kind in ("parallel_apply", "data_parallel"):
-            return api.kind
-        func = call.func
-        if isinstance(func, cst.Attribute) and func.attr.value == "forward":
-            func = func.value
-        if isinstance(func, (cst.Name, cst.Attribute)) and self.dataparallel_module(func) is not None:
-            return "DataParallel"
-        return None
-
-    def thread_target(self, call: cst.Call) -> Optional[cst.BaseExpression]:
-        """The function a call hands to another thread: `Thread(target=f)`,
-        `pool.submit(f, ...)`, `pool.map(f, ...)` on a thread pool."""
-        api = self.api_of(call)
-        if api is not None and api.kind == "thread":
-            arg = get_arg(call, 1, "target")
-            return arg.value if arg is not None else None
-        if isinstance(call.func, cst.Attribute) and call.func.attr.value in ("submit", "map", "apply_async", "imap"):
-            owner = call.func.value
-            if any(isinstance(v, cst.Call) and self.is_api(v, "thread_pool") for v in self.possible_values(owner)):
-                arg = get_arg(call, 0, None)
-                return arg.value if arg is not None else None
-        return None
 
     def _reads_grad(self, call: cst.Call) -> bool:
         """The call's result depends on the magnitude of some `.grad` (`p.grad.norm()`,

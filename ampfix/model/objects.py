@@ -1,18 +1,17 @@
-"""The objects of a training step: GradScalers, optimizers, backward calls, custom autograd
-Functions, and the calls that initialise CUDA."""
+"""The objects of a training step: GradScalers, optimizers, backward calls, and the calls that
+initialise CUDA."""
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Set
+from typing import Dict, List, Optional, Set
 
 import libcst as cst
 from libcst.metadata import QualifiedNameSource
 
 from ampfix.model.syntax import call_name, get_arg, literal_bool, literal_string
 from ampfix.model.tree import dotted
-from ampfix.model.values import SAME_OBJECT_METHODS
 
 # torch.cuda functions that initialise CUDA (cuInit) when called, in current torch.
 # Not here on purpose: device_count (NVML), manual_seed/manual_seed_all/set_rng_state (deferred),
@@ -341,28 +340,7 @@ class Objects:
             return True
         return key in self._stepped_optimizers() or bool(OPTIMIZER_NAME.match(key.rpartition(".")[2]))
 
-    # ---------------------------------------------------------------- modules, DataParallel, threads
-    def _is_dataparallel_class(self, cls: cst.ClassDef) -> bool:
-        """A class of this file that is (a subclass of) `nn.DataParallel`."""
-        return any(self.is_api(b.value, "DataParallel") or
-                   (isinstance(b.value, cst.Name) and (base := self._class_named(b.value)) is not None
-                    and base is not cls and self._is_dataparallel_class(base)) for b in cls.bases)
-
-    def dataparallel_module(self, expr: cst.CSTNode) -> Optional[cst.CSTNode]:
-        """When `expr` holds an `nn.DataParallel` (any spelling, or a subclass of this file):
-        the module it wraps (the DataParallel call itself when the module is not given)."""
-        for v in self.possible_values(expr):
-            while isinstance(v, cst.Call) and isinstance(v.func, cst.Attribute) and \
-                    v.func.attr.value in SAME_OBJECT_METHODS:
-                v = v.func.value  # nn.DataParallel(net).cuda()
-            if not isinstance(v, cst.Call):
-                continue
-            cls = self._class_of_value(v)
-            if self.is_api(v, "DataParallel") or (cls is not None and self._is_dataparallel_class(cls)):
-                arg = get_arg(v, 0, "module")
-                return arg.value if arg is not None else v
-        return None
-
+    # ---------------------------------------------------------------- modules
     def is_module_class(self, cls: cst.ClassDef) -> bool:
         """A class of this file that subclasses `nn.Module` (directly or through this file)."""
         for b in cls.bases:
@@ -377,19 +355,6 @@ class Objects:
     def module_classes(self, expr: cst.CSTNode) -> List[cst.ClassDef]:
         """The nn.Module classes of this file that `expr` may hold."""
         return [c for c in self.classes_of(expr) if self.is_module_class(c)]
-
-    def library_module(self, expr: Optional[cst.CSTNode], prefixes: Sequence[str]) -> bool:
-        """`expr` holds a module built by a library named by `prefixes` (torchvision, timm, ...)."""
-        if expr is None:
-            return False
-        out = False
-        for v in self.possible_values(expr):
-            while isinstance(v, cst.Call) and isinstance(v.func, cst.Attribute) and v.func.attr.value in SAME_OBJECT_METHODS:
-                v = v.func.value
-            if not isinstance(v, cst.Call) or not any(q.startswith(tuple(prefixes)) for q in self.qualnames(v)):
-                return False
-            out = True
-        return out
 
     def optimizer_over(self, clip: cst.CSTNode) -> Optional[str]:
         """The optimizer built, in the clip's own function, over exactly the parameters clipped
@@ -435,39 +400,6 @@ class Objects:
     @property
     def backward_calls(self) -> List[BackwardCall]:
         return [b for b in (self._backward_call(c) for c in self.calls) if b is not None]
-
-    # ---------------------------------------------------------------- custom autograd Functions
-    def autograd_functions(self) -> List[cst.ClassDef]:
-        """The `torch.autograd.Function` subclasses defined in this file."""
-        return [c for c in self.nodes_of(cst.ClassDef)  # type: ignore[misc]
-                if any(self.is_api(b.value, "autograd.Function") for b in c.bases)]
-
-    def decorator_kinds(self, func: cst.FunctionDef) -> List[str]:
-        """The torch API kinds of a function's decorators ("custom_fwd", "autocast", ...)."""
-        out = []
-        for d in func.decorators:
-            dec = d.decorator
-            api = self.api_of(dec.func if isinstance(dec, cst.Call) else dec)
-            if api is not None:
-                out.append(api.kind)
-        return out
-
-    def decorator_of(self, func: cst.FunctionDef, kind: str) -> Optional[cst.Decorator]:
-        """The decorator of `func` that is the torch API `kind` (called or bare), if any."""
-        for d in func.decorators:
-            dec = d.decorator
-            if self.is_api(dec.func if isinstance(dec, cst.Call) else dec, kind):
-                return d
-        return None
-
-    def custom_functions_without_custom_bwd(self) -> List[cst.ClassDef]:
-        """autograd.Function subclasses in this file whose backward lacks custom_bwd."""
-        result = []
-        for cls in self.autograd_functions():
-            bwd = self.method(cls, "backward")
-            if bwd is not None and "custom_bwd" not in self.decorator_kinds(bwd):
-                result.append(cls)
-        return result
 
     # ---------------------------------------------------------------- CUDA initialisation
     def _is_cuda_device(self, expr: Optional[cst.CSTNode], depth: int = 0, allow_int: bool = False) -> bool:

@@ -216,20 +216,3 @@ class Regions:
             child = anc
         return False
 
-    def _regions_in(self, func: cst.CSTNode) -> List[Region]:
-        """Every possibly enabled region opened by `func`'s own body (or its decorator)."""
-        out = []
-        if isinstance(func, cst.FunctionDef):
-            r = self._decorator_region(func)
-            if r is not None and r.enabled is not False:
-                out.append(r)
-        for w in self.nodes_of(cst.With):
-            if self.scope_of(w) is func:
-                r = self.with_region(w)  # type: ignore[arg-type]
-                if r is not None and r.enabled is not False:
-                    out.append(r)
-        return out
-
-    def function_enables_autocast(self, func: cst.FunctionDef) -> bool:
-        """True when calling `func` runs (part of) its body under an enabled autocast."""
-        return bool(self._regions_in(func))
