@@ -119,6 +119,7 @@ def _questions(project: Project, root: Path, importer: str) -> None:
     project.lacks_relevant_classes(trainer)
     project.callers(step.path, "step")
     project.member(project.module(str(root / "pkg" / "api.py")), "step")
+    project.reach_bound(path, ("backward", "GradScaler"), ("scaler",))
     project.reach_words(path, ("backward", "GradScaler"), ("scaler",))
     project.reach_held(path, ("backward", "GradScaler"), ("scaler",))
     project.reach_text(path)

@@ -115,8 +115,12 @@ def triggered(rules: Sequence[Type[Rule]], text: str, path: str = "",
     # memoises by it); `_passing` reads only the strings of the rules of `rest`
     words, lower_words = _project_words(rules)
     own = ({t for t in words if t in text}, {t for t in lower_words if t in lowered})
-    # the rules' trigger test on the file and the code it reaches (`Project.reach_held`), after a
-    # cheaper bound of that code (`reach_words`) that lets most files go without a walk
+    # the rules' trigger test on the file and the code it reaches (`Project.reach_held`), after
+    # two cheaper bounds of that code: the related modules' strings (`reach_bound`, a union of
+    # memoised sets), which lets most files go, then `reach_words` (a walk of memoised reaches)
+    bound = project.reach_bound(full, words, lower_words)  # type: ignore[attr-defined]
+    if not _passing(rest, own, bound):
+        return active
     bound = project.reach_words(full, words, lower_words)  # type: ignore[attr-defined]
     if bound is not None and not _passing(rest, own, bound):
         return active
