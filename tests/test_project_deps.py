@@ -248,3 +248,25 @@ def test_an_answer_cut_short_is_not_kept_for_the_files_that_follow(tmp_path, mon
     names = lambda bases: [(b.path, b.qual) for b in bases]  # noqa: E731
     assert names(project.bases(trainer)) == names(fresh.bases(fresh.resolve(path, "pkg.Trainer"))) != []
     assert project.summary(str(tmp_path / "pkg" / "impl.py")) is not None
+
+
+def test_a_dependency_digest_is_kept_while_the_file_is_the_same(tmp_path):
+    # `dep_digest` hashes a module once per process, and again once its stat changes
+    import hashlib
+    import os
+    import time
+
+    from ampfix.engine.results import dep_digest
+
+    f = tmp_path / "m.py"
+    f.write_bytes(b"x = 1\n")
+    assert dep_digest(str(f)) == hashlib.sha256(b"x = 1\n").hexdigest()
+    f.write_bytes(b"x = 22\n")
+    assert dep_digest(str(f)) == hashlib.sha256(b"x = 22\n").hexdigest()
+    st = os.stat(f)
+    time.sleep(0.05)  # (past the granularity of the file system's clock)
+    f.write_bytes(b"x = 33\n")  # the same size, and the same modification time
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert dep_digest(str(f)) == hashlib.sha256(b"x = 33\n").hexdigest()  # (its change time moved)
+    f.unlink()
+    assert dep_digest(str(f)) is None

@@ -26,7 +26,7 @@ MAX_FIX_PASSES = 10
 
 # the results and decoding live in ampfix/engine/results.py (no LibCST needed there); importable from here
 from ampfix.engine.results import (Diagnostic, FileError, FileResult, FixEdit, InputError, Settings, SourceText,  # noqa: F401
-                            TextEdit, _NOT_JSON, decode_source, diff_names, file_digest, unified_diff)  # noqa: E402
+                            TextEdit, _NOT_JSON, decode_source, dep_digest, diff_names, file_digest, unified_diff)  # noqa: E402
 
 
 #: counters for `AMPFIX_STATS=1` (this process: run with `-j 1` to see a whole run)
@@ -992,7 +992,7 @@ def _process_bytes(data: bytes, path: str, rules: Sequence[Type[Rule]], settings
             if result.error is None:  # an error (a syntax error) depends on the file's own text
                 for dep in texts:
                     if dep != own:
-                        result.deps[dep] = file_digest(dep) or ""
+                        result.deps[dep] = dep_digest(dep) or ""
                 result.deps.update(graph)  # the import graph's answers (checked by the cache's graph)
     return result
 
