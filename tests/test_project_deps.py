@@ -270,3 +270,20 @@ def test_a_dependency_digest_is_kept_while_the_file_is_the_same(tmp_path):
     assert dep_digest(str(f)) == hashlib.sha256(b"x = 33\n").hexdigest()  # (its change time moved)
     f.unlink()
     assert dep_digest(str(f)) is None
+
+
+def test_a_run_closes_its_projects_and_the_next_one_reads_afresh(tmp_path, monkeypatch):
+    # `runner.run` ends with the projects of the process forgotten (their parses freed then,
+    # not by the collector at exit); a second run in the same process finds the same
+    from ampfix.api import check_paths
+    from ampfix.engine import analyze
+
+    tree(tmp_path, LAYERED)
+    monkeypatch.chdir(tmp_path)
+    first = check_paths(["."], no_cache=True, jobs=1)
+    assert analyze._PROJECTS == {}
+    second = check_paths(["."], no_cache=True, jobs=1)
+    assert analyze._PROJECTS == {}
+    assert [(r.path, r.diagnostics) for r in first.results] == [(r.path, r.diagnostics) for r in second.results]
+    assert any(r.deps for r in first.results)
+    assert [r.deps for r in first.results] == [r.deps for r in second.results]

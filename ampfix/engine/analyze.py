@@ -238,6 +238,14 @@ def project_for(path: str, settings: Settings):
     return project
 
 
+def close_projects() -> None:
+    """The end of a run (`runner.run`): every project of this process forgets what it knew
+    (`Project.close`); the next run reads the project afresh, as a new process does."""
+    for project in _PROJECTS.values():
+        project.close()  # type: ignore[attr-defined]
+    _PROJECTS.clear()
+
+
 def parse_in_project(text: str, path: str, settings: Settings) -> cst.Module:
     """`parse`, reusing the parse the project made of this file for its summary, if any."""
     project = project_for(path, settings)
