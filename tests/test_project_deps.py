@@ -123,6 +123,7 @@ def _questions(project: Project, root: Path, importer: str) -> None:
     project.lacks_relevant_classes(trainer)
     project.callers(step.path, "step")
     project.member(project.module(str(root / "pkg" / "api.py")), "step")
+    project.reach_bound(path, ("backward", "GradScaler"), ("scaler",))
     project.reach_words(path, ("backward", "GradScaler"), ("scaler",))
     project.reach_held(path, ("backward", "GradScaler"), ("scaler",))
     project.reach_text(path)
@@ -251,6 +252,45 @@ def test_an_answer_cut_short_is_not_kept_for_the_files_that_follow(tmp_path, mon
     names = lambda bases: [(b.path, b.qual) for b in bases]  # noqa: E731
     assert names(project.bases(trainer)) == names(fresh.bases(fresh.resolve(path, "pkg.Trainer"))) != []
     assert project.summary(str(tmp_path / "pkg" / "impl.py")) is not None
+
+
+def test_a_dependency_digest_is_kept_while_the_file_is_the_same(tmp_path):
+    # `dep_digest` hashes a module once per process, and again once its stat changes
+    import hashlib
+    import os
+    import time
+
+    from ampfix.engine.results import dep_digest
+
+    f = tmp_path / "m.py"
+    f.write_bytes(b"x = 1\n")
+    assert dep_digest(str(f)) == hashlib.sha256(b"x = 1\n").hexdigest()
+    f.write_bytes(b"x = 22\n")
+    assert dep_digest(str(f)) == hashlib.sha256(b"x = 22\n").hexdigest()
+    st = os.stat(f)
+    time.sleep(0.05)  # (past the granularity of the file system's clock)
+    f.write_bytes(b"x = 33\n")  # the same size, and the same modification time
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert dep_digest(str(f)) == hashlib.sha256(b"x = 33\n").hexdigest()  # (its change time moved)
+    f.unlink()
+    assert dep_digest(str(f)) is None
+
+
+def test_a_run_closes_its_projects_and_the_next_one_reads_afresh(tmp_path, monkeypatch):
+    # `runner.run` ends with the projects of the process forgotten (their parses freed then,
+    # not by the collector at exit); a second run in the same process finds the same
+    from ampfix.api import check_paths
+    from ampfix.engine import analyze
+
+    tree(tmp_path, LAYERED)
+    monkeypatch.chdir(tmp_path)
+    first = check_paths(["."], no_cache=True, jobs=1)
+    assert analyze._PROJECTS == {}
+    second = check_paths(["."], no_cache=True, jobs=1)
+    assert analyze._PROJECTS == {}
+    assert [(r.path, r.diagnostics) for r in first.results] == [(r.path, r.diagnostics) for r in second.results]
+    assert any(r.deps for r in first.results)
+    assert [r.deps for r in first.results] == [r.deps for r in second.results]
 
 
 # ------------------------------------------------------------------ a long-lived project (the language server)

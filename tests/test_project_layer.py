@@ -431,6 +431,49 @@ def test_reach_text_is_the_code_the_file_uses_not_whole_modules(tmp_path):
         assert {w for w in words if w in project.reach_text(path)} <= held, name
     held, _ = project.reach_words(str(tmp_path / "train.py"), words, ())
     assert "backward" in held and "autocast" not in held  # as narrow as the code used, here
+    # nor does the related modules' bound (`reach_bound`), which holds all of their strings
+    for name in ("train.py", "pkg/base.py", "pkg/models.py", "pkg/steps.py"):
+        path = str(tmp_path / name)
+        held, _ = project.reach_bound(path, words, ())
+        assert {w for w in words if w in project.reach_text(path)} <= held, name
+    assert "autocast" in project.reach_bound(str(tmp_path / "train.py"), words, ())[0]
+
+
+def test_reach_bound_holds_what_the_trigger_view_makes(tmp_path):
+    # the trigger view removes an autocast query and an autocast region turned off: what is
+    # left may hold a string the module's text does not (`.half()`, `torch.half`), which
+    # `reach_held` reads; the related modules' bound (`reach_bound`) holds it all the same
+    tree(tmp_path, {
+        "pyproject.toml": "",
+        "pkg/__init__.py": "",
+        "pkg/steps.py": """\
+            import torch
+
+            def step(model, x):
+                y = model(x).half(is_autocast_enabled)
+                return torch.autocast("cuda", enabled=False)half(y)
+
+            z = 1
+            # a comment line
+            """,
+        "train.py": """\
+            from pkg.steps import step
+
+            def train(model, x):
+                return step(model, x)
+            """,
+    })
+    words = (".half()", "torch.half", "autocast", "backward", "z = 1")
+    project = Project(tmp_path)
+    path = str(tmp_path / "train.py")
+    reach, _ = project.reach_held(path, words, ())
+    assert {".half()", "torch.half"} <= reach and "autocast" not in reach
+    assert not {".half()", "torch.half"} & {w for w in words if w in (tmp_path / "pkg" / "steps.py").read_text()}
+    held, _ = project.reach_bound(path, words, ())
+    assert reach <= held and "z = 1" in held and "backward" not in held
+    # a module with no autocast in it: the strings of its text (its parts are pieces of it)
+    lower = ("z = 1", "step(")
+    assert project.reach_bound(str(tmp_path / "pkg" / "steps.py"), lower, ())[0] == {"step("}
 
 
 def test_text_mro_and_methods_without_a_summary(tmp_path):

@@ -26,7 +26,7 @@ MAX_FIX_PASSES = 10
 
 # the results and decoding live in ampfix/engine/results.py (no LibCST needed there); importable from here
 from ampfix.engine.results import (Diagnostic, FileError, FileResult, FixEdit, InputError, Settings, SourceText,  # noqa: F401
-                            TextEdit, _NOT_JSON, decode_source, diff_names, file_digest, unified_diff)  # noqa: E402
+                            TextEdit, _NOT_JSON, decode_source, dep_digest, diff_names, file_digest, unified_diff)  # noqa: E402
 
 
 #: counters for `AMPFIX_STATS=1` (this process: run with `-j 1` to see a whole run)
@@ -115,8 +115,12 @@ def triggered(rules: Sequence[Type[Rule]], text: str, path: str = "",
     # memoises by it); `_passing` reads only the strings of the rules of `rest`
     words, lower_words = _project_words(rules)
     own = ({t for t in words if t in text}, {t for t in lower_words if t in lowered})
-    # the rules' trigger test on the file and the code it reaches (`Project.reach_held`), after a
-    # cheaper bound of that code (`reach_words`) that lets most files go without a walk
+    # the rules' trigger test on the file and the code it reaches (`Project.reach_held`), after
+    # two cheaper bounds of that code: the related modules' strings (`reach_bound`, a union of
+    # memoised sets), which lets most files go, then `reach_words` (a walk of memoised reaches)
+    bound = project.reach_bound(full, words, lower_words)  # type: ignore[attr-defined]
+    if not _passing(rest, own, bound):
+        return active
     bound = project.reach_words(full, words, lower_words)  # type: ignore[attr-defined]
     if bound is not None and not _passing(rest, own, bound):
         return active
@@ -232,6 +236,14 @@ def project_for(path: str, settings: Settings):
         project = _PROJECTS[key] = Project(Path(root), store=store, parse=_parse_quietly,
                                            max_memory=settings.max_file_memory)
     return project
+
+
+def close_projects() -> None:
+    """The end of a run (`runner.run`): every project of this process forgets what it knew
+    (`Project.close`); the next run reads the project afresh, as a new process does."""
+    for project in _PROJECTS.values():
+        project.close()  # type: ignore[attr-defined]
+    _PROJECTS.clear()
 
 
 def parse_in_project(text: str, path: str, settings: Settings) -> cst.Module:
@@ -988,7 +1000,7 @@ def _process_bytes(data: bytes, path: str, rules: Sequence[Type[Rule]], settings
             if result.error is None:  # an error (a syntax error) depends on the file's own text
                 for dep in texts:
                     if dep != own:
-                        result.deps[dep] = file_digest(dep) or ""
+                        result.deps[dep] = dep_digest(dep) or ""
                 result.deps.update(graph)  # the import graph's answers (checked by the cache's graph)
     return result
 

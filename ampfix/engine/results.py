@@ -5,6 +5,7 @@ file: everything a warm run (all cache hits) needs, without importing LibCST or 
 from __future__ import annotations
 
 import codecs
+import os
 from dataclasses import dataclass, field, fields
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -148,6 +149,27 @@ def file_digest(path: str) -> Optional[str]:
             return hashlib.sha256(fh.read()).hexdigest()
     except OSError:
         return None
+
+
+_DIGESTS: Dict[str, Tuple[Tuple[int, int, int, int], str]] = {}
+
+
+def dep_digest(path: str) -> Optional[str]:
+    """`file_digest` of a module a result depends on, kept per process while the file's
+    `os.stat` (modification and change times, size, inode) is the same: the files of a run
+    depend on the same modules, which were read and hashed once per file otherwise."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    key = (st.st_mtime_ns, st.st_ctime_ns, st.st_size, st.st_ino)
+    hit = _DIGESTS.get(path)
+    if hit is not None and hit[0] == key:
+        return hit[1]
+    digest = file_digest(path)
+    if digest is not None:
+        _DIGESTS[path] = (key, digest)  # (changed between the stat and the read: the next stat differs)
+    return digest
 
 
 class InputError(Exception):

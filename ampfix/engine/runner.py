@@ -616,6 +616,8 @@ def run(plan: Plan, stdin: Optional[BinaryIO] = None) -> Run:
                 store.put(keys[i], results[i])
     if os.environ.get("AMPFIX_STATS"):
         _print_stats()
+    if "ampfix.engine.analyze" in sys.modules:  # (a warm run imported neither it nor a project)
+        sys.modules["ampfix.engine.analyze"].close_projects()
     return Run(plan, [results[i] for i in range(len(plan.files))], snapshots=snapshots, notes=notes)
 
 

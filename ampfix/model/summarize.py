@@ -49,22 +49,24 @@ def def_spans(text: str) -> Dict[str, Tuple[int, int]]:
     offset = 0
     quote: Optional[str] = None  # inside a triple-quoted string: its lines say nothing of the code
     for line in text.splitlines(keepends=True):
+        if quote is not None or '"""' in line or "'''" in line:  # (most lines hold no quote: no scan)
+            was_inside = quote is not None
+            for q in _TRIPLE.findall(line):
+                if quote is None:
+                    quote = q
+                elif q == quote:
+                    quote = None
+            if was_inside:
+                offset += len(line)
+                continue
         stripped = line.strip()
-        was_inside = quote is not None
-        for q in _TRIPLE.findall(line):
-            if quote is None:
-                quote = q
-            elif q == quote:
-                quote = None
-        if was_inside:
-            offset += len(line)
-            continue
         if stripped and not stripped.startswith(("#", "@", ")", "]", "}")):
             indent = len(line) - len(line.lstrip(" \t"))
             while open_ and indent <= open_[-1][0]:
                 _, name, start, _ = open_.pop()
                 out.setdefault(name, (start, offset))
-            m = _DEF_LINE.match(line)
+            # (`_DEF_LINE` matches only a line whose code starts with one of these words)
+            m = _DEF_LINE.match(line) if stripped.startswith(("def", "class", "async")) else None
             if m is not None:
                 if not open_:
                     open_.append((indent, m.group(3), offset, m.group(2)))

@@ -139,6 +139,7 @@ class Project:
         self._used: _Memo[Tuple[str, str], Optional[Definition]] = _Memo()
         self._closures: _Memo[Tuple[Tuple[str, Optional[str]], int], Optional[frozenset]] = _Memo()
         self._words: Dict[Tuple[Tuple[str, ...], Tuple[str, ...]], Dict[object, Tuple[frozenset, frozenset]]] = {}
+        self._words_of_modules: Dict[Tuple[Tuple[str, ...], Tuple[str, ...]], Dict[str, Tuple[frozenset, frozenset]]] = {}
         self._active: List[Tuple[str, str]] = []
         self.parsed: List[str] = []  # modules this project parsed itself (not given by the engine)
         self.from_store = 0  # summaries read from the store
@@ -215,7 +216,7 @@ class Project:
         for memo in (self._sources, self._summaries, self._modules, self._members, self._resolved, self._bases,
                      self._callers, self._bound, self._used, self._reached,
                      self._text_mros, self._lacks_methods, self._imports_at, self._stats, self._indexes, self._spans, self._relevant,
-                     self._closures, self._words, self._deps_pool, self._offered):
+                     self._closures, self._words, self._words_of_modules, self._deps_pool, self._offered):
             memo.clear()
         self.graph = ImportGraph(Path(self.root), self._quiet_text, self.layout)
 
@@ -235,6 +236,9 @@ class Project:
         for parts in self._words.values():
             for key in [k for k in parts if _part_path(k) in changed]:
                 del parts[key]
+        for held in self._words_of_modules.values():
+            for p in changed:
+                held.pop(p, None)
         for memo in (self._members, self._resolved, self._bases, self._used, self._reached, self._text_mros,
                      self._lacks_methods, self._closures):
             stale = [k for k in memo if k not in memo.deps or _reads(memo.deps[k], changed)]
@@ -243,6 +247,14 @@ class Project:
                 memo.deps.pop(key, None)
         self._callers.clear()
         self.graph = ImportGraph(Path(self.root), self._quiet_text, self.layout)
+
+    def close(self) -> None:
+        """The run is over: forget what the project knew, the parses it keeps included. They
+        are freed now, by reference counting; else with the project, which its modules' lazy
+        summaries (closures over it) keep in reference cycles, by the garbage collector at the
+        process's exit (about 1 s after a -j 1 check of timm)."""
+        self._forget()
+        self._kept.clear()
 
     def end(self) -> Tuple[List[str], Dict[str, str]]:
         """What the analysis since `begin` depended on: the modules whose texts it read, and
@@ -780,6 +792,50 @@ class Project:
                         parts.append((importer, span[0], span[1]))
         return parts
 
+    def reach_bound(self, path: str, words: Tuple[str, ...], lower_words: Tuple[str, ...]) -> Tuple[set, set]:
+        """A bound of `reach_text(path)` as the triggers read it, cheaper than `reach_words`:
+        the strings of `words` (and of `lower_words`, lower-cased) that some part of a related
+        module may hold (`_module_words`), over every related module (`_related`: all the
+        parts of `reach_text` lie in them). Never fewer than `reach_held` holds; one memoised
+        answer per module, so most files of a tree cost a union of a few sets. Each related
+        module's text is a dependency of the result."""
+        found: set = set()
+        found_lower: set = set()
+        for f in self._related(os.path.abspath(path)):
+            held, held_lower = self._module_words(f, words, lower_words)
+            found |= held
+            found_lower |= held_lower
+        return found, found_lower
+
+    def _module_words(self, path: str, words: Tuple[str, ...], lower_words: Tuple[str, ...]
+                      ) -> Tuple[frozenset, frozenset]:
+        """The strings of `words` (of `lower_words`, lower-cased) that the code of any key of
+        `_key_code` in the module at `path` holds as `_held_by` reads it: all of the module,
+        its top-level code, each of its definitions (an importer's span is one of them).
+        Where the trigger view removes only comment lines (no `_autocast`, not both `enabled`
+        and `autocast`) and no string holds a line break, the strings the module's whole text
+        holds: the code of a key is its text, or pieces of it that end at line breaks, and a
+        comment line's removal leaves a line break on its left, so neither makes a string
+        that the text does not hold (and lower-casing an ASCII string's characters does not
+        depend on their neighbours). Else each key is read as `_held_by` reads it. Memoised."""
+        memo = self._words_of_modules.setdefault((words, lower_words), {})
+        hit = memo.get(path)
+        if hit is not None:
+            self._touch(path)  # a dependency of this file's result all the same
+            return hit
+        text = self.text(path)
+        if text is None:
+            hit = (frozenset(), frozenset())
+        elif (_plain_words(words, lower_words) and "_autocast" not in text
+              and not ("enabled" in text and "autocast" in text)):
+            hit = _held(text, words, lower_words)
+        else:
+            keys = [path, (path, None), *((path, qual) for qual in self._def_spans(path))]
+            held, held_lower = self._held_by(keys, words, lower_words)
+            hit = (frozenset(held), frozenset(held_lower))
+        memo[path] = hit
+        return hit
+
     def reach_words(self, path: str, words: Tuple[str, ...], lower_words: Tuple[str, ...]
                     ) -> Optional[Tuple[set, set]]:
         """A cheap bound of `reach_text(path)` as the triggers read it (`trigger_view`): the
@@ -1138,6 +1194,12 @@ def _words_in(code: str, words: Tuple[str, ...], lower_words: Tuple[str, ...]) -
         if view is not code:
             found = _held(view, words, lower_words)
     return found
+
+
+def _plain_words(words: Tuple[str, ...], lower_words: Tuple[str, ...]) -> bool:
+    """No string is empty or holds a line break (of `str.splitlines`), and the lower-case ones
+    are ASCII (`_module_words`)."""
+    return all(w.splitlines() == [w] for w in (*words, *lower_words)) and all(w.isascii() for w in lower_words)
 
 
 def _held(text: str, words: Tuple[str, ...], lower_words: Tuple[str, ...]) -> Tuple[frozenset, frozenset]:
