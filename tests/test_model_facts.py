@@ -275,6 +275,70 @@ def test_an_iteration_is_a_loop_group_read_through_its_accessors():
 # ---------------------------------------------------------------------- checkpoints and precision
 
 
+def _updates_in_optimizer_loops(src: str) -> list:
+    m = model(src)
+    out = []
+    for trace in m.traces():
+        for upd in trace.of(UPDATE):
+            fact = m.updates.update_misplaced(trace, upd)
+            out.append(None if fact is None else fact.place.value)
+    return out
+
+
+def test_an_update_in_a_loop_over_optimizers_unless_the_loop_picks_one():
+    """`model.updates`: an update inside `for opt in optimizers:` runs once per optimizer;
+    not when the loop's variable restricts the body to one optimizer (a GAN's alternating
+    turns), however the test is written; a guard on something else does not restrict it."""
+    loop = """
+        def step(scaler, optimizers, loss, idx, debug):
+            scaler.scale(loss).backward()
+            for i, opt in enumerate(optimizers):
+                {guard}
+                scaler.step(opt)
+                scaler.update()
+        """
+    assert _updates_in_optimizer_loops(loop.format(guard="pass")) == ["optimizer_loop"]
+    assert _updates_in_optimizer_loops(loop.format(guard="if debug: continue")) == ["optimizer_loop"]
+    assert _updates_in_optimizer_loops(loop.format(guard="if i == idx: continue")) == ["optimizer_loop"]
+    for guard in ("if i != idx: continue", "if idx != i:\n                    continue",
+                  "if idx is not None and i != idx: continue"):
+        assert _updates_in_optimizer_loops(loop.format(guard=guard)) == [None], guard
+    picked = """
+        def step(scaler, optimizers, loss, turn):
+            scaler.scale(loss).backward()
+            for i, opt in enumerate(optimizers):
+                if i == turn:
+                    scaler.step(opt)
+                    scaler.update()
+        """
+    assert _updates_in_optimizer_loops(picked) == [None]
+
+
+def test_an_accelerator_that_may_prepare_an_optimizer():
+    """`FrameworkFacts.may_prepare_optimizer`: what a file shows an Accelerator (or Fabric)
+    hand over; an argument not known as a module, a loader or a scheduler may be an optimizer."""
+    from ampfix.model.frameworks import frameworks
+
+    def prepares(line: str) -> bool:
+        m = model(f"""
+            import torch
+            from accelerate import Accelerator
+            accelerator = Accelerator(mixed_precision="fp16")
+            {line}
+            """)
+        facts = frameworks(m)
+        fws = [f for c in m.calls if (f := facts.framework(c)) is not None]
+        assert fws
+        return facts.may_prepare_optimizer(fws)
+
+    assert not prepares("model = accelerator.prepare(model)")
+    assert not prepares("model, loader, sched = accelerator.prepare(model, train_loader, lr_scheduler)")
+    assert prepares("model, opt = accelerator.prepare(model, torch.optim.SGD(model.parameters(), 0.1))")
+    assert prepares("model, thing = accelerator.prepare(model, thing)")  # not known what it is
+    assert prepares("opt = accelerator.prepare_optimizer(opt)")
+    assert prepares("objs = accelerator.prepare(*objs)")
+
+
 def test_saved_states_classify_their_entries():
     m = model("""
         import torch
