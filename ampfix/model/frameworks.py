@@ -21,13 +21,12 @@ built once and cached on it):
 
 from __future__ import annotations
 
-import weakref
-
 from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple
 
 import libcst as cst
 
+from ampfix.model.facet import Facet
 from ampfix.model.syntax import call_name, get_arg, literal_string
 from ampfix.model.tree import child_nodes, dotted
 from ampfix.model.values import SAME_OBJECT_METHODS, ReturnedElement
@@ -112,9 +111,10 @@ def _int_text(node: cst.CSTNode) -> Optional[str]:
     return None
 
 
-class FrameworkFacts:
+class FrameworkFacts(Facet):
     def __init__(self, model):
-        self.m = weakref.proxy(model)  # (the model keeps these facts: no cycle back to it, `Facet`)
+        super().__init__(model)  # (a proxy of the model, which keeps these facts: `Facet`)
+        self.m = self.model
         self._fw_cache: dict = {}
 
     # ---------------------------------------------------------------- constructions
