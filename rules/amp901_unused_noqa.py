@@ -65,7 +65,7 @@ scaler.step(optimizer)
         used: Set[Tuple[int, Optional[str]]] = ctx.extra.get("noqa_used", set())
         selected = set(ctx.extra.get("selected_codes", ()))
         known = list(all_rules())
-        comments = self._comments(ctx)
+        comments: Optional[Dict[Tuple[int, int], cst.Comment]] = None
         for d in found:
             stale: List[str] = []
             unknown: List[str] = []
@@ -77,16 +77,24 @@ scaler.step(optimizer)
                     unknown.append(c)
                 elif self.code not in covered and all(k in selected for k in covered):
                     stale.append(c)
+            if not (stale or unknown):
+                continue
+            if comments is None:
+                comments = self._comments(ctx)
             node = comments.get((d.line, d.column))
-            if node is None or not (stale or unknown):
+            if node is None:
                 continue
             yield Violation(node, message=self._message(stale, unknown, d.file_level),
                             fix=self._fix(ctx, d, node, set(stale) | set(unknown)))
 
     @staticmethod
     def _comments(ctx: FileContext) -> Dict[Tuple[int, int], cst.Comment]:
+        """The comments that may hold a directive (the word `noqa`), by position: only those
+        need one (a position costs the code generation of its top-level statement)."""
         out = {}
         for node in ctx.model.nodes_of(cst.Comment):
+            if "noqa" not in node.value.lower():
+                continue
             pos = ctx.model.position(node).start
             out[(pos.line, pos.column)] = node
         return out
