@@ -79,6 +79,32 @@ def test_positions_of_a_late_node_render_one_statement(monkeypatch):
     assert len(hooked) < 20
 
 
+def test_positions_in_a_method_render_that_method_not_its_class(monkeypatch):
+    """A node of one method of a 3000-method class renders that method (and a header comment
+    its line), not the whole class (nor the module)."""
+    from ampfix.model import tree as tree_mod
+
+    methods = "".join(f"    def m{i}(self):\n        return {i}\n\n" for i in range(3000))
+    text = "# header\nimport torch\n\n\nclass Big:\n" + methods + "    def last(self):\n        scaler.step(opt)\n"
+    module = cst.parse_module(text)
+    tree = _tree(module, text)
+    hooked = []
+    real = tree_mod._PositionState.before_codegen
+
+    def count(self, node):
+        hooked.append(node)
+        return real(self, node)
+
+    monkeypatch.setattr(tree_mod._PositionState, "before_codegen", count)
+    call = [n for n in tree._index.nodes if isinstance(n, cst.Call)][-1]
+    pos = tree.position(call)
+    assert (pos.start.line, pos.start.column) == (text.count("\n"), 8)
+    assert len(hooked) < 40
+    comment = next(n for n in tree._index.nodes if isinstance(n, cst.Comment))
+    assert tree.position(comment).start.line == 1
+    assert len(hooked) < 50
+
+
 # runs the CLI and writes its peak RSS (VmHWM, which starts afresh at exec) to a file at exit:
 # a child's ru_maxrss would start from the RSS of the process that forked it (pytest's)
 _MEASURED = """import atexit, runpy, sys

@@ -108,6 +108,12 @@ ODD_PLACES = [
     "import os\r\nasync def h():\r\n    async with a as b:\r\n        pass\r\nz = [\r\n 1,\r\n]",
     "x = 1\rdef k(a,\r      b):\r    return a\r",
     "try:\n    pass\nexcept E:\n    pass\nwhile 1:\n    break\nmatch x:\n    case 1:\n        pass\n",
+    # statements of a top-level class's or function's body, placed alone (`Tree._raw_position`)
+    "class A(B):\n    '''doc'''\n    x = 1; y = 2\n\n    # c\n    @dec\n    def f(self):  # t\n        return 1\n"
+    "\n    class Inner:\n        def g(self): pass\n    async def h(self):\n        async with a:\n            pass\n",
+    "class T:\n\tdef f(self):\n\t\tif x:\n\t\t\treturn 1\n\tdef \\\n  g(self):\n\t\tpass\n# footer\n",
+    "def outer():\n  x = 1\n  def inner():\n    return x\n  return inner\nclass C: x = 1\nclass D:\n  y = 2",
+    "class E:\n    def f(self):\n        pass\n    # a comment at the end of the class\n\n\nx = 1\n",
 ]
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import ast as pyast
 import re
 from collections import defaultdict
-from typing import Callable, DefaultDict, Dict, Iterator, List, Optional, Set, Tuple
+from typing import Callable, DefaultDict, Dict, Iterator, List, Optional, Sequence, Set, Tuple
 
 import libcst as cst
 from libcst import MaybeSentinel
@@ -540,6 +540,22 @@ def positions(module: cst.Module) -> Dict[cst.CSTNode, Tuple[Tuple[int, int], Tu
     return state.computed
 
 
+def _pair_statements(stmts: Sequence[cst.BaseStatement], nodes: List[pyast.stmt],
+                     out: Dict[int, int]) -> Optional[List[Tuple[cst.BaseStatement, pyast.stmt]]]:
+    """Pair LibCST statements with CPython's (a simple statement line is as many statements as
+    it holds), recording id() -> the line CPython gives each: the pairs, or None when they do
+    not pair up."""
+    pairs, i = [], 0
+    for stmt in stmts:
+        n = len(stmt.body) if isinstance(stmt, cst.SimpleStatementLine) else 1
+        if i + n > len(nodes):
+            return None
+        out[id(stmt)] = nodes[i].lineno
+        pairs.append((stmt, nodes[i]))
+        i += n
+    return pairs if i == len(nodes) else None
+
+
 class Tree:
     """Structural queries over the indexed tree (a part of `AmpModel`)."""
 
@@ -589,33 +605,46 @@ class Tree:
         if whole is not None:
             return whole[node]
         parts = self.__dict__.setdefault("_part_positions", {})
-        top = node
+        chain = [node]  # node and its ancestors below the module
         for anc in self.ancestors(node):
             if anc is self.module:
                 break
-            top = anc
+            chain.append(anc)
+        top = chain[-1]
         if top is not node or self._parent(node) is self.module:
-            part = parts.get(top)
-            if part is None:
-                part = parts[top] = self._statement_positions(top) or {}
-            found = part.get(node)
-            if found is not None:
-                return found
+            # the statement of a top-level class's or function's body that holds `node` (a
+            # method: its code alone, not its whole class's), then the top-level statement
+            unit = chain[-3] if len(chain) >= 3 and type(chain[-2]) is cst.IndentedBlock else top
+            for stmt in (unit, top) if unit is not top else (top,):
+                part = parts.get(stmt)
+                if part is None:
+                    part = parts[stmt] = self._statement_positions(stmt) or {}
+                found = part.get(node)
+                if found is not None:
+                    return found
         whole = self.__dict__["_raw_positions"] = positions(self.module)
         return whole[node]
 
     def _statement_positions(self, top: cst.CSTNode) -> Optional[Dict[cst.CSTNode, Tuple[Tuple[int, int], Tuple[int, int]]]]:
-        """The positions of every node of the top-level statement `top` (see `position`), or None."""
+        """The positions of every node of `top` (see `position`), or None: a top-level statement,
+        a line of the module's header, or a statement of the body of a top-level class or
+        function (its code generated alone, at its block's indentation)."""
         text = self.__dict__.get("source_text")
         if text is None:
             return None
         # the lines before each top-level statement, when the caller knows them (the language
         # server's re-parse keeps the statements' lengths); checked against the text below
-        shift = (self.__dict__.get("top_shifts") or {}).get(id(top))
+        shifts = self.__dict__.get("top_shifts")
+        shift = (shifts or {}).get(id(top))
+        if shift is None and shifts is not None and self._parent(top) is not self.module:
+            return None  # (the language server's re-parse: top-level statements, no CPython parse)
         lines = self._top_lines() if shift is None else None
         if shift is None and (lines is None or id(top) not in lines):
             return None
         state = _PositionState(self.module)
+        block = self._parent(top)
+        if isinstance(block, cst.IndentedBlock):
+            state.increase_indent(self.module.default_indent if block.indent is None else block.indent)
         top._codegen(state)
         computed = state.computed
         if shift is None:
@@ -640,8 +669,10 @@ class Tree:
         return {n: ((sl + shift, sc), (el + shift, ec)) for n, ((sl, sc), (el, ec)) in computed.items()}
 
     def _top_lines(self) -> Optional[Dict[int, int]]:
-        """id() of each top-level statement -> the line CPython's parser gives it (None when
-        there is no source text, CPython cannot parse it, or the statements do not pair up)."""
+        """id() of each top-level statement, and of each statement of a top-level class's or
+        function's body -> the line CPython's parser gives it; id() of each line of the module's
+        header -> its line (None when there is no source text, CPython cannot parse it, or the
+        top-level statements do not pair up; a body whose statements do not pair up is left out)."""
         if "_top_line_map" in self.__dict__:
             return self.__dict__["_top_line_map"]
         out: Optional[Dict[int, int]] = None
@@ -652,16 +683,19 @@ class Tree:
             except (SyntaxError, ValueError, RecursionError, MemoryError, OverflowError):
                 body = None
             if body is not None:
-                out, i = {}, 0
-                for stmt in self.module.body:
-                    n = len(stmt.body) if isinstance(stmt, cst.SimpleStatementLine) else 1
-                    if i + n > len(body):
-                        out = None
-                        break
-                    out[id(stmt)] = body[i].lineno
-                    i += n
-                if out is not None and i != len(body):
+                out = {}
+                pairs = _pair_statements(self.module.body, body, out)
+                if pairs is None:
                     out = None
+                else:
+                    for i, h in enumerate(self.module.header):
+                        out[id(h)] = i + 1  # the header is the file's first lines
+                    for stmt, node in pairs:
+                        if type(stmt) in (cst.ClassDef, cst.FunctionDef) and type(stmt.body) is cst.IndentedBlock \
+                                and isinstance(node, (pyast.ClassDef, pyast.FunctionDef, pyast.AsyncFunctionDef)):
+                            inner: Dict[int, int] = {}
+                            if _pair_statements(stmt.body.body, node.body, inner) is not None:
+                                out.update(inner)
         self.__dict__["_top_line_map"] = out
         return out
 
