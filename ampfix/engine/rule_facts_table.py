@@ -2,7 +2,7 @@
 them before it analyses anything (see ampfix/engine/rulemeta.py). Do not edit; regenerate.
 """
 
-DIGEST = 'dddd13c2fe32d197cd3810ac39b58ecee69ffdf1da1854cc55ada05f21c366d5'
+DIGEST = 'c3629b1352af3c81688688cfa08305c7f478e2bf688393f6a043828688f98e40'
 
 RULES = [
     ('AMP001', 'backward-in-autocast', True, ('autocast',), (),
