@@ -622,7 +622,7 @@ class Events:
                         region: Optional[Region], depth: int, stack: Tuple[Hashable, ...], self_cls,
                         bindings: Optional[Dict[str, cst.BaseExpression]] = None, chosen: bool = False) -> None:
         module = ff.module.summary
-        module_names = set(module.constants) | set(module.imports) | set(module.functions)
+        constants, imports, functions = module.constants, module.imports, module.functions
 
         def tr(key: Optional[str]) -> Optional[str]:
             if key is None:
@@ -630,7 +630,7 @@ class Events:
             root, dot, rest = key.partition(".")
             if root in keys:
                 return keys[root] + dot + rest
-            if root in module_names:
+            if root in constants or root in imports or root in functions:
                 return f"{ff.path}:{key}"  # a global of that module: one object for every call
             return f"{key}@{ff.path}:{ff.qual}@{fframe[-1]}"  # a local of this run of it
 

@@ -424,8 +424,8 @@ class Summarizer:
         if qual in self.skip:
             return summary
         summary.effects = self.effects(func)
-        for r in m.nodes_of(cst.Return):
-            if r.value is not None and m.scope_of(r) is func:
+        for r in m._nodes_in_scope(func, cst.Return):
+            if r.value is not None:
                 summary.returns.extend(self.canon.values(r.value))
                 if m.precision.autocast_regions():  # a loss computed under autocast and returned
                     regions, foreign = m.precision.computing_regions(r.value)
@@ -541,8 +541,8 @@ class Summarizer:
                         what[key] += f"|{text}"
             out.append({"keys": list(state.keys), "state": what, "line": self.locate(state.save)[0],
                         "opaque": state.opaque, "scaler_state": state.scaler_state})
-        for call in m.calls:  # `torch.save(state, path)` of a dict the caller builds
-            if m.scope_of(call) is func and m.is_api(call, "save") and call.args \
+        for call in m._nodes_in_scope(func, cst.Call):  # `torch.save(state, path)` of a dict the caller builds
+            if m.is_api(call, "save") and call.args \
                     and isinstance(call.args[0].value, cst.Name) and m.is_parameter(func, call.args[0].value.value):
                 out.append({"param": call.args[0].value.value, "line": self.locate(call)[0]})
         return out
@@ -550,7 +550,7 @@ class Summarizer:
     def options(self, func: cst.FunctionDef) -> Dict[str, List[Value]]:
         """For a function that returns `parser.parse_args()`: the options its parser declares."""
         m = self.model
-        returns = [r.value for r in m.nodes_of(cst.Return) if r.value is not None and m.scope_of(r) is func]
+        returns = [r.value for r in m._nodes_in_scope(func, cst.Return) if r.value is not None]
         if not any(isinstance(v, cst.Call) and call_name(v) in ("parse_args", "parse_known_args")
                    for r in returns for v in m.possible_values(r)):
             return {}

@@ -540,6 +540,27 @@ def positions(module: cst.Module) -> Dict[cst.CSTNode, Tuple[Tuple[int, int], Tu
     return state.computed
 
 
+def _plain_dotted(node: cst.CSTNode) -> Optional[str]:
+    """The code of a name or attribute chain written without parentheses or blanks around its
+    dots (`self.scaler.step`): its dotted name, without generating its code. None otherwise."""
+    attrs: List[str] = []
+    while type(node) is cst.Attribute:
+        dot = node.dot  # type: ignore[attr-defined]
+        if node.lpar or node.rpar or type(dot) is not cst.Dot \
+                or not _no_space(dot.whitespace_before) or not _no_space(dot.whitespace_after):  # type: ignore[attr-defined]
+            return None
+        attrs.append(node.attr.value)  # type: ignore[attr-defined]
+        node = node.value  # type: ignore[attr-defined]
+    if type(node) is not cst.Name or node.lpar or node.rpar:  # type: ignore[attr-defined]
+        return None
+    attrs.append(node.value)  # type: ignore[attr-defined]
+    return ".".join(reversed(attrs))
+
+
+def _no_space(ws: cst.BaseParenthesizableWhitespace) -> bool:
+    return type(ws) is cst.SimpleWhitespace and ws.value == ""  # type: ignore[attr-defined]
+
+
 def _pair_statements(stmts: Sequence[cst.BaseStatement], nodes: List[pyast.stmt],
                      out: Dict[int, int]) -> Optional[List[Tuple[cst.BaseStatement, pyast.stmt]]]:
     """Pair LibCST statements with CPython's (a simple statement line is as many statements as
@@ -740,7 +761,8 @@ class Tree:
 
     def code(self, node: cst.CSTNode) -> str:
         """The source text of `node`, without surrounding whitespace."""
-        return self.module.code_for_node(node).strip()
+        plain = _plain_dotted(node)
+        return plain if plain is not None else self.module.code_for_node(node).strip()
 
     def in_import(self, node: cst.CSTNode) -> bool:
         return any(isinstance(a, (cst.Import, cst.ImportFrom)) for a in self.ancestors(node))
