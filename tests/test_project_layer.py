@@ -842,3 +842,67 @@ def test_summary_places_an_effect_of_an_overloaded_function_in_its_own_definitio
     })
     effects = Project(tmp_path).summary(str(tmp_path / "engine.py")).functions["step"].effects
     assert {(e.line, e.col) for e in effects} == {(10, 5)}, effects
+
+
+SUMMARY_PLACES = '''
+import torch
+from helpers import log
+
+
+@log("a")
+def first(model, loss, scaler):
+    """Calls `scaler.scale(loss).backward()` like:
+
+    >>> scaler.scale(loss).backward()
+    """
+    # scaler.scale(loss).backward() in a comment
+    if loss is None:
+        raise ValueError("no loss")
+    if scaler is None:
+        raise ValueError(
+            "no scaler")
+    scaler.scale(loss).backward()
+
+
+@log("b")
+def second(loss, scaler):
+    log("b")
+    scaler.scale(loss).backward()
+
+
+class Trainer:
+    def backward(self, loss):
+        self.scaler.scale(loss).backward()
+
+    def step(self):
+        self.backward(self.loss)
+'''
+
+
+def test_summary_places_effects_by_the_text_where_it_can_and_right():
+    """A summary places its effects by finding their code in the function's text (no position
+    pass): the k-th place for the k-th node, leaving out a docstring's or a comment's mention,
+    a one-line statement that only starts like a longer one, and a definition's own name; a
+    decorator's call, written above the `def` line, gets the position pass (the text of the span
+    above it holds the next function's decorators). Every place found is the node's position."""
+    from ampfix.model.summarize import Summarizer, def_spans
+    from ampfix.project.project import NO_FACTS
+
+    text = SUMMARY_PLACES.lstrip("\n")
+    model = AmpModel(cst.parse_module(text), foreign=NO_FACTS, path="m.py")
+    model.source_text = text
+    s = Summarizer(model)
+    s.text, s.spans = text, def_spans(text)
+    found = {}
+    for node in model.nodes_of(cst.Call, cst.SimpleStatementLine):
+        hit = s._find(node)
+        if hit is not None:
+            assert hit == model.start(node), model.code(node)
+            found[node] = hit
+    backwards = [n for n in model.nodes_of(cst.Call) if model.code(n) == "scaler.scale(loss).backward()"]
+    assert len(backwards) == 2 and all(n in found for n in backwards)
+    raises = [n for n in model.nodes_of(cst.SimpleStatementLine) if model.code(n).startswith("raise")]
+    assert len(raises) == 2 and all(n in found for n in raises)
+    logs = [n for n in model.nodes_of(cst.Call) if model.code(n.func) == "log"]
+    assert [n in found for n in logs] == [False, False, True]  # two decorators, then the call in `second`
+    assert any(model.code(n) == "self.backward(self.loss)" for n in found)

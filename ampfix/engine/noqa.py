@@ -15,6 +15,8 @@ import tokenize
 from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
+from ampfix.lexemes import LEXEMES
+
 CODES = r"[A-Za-z]+[0-9]+(?:[\s,]+[A-Za-z]+[0-9]+)*"
 NOQA_RE = re.compile(r"#\s*noqa(?::\s*(?P<codes>" + CODES + r"))?", re.IGNORECASE)
 FILE_NOQA_RE = re.compile(r"^#\s*ampfix\s*:\s*noqa(?:\s*:\s*(?P<codes>" + CODES + r"))?\s*$", re.IGNORECASE)
@@ -42,20 +44,6 @@ def comments(text: str) -> List[Comment]:
     return out
 
 
-#: a comment, or a string literal (skipped: a `#` or a quote in it is text). Outside strings and
-#: comments, `#` starts a comment and a quote a string; inside one, a backslash escapes the next
-#: character (in raw strings too, as far as where the string ends goes); Python 3.11's f-strings
-#: are strings here as for its tokenizer.
-_LEXEMES = re.compile(
-    r"(?P<c>#[^\r\n]*)"
-    r"|'''(?:[^'\\]|\\[\s\S]|'(?!''))*'''"
-    r'|"""(?:[^"\\]|\\[\s\S]|"(?!""))*"""'
-    r"|(?!''')'(?:[^'\\\n]|\\[\s\S])*'"  # three quotes start a triple-quoted string
-    r'|(?!""")"(?:[^"\\\n]|\\[\s\S])*"'
-    r"|(?P<open>['\"])"  # a quote that starts no complete string: the text is not Python
-)
-
-
 def noqa_comments(text: str) -> List[Comment]:
     """The comments of `text` that hold `noqa` (any case): `comments(text)` filtered, without
     Python's tokenizer (a regular expression that skips the string literals, about 10x faster on
@@ -65,7 +53,7 @@ def noqa_comments(text: str) -> List[Comment]:
         return [c for c in comments(text) if "noqa" in c.text.lower()]
     out: List[Comment] = []
     line, pos = 1, 0
-    for m in _LEXEMES.finditer(text):
+    for m in LEXEMES.finditer(text):
         if m.group("open") is not None:
             return [c for c in comments(text) if "noqa" in c.text.lower()]
         body = m.group("c")

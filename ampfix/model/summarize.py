@@ -10,10 +10,12 @@ that leave the module as `CALL` effects for the project to compose.
 from __future__ import annotations
 
 import re
+from bisect import bisect_right
 from typing import Any, Dict, Hashable, List, Optional, Tuple
 
 import libcst as cst
 
+from ampfix.lexemes import LEXEMES
 from ampfix.model.events import BACKWARD, EXIT, EXTERNAL, TraceEvent
 from ampfix.model.summary import (IMPORTED, LOCAL, PARAM, SELF, UNKNOWN, ClassSummary, Effect, FunctionSummary,
                                   ModuleSummary, OutgoingCall, Param, Value)
@@ -295,6 +297,7 @@ class Summarizer:
         self._needles: Dict[cst.CSTNode, str] = {}  # a node's code as `_find` looks for it (its first line)
         self._whole_needles: Dict[cst.CSTNode, bool] = {}  # ... and whether that is all of it
         self._quals: Optional[Dict[str, int]] = None  # how many functions the module has of each name
+        self._lexemes: Dict[str, Tuple[List[int], List[int]]] = {}  # a span's comments and strings (starts, ends)
 
     def locate(self, node: cst.CSTNode) -> Tuple[int, int]:
         """(line, 0-based column) of `node`, found in the text of the top-level function or
@@ -316,6 +319,8 @@ class Summarizer:
         span = self.spans.get(qual) if qual is not None else None
         if span is None or owner is None or not self._one_definition(qual):
             return None  # a function defined twice (`@overload` stubs): the span may be another's
+        if self._in_decorator(node):
+            return None  # written above its function's `def` line: outside the span (`def_spans`)
         needle = self._needle(node)
         key = (qual, needle, type(node))
         same = self._same.get(key)
@@ -332,6 +337,8 @@ class Summarizer:
             pos = text.find(needle, pos + 1, span[1])
         if len(places) != len(same):
             places = self._code_places(places, needle, same)
+        if len(places) != len(same):
+            places = self._outside_lexemes(qual, span, places)
         if len(places) != len(same) or not any(n is node for n in same):
             return None
         pos = places[next(i for i, n in enumerate(same) if n is node)]
@@ -340,11 +347,14 @@ class Summarizer:
     def _code_places(self, places: List[int], needle: str, same: List[cst.CSTNode]) -> List[int]:
         """The places of `needle` that can be one of the nodes `same` (each is written there):
         not where it continues a name (`self.foo` in `self.foobar`, `x_self.foo`,
-        `a.self.foo`), and, where each of them is a call whose function is written on one
-        line, only where a `(` follows (after blanks and comments). Fewer nodes then need the
+        `a.self.foo`); where each of them is a call whose function is written on one line,
+        only where a `(` follows (after blanks and comments); where each is written on more
+        lines than one (the needle is its first line), only where the line ends. Fewer nodes then need the
         positions of their whole top-level statement (`model.start`)."""
         text = self.text or ""
         called = all(isinstance(n, cst.Call) and self._whole_needles.get(n, False) for n in same)
+        # each is written on more lines than one: its first line, the needle, ends where it ends
+        first_lines = all(not self._whole_needles.get(n, True) for n in same)
         open_start = _WORD_CHAR.match(needle) is not None
         open_end = _WORD_CHAR.match(needle[-1:]) is not None
         out = []
@@ -354,9 +364,40 @@ class Summarizer:
                 continue
             if open_end and end < len(text) and _WORD_CHAR.match(text[end]):
                 continue
-            if called and not _OPENS_CALL.match(text, end):
+            if called and (not _OPENS_CALL.match(text, end)
+                           or text[text.rfind("\n", 0, pos) + 1:pos].split() in (["def"], ["async", "def"], ["class"])):
+                continue  # (a definition's own name is no call)
+            if first_lines and text[end:end + 1] not in ("\n", "\r"):
                 continue
             out.append(pos)
+        return out
+
+    def _outside_lexemes(self, qual: str, span: Tuple[int, int], places: List[int]) -> List[int]:
+        """The places that are not in a comment or a string literal of the span of `qual` (a
+        docstring's `>>> accelerator.reduce(x)`, a message naming a call). All of them when the
+        span does not lex (a quote that closes nothing, a lone carriage return)."""
+        ranges = self._lexemes.get(qual)
+        if ranges is None:
+            starts: Optional[List[int]] = []
+            ends: List[int] = []
+            if self.text.find("\r", span[0], span[1]) >= 0:  # type: ignore[union-attr]
+                starts = None
+            else:
+                for m in LEXEMES.finditer(self.text, span[0], span[1]):  # type: ignore[arg-type]
+                    if m.group("open") is not None:
+                        starts = None
+                        break
+                    starts.append(m.start())  # type: ignore[union-attr]
+                    ends.append(m.end())
+            ranges = self._lexemes[qual] = (starts, ends) if starts is not None else ([], [])
+        starts, ends = ranges
+        if not starts:
+            return places
+        out = []
+        for pos in places:
+            i = bisect_right(starts, pos) - 1
+            if i < 0 or pos >= ends[i]:
+                out.append(pos)
         return out
 
     def _one_definition(self, qual: str) -> bool:
@@ -382,8 +423,12 @@ class Summarizer:
         if groups is None:
             groups = self.__dict__["_by_owner_" + kind.__name__] = {}
             for n in self.model.nodes_of(kind):
-                groups.setdefault(self._owner(n)[0], []).append(n)
+                if not self._in_decorator(n):
+                    groups.setdefault(self._owner(n)[0], []).append(n)
         return groups.get(qual, [])
+
+    def _in_decorator(self, node: cst.CSTNode) -> bool:
+        return any(type(a) is cst.Decorator for a in self.model.ancestors(node))
 
     def _owner(self, node: cst.CSTNode) -> Tuple[Optional[str], Optional[cst.FunctionDef]]:
         m = self.model
