@@ -57,14 +57,11 @@ def test_positions_are_the_providers(text):
     assert [tree.position(n) for n in nodes] == [whole[n] for n in nodes]
 
 
-def test_positions_of_a_late_node_render_one_statement(monkeypatch):
-    """The position of a node in the last statement renders that statement with the hook,
-    not the 5000 statements before it (ampfix/model/tree.py: `Tree.position`)."""
+def _rendered(monkeypatch, text):
+    """A tree of `text`, and the list of the nodes its position passes will render."""
     from ampfix.model import tree as tree_mod
 
-    text = _short_lines(5000) + "scaler.step(optimizer)\n"
-    module = cst.parse_module(text)
-    tree = _tree(module, text)
+    tree = _tree(cst.parse_module(text), text)
     hooked = []
     real = tree_mod._PositionState.before_codegen
 
@@ -73,6 +70,14 @@ def test_positions_of_a_late_node_render_one_statement(monkeypatch):
         return real(self, node)
 
     monkeypatch.setattr(tree_mod._PositionState, "before_codegen", count)
+    return tree, hooked
+
+
+def test_positions_of_a_late_node_render_one_statement(monkeypatch):
+    """The position of a node in the last statement renders that statement with the hook,
+    not the 5000 statements before it (ampfix/model/tree.py: `Tree.position`)."""
+    text = _short_lines(5000) + "scaler.step(optimizer)\n"
+    tree, hooked = _rendered(monkeypatch, text)
     call = [n for n in tree._index.nodes if isinstance(n, cst.Call)][-1]
     pos = tree.position(call)
     assert (pos.start.line, pos.start.column) == (text.count("\n"), 0)
@@ -82,20 +87,9 @@ def test_positions_of_a_late_node_render_one_statement(monkeypatch):
 def test_positions_in_a_method_render_that_method_not_its_class(monkeypatch):
     """A node of one method of a 3000-method class renders that method (and a header comment
     its line), not the whole class (nor the module)."""
-    from ampfix.model import tree as tree_mod
-
     methods = "".join(f"    def m{i}(self):\n        return {i}\n\n" for i in range(3000))
     text = "# header\nimport torch\n\n\nclass Big:\n" + methods + "    def last(self):\n        scaler.step(opt)\n"
-    module = cst.parse_module(text)
-    tree = _tree(module, text)
-    hooked = []
-    real = tree_mod._PositionState.before_codegen
-
-    def count(self, node):
-        hooked.append(node)
-        return real(self, node)
-
-    monkeypatch.setattr(tree_mod._PositionState, "before_codegen", count)
+    tree, hooked = _rendered(monkeypatch, text)
     call = [n for n in tree._index.nodes if isinstance(n, cst.Call)][-1]
     pos = tree.position(call)
     assert (pos.start.line, pos.start.column) == (text.count("\n"), 8)
