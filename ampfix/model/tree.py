@@ -542,19 +542,17 @@ def positions(module: cst.Module) -> Dict[cst.CSTNode, Tuple[Tuple[int, int], Tu
 
 def _plain_dotted(node: cst.CSTNode) -> Optional[str]:
     """The code of a name or attribute chain written without parentheses or blanks around its
-    dots (`self.scaler.step`): its dotted name, without generating its code. None otherwise."""
-    attrs: List[str] = []
-    while type(node) is cst.Attribute:
-        dot = node.dot  # type: ignore[attr-defined]
-        if node.lpar or node.rpar or type(dot) is not cst.Dot \
+    dots (`self.scaler.step`): its `dotted` name, without generating its code. None otherwise."""
+    cur = node
+    while type(cur) is cst.Attribute:
+        dot = cur.dot  # type: ignore[attr-defined]
+        if cur.lpar or cur.rpar or type(dot) is not cst.Dot \
                 or not _no_space(dot.whitespace_before) or not _no_space(dot.whitespace_after):  # type: ignore[attr-defined]
             return None
-        attrs.append(node.attr.value)  # type: ignore[attr-defined]
-        node = node.value  # type: ignore[attr-defined]
-    if type(node) is not cst.Name or node.lpar or node.rpar:  # type: ignore[attr-defined]
+        cur = cur.value  # type: ignore[attr-defined]
+    if type(cur) is not cst.Name or cur.lpar or cur.rpar:  # type: ignore[attr-defined]
         return None
-    attrs.append(node.value)  # type: ignore[attr-defined]
-    return ".".join(reversed(attrs))
+    return dotted(node)
 
 
 def _no_space(ws: cst.BaseParenthesizableWhitespace) -> bool:
