@@ -19,6 +19,7 @@ from ampfix.engine import guard
 from ampfix.engine import fileio
 from ampfix.engine import fixcheck
 from ampfix.model import AmpModel
+from ampfix.model.parsing import parse_module
 from ampfix.model.tree import dotted as _dotted
 from ampfix.rule import Applicability, FileContext, Fix, Rule, Violation, trigger_test
 
@@ -65,7 +66,7 @@ def parse(text: str, path: str) -> cst.Module:
         except ValueError:
             pass
     try:
-        return cst.parse_module(text)
+        return parse_module(text)
     except cst.ParserSyntaxError as exc:
         # CPython's own parser names the place and the problem better, when it disagrees too
         try:
@@ -575,7 +576,7 @@ def _attach_fix_edits(found: List[_Found], module: cst.Module, text: str, path: 
                     replaced.append(node)
         try:
             new_text = module.visit(_ApplyFixes(replacements, _paths(model, replaced))).code
-            cst.parse_module(new_text)
+            parse_module(new_text)
         except Exception:
             continue
         if new_text == text:
@@ -807,7 +808,7 @@ class _FixLoop:
         paths = _paths(cur.model, [node for u in units for fix in u.fixes for node in fix.replacements])
         try:
             new_text = cur.module.visit(_ApplyFixes(replacements, paths)).code
-            reparsed = cst.parse_module(new_text)
+            reparsed = parse_module(new_text)
         except Exception:
             everything[0].reason = "the fix does not produce valid Python"
             return everything, None, {}

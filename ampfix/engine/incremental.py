@@ -34,6 +34,7 @@ import libcst as cst
 from libcst._nodes.internal import CodegenState
 
 from ampfix.engine import guard
+from ampfix.model.parsing import parse_module
 
 #: statements whose body the re-parse descends into (their body is their last child)
 _DESCEND = (cst.FunctionDef, cst.ClassDef)
@@ -281,7 +282,7 @@ class Reparser:
             return None
         abs_indents = ["".join(indents[:k]) for k in range(len(indents))]
         scaffold = "".join(f"{ind}if 1:{nl}" for ind in abs_indents) + fragment
-        small = cst.parse_module(scaffold, config=module.config_for_parsing)
+        small = parse_module(scaffold, config=module.config_for_parsing)
         if small.header or small.footer or not small.has_trailing_newline:
             return None
         node: cst.CSTNode = small

@@ -25,6 +25,7 @@ from typing import Callable, Dict, List, Optional, Protocol, Set, Tuple, TypeVar
 import libcst as cst
 
 from ampfix.model.foreign import Definition, ForeignClass, ForeignConstant, ForeignFunction, ForeignModule
+from ampfix.model.parsing import parse_module
 from ampfix.model.summarize import AMP_TEXT, TRACE_TEXT, def_spans
 from ampfix.model.summary import IMPORTED, LOCAL, ClassSummary, ModuleSummary, OutgoingCall, Value
 from ampfix.project.graph import (ImportGraph, callers_dep, digest_of_paths, import_statements, importers_dep,
@@ -1376,7 +1377,7 @@ NO_FACTS = _NoFacts()
 
 def _parse(text: str, path: str) -> Optional[cst.Module]:
     try:
-        return cst.parse_module(text)
+        return parse_module(text)
     except Exception:
         return None
 
