@@ -12,7 +12,7 @@ import pytest
 from libcst._nodes.base import CSTNode, CSTValidationError
 
 from ampfix.model import parsing
-from ampfix.model.parsing import parse_module
+from ampfix.model.parsing import parse_expression, parse_module, parse_statement
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -60,6 +60,22 @@ def test_errors_are_libcsts(text):
         parse_module(text)
     assert type(ours.value) is type(theirs.value)
     assert str(ours.value) == str(theirs.value)
+
+
+@pytest.mark.parametrize("text", ["__param__.scaler", "torch.amp.GradScaler('cuda', enabled=__self__.use_amp)",
+                                  "{'model': m.state_dict(), **extra}", "lambda x: x[1:2, ...]", "f'{a!r:>{w}}'"])
+def test_expressions_and_statements_are_libcsts(text):
+    assert parse_expression(text).deep_equals(cst.parse_expression(text))
+    assert parse_statement(text + "\n").deep_equals(cst.parse_statement(text + "\n"))
+
+
+@pytest.mark.parametrize("text", ["a.", "f(", "1 +", "x = 1", "a b"])
+def test_expression_errors_are_libcsts(text):
+    with pytest.raises(Exception) as theirs:
+        cst.parse_expression(text)
+    with pytest.raises(Exception) as ours:
+        parse_expression(text)
+    assert type(ours.value) is type(theirs.value) and str(ours.value) == str(theirs.value)
 
 
 def test_the_config_is_passed_on():

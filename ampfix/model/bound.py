@@ -46,6 +46,7 @@ from typing import Callable, Dict, FrozenSet, List, Optional, Sequence, Set, Tup
 import libcst as cst
 
 from ampfix.model.facet import Facet
+from ampfix.model.parsing import parse_statement
 from ampfix.model.tree import child_nodes, dotted, target_names
 
 UNBOUND, NONE, VALUE = "unbound", "none", "value"
@@ -1221,7 +1222,7 @@ def _touches(key: str, assigned: Set[str]) -> bool:
 
 def _expr_statement(key: str, deref: bool) -> cst.BaseStatement:
     code = f"{key}.__class__" if deref else key
-    return cst.parse_statement(code + "\n")
+    return parse_statement(code + "\n")
 
 
 # the statement heads and the uses in them, for the engine's check of a pass of fixes

@@ -30,6 +30,7 @@ from typing import Callable, Dict, Hashable, List, Optional, Tuple
 
 import libcst as cst
 
+from ampfix.model.parsing import parse_expression
 from ampfix.model.regions import Region
 from ampfix.model.syntax import call_name, get_arg
 from ampfix.model.tree import child_nodes, dotted
@@ -727,7 +728,7 @@ class Events:
 
     def _is_optimizer_key(self, key: str) -> bool:
         try:
-            expr = cst.parse_expression(key)
+            expr = parse_expression(key)
         except Exception:
             return False
         return dotted(expr) is not None and self.is_optimizer(expr)  # type: ignore[attr-defined]
@@ -815,7 +816,7 @@ class Events:
         if hit is not None:
             return hit
         try:
-            expr = cst.parse_expression(text)
+            expr = parse_expression(text)
         except Exception:
             return None
         stack = [(expr, None)]

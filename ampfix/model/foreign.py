@@ -33,6 +33,7 @@ from typing import Callable, Dict, List, Optional, Protocol, Tuple, Union
 
 import libcst as cst
 
+from ampfix.model.parsing import parse_expression
 from ampfix.model.summary import (IMPORTED, LOCAL, PARAM, SELF, UNKNOWN, ClassSummary, FunctionSummary,
                                   ModuleSummary, OutgoingCall, Value)
 from ampfix.model.tree import child_nodes, dotted, replaced
@@ -223,7 +224,7 @@ class Foreign:
         expr = None if binds else _PARSED.get(value.text)
         if expr is None or expr in self._synthetic:  # (a node is one model's once: parse anew)
             try:
-                expr = cst.parse_expression(value.text)
+                expr = parse_expression(value.text)
             except Exception:
                 return None
             if not binds:

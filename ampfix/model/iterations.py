@@ -32,6 +32,7 @@ from typing import Callable, Dict, Hashable, List, Optional, Tuple
 import libcst as cst
 
 from ampfix.model.events import BACKWARD, EXIT, SCALER_STEP, UNSCALE, UPDATE, ZERO_GRAD, Event, Trace, TraceEvent
+from ampfix.model.parsing import parse_expression
 from ampfix.model.readwrite import reads_writes
 from ampfix.model.syntax import call_name, literal_bool
 from ampfix.model.tree import LOOP_TYPES, child_nodes, dotted
@@ -529,7 +530,7 @@ def _canon(text: str) -> str:
 
 def _parse(text: str) -> Optional[cst.BaseExpression]:
     try:
-        return cst.parse_expression(_canon(text))
+        return parse_expression(_canon(text))
     except Exception:  # pragma: no cover - the text came from the file
         return None
 

@@ -7,7 +7,8 @@ holds those invariants, yet it costs about a tenth of a parse (bench/SPEED.md, s
 LibCST's own comment on `__post_init__` says as much). `parse_module` here makes the parser's
 nodes without it: while it parses, on its thread, `__post_init__` leaves `_validate` out. A node
 made anywhere else (a fix's new code, a parse on another thread, LibCST's own `parse_module`) is
-checked as before.
+checked as before. `parse_expression` and `parse_statement` alike (the model parses the values
+that other modules' summaries hold, a few thousand on a large project).
 
 Installed only where LibCST's `__post_init__` does nothing but call `_validate` and no node
 class has its own; otherwise `parse_module` is LibCST's. `tests/test_parsing.py` holds the
@@ -17,11 +18,12 @@ trees to be the same as LibCST's, and the errors too.
 from __future__ import annotations
 
 import threading
-from typing import Optional, Set
+from typing import Callable, Optional, Set, TypeVar
 
 import libcst as cst
 from libcst._nodes.base import CSTNode
 
+T = TypeVar("T")
 _LIBCST_POST_INIT = CSTNode.__post_init__
 _PARSING: Set[int] = set()  # the threads inside `parse_module` now
 
@@ -52,11 +54,25 @@ if INSTALLED:
 
 def parse_module(text: str, config: Optional[cst.PartialParserConfig] = None) -> cst.Module:
     """`libcst.parse_module(text, config)`: the same tree, or the same error."""
+    return _unchecked(cst.parse_module, text, config)
+
+
+def parse_expression(text: str) -> cst.BaseExpression:
+    """`libcst.parse_expression(text)`: the same tree, or the same error."""
+    return _unchecked(cst.parse_expression, text, None)
+
+
+def parse_statement(text: str, config: Optional[cst.PartialParserConfig] = None) -> cst.BaseStatement:
+    """`libcst.parse_statement(text, config)`: the same tree, or the same error."""
+    return _unchecked(cst.parse_statement, text, config)
+
+
+def _unchecked(parse: Callable[..., T], text: str, config: Optional[cst.PartialParserConfig]) -> T:
     me = threading.get_ident()
     if not INSTALLED or me in _PARSING:
-        return cst.parse_module(text) if config is None else cst.parse_module(text, config)
+        return parse(text) if config is None else parse(text, config)
     _PARSING.add(me)
     try:
-        return cst.parse_module(text) if config is None else cst.parse_module(text, config)
+        return parse(text) if config is None else parse(text, config)
     finally:
         _PARSING.discard(me)
