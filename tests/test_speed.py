@@ -95,6 +95,28 @@ def test_child_nodes_are_libcsts_children(name, module):
         assert len(ours) == len(theirs) and all(a is b for a, b in zip(ours, theirs)), type(node).__name__
 
 
+def test_node_type_sets_are_isinstance():
+    """`type(n) in node_types(...)`, the hot paths' type test, answers as `isinstance` for every
+    LibCST node class, ABC bases included, and for what is not a node."""
+    import inspect
+
+    from ampfix.model import flow, regions, summarize, syntax, tree, values
+    from ampfix.model.tree import node_types
+
+    classes = [c for _, c in inspect.getmembers(cst, inspect.isclass) if issubclass(c, cst.CSTNode)]
+    groups = [flow._STABLE_NODES, (cst.SimpleStatementLine, cst.BaseCompoundStatement), (cst.BaseExpression,),
+              (cst.FunctionDef, cst.Lambda, cst.ClassDef), tree.COMPREHENSIONS, tree.LOOP_TYPES]
+    for group in groups:
+        types = node_types(*group)
+        assert [c for c in classes if (c in types) != issubclass(c, group)] == []
+        assert type(None) not in types and type(cst.MaybeSentinel.DEFAULT) not in types
+    # the sets the model uses are built from the classes their names say
+    assert flow._STABLE_TYPES == node_types(*flow._STABLE_NODES)
+    assert tree._STATEMENTS == node_types(cst.SimpleStatementLine, cst.BaseCompoundStatement)
+    assert regions._WITH == {cst.With} and syntax._CALL == {cst.Call} and values._FUNCTION == {cst.FunctionDef}
+    assert summarize._NUMBER_OR_STRING == {cst.Integer, cst.Float, cst.Imaginary, cst.SimpleString}
+
+
 @pytest.mark.parametrize("name,module", list(_modules()), ids=lambda v: v if isinstance(v, str) else "")
 def test_positions_are_libcsts(name, module):
     theirs = MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider)

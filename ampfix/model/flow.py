@@ -25,7 +25,7 @@ from typing import Dict, Hashable, List, Optional, Tuple
 
 import libcst as cst
 
-from ampfix.model.tree import COMPREHENSIONS, LOOP_TYPES, child_nodes, dotted
+from ampfix.model.tree import COMPREHENSIONS, FUNCTION_BOUNDARY, LOOP_TYPES, child_nodes, dotted, node_types
 
 Group = Hashable
 Contexts = Tuple[Tuple[Group, Hashable], ...]
@@ -38,6 +38,10 @@ _STABLE_NODES = (cst.Name, cst.Attribute, cst.Comparison, cst.UnaryOperation, cs
                  cst.LeftParen, cst.RightParen, cst.Dot, cst.LeftSquareBracket, cst.RightSquareBracket,
                  cst.SimpleWhitespace, cst.ParenthesizedWhitespace, cst.TrailingWhitespace, cst.Newline,
                  cst.Comment, cst.EmptyLine, cst.BitAnd, cst.BitOr)
+_STABLE_TYPES = node_types(*_STABLE_NODES)
+_IFS, _LOOPS, _COMPREHENSIONS = node_types(cst.If, cst.IfExp), node_types(*LOOP_TYPES), node_types(*COMPREHENSIONS)
+_BOOLEAN_OPERATION, _EXCEPT_HANDLER = node_types(cst.BooleanOperation), node_types(cst.ExceptHandler)
+_MATCH_CASE, _INDENTED_BLOCK = node_types(cst.MatchCase), node_types(cst.IndentedBlock)
 _SPACE = re.compile(r"\s+")
 
 
@@ -60,25 +64,28 @@ class Flow:
         out: List[Tuple[Group, Hashable]] = []
         child = node
         for anc in self.ancestors(node):
-            if isinstance(anc, (cst.FunctionDef, cst.Lambda, cst.ClassDef)):
+            kind = type(anc)  # (one type test per branch: `node_types`)
+            if kind in FUNCTION_BOUNDARY:
                 break
-            if isinstance(anc, (cst.If, cst.IfExp)):
-                if child is anc.body or child is anc.orelse:
-                    out.append(self._decision(anc, child is anc.body))
-            elif isinstance(anc, LOOP_TYPES):
-                if child is anc.body:
+            if kind in _IFS:
+                if child is anc.body or child is anc.orelse:  # type: ignore[attr-defined]
+                    out.append(self._decision(anc, child is anc.body))  # type: ignore[attr-defined]
+            elif kind in _LOOPS:
+                if child is anc.body:  # type: ignore[attr-defined]
                     out.append((("loop", anc), True))
-                elif child is anc.orelse:
+                elif child is anc.orelse:  # type: ignore[attr-defined]
                     out.append((("loop-else", anc), True))
-            elif isinstance(anc, cst.BooleanOperation) and child is anc.right:
-                out.append((("bool", anc), True))
-            elif isinstance(anc, cst.ExceptHandler):
+            elif kind in _BOOLEAN_OPERATION:
+                if child is anc.right:  # type: ignore[attr-defined]
+                    out.append((("bool", anc), True))
+            elif kind in _EXCEPT_HANDLER:
                 out.append((("except", anc), True))
-            elif isinstance(anc, cst.MatchCase):
+            elif kind in _MATCH_CASE:
                 out.append((("match", self.parent(anc)), id(anc)))
-            elif isinstance(anc, COMPREHENSIONS) and child is not _comp_iter(anc):
-                out.append((("comp", anc), True))
-            elif isinstance(anc, cst.IndentedBlock):
+            elif kind in _COMPREHENSIONS:
+                if child is not _comp_iter(anc):
+                    out.append((("comp", anc), True))
+            elif kind in _INDENTED_BLOCK:
                 out.extend(reversed(self._fallthrough(anc).get(child, ())))
             child = anc
         result = tuple(reversed(out))
@@ -143,7 +150,7 @@ class Flow:
         stack = [test]
         while stack:
             n = stack.pop()
-            if not isinstance(n, _STABLE_NODES):
+            if type(n) not in _STABLE_TYPES:
                 return False
             stack.extend(child_nodes(n))
         return True

@@ -16,7 +16,9 @@ from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple
 import libcst as cst
 from libcst.metadata import QualifiedName, QualifiedNameSource
 
-from ampfix.model.tree import dotted
+from ampfix.model.tree import dotted, node_types
+
+_CALL = node_types(cst.Call)
 
 
 @dataclass(frozen=True)
@@ -194,8 +196,8 @@ class Names:
         return names[0] if names else None
 
     def qualnames(self, node: cst.CSTNode) -> Set[str]:
-        if isinstance(node, cst.Call):
-            node = node.func
+        if type(node) in _CALL:
+            node = node.func  # type: ignore[attr-defined]
         return {qn.name for qn in self.qualified_names(node)}
 
     def api_of(self, node: cst.CSTNode) -> Optional[Api]:

@@ -17,7 +17,10 @@ import libcst as cst
 
 from ampfix.model.names import Api
 from ampfix.model.syntax import literal_bool, literal_string
-from ampfix.model.tree import child_nodes, dotted
+from ampfix.model.tree import FUNCTION_BOUNDARY, child_nodes, dotted, node_types
+
+_WITH, _FUNCTION = node_types(cst.With), node_types(cst.FunctionDef)
+_LAMBDA_OR_CLASS = node_types(cst.Lambda, cst.ClassDef)
 
 MAX_DEPTH = 6
 
@@ -166,16 +169,17 @@ class Regions:
         """
         child = node
         for anc in self.ancestors(node):
-            if isinstance(anc, cst.With) and child is anc.body:
-                r = self.with_region(anc)
+            kind = type(anc)  # (type tests: `node_types`)
+            if kind in _WITH and child is anc.body:  # type: ignore[attr-defined]
+                r = self.with_region(anc)  # type: ignore[arg-type]
                 if r is not None:
                     return None if r.enabled is False else r
-            elif isinstance(anc, cst.FunctionDef):
-                r = self._decorator_region(anc)
+            elif kind in _FUNCTION:
+                r = self._decorator_region(anc)  # type: ignore[arg-type]
                 if r is not None:
                     return None if r.enabled is False else r
                 return None
-            elif isinstance(anc, (cst.Lambda, cst.ClassDef)):
+            elif kind in _LAMBDA_OR_CLASS:
                 return None
             child = anc
         return None
@@ -207,11 +211,12 @@ class Regions:
         """`node` runs inside a literal `autocast(enabled=False)` region of its function."""
         child = node
         for anc in self.ancestors(node):
-            if isinstance(anc, cst.With) and child is anc.body:
-                r = self.with_region(anc)
+            kind = type(anc)
+            if kind in _WITH and child is anc.body:  # type: ignore[attr-defined]
+                r = self.with_region(anc)  # type: ignore[arg-type]
                 if r is not None:
                     return r.enabled is False
-            elif isinstance(anc, (cst.FunctionDef, cst.Lambda, cst.ClassDef)):
+            elif kind in FUNCTION_BOUNDARY:
                 return False
             child = anc
         return False

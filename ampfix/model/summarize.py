@@ -20,7 +20,9 @@ from ampfix.model.events import BACKWARD, EXIT, EXTERNAL, TraceEvent
 from ampfix.model.summary import (IMPORTED, LOCAL, PARAM, SELF, UNKNOWN, ClassSummary, Effect, FunctionSummary,
                                   ModuleSummary, OutgoingCall, Param, Value)
 from ampfix.model.syntax import call_name, literal_string
-from ampfix.model.tree import dotted
+from ampfix.model.tree import dotted, node_types
+
+_NUMBER_OR_STRING = node_types(cst.Integer, cst.Float, cst.Imaginary, cst.SimpleString)
 
 MAX_TEXT = 2000
 # what running a function may add to a training step's trace (the rules' backward, scaler,
@@ -126,8 +128,8 @@ class Canonical:
         """The canonical text of `expr`, None when unknown."""
         if depth > MAX_DEPTH:
             return None
-        if isinstance(expr, (cst.Integer, cst.Float, cst.Imaginary, cst.SimpleString)):
-            return expr.value
+        if type(expr) in _NUMBER_OR_STRING:
+            return expr.value  # type: ignore[attr-defined]
         if isinstance(expr, cst.ConcatenatedString):
             s = literal_string(expr)
             return repr(s) if s is not None else None

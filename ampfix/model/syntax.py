@@ -6,7 +6,9 @@ from typing import Optional
 
 import libcst as cst
 
-from ampfix.model.tree import dotted
+from ampfix.model.tree import dotted, node_types
+
+_CALL, _ATTRIBUTE, _NAME = node_types(cst.Call), node_types(cst.Attribute), node_types(cst.Name)
 
 __all__ = ["call_name", "dotted", "get_arg", "literal_bool", "literal_string", "is_expression_statement_of",
            "receiver", "method_call"]
@@ -14,11 +16,12 @@ __all__ = ["call_name", "dotted", "get_arg", "literal_bool", "literal_string", "
 
 def call_name(call: cst.CSTNode) -> Optional[str]:
     """For `x.y.method(...)` the method name, for `f(...)` the function name."""
-    if isinstance(call, cst.Call):
-        if isinstance(call.func, cst.Attribute):
-            return call.func.attr.value
-        if isinstance(call.func, cst.Name):
-            return call.func.value
+    if type(call) in _CALL:  # (type tests: `node_types`; asked very often)
+        func = call.func  # type: ignore[attr-defined]
+        if type(func) in _ATTRIBUTE:
+            return func.attr.value
+        if type(func) in _NAME:
+            return func.value
     return None
 
 

@@ -18,7 +18,9 @@ from typing import Dict, List, Optional, Tuple
 
 import libcst as cst
 
-from ampfix.model.tree import dotted
+from ampfix.model.tree import dotted, node_types
+
+_MODULE_OR_CLASS, _FUNCTION = node_types(cst.Module, cst.ClassDef), node_types(cst.FunctionDef)
 
 Entry = Tuple[cst.CSTNode, cst.BaseExpression, cst.CSTNode]  # (assign node, value, scope)
 MAX_DEPTH = 6
@@ -94,8 +96,8 @@ class Values:
         """The class `self` means at `node`: the class of the method (or a function nested in a
         method) whose first parameter is `self`/`cls`."""
         scope: Optional[cst.CSTNode] = self.scope_of(node)
-        while scope is not None and not isinstance(scope, (cst.Module, cst.ClassDef)):
-            if isinstance(scope, cst.FunctionDef):
+        while scope is not None and type(scope) not in _MODULE_OR_CLASS:
+            if type(scope) in _FUNCTION:
                 cls = self.class_of(scope)
                 if cls is not None:
                     params = [*scope.params.posonly_params, *scope.params.params]
