@@ -234,9 +234,10 @@ class NoqaDirective:
 
 
 def directives(text: str) -> List[NoqaDirective]:
-    """The `# noqa: CODES` directives and the file-level `# ampfix: noqa: CODES` ones."""
+    """The `# noqa: CODES` directives and the file-level `# ampfix: noqa: CODES` ones (each holds
+    `noqa`: read from `noqa_comments`, without the tokenizer)."""
     out = []
-    for c in comments(text):
+    for c in noqa_comments(text):
         if c.own_line:
             stripped = c.text.rstrip()
             mt = FILE_NOQA_RE.match(stripped)
