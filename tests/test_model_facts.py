@@ -5,6 +5,7 @@ calls, regions, objects, flow, traces, checkpoints, precision), so a change to t
 seen here before any rule's fixture moves."""
 
 import textwrap
+from pathlib import Path
 
 import libcst as cst
 import pytest
@@ -165,6 +166,23 @@ def test_callees_through_values_are_functions_used_as_values():
         """)
     assert plain.functions_used_as_values() == set()
     assert [f.name.value for c in plain.calls for f in plain.callees(c)] == ["helper"]
+
+def test_callers_of_a_function_are_the_calls_that_resolve_to_it():
+    # `callers` resolves only the calls of a function's name unless the function is used as a
+    # value or is `__call__`: the same calls, in the same order, as resolving every call
+    root = Path(__file__).resolve().parent.parent / "fixtures"
+    shapes = [p for p in sorted(root.rglob("*.py")) if "def " in p.read_text(encoding="utf-8")][::3]
+    assert len(shapes) > 50
+    for path in shapes:
+        m = AmpModel(cst.parse_module(path.read_text(encoding="utf-8")))
+        every = {}
+        for call in m.calls:
+            for f in m.callees(call):
+                every.setdefault(f, []).append(call)
+        for funcs in m.functions.values():
+            for f in funcs:
+                assert m.callers(f) == every.get(f, []), (path, f.name.value)
+
 
 # ---------------------------------------------------------------------- objects
 

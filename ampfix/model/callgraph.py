@@ -13,6 +13,7 @@ from typing import Dict, List, Optional, Set, Tuple
 
 import libcst as cst
 
+from ampfix.model.syntax import call_name
 from ampfix.model.tree import _ATTRIBUTE, _DOTTED_KIND, _NAME, _OTHER, _dotted_kind, dotted
 
 MAX_DEPTH = 6
@@ -172,7 +173,16 @@ class CallGraph:
 
     # ---------------------------------------------------------------- callers and arguments
     def callers(self, func: cst.FunctionDef) -> List[cst.Call]:
-        """The calls in this file that may run `func`."""
+        """The calls in this file that may run `func`. A call reaches a function of another name
+        only through values (`functions_used_as_values`) or as `__call__` (`_resolve_callable`);
+        for any other function only the calls of its name are resolved (in the file's order)."""
+        name = func.name.value
+        if name != "__call__" and name not in self.functions_used_as_values():
+            memo = self.__dict__.setdefault("_callers_by_name", {})
+            hit = memo.get(func)
+            if hit is None:
+                hit = memo[func] = [c for c in self._calls_named(name) if func in self.callees(c)]
+            return hit
         if self._callers is None:
             callers: Dict[cst.FunctionDef, List[cst.Call]] = {}
             for call in self.calls:
@@ -180,6 +190,18 @@ class CallGraph:
                     callers.setdefault(f, []).append(call)
             self._callers = callers
         return self._callers.get(func, [])
+
+    def _calls_named(self, name: str) -> List[cst.Call]:
+        """The calls of this file whose `call_name` is `name` (`f(...)`, `x.f(...)`), in order."""
+        by_name = self.__dict__.get("_calls_by_name")
+        if by_name is None:
+            by_name = {}
+            for call in self.calls:
+                n = call_name(call)
+                if n is not None:
+                    by_name.setdefault(n, []).append(call)
+            self.__dict__["_calls_by_name"] = by_name
+        return by_name.get(name, [])
 
     def bind_arguments(self, call: cst.Call, func: cst.FunctionDef) -> Dict[str, cst.BaseExpression]:
         """Parameter name -> the argument expression `call` passes to it (when certain)."""
