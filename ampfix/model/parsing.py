@@ -25,7 +25,7 @@ from libcst._nodes.base import CSTNode
 
 T = TypeVar("T")
 _LIBCST_POST_INIT = CSTNode.__post_init__
-_PARSING: Set[int] = set()  # the threads inside `parse_module` now
+_PARSING: Set[int] = set()  # the threads inside one of the parse functions below now
 
 
 def _post_init(self: CSTNode, _parsing: Set[int] = _PARSING, _thread: "object" = threading.get_ident) -> None:
