@@ -100,7 +100,7 @@ def test_node_type_sets_are_isinstance():
     LibCST node class, ABC bases included, and for what is not a node."""
     import inspect
 
-    from ampfix.model import flow, regions, summarize, syntax, tree, values
+    from ampfix.model import flow, regions, summarize, tree, values
     from ampfix.model.tree import node_types
 
     classes = [c for _, c in inspect.getmembers(cst, inspect.isclass) if issubclass(c, cst.CSTNode)]
@@ -113,7 +113,12 @@ def test_node_type_sets_are_isinstance():
     # the sets the model uses are built from the classes their names say
     assert flow._STABLE_TYPES == node_types(*flow._STABLE_NODES)
     assert tree._STATEMENTS == node_types(cst.SimpleStatementLine, cst.BaseCompoundStatement)
-    assert regions._WITH == {cst.With} and syntax._CALL == {cst.Call} and values._FUNCTION == {cst.FunctionDef}
+    assert regions._LAMBDA_OR_CLASS == {cst.Lambda, cst.ClassDef}
+    assert values._MODULE_OR_CLASS == {cst.Module, cst.ClassDef}
+    # a class the hot paths test with `type(n) is C` has no subclass, so that is `isinstance` too
+    for single in (cst.With, cst.Call, cst.Attribute, cst.Name, cst.FunctionDef, cst.ClassDef, cst.Lambda,
+                   cst.BooleanOperation, cst.ExceptHandler, cst.MatchCase, cst.IndentedBlock):
+        assert node_types(single) == {single}
     assert summarize._NUMBER_OR_STRING == {cst.Integer, cst.Float, cst.Imaginary, cst.SimpleString}
 
 

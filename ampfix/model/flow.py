@@ -40,8 +40,6 @@ _STABLE_NODES = (cst.Name, cst.Attribute, cst.Comparison, cst.UnaryOperation, cs
                  cst.Comment, cst.EmptyLine, cst.BitAnd, cst.BitOr)
 _STABLE_TYPES = node_types(*_STABLE_NODES)
 _IFS, _LOOPS, _COMPREHENSIONS = node_types(cst.If, cst.IfExp), node_types(*LOOP_TYPES), node_types(*COMPREHENSIONS)
-_BOOLEAN_OPERATION, _EXCEPT_HANDLER = node_types(cst.BooleanOperation), node_types(cst.ExceptHandler)
-_MATCH_CASE, _INDENTED_BLOCK = node_types(cst.MatchCase), node_types(cst.IndentedBlock)
 _SPACE = re.compile(r"\s+")
 
 
@@ -75,17 +73,17 @@ class Flow:
                     out.append((("loop", anc), True))
                 elif child is anc.orelse:  # type: ignore[attr-defined]
                     out.append((("loop-else", anc), True))
-            elif kind in _BOOLEAN_OPERATION:
+            elif kind is cst.BooleanOperation:
                 if child is anc.right:  # type: ignore[attr-defined]
                     out.append((("bool", anc), True))
-            elif kind in _EXCEPT_HANDLER:
+            elif kind is cst.ExceptHandler:
                 out.append((("except", anc), True))
-            elif kind in _MATCH_CASE:
+            elif kind is cst.MatchCase:
                 out.append((("match", self.parent(anc)), id(anc)))
             elif kind in _COMPREHENSIONS:
                 if child is not _comp_iter(anc):
                     out.append((("comp", anc), True))
-            elif kind in _INDENTED_BLOCK:
+            elif kind is cst.IndentedBlock:
                 out.extend(reversed(self._fallthrough(anc).get(child, ())))
             child = anc
         result = tuple(reversed(out))

@@ -16,9 +16,7 @@ from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple
 import libcst as cst
 from libcst.metadata import QualifiedName, QualifiedNameSource
 
-from ampfix.model.tree import dotted, node_types
-
-_CALL = node_types(cst.Call)
+from ampfix.model.tree import dotted
 
 
 @dataclass(frozen=True)
@@ -196,7 +194,7 @@ class Names:
         return names[0] if names else None
 
     def qualnames(self, node: cst.CSTNode) -> Set[str]:
-        if type(node) in _CALL:
+        if type(node) is cst.Call:
             node = node.func  # type: ignore[attr-defined]
         return {qn.name for qn in self.qualified_names(node)}
 

@@ -19,7 +19,6 @@ from ampfix.model.names import Api
 from ampfix.model.syntax import literal_bool, literal_string
 from ampfix.model.tree import FUNCTION_BOUNDARY, child_nodes, dotted, node_types
 
-_WITH, _FUNCTION = node_types(cst.With), node_types(cst.FunctionDef)
 _LAMBDA_OR_CLASS = node_types(cst.Lambda, cst.ClassDef)
 
 MAX_DEPTH = 6
@@ -170,11 +169,11 @@ class Regions:
         child = node
         for anc in self.ancestors(node):
             kind = type(anc)  # (type tests: `node_types`)
-            if kind in _WITH and child is anc.body:  # type: ignore[attr-defined]
+            if kind is cst.With and child is anc.body:  # type: ignore[attr-defined]
                 r = self.with_region(anc)  # type: ignore[arg-type]
                 if r is not None:
                     return None if r.enabled is False else r
-            elif kind in _FUNCTION:
+            elif kind is cst.FunctionDef:
                 r = self._decorator_region(anc)  # type: ignore[arg-type]
                 if r is not None:
                     return None if r.enabled is False else r
@@ -212,7 +211,7 @@ class Regions:
         child = node
         for anc in self.ancestors(node):
             kind = type(anc)
-            if kind in _WITH and child is anc.body:  # type: ignore[attr-defined]
+            if kind is cst.With and child is anc.body:  # type: ignore[attr-defined]
                 r = self.with_region(anc)  # type: ignore[arg-type]
                 if r is not None:
                     return r.enabled is False

@@ -6,9 +6,7 @@ from typing import Optional
 
 import libcst as cst
 
-from ampfix.model.tree import dotted, node_types
-
-_CALL, _ATTRIBUTE, _NAME = node_types(cst.Call), node_types(cst.Attribute), node_types(cst.Name)
+from ampfix.model.tree import dotted
 
 __all__ = ["call_name", "dotted", "get_arg", "literal_bool", "literal_string", "is_expression_statement_of",
            "receiver", "method_call"]
@@ -16,11 +14,11 @@ __all__ = ["call_name", "dotted", "get_arg", "literal_bool", "literal_string", "
 
 def call_name(call: cst.CSTNode) -> Optional[str]:
     """For `x.y.method(...)` the method name, for `f(...)` the function name."""
-    if type(call) in _CALL:  # (type tests: `node_types`; asked very often)
+    if type(call) is cst.Call:  # (no `isinstance`: it goes through ABCMeta, and this is asked very often)
         func = call.func  # type: ignore[attr-defined]
-        if type(func) in _ATTRIBUTE:
+        if type(func) is cst.Attribute:
             return func.attr.value
-        if type(func) in _NAME:
+        if type(func) is cst.Name:
             return func.value
     return None
 

@@ -47,7 +47,6 @@ def node_types(*classes: type) -> FrozenSet[type]:
 
 FUNCTION_BOUNDARY = node_types(cst.FunctionDef, cst.Lambda, cst.ClassDef)
 _STATEMENTS = node_types(cst.SimpleStatementLine, cst.BaseCompoundStatement)
-_LAMBDA, _FUNCTION, _CLASS = node_types(cst.Lambda), node_types(cst.FunctionDef), node_types(cst.ClassDef)
 _IMPORTS = node_types(cst.Import, cst.ImportFrom)
 
 
@@ -820,14 +819,14 @@ class Tree:
     def function_of(self, node: cst.CSTNode) -> Optional[cst.FunctionDef]:
         """The innermost `def` whose body runs `node` (None at module or class level)."""
         scope = self.scope_of(node)
-        while type(scope) in _LAMBDA:
+        while type(scope) is cst.Lambda:
             scope = self.scope_of(scope)
-        return scope if type(scope) in _FUNCTION else None  # type: ignore[return-value]
+        return scope if type(scope) is cst.FunctionDef else None  # type: ignore[return-value]
 
     def class_of(self, func: cst.CSTNode) -> Optional[cst.ClassDef]:
         """The class whose body defines `func` directly (a method), else None."""
         scope = self._index.scope_of(func)
-        return scope if type(scope) in _CLASS else None  # type: ignore[return-value]
+        return scope if type(scope) is cst.ClassDef else None  # type: ignore[return-value]
 
     def loop_of(self, node: cst.CSTNode, stop: Optional[cst.CSTNode] = None) -> Optional[cst.CSTNode]:
         """The innermost for/while loop around `node` (within its scope) whose body holds it."""

@@ -20,7 +20,7 @@ import libcst as cst
 
 from ampfix.model.tree import dotted, node_types
 
-_MODULE_OR_CLASS, _FUNCTION = node_types(cst.Module, cst.ClassDef), node_types(cst.FunctionDef)
+_MODULE_OR_CLASS = node_types(cst.Module, cst.ClassDef)
 
 Entry = Tuple[cst.CSTNode, cst.BaseExpression, cst.CSTNode]  # (assign node, value, scope)
 MAX_DEPTH = 6
@@ -97,7 +97,7 @@ class Values:
         method) whose first parameter is `self`/`cls`."""
         scope: Optional[cst.CSTNode] = self.scope_of(node)
         while scope is not None and type(scope) not in _MODULE_OR_CLASS:
-            if type(scope) in _FUNCTION:
+            if type(scope) is cst.FunctionDef:
                 cls = self.class_of(scope)
                 if cls is not None:
                     params = [*scope.params.posonly_params, *scope.params.params]
