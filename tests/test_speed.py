@@ -270,3 +270,66 @@ def test_a_checked_files_model_and_tree_are_freed_without_a_collection(project):
         gc.garbage.clear()
         gc.enable()
     assert kept == []
+
+
+def _cycle() -> object:
+    """An object only a reference cycle keeps alive (reference counting cannot free it)."""
+    class Node:
+        pass
+
+    a, b = Node(), Node()
+    a.other, b.other = b, a
+    return a
+
+
+def test_a_batch_run_freezes_what_each_file_leaves_and_thaws_it():
+    """In a batch run (`collector.batch`: `runner.run` and the pool's workers) the end of each
+    file's analysis (`collector.paused`) freezes what it left alive, so that the collection the
+    file's allocations trigger does not traverse the project layer's memos again; every
+    `FREEZE_FILES` files, and when the run ends, it is all unfrozen, and a full collection every
+    `FREEZE_FILES` files reclaims the cyclic garbage frozen with it. Outside a batch (the
+    language server), nothing is frozen."""
+    import gc
+    import weakref
+
+    from ampfix.engine import collector
+
+    assert gc.get_freeze_count() == 0
+    with collector.paused():  # not in a batch: nothing frozen
+        kept = _cycle()
+    assert gc.get_freeze_count() == 0
+    old_threshold, old_every = gc.get_threshold(), collector.FREEZE_FILES
+    collector.FREEZE_FILES = 3
+    try:
+        with collector.batch():
+            assert all(a >= b for a, b in zip(gc.get_threshold(), collector.RUN_GC_THRESHOLD))
+            with collector.paused():
+                garbage = weakref.ref(_cycle())  # cyclic garbage made while a file is analysed
+                kept = _cycle()
+            assert gc.get_freeze_count() > 0 and garbage() is not None  # frozen, not collected
+            gc.collect()
+            assert garbage() is not None  # a frozen cycle survives collections...
+            with collector.paused():
+                pass
+            with collector.paused():  # ... until the FREEZE_FILES-th file's full collection
+                pass
+            assert garbage() is None and kept.other.other is kept
+            assert gc.get_freeze_count() > 0  # (what the last file left is frozen again)
+        assert gc.get_freeze_count() == 0 and gc.get_threshold() == old_threshold
+    finally:
+        collector.FREEZE_FILES = old_every
+        gc.unfreeze()
+
+
+def test_a_check_run_leaves_nothing_frozen_and_the_thresholds_as_they_were():
+    """`runner.run` is a batch (`collector.batch`): after it, with findings made across modules,
+    nothing stays frozen and the collector's thresholds are back."""
+    import gc
+
+    from ampfix.engine import runner
+
+    before = gc.get_threshold()
+    folder = ROOT / "fixtures" / "projects" / "bad_base_class_scaler"
+    run = runner.run(runner.make_plan(runner.Options(paths=[str(folder)], no_cache=True, jobs=1)))
+    assert any(r.diagnostics for r in run.results)
+    assert gc.get_freeze_count() == 0 and gc.get_threshold() == before

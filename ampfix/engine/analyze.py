@@ -6,16 +6,14 @@ from __future__ import annotations
 import ast
 import dataclasses
 import difflib
-import gc
 import os
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple, Type
 
 import libcst as cst
 
-from ampfix.engine import guard
+from ampfix.engine import collector, guard
 from ampfix.engine import fileio
 from ampfix.engine import fixcheck
 from ampfix.model import AmpModel
@@ -34,21 +32,7 @@ from ampfix.engine.results import (Diagnostic, FileError, FileResult, FixEdit, I
 STATS = {"parsed": 0}
 
 
-@contextmanager
-def gc_paused():
-    """The cyclic garbage collector off while one file is parsed and analysed: a tree and its
-    model are tens of thousands of objects, and the collections their allocation triggers
-    (each traversing everything alive) cost about a fifth of the work; they are acyclic, so
-    reference counting frees them all the same (measured in bench/SPEED.md). Acyclic is kept
-    so by a test (`test_a_checked_files_model_and_tree_are_freed_without_a_collection`): a cycle
-    through a model leaves its whole tree to the next collection, which then traverses it."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
+gc_paused = collector.paused  # (the name the server and the tests import)
 
 
 def parse(text: str, path: str) -> cst.Module:

@@ -5,7 +5,6 @@ and write fixed files back safely. The CLI only parses options and prints report
 
 from __future__ import annotations
 
-import gc
 import os
 import sys
 from dataclasses import dataclass, field, replace
@@ -15,7 +14,7 @@ from typing import BinaryIO, Dict, List, Optional, Sequence, Tuple
 from ampfix.engine import fileio
 from ampfix.engine.config import Config, ConfigError, parse_size, parse_version, resolve_config
 from ampfix.engine.discovery import discover, matches_any
-from ampfix.engine import guard, signals
+from ampfix.engine import collector, guard, signals
 from ampfix.engine import rulemeta
 from ampfix.engine.results import FileError, FileResult, InputError, Settings, decode_source, error_objects
 from ampfix.engine.rulemeta import SelectionError
@@ -380,7 +379,7 @@ def _init_worker(folder: str, parent: int) -> None:  # pragma: no cover - runs i
     global _MARKS
     signals.child_setup(parent)
     _MARKS = folder
-    _fewer_collections()
+    collector.enter_batch()
 
 
 def _kill_pool(pool) -> None:
@@ -509,29 +508,11 @@ def workers(jobs: Optional[int], n_jobs: int) -> int:
     return max(1, min(wanted if wanted > 0 else (os.cpu_count() or 1), n_jobs))
 
 
-#: the cyclic garbage collector's thresholds during a run, in this process and in the pool's
-#: workers (CPython's are 700, 10, 10). Each file is analysed with the collector off
-#: (`analyze.gc_paused`), but the run keeps what the project layer reads (texts, summaries, memos)
-#: and every collection between files traversed it again: 6-8% of a `-j 1` check of peft and
-#: accelerate, 2% with these (bench/SPEED.md, sixth session). Cycles are still collected, later.
-RUN_GC_THRESHOLD = (100_000, 20, 20)
-
-
-def _fewer_collections() -> Tuple[int, ...]:
-    """Raise the collector's thresholds to `RUN_GC_THRESHOLD` (never lower them); the old ones."""
-    old = gc.get_threshold()
-    gc.set_threshold(*(max(a, b) for a, b in zip(old, RUN_GC_THRESHOLD)))
-    return old
-
-
 def run(plan: Plan, stdin: Optional[BinaryIO] = None) -> Run:
     """Read and pre-filter every file here (cheap), then parse and analyse only the files
     that contain a selected rule's trigger, in parallel when that is worth a process pool."""
-    old = _fewer_collections()
-    try:
+    with collector.batch():  # the collector's policy for a run (ampfix/engine/collector.py)
         return _run(plan, stdin)
-    finally:
-        gc.set_threshold(*old)
 
 
 def _run(plan: Plan, stdin: Optional[BinaryIO] = None) -> Run:
