@@ -469,15 +469,23 @@ def _pool(jobs: List[Tuple[int, Job]], n: int, results: Dict[int, FileResult]) -
         pending = [(i, job) for i, job in left if i not in results]
 
 
-def _needs_analysis(path: str, data: bytes, codes: Sequence[str], risky: Optional[set] = None
-                    ) -> Optional[FileResult]:
+def _needs_analysis(path: str, data: bytes, codes: Sequence[str], risky: Optional[set] = None,
+                    known: Tuple[Optional[str], Optional[str]] = (None, None)) -> Optional[FileResult]:
     """A result right away for a file no selected rule can fire on (or that cannot be
     decoded); None when it must be parsed and analysed (then `path` joins `risky` when the
-    parser could crash on it, see `guard.risky`)."""
+    parser could crash on it, see `guard.risky`). `known`: (the first rule whose default trigger
+    test `rulemeta.first_triggered` passed on the file, the file's decoded text), when the
+    runner tested it: a rule that keeps `Rule`'s own tests passes them here too, so they are
+    not run again."""
     from ampfix.engine.analyze import triggered
     from ampfix.engine.notebook import is_notebook, prefilter
     from ampfix.engine.registry import all_rules
 
+    first, text = known
+    if first is not None and text is not None and _default_tests(all_rules()[first]):
+        if risky is not None and guard.risky(text):
+            risky.add(path)
+        return None
     if is_notebook(path):
         early = prefilter(data, path, [all_rules()[c] for c in codes])
         if early is None and risky is not None and guard.risky(data.decode("utf-8", "replace")):
@@ -495,6 +503,15 @@ def _needs_analysis(path: str, data: bytes, codes: Sequence[str], risky: Optiona
             risky.add(path)
         return None
     return FileResult(path=path)
+
+
+def _default_tests(rule) -> bool:
+    """`rule` tests a file's text with `Rule`'s own `triggered_by` and `project_candidate`, the
+    tests `rulemeta` makes from its facts."""
+    from ampfix.rule import Rule
+
+    return getattr(rule.triggered_by, "__func__", None) is Rule.triggered_by.__func__ \
+        and getattr(rule.project_candidate, "__func__", None) is Rule.project_candidate.__func__
 
 
 def workers(jobs: Optional[int], n_jobs: int) -> int:
@@ -562,6 +579,7 @@ def _run(plan: Plan, stdin: Optional[BinaryIO] = None) -> Run:
             results[i] = FileResult(path=f, error=FileError(f, None, None, f"cannot read: {exc.strerror or exc}"))
             continue
         file_codes = codes_for(f, plan)
+        text, first = None, None
         if store is not None:
             # the cache first (a content hash and one small read): a hit needs neither the
             # rules nor LibCST; a miss tests the triggers as ampfix/engine/rulemeta.py knows them
@@ -579,11 +597,12 @@ def _run(plan: Plan, stdin: Optional[BinaryIO] = None) -> Run:
                     if cacheable(results[i]):
                         store.put(keys[i], results[i])
                     continue
-                if not rulemeta.maybe_triggered(file_codes, text, info, plan.settings.project):
+                first = rulemeta.first_triggered(file_codes, text, info, plan.settings.project)
+                if first is None:
                     results[i] = FileResult(path=f)
                     store.put(keys[i], results[i])
                     continue
-            early = _needs_analysis(f, data, file_codes, risky)
+            early = _needs_analysis(f, data, file_codes, risky, (first, text))
             if early is not None:  # not triggered after all (a rule's own `triggered_by`, a notebook)
                 results[i] = early
                 if cacheable(early):
@@ -597,10 +616,12 @@ def _run(plan: Plan, stdin: Optional[BinaryIO] = None) -> Run:
                     text = decode_source(data, f).text
                 except InputError:
                     text = None
-                if text is not None and not rulemeta.maybe_triggered(file_codes, text, info, plan.settings.project):
+                first = rulemeta.first_triggered(file_codes, text, info, plan.settings.project) \
+                    if text is not None else None
+                if text is not None and first is None:
                     results[i] = FileResult(path=f)
                     continue
-            early = _needs_analysis(f, data, file_codes, risky)
+            early = _needs_analysis(f, data, file_codes, risky, (first, text))
             if early is not None:
                 results[i] = early
                 continue
