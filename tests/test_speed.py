@@ -316,6 +316,13 @@ def test_a_batch_run_freezes_what_each_file_leaves_and_thaws_it():
             assert garbage() is None and kept.other.other is kept
             assert gc.get_freeze_count() > 0  # (what the last file left is frozen again)
         assert gc.get_freeze_count() == 0 and gc.get_threshold() == old_threshold
+        gc.freeze()  # a host that froze its own objects before the run keeps them frozen
+        frozen = gc.get_freeze_count()
+        with collector.batch():
+            with collector.paused():
+                kept = _cycle()
+            assert gc.get_freeze_count() == frozen
+        assert gc.get_freeze_count() == frozen
     finally:
         collector.FREEZE_FILES = old_every
         gc.unfreeze()

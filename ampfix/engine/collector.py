@@ -46,17 +46,19 @@ def fewer_collections() -> Tuple[int, ...]:
 @contextmanager
 def batch() -> Iterator[None]:
     """A batch run: the thresholds raised (`fewer_collections`) and each file's survivors frozen
-    when its analysis ends (see the module docstring); on leaving, the thresholds restored, every
-    frozen object unfrozen and the cyclic garbage among them collected."""
+    when its analysis ends (see the module docstring); on leaving, the thresholds restored and
+    every frozen object unfrozen. A process that froze objects itself before the run (a host
+    that embeds ampfix and forks workers) keeps them frozen: the run then freezes nothing."""
     old = fewer_collections()
     was = _batch["on"]
-    _batch["on"] = True
+    _batch["on"] = was or gc.get_freeze_count() == 0
     try:
         yield
     finally:
+        froze = _batch["on"] and not was
         _batch["on"] = was
         gc.set_threshold(*old)
-        if not was:
+        if froze:
             _thaw(collect=False)  # (left to the collector's next collection: a CLI run exits now)
 
 
