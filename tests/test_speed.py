@@ -369,5 +369,6 @@ def test_the_runner_does_not_test_a_files_triggers_twice():
                 full = runner._needs_analysis(str(path), data, codes, risky_full)
                 assert (known is None) == (full is None) and risky_known == risky_full, (path, first)
     assert seen > 100
-    assert not runner._default_tests(registry.all_rules()["AMP005"])
-    assert runner._default_tests(registry.all_rules()["AMP001"])
+    assert registry.overrides(registry.all_rules()["AMP005"], "triggered_by")
+    assert registry.overrides(registry.all_rules()["AMP011"], "project_candidate")
+    assert not any(registry.overrides(registry.all_rules()["AMP001"], t) for t in ("triggered_by", "project_candidate"))

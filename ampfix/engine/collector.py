@@ -49,9 +49,7 @@ def batch() -> Iterator[None]:
     when its analysis ends (see the module docstring); on leaving, the thresholds restored and
     every frozen object unfrozen. A process that froze objects itself before the run (a host
     that embeds ampfix and forks workers) keeps them frozen: the run then freezes nothing."""
-    old = fewer_collections()
-    was = _batch["on"]
-    _batch["on"] = was or gc.get_freeze_count() == 0
+    old, was = _start()
     try:
         yield
     finally:
@@ -64,8 +62,16 @@ def batch() -> Iterator[None]:
 
 def enter_batch() -> None:
     """A pool's worker: a batch run for the rest of its life (it ends with the run)."""
-    fewer_collections()
-    _batch["on"] = True
+    _start()
+
+
+def _start() -> Tuple[Tuple[int, ...], bool]:
+    """Begin a batch: the thresholds raised, freezing on unless the process froze objects of its
+    own; the old thresholds and whether a batch was on already."""
+    old = fewer_collections()
+    was = _batch["on"]
+    _batch["on"] = was or gc.get_freeze_count() == 0
+    return old, was
 
 
 def _thaw(collect: bool = True) -> None:

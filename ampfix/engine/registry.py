@@ -36,8 +36,7 @@ def validate_rule(rule: Type[Rule]) -> None:
         fail("message is empty")
     if rule.fixable not in FIXABLE:
         fail(f"fixable must be one of {', '.join(FIXABLE)}, not {rule.fixable!r}")
-    overrides_trigger = inspect.getattr_static(rule, "triggered_by") is not inspect.getattr_static(Rule, "triggered_by")
-    if not (rule.triggers or rule.triggers_lower) and not overrides_trigger:
+    if not (rule.triggers or rule.triggers_lower) and not overrides(rule, "triggered_by"):
         fail("triggers is empty: the rule would never run (name the substrings a file must contain)")
     if any(not isinstance(t, str) or not t for t in (*rule.triggers, *rule.triggers_lower)):
         fail("triggers must be non-empty strings")
@@ -48,6 +47,11 @@ def validate_rule(rule: Type[Rule]) -> None:
         fail('docs need a "Bad:" and a "Good:" example, each a ```python block')
     if rule.check is Rule.check:
         fail("check() is not implemented")
+
+
+def overrides(rule: Type[Rule], name: str) -> bool:
+    """`rule` defines its own `name` (a method of `Rule`), in its class or a base below `Rule`."""
+    return inspect.getattr_static(rule, name) is not inspect.getattr_static(Rule, name)
 
 
 def doc_examples(rule: Type[Rule]) -> List[tuple]:

@@ -2,7 +2,7 @@
 them before it analyses anything (see ampfix/engine/rulemeta.py). Do not edit; regenerate.
 """
 
-DIGEST = 'c3629b1352af3c81688688cfa08305c7f478e2bf688393f6a043828688f98e40'
+DIGEST = 'a5981d7e5cb652c4b5782ae06e34f1a4229e94742693b7dd87f862f2ace059af'
 
 RULES = [
     ('AMP001', 'backward-in-autocast', True, ('autocast',), (),

@@ -479,10 +479,11 @@ def _needs_analysis(path: str, data: bytes, codes: Sequence[str], risky: Optiona
     not run again."""
     from ampfix.engine.analyze import triggered
     from ampfix.engine.notebook import is_notebook, prefilter
-    from ampfix.engine.registry import all_rules
+    from ampfix.engine.registry import all_rules, overrides
 
     first, text = known
-    if first is not None and text is not None and _default_tests(all_rules()[first]):
+    if first is not None and text is not None and not any(
+            overrides(all_rules()[first], test) for test in ("triggered_by", "project_candidate")):
         if risky is not None and guard.risky(text):
             risky.add(path)
         return None
@@ -503,15 +504,6 @@ def _needs_analysis(path: str, data: bytes, codes: Sequence[str], risky: Optiona
             risky.add(path)
         return None
     return FileResult(path=path)
-
-
-def _default_tests(rule) -> bool:
-    """`rule` tests a file's text with `Rule`'s own `triggered_by` and `project_candidate`, the
-    tests `rulemeta` makes from its facts."""
-    from ampfix.rule import Rule
-
-    return getattr(rule.triggered_by, "__func__", None) is Rule.triggered_by.__func__ \
-        and getattr(rule.project_candidate, "__func__", None) is Rule.project_candidate.__func__
 
 
 def workers(jobs: Optional[int], n_jobs: int) -> int:
