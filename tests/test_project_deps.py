@@ -218,9 +218,9 @@ def test_the_graph_stamp_follows_folders_and_files(tmp_path):
     # is written: it is tagged (CACHEDIR.TAG), and a tagged folder is not walked
     from ampfix.engine.cache import Summaries
 
-    Summaries(tmp_path / "cache").put(str(tmp_path / "train.py"), "0" * 64, {"unreadable": True})
+    Summaries(tmp_path / "cache").put(str(tmp_path / "train.py"), "0" * 64, None)  # (None: cannot be summarised)
     tagged = ImportGraph(tmp_path).stamp()
-    Summaries(tmp_path / "cache").put(str(tmp_path / "pkg" / "__init__.py"), "1" * 64, {"unreadable": True})
+    Summaries(tmp_path / "cache").put(str(tmp_path / "pkg" / "__init__.py"), "1" * 64, None)
     (tmp_path / "cache" / "more" / "x.py").parent.mkdir()
     (tmp_path / "cache" / "more" / "x.py").write_text("")
     assert ImportGraph(tmp_path).stamp() == tagged

@@ -210,7 +210,7 @@ def project_for(path: str, settings: Settings):
     from ampfix.project.layout import find_root
 
     root = str(find_root(Path(os.path.abspath(path))))
-    key = (root, settings.cache_folder, settings.max_file_memory)
+    key = (root, settings.cache_folder, settings.share_folder, settings.max_file_memory)
     project = _PROJECTS.get(key)
     if project is None:
         store = None
@@ -218,6 +218,10 @@ def project_for(path: str, settings: Settings):
             from ampfix.engine.cache import Summaries
 
             store = Summaries(Path(settings.cache_folder))
+        elif settings.share_folder:
+            from ampfix.engine.share import SharedSummaries
+
+            store = SharedSummaries(Path(settings.share_folder))
         project = _PROJECTS[key] = Project(Path(root), store=store, parse=_parse_quietly,
                                            max_memory=settings.max_file_memory)
     return project

@@ -359,24 +359,26 @@ def cacheable(result: FileResult) -> bool:
                                             "cannot determine the encoding", "not analysed: the code is nested"))
 
 
-def _encode_summary(data: dict) -> dict:
-    return data
+def _encode_summary(summary) -> dict:
+    """A module summary as JSON; None (the module could not be summarised) as `{"unreadable": true}`."""
+    return {"unreadable": True} if summary is None else summary.to_json()
 
 
-def _decode_summary(data, path: str, digest: str) -> dict:
-    """The validator of a module summary read back: `{"unreadable": true}` (the module could not
-    be summarised), or a summary `ModuleSummary.from_json` reads, of this module and content."""
+def _decode_summary(data, path: str, digest: str):
+    """The validator of a module summary read back: `{"unreadable": true}` (`UNREADABLE`: the
+    module could not be summarised), or the summary `ModuleSummary.from_json` reads, of this
+    module and content."""
+    from ampfix.model.summary import UNREADABLE, ModuleSummary  # only a run that reads other modules gets here
+
     if data == {"unreadable": True}:
-        return data
-    from ampfix.model.summary import ModuleSummary  # only a run that reads other modules gets here
-
+        return UNREADABLE
     try:
         summary = ModuleSummary.from_json(data)
     except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as exc:
         raise E.Invalid(f"not a module summary: {exc}") from None
     if summary.path != path or summary.digest != digest:
         raise E.Invalid("a summary of another module or content")
-    return data
+    return summary
 
 
 SUMMARY = E.Kind("summary", _encode_summary, _decode_summary)
@@ -399,17 +401,19 @@ class Summaries:
     def _entry(self, key: str) -> Path:
         return self.bucket / key[:2] / key
 
-    def get(self, path: str, digest: str) -> Optional[dict]:
+    def get(self, path: str, digest: str):
+        """The summary kept (a `ModuleSummary`, or `UNREADABLE`), None on a miss."""
         key = self._key(path, digest)
         try:
             return SUMMARY.decode(E.unseal(self._entry(key).read_bytes(), SUMMARY.name, key), path=path, digest=digest)
         except (OSError, E.Invalid):
             return None
 
-    def put(self, path: str, digest: str, data: dict) -> None:
+    def put(self, path: str, digest: str, summary) -> None:
+        """Keep `summary` (None: the module could not be summarised)."""
         key = self._key(path, digest)
         try:
-            entry = E.seal(SUMMARY.name, key, SUMMARY.encode(data))
+            entry = E.seal(SUMMARY.name, key, SUMMARY.encode(summary))
         except (ValueError, TypeError, RecursionError):
             return  # not JSON: not kept
         if not self._ready:  # (the language server keeps summaries only)

@@ -229,6 +229,9 @@ class Settings:
     # off for a text with no place on disk (`api.check_source`, tests of one snippet)
     project: bool = False
     cache_folder: Optional[str] = None  # where module summaries are kept between runs (None: nowhere)
+    # where a pool's workers hand each other summaries within a run without a cache folder
+    # (`runner._sharing`, `engine/share.py`): the run's own private folder
+    share_folder: Optional[str] = None
     # the bound on one module's analysis (`max-file-memory`), for the modules the project reads
     # too: one whose estimate is over it is not parsed for its summary (unknown); 0: none
     max_file_memory: int = 0

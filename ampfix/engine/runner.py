@@ -415,13 +415,13 @@ def _marked_work(item: Tuple[int, Job]) -> FileResult:
 
 
 def _sharing(job: Job, folder: str) -> Job:
-    """`job` with the project layer's summaries kept in the pool's folder when the run keeps
-    them nowhere (`--no-cache`): a module one worker summarised is read, not parsed again, by
-    the others (the summary store is keyed by the module's content, as the cache's is)."""
+    """`job` with the project layer's summaries handed between the workers through the pool's
+    folder when the run keeps them nowhere (`--no-cache`): a module one worker summarised is
+    read, not parsed again, by the others (`engine/share.py`, keyed by the module's content)."""
     path, codes, settings, fix, data = job
     if not settings.project or settings.cache_folder:
         return job
-    return (path, codes, replace(settings, cache_folder=os.path.join(folder, "summaries")), fix, data)
+    return (path, codes, replace(settings, share_folder=os.path.join(folder, "summaries")), fix, data)
 
 
 def _pool(jobs: List[Tuple[int, Job]], n: int, results: Dict[int, FileResult]) -> None:

@@ -27,7 +27,7 @@ import libcst as cst
 from ampfix.model.foreign import Definition, ForeignClass, ForeignConstant, ForeignFunction, ForeignModule
 from ampfix.model.parsing import parse_module
 from ampfix.model.summarize import AMP_TEXT, TRACE_TEXT, def_spans
-from ampfix.model.summary import IMPORTED, LOCAL, ClassSummary, ModuleSummary, OutgoingCall, Value
+from ampfix.model.summary import IMPORTED, LOCAL, UNREADABLE, ClassSummary, ModuleSummary, OutgoingCall, Stored, Value
 from ampfix.project.graph import (ImportGraph, callers_dep, digest_of_paths, import_statements, importers_dep,
                                   imports_dep, read_text)
 from ampfix.project.layout import Layout, Target, clear_caches
@@ -44,11 +44,15 @@ _APEX_AMP_USE = re.compile(r"\bamp\.(?:initialize|scale_loss|master_params|state
 
 
 class SummaryStore(Protocol):
-    """Where summaries are kept between runs (the engine's cache)."""
+    """Where summaries are kept: between runs (the engine's cache, `engine.cache.Summaries`), or
+    within one, where a pool's workers hand them to each other (`engine.share.SharedSummaries`)."""
 
-    def get(self, path: str, digest: str) -> Optional[dict]: ...
+    def get(self, path: str, digest: str) -> Union[ModuleSummary, Stored, None]:
+        """The summary kept for this module and content, `UNREADABLE` when it could not be
+        summarised, None when nothing (or nothing trustworthy) is kept."""
 
-    def put(self, path: str, digest: str, data: dict) -> None: ...
+    def put(self, path: str, digest: str, summary: Optional[ModuleSummary]) -> None:
+        """Keep `summary` (None: the module could not be summarised)."""
 
 
 @dataclass
@@ -375,14 +379,11 @@ class Project:
         summary = None
         stored = False
         if self.store is not None:
-            raw = self.store.get(path, source.digest)
-            if raw is not None:
-                stored = raw.get("unreadable") is True
-                try:
-                    summary = None if stored else ModuleSummary.from_json(raw)
-                    self.from_store += 1
-                except (ValueError, TypeError, KeyError):
-                    summary = None
+            kept = self.store.get(path, source.digest)
+            if kept is not None:
+                stored = kept is UNREADABLE
+                summary = None if stored else kept
+                self.from_store += 1
         if summary is None and not stored:
             if source.module is None and self._over_memory(source.text):
                 return None  # unknown, and not kept: a larger bound may read it
@@ -392,7 +393,7 @@ class Project:
             # that a shallower caller would not (the store keeps the outcome by content)
             summary = fresh_call(self._summarize, path, source)
             if self.store is not None:  # a module that cannot be summarised is kept as such too
-                self.store.put(path, source.digest, summary.to_json() if summary is not None else {"unreadable": True})
+                self.store.put(path, source.digest, summary)
         self._summaries[path] = summary
         if summary is not None:
             self.used[path] = source.digest
@@ -434,7 +435,7 @@ class Project:
         path = os.path.abspath(path)
         self._summaries[path] = None
         if self.store is not None:
-            self.store.put(path, digest_of(text), {"unreadable": True})
+            self.store.put(path, digest_of(text), None)
 
     def take_parsed(self, path: str, text: str) -> Optional[cst.Module]:
         """The parse this project made of `path` for its summary, when the text is the same (the
