@@ -18,7 +18,6 @@ import hashlib
 import os
 import pickle
 from pathlib import Path
-from typing import Optional
 
 
 class SharedSummaries:
