@@ -137,6 +137,7 @@ class Project:
         self._spans: Dict[str, Dict[str, Tuple[int, int]]] = {}
         self._relevant: Dict[Tuple[str, Optional[str], str], bool] = {}
         self._bound: Dict[str, Dict[str, str]] = {}
+        self._uses_memo: Dict[str, List[str]] = {}
         self._reached: _Memo[Tuple[str, str], List[Optional[Definition]]] = _Memo()
         self._text_mros: _Memo[Tuple[str, str], Optional[List[ForeignClass]]] = _Memo()
         self._lacks_methods: _Memo[Tuple[Tuple[str, str], str], bool] = _Memo()
@@ -219,7 +220,7 @@ class Project:
             clear_caches()
             self.layout = Layout(Path(self.root))
         for memo in (self._sources, self._summaries, self._modules, self._members, self._resolved, self._bases,
-                     self._callers, self._bound, self._used, self._reached,
+                     self._callers, self._bound, self._uses_memo, self._used, self._reached,
                      self._text_mros, self._lacks_methods, self._imports_at, self._stats, self._indexes, self._spans, self._relevant,
                      self._closures, self._words, self._words_of_modules, self._deps_pool, self._offered):
             memo.clear()
@@ -232,7 +233,7 @@ class Project:
         imports (the dependencies each answer keeps, `_Memo`), the callers of every function (a
         changed module may call one now) and the import graph (their import lines). The
         summaries and answers that read only other modules stay."""
-        for per_module in (self._sources, self._summaries, self._modules, self._indexes, self._spans, self._bound,
+        for per_module in (self._sources, self._summaries, self._modules, self._indexes, self._spans, self._bound, self._uses_memo,
                            self._imports_at, self._stats, self._kept, self.used):
             for p in changed:
                 per_module.pop(p, None)
@@ -743,8 +744,7 @@ class Project:
             return []
         parts: List[Union[str, Tuple[str, Optional[str]], Tuple[str, int, int]]] = []
         seen: set = set()
-        text = self.text(path) or ""
-        todo: List[Tuple[Optional[Definition], int]] = [(self._use(path, q), 0) for q in _uses(text)]
+        todo: List[Tuple[Optional[Definition], int]] = [(self._use(path, q), 0) for q in self._uses_of(path)]
         at = 0
         while at < len(todo):  # breadth first: each definition at its shallowest
             d, depth = todo[at]
@@ -776,13 +776,17 @@ class Project:
             names = [local for local, q in self._bindings_of(importer).items()
                      for found in [self._use(importer, q)] if found is not None and found.path == path]
             if names:  # the code of the importer that uses what it imports from the file
-                mention = re.compile(r"(?<![\w.])(?:%s)\b" % "|".join(map(re.escape, names)))
+                # (the names, then a look at the character before each: a look-behind written first
+                # in the pattern makes the scan try it at every offset, six times slower)
+                mention = re.compile(r"(?:%s)\b" % "|".join(map(re.escape, names)))
                 spans = self._def_spans(importer)
                 methods = sorted(s for q, s in spans.items() if "." in q)  # neither overlaps another
                 tops = sorted(s for q, s in spans.items() if "." not in q)
                 imports = self._import_spans(importer)
                 added = set()
                 for m in mention.finditer(itext):
+                    if m.start() and _NAME_OR_DOT.match(itext, m.start() - 1):
+                        continue  # part of a longer name, or an attribute (`x.name`): not the import's
                     if _containing(imports, m.start()) is not None:
                         continue  # the import itself
                     span = _containing(methods, m.start()) or _containing(tops, m.start())  # the innermost
@@ -852,7 +856,7 @@ class Project:
         if not related:
             return set(), set()
         keys: set = set()
-        for q in _uses(self.text(path) or ""):
+        for q in self._uses_of(path):
             d = self._use(path, q)
             if d is None or d.path not in related or isinstance(d, ForeignModule):
                 continue
@@ -1051,6 +1055,15 @@ class Project:
             self._touch(path)
         return cached
 
+    def _uses_of(self, path: str) -> List[str]:
+        """`_uses` of the module's text (memoised: `reach_words` and `reach_held` both read it)."""
+        cached = self._uses_memo.get(path)
+        if cached is None:
+            cached = self._uses_memo[path] = _uses(self.text(path) or "")
+        else:
+            self._touch(path)
+        return cached
+
     def _use(self, importer: str, qualified: str) -> Optional[Definition]:
         """What `qualified` (an imported name, then attributes) names, read from the texts only
         (`resolve` reads a class's summary for its attributes). Memoised."""
@@ -1131,6 +1144,7 @@ class Project:
 
 MAX_REACH_DEPTH = 3  # definitions reached from what the file uses: what they call, and so on
 MAX_REACH_PARTS = 400
+_NAME_OR_DOT = re.compile(r"[\w.]")
 _CALLED_RE = re.compile(r"(?<![\w.])([A-Za-z_]\w*(?:\.\w+)*)[ \t]*\(")
 _DOTTED_USE_RE = re.compile(r"(?<![\w.])([A-Za-z_]\w*)((?:\.\w+)+)")
 
