@@ -15,9 +15,10 @@ or names another module or content, is a miss."""
 from __future__ import annotations
 
 import hashlib
-import os
 import pickle
 from pathlib import Path
+
+from ampfix.engine.rulemeta import write_atomically
 
 
 class SharedSummaries:
@@ -25,7 +26,6 @@ class SharedSummaries:
 
     def __init__(self, folder: Path):
         self.folder = folder
-        self._ready = False
 
     def _entry(self, path: str, digest: str) -> Path:
         return self.folder / hashlib.sha256(f"{path}\0{digest}".encode()).hexdigest()
@@ -46,30 +46,12 @@ class SharedSummaries:
 
     def put(self, path: str, digest: str, summary) -> None:
         """Keep `summary` (None: the module could not be summarised). Written whole or not at
-        all (a temporary file, then a rename): another worker may read it at any moment."""
-        import tempfile
-
+        all: another worker may read it at any moment."""
         try:
             data = pickle.dumps((path, digest, summary), protocol=pickle.HIGHEST_PROTOCOL)
         except (pickle.PicklingError, TypeError, RecursionError):
             return  # not kept: the other workers summarise it themselves
-        try:
-            if not self._ready:
-                self.folder.mkdir(parents=True, exist_ok=True)
-                self._ready = True
-            fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=str(self.folder))
-            try:
-                with os.fdopen(fd, "wb") as fh:
-                    fh.write(data)
-                os.replace(tmp, self._entry(path, digest))
-            except BaseException:
-                try:
-                    os.unlink(tmp)
-                except OSError:
-                    pass
-                raise
-        except OSError:
-            pass  # a folder that cannot be written costs speed, never the check
+        write_atomically(self._entry(path, digest), data)
 
 
 __all__ = ["SharedSummaries"]

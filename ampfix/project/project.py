@@ -1048,18 +1048,19 @@ class Project:
         return out
 
     def _bindings_of(self, path: str) -> Dict[str, str]:
-        cached = self._bound.get(path)
-        if cached is None:
-            cached = self._bound[path] = _bindings(self.text(path) or "")
-        else:
-            self._touch(path)
-        return cached
+        return self._of_text(self._bound, path, _bindings)
 
     def _uses_of(self, path: str) -> List[str]:
-        """`_uses` of the module's text (memoised: `reach_words` and `reach_held` both read it)."""
-        cached = self._uses_memo.get(path)
+        """`_uses` of the module's text (`reach_words` and `reach_held` both read it)."""
+        return self._of_text(self._uses_memo, path, _uses)
+
+    def _of_text(self, memo: Dict[str, V], path: str, derive: Callable[[str], V]) -> V:
+        """`derive` of the text of the module at `path`, memoised per module in `memo` (which
+        `_forget_texts` empties for a module whose text changed); the text is a dependency of
+        the answer, memoised or not."""
+        cached = memo.get(path)
         if cached is None:
-            cached = self._uses_memo[path] = _uses(self.text(path) or "")
+            cached = memo[path] = derive(self.text(path) or "")
         else:
             self._touch(path)
         return cached
