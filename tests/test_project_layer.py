@@ -459,6 +459,35 @@ def test_reach_text_is_the_code_the_file_uses_not_whole_modules(tmp_path):
     assert "autocast" in project.reach_bound(str(tmp_path / "train.py"), words, ())[0]
 
 
+def test_reach_text_reads_the_importers_code_that_uses_the_files_names_only(tmp_path):
+    # an importer's mention of a name it imports from the file (`backward_step(...)`) brings the
+    # function around it into the file's reach; the same letters as an attribute of another
+    # object (`runner.backward_step`), inside a longer name (`my_backward_step`) or in the import
+    # itself do not
+    tree(tmp_path, {
+        "pyproject.toml": "",
+        "steps.py": "def backward_step(loss):\n    loss.backward()\n",
+        "train.py": """\
+            from steps import backward_step
+
+            def fit(loss):
+                backward_step(loss)
+                amp_marker_fit = 1
+
+            def attribute(runner, loss):
+                runner.backward_step(loss)
+                amp_marker_attribute = 1
+
+            def longer(loss):
+                my_backward_step(loss)
+                amp_marker_longer = 1
+            """,
+    })
+    reach = Project(tmp_path).reach_text(str(tmp_path / "steps.py"))
+    assert "amp_marker_fit" in reach
+    assert "amp_marker_attribute" not in reach and "amp_marker_longer" not in reach
+
+
 def test_reach_bound_holds_what_the_trigger_view_makes(tmp_path):
     # the trigger view removes an autocast query and an autocast region turned off: what is
     # left may hold a string the module's text does not (`.half()`, `torch.half`), which
