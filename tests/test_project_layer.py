@@ -269,6 +269,48 @@ def test_summary_json_round_trip_and_strict_reader(tmp_path):
         ModuleSummary.from_json({"version": 999})
 
 
+def test_a_summary_names_a_helpers_locals_the_same_in_every_process_and_apart_from_other_modules(tmp_path):
+    # a local of a helper the summarised function runs is keyed `name@<number of that run>`; the
+    # number is the summary's own (its module's path, content, and the order the runs are met),
+    # not the id of a call node: the same summary in every process, so the cache keeps one, and
+    # no `y@<id> is None` test that another module's summary could share once ids are reused
+    import subprocess
+    import sys
+
+    helper = """\
+        import torch
+
+        from helpers import pad
+
+
+        def _prepare(opt, x):
+            y = x * 2
+            pad(y)
+            if y is None:
+                opt.zero_grad()
+            return y
+
+
+        def step(scaler, opt, loss):
+            scaler.scale(loss).backward()
+            _prepare(opt, loss)
+            scaler.step(opt)
+            scaler.update()
+        """
+    tree(tmp_path, {"pyproject.toml": "", "helpers.py": "def pad(t):\n    return t\n", "a.py": helper, "b.py": helper})
+    show = ("import re, sys; from pathlib import Path; from ampfix.project import Project; "
+            "s = Project(Path(sys.argv[1])).summary(sys.argv[2]); "
+            "print(s.dumps()); print(sorted(set(re.findall(r'\\w+@\\d+', s.dumps()))))")
+    runs = [subprocess.run([sys.executable, "-c", show, str(tmp_path), str(tmp_path / name)], capture_output=True,
+                           text=True, check=True).stdout.splitlines() for name in ("a.py", "a.py", "b.py")]
+    assert runs[0] == runs[1]  # two processes, one summary
+    (key_a,), (key_b,) = eval(runs[0][1]), eval(runs[2][1])
+    assert key_a.startswith("y@") and key_b.startswith("y@") and key_a != key_b  # another module: another number
+    # (and nothing else differs but the module's path)
+    assert runs[0][0].replace(key_a, "KEY").replace(str(tmp_path / "a.py"), "PATH") \
+        == runs[2][0].replace(key_b, "KEY").replace(str(tmp_path / "b.py"), "PATH")
+
+
 def test_a_summarys_json_is_what_dataclasses_asdict_gives(tmp_path):
     # `ModuleSummary.to_json` walks the summary itself (asdict's deep copy of every leaf took 86 ms
     # on a large module): the same values, on every part a summary has, the fixtures' projects

@@ -9,6 +9,7 @@ that leave the module as `CALL` effects for the project to compose.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from bisect import bisect_left, bisect_right
 from typing import Any, Dict, Hashable, List, Optional, Tuple
@@ -41,6 +42,7 @@ AMP_TEXT = re.compile(_EVENT_WORDS + r"|state_dict|torch\.save|precision|parse_a
 # and configuration (`precision`, argparse) are made of
 TRACE_TEXT = re.compile(_EVENT_WORDS)
 _NEWLINE = re.compile("\n")
+_RUN = re.compile(r"@(\d+)")
 _TRIPLE = re.compile(r'"""|\'\'\'')
 _DEF_LINE = re.compile(r"^([ \t]*)(?:async[ \t]+)?(def|class)[ \t]+(\w+)")
 
@@ -302,6 +304,8 @@ class Summarizer:
         self._quals: Optional[Dict[str, int]] = None  # how many functions the module has of each name
         self._lexemes: Dict[str, Tuple[List[int], List[int]]] = {}  # a span's comments and strings (starts, ends)
         self._newlines: Optional[List[int]] = None  # the offsets of the text's line breaks (`_line_col`)
+        self.salt = ""  # what makes this module's run numbers its own (`_runs`): its path and digest
+        self._runs: Dict[str, str] = {}  # the id of a helper call that runs a local (`name@<id>`) -> its number
 
     def locate(self, node: cst.CSTNode) -> Tuple[int, int]:
         """(line, 0-based column) of `node`, found in the text of the top-level function or
@@ -503,7 +507,9 @@ class Summarizer:
             ev = te.event
             node = ev.node
             line, col = self.locate(node)
-            ctx = tuple((groups.group(g), groups.branch(b)) for g, b in te.ctx.items())
+            for call in te.frame:  # (the calls whose locals the event's keys and tests may name)
+                self._run_number(call)
+            ctx = tuple((self._portable(groups.group(g)), self._stable(groups.branch(b))) for g, b in te.ctx.items())
             loop = None
             if ev.kind == EXIT and ev.loop is not None:
                 loop = groups.group((te.frame, ("loop", ev.loop)))[1]
@@ -518,10 +524,39 @@ class Summarizer:
             scale_source = self._scale_source(te, func) if ev.kind == BACKWARD else None
             text = m.code(node.func) if isinstance(node, cst.Call) else m.code(node)
             frame = tuple(frames.setdefault(i, len(frames)) for i in te.frame)
-            out.append(Effect(kind=ev.kind, line=line, col=col + 1, text=text[:80], scaler=te.scaler,
-                              target=te.target, detail=ev.detail, ctx=ctx, loop=loop, callee=callee, args=args,
+            out.append(Effect(kind=ev.kind, line=line, col=col + 1, text=text[:80], scaler=self._stable(te.scaler),
+                              target=self._stable(te.target), detail=ev.detail, ctx=ctx, loop=loop, callee=callee,
+                              args=tuple((slot, self._stable(key)) for slot, key in args),
                               region=region, scale_source=scale_source, frame=frame))
         return out
+
+    def _run_number(self, call: int) -> str:
+        """The number that stands for `id(call)`, the call of a helper of this module whose locals
+        a trace names `name@<id>` (`Events._subst`): an id differs from one process to the
+        next, and a freed tree's ids come back for another module's nodes, so a summary kept
+        for later runs or read beside another module's would share `x@<id>` texts with it
+        (and a test on one, `("cond", "x@<id> is None")`, would be taken for the other's).
+        Digits (`iterations._canon` reads `name@<digits>` as a name), from this module's path,
+        content and the order the calls are met in: the same for every run, and another
+        module's only by a 60-bit chance."""
+        key = str(call)
+        number = self._runs.get(key)
+        if number is None:
+            digest = hashlib.sha256(f"{self.salt}\0{len(self._runs)}".encode()).hexdigest()
+            number = self._runs[key] = str(int(digest[:15], 16))
+        return number
+
+    def _portable(self, group: Tuple[Any, ...]) -> Tuple[Any, ...]:
+        """A context group as `_Groups` numbers it, its test (`("cond", text)`, the one group
+        that keeps a text) with stable run numbers (`_stable`)."""
+        return ("cond", self._stable(group[1])) if group[0] == "cond" else group
+
+    def _stable(self, text):
+        """`text` (a key, a test) with each `@<id>` of a helper call this summary met
+        (`_run_number`) written as its number; anything else as it is."""
+        if not isinstance(text, str) or "@" not in text:
+            return text
+        return _RUN.sub(lambda m: "@" + self._runs[m.group(1)] if m.group(1) in self._runs else m.group(0), text)
 
     def _external(self, te: TraceEvent, call: cst.Call) -> Tuple[Optional[str], Tuple[Tuple[str, str], ...]]:
         m = self.model
@@ -654,6 +689,7 @@ def summarize(model, digest: str = "", text: Optional[str] = None) -> ModuleSumm
     whose code holds no AMP code (`AMP_TEXT`) keeps only its parameters: nothing asks more of it."""
     m = model
     s = Summarizer(m)
+    s.salt = f"{m.path}\0{digest}"
     if text is not None:
         spans = def_spans(text)
         s.skip = {q for q, (a, b) in spans.items() if AMP_TEXT.search(text, a, b) is None}

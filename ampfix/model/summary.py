@@ -78,7 +78,9 @@ class Effect:
     line: int
     col: int
     text: str = ""  # the call as written (shortened), for messages
-    scaler: Optional[str] = None  # key in the function's names: "scaler", "self.scaler", "opt@local"
+    # key in the function's names: "scaler", "self.scaler", "opt@<n>" (a local of a helper run, numbered
+    # by the summary: `Summarizer._run_number`)
+    scaler: Optional[str] = None
     target: Optional[str] = None
     detail: Optional[str] = None
     # conditional contexts: (group, branch); groups are lists such as ["if", 3], ["loop", 1],
