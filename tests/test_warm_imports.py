@@ -101,7 +101,7 @@ def test_rule_facts_kept_in_the_cache_folder_match_the_registry(tmp_path, monkey
 
 
 def test_overridden_triggers_only_narrow_the_default_test():
-    """rulemeta.maybe_triggered must say yes wherever a rule's own `triggered_by` does."""
+    """RuleInfo.maybe_triggered must say yes wherever a rule's own `triggered_by` does."""
     info = registry.rule_facts()
     texts = [p.read_text(encoding="utf-8", errors="replace") for p in FIXTURES.rglob("*.py")]
     for code, rule in all_rules().items():

@@ -348,13 +348,9 @@ def preview_warnings(select: Optional[Sequence[str]], info: Dict[str, RuleInfo],
             for code in dict.fromkeys(select) if code in info and info[code].preview]
 
 
-def maybe_triggered(codes: Sequence[str], text: str, info: Dict[str, RuleInfo], project: bool = False) -> bool:
-    return first_triggered(codes, text, info, project) is not None
-
-
 def first_triggered(codes: Sequence[str], text: str, info: Dict[str, RuleInfo], project: bool = False
                     ) -> Optional[str]:
-    """The first of `codes` whose triggers' default test passes on `text` (`maybe_triggered`), or
+    """The first of `codes` whose triggers' default test passes on `text` (`RuleInfo.maybe_triggered`), or
     None: the runner need not test again a file whose first such rule keeps the default tests."""
     lowered = text.lower()
     return next((c for c in codes if info[c].maybe_triggered(text, lowered, project)), None)
