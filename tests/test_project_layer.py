@@ -3,6 +3,8 @@ re-exports, cycles, shadowing, unresolvable), module summaries and their store, 
 a file's model takes from other modules."""
 
 import json
+import os
+import sys
 import textwrap
 from pathlib import Path
 
@@ -870,6 +872,93 @@ def test_pool_workers_share_summaries_when_the_run_keeps_none(tmp_path):
         assert project_for(str(tmp_path / "a.py"), Settings(project=True)).store is None
     finally:
         close_projects()
+
+
+def _claimed_run(tmp_path, monkeypatch, n):
+    """fixtures/projects/bad_helper_clip checked for AMP003 by a pool of `n` workers, `train.py`
+    first (its analysis reads `utils.py`'s summary), every parse of the workers logged:
+    (results, "file:why" of each parse). The job of `utils.py` starts only once `utils.py` is
+    claimed (or after 10 s): another worker is then still busy with `train.py`."""
+    import shutil
+    import time
+
+    import ampfix.engine.analyze as analyze
+    from ampfix.engine import share
+    from ampfix.engine.results import Settings
+    from ampfix.engine.runner import _pool
+
+    real_take = share.Claims.take
+
+    def held(self, index):  # inherited by the pool's forks
+        if index == 1 and sys._getframe(1).f_code.co_name == "_marked_work":  # the job's start
+            deadline = time.monotonic() + 10
+            while not os.path.exists(os.path.join(self.folder, "1")) and time.monotonic() < deadline:
+                time.sleep(0.01)
+        return real_take(self, index)
+
+    monkeypatch.setattr(share.Claims, "take", held)
+
+    for f in (Path(__file__).resolve().parent.parent / "fixtures" / "projects" / "bad_helper_clip").iterdir():
+        shutil.copy(f, tmp_path / f.name)
+    log = tmp_path / "parses.log"
+    real = analyze.parse_module
+
+    def logged(text, *args, **kwargs):  # inherited by the pool's forks
+        frame, why = sys._getframe(1), "analysis"
+        while frame is not None:
+            why = "summary" if frame.f_code.co_name == "_summarize" else why
+            frame = frame.f_back
+        with open(log, "a") as fh:
+            fh.write(("train.py" if "def train" in text else "utils.py") + f":{why}\n")
+        return real(text, *args, **kwargs)
+
+    monkeypatch.setattr(analyze, "parse_module", logged)
+    settings = Settings(project=True)
+    jobs = [(i, (str(tmp_path / name), ("AMP003",), settings, False, (tmp_path / name).read_bytes()))
+            for i, name in enumerate(["train.py", "utils.py"])]
+    results: dict = {}
+    _pool(jobs, n, results)
+    return results, sorted(log.read_text().split())
+
+
+def test_a_module_a_worker_parsed_for_its_summary_is_analysed_by_that_worker_not_parsed_again(tmp_path, monkeypatch):
+    # issue 17: no module parsed twice in a run. One worker analyses `train.py`, which needs
+    # `utils.py`'s summary: the worker claims `utils.py` (`share.Claims`) before it parses it,
+    # analyses it after `train.py` with that parse, and leaves its job when it comes. The
+    # results are those of the files checked one by one.
+    from ampfix.engine.analyze import close_projects
+    from ampfix.engine.runner import _work
+
+    from ampfix.engine.results import Settings
+
+    results, parsed = _claimed_run(tmp_path, monkeypatch, 2)
+    assert parsed == ["train.py:analysis", "utils.py:summary"]
+    try:
+        alone = {i: _work((str(tmp_path / name), ("AMP003",), Settings(project=True), False, (tmp_path / name).read_bytes()))
+                 for i, name in enumerate(["train.py", "utils.py"])}
+    finally:
+        close_projects()
+    assert sorted(results) == [0, 1]
+    assert [[(d.code, d.line) for d in results[i].diagnostics] for i in (0, 1)] == \
+        [[(d.code, d.line) for d in alone[i].diagnostics] for i in (0, 1)]
+    assert [(d.code, d.line) for d in results[0].diagnostics] == [("AMP003", 12)]  # clipped while scaled
+
+
+def test_a_file_claimed_by_a_worker_that_never_analyses_it_is_checked_again_by_a_fresh_pool(tmp_path, monkeypatch):
+    # a claim whose analysis never comes back (a worker died, or its results could not be sent)
+    # must not cost the file its check: the pool runs what is missing again, without claims
+    from ampfix.engine import share
+
+    def claim_and_forget(self, path):
+        entry = self.jobs.get(path)
+        return entry is not None and self.take(entry[0]) is True and False
+
+    monkeypatch.setattr(share.Claims, "for_summary", claim_and_forget)
+    results, parsed = _claimed_run(tmp_path, monkeypatch, 2)
+    assert sorted(results) == [0, 1] and all(r.error is None for r in results.values())
+    assert [(d.code, d.line) for d in results[0].diagnostics] == [("AMP003", 12)]
+    # the summary's parse, then the fresh pool's analysis
+    assert parsed == ["train.py:analysis", "utils.py:analysis", "utils.py:summary"]
 
 
 def test_the_pools_shared_summaries_give_back_what_was_put_and_nothing_else(tmp_path):

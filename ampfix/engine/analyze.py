@@ -222,8 +222,11 @@ def project_for(path: str, settings: Settings):
             from ampfix.engine.share import SharedSummaries
 
             store = SharedSummaries(Path(settings.share_folder))
+        from ampfix.engine import share
+
         project = _PROJECTS[key] = Project(Path(root), store=store, parse=_parse_quietly,
-                                           max_memory=settings.max_file_memory)
+                                           max_memory=settings.max_file_memory,
+                                           claim=share.claims.for_summary if share.claims is not None else None)
     return project
 
 

@@ -374,11 +374,17 @@ _MARKS: Optional[str] = None
 RUN_PREFIX = "ampfix-run-"  # the pool's temporary folder: ampfix-run-<pid>-XXXXXXXX
 
 
-def _init_worker(folder: str, parent: int) -> None:  # pragma: no cover - runs in the pool's workers
-    """A worker dies with the run (SIGKILL included) and leaves Ctrl-C to it."""
+def _init_worker(folder: str, parent: int, jobs: Optional[Dict[str, Tuple[int, Job]]] = None
+                 ) -> None:  # pragma: no cover - runs in the pool's workers
+    """A worker dies with the run (SIGKILL included) and leaves Ctrl-C to it. `jobs`: the run's
+    files by absolute path, when the workers share them out by claims (`share.Claims`)."""
     global _MARKS
     signals.child_setup(parent)
     _MARKS = folder
+    if jobs is not None:
+        from ampfix.engine import share
+
+        share.claims = share.Claims(os.path.join(folder, "claims"), jobs)
     collector.enter_batch()
 
 
@@ -401,10 +407,25 @@ def _kill_pool(pool) -> None:
             pass
 
 
-def _marked_work(item: Tuple[int, Job]) -> FileResult:
-    """`_work`, leaving a marker file while it runs: after a crash, the markers left name the
-    files that were being analysed when a worker died."""
+def _marked_work(item: Tuple[int, Job]) -> List[Tuple[int, FileResult]]:
+    """`_work` on the file at place `i` of the run, leaving a marker file while it runs: after a
+    crash, the markers left name the files that were being analysed when a worker died. With
+    claims (`share.Claims`): nothing when another worker claimed the file, and the results of
+    the files this worker claimed for their summaries meanwhile, analysed after it."""
+    from ampfix.engine import share
+
     i, job = item
+    claims = share.claims
+    if claims is not None and claims.take(i) is False:
+        return []  # another worker parsed it for a summary, and analyses it
+    out = [(i, _marked(i, job))]
+    while claims is not None and claims.owed:
+        j, owed = claims.owed.pop(0)
+        out.append((j, _marked(j, owed)))
+    return out
+
+
+def _marked(i: int, job: Job) -> FileResult:
     mark = os.path.join(_MARKS, str(i)) if _MARKS else None
     if mark:
         open(mark, "wb").close()
@@ -436,17 +457,27 @@ def _pool(jobs: List[Tuple[int, Job]], n: int, results: Dict[int, FileResult]) -
 
     signals.sweep_temp_folders(RUN_PREFIX)
     pending = list(jobs)
+    first = True
     while pending:
         marks = signals.make_temp_folder(RUN_PREFIX)
         broken = False
         pool = None
+        context = _mp_context()
+        # the workers share the files out by claims (`share.Claims`) on the first round, where
+        # they are forks (the table of jobs is theirs without being sent)
+        table = None
+        if first and context.get_start_method() == "fork":
+            os.mkdir(os.path.join(marks, "claims"), 0o700)
+            table = {os.path.abspath(job[0]): (i, _sharing(job, marks)) for i, job in pending}
+        first = False
         try:
-            pool = ProcessPoolExecutor(max_workers=min(n, len(pending)), mp_context=_mp_context(),
-                                       initializer=_init_worker, initargs=(marks, os.getpid()))
+            pool = ProcessPoolExecutor(max_workers=min(n, len(pending)), mp_context=context,
+                                       initializer=_init_worker, initargs=(marks, os.getpid(), table))
             futures = [(i, job, pool.submit(_marked_work, (i, _sharing(job, marks)))) for i, job in pending]
             for i, job, fut in futures:
                 try:
-                    results[i] = fut.result()
+                    for j, result in fut.result():
+                        results[j] = result
                 except BrokenProcessPool:
                     broken = True
                 except Exception as exc:  # e.g. a result that cannot be sent back
@@ -461,10 +492,12 @@ def _pool(jobs: List[Tuple[int, Job]], n: int, results: Dict[int, FileResult]) -
         finally:
             shutil.rmtree(marks, ignore_errors=True)
         left = [(i, job) for i, job in pending if i not in results]
-        if not broken or not left:
+        if not left:
             return
+        # a file claimed by a worker that died, or whose results could not be sent back: again,
+        # in a fresh pool without claims (each file a worker was analysing when it died, alone)
         for i, job in left:
-            if i in suspects or not suspects:
+            if broken and (i in suspects or not suspects):
                 results[i] = isolated(job)
         pending = [(i, job) for i, job in left if i not in results]
 

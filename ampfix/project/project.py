@@ -119,7 +119,8 @@ class Project:
     """The project of one root folder (see the module docstring). One per run and process."""
 
     def __init__(self, root: Path, store: Optional[SummaryStore] = None,
-                 parse: Optional[Callable[[str, str], Optional[cst.Module]]] = None, max_memory: int = 0):
+                 parse: Optional[Callable[[str, str], Optional[cst.Module]]] = None, max_memory: int = 0,
+                 claim: Optional[Callable[[str], bool]] = None):
         self.graph = ImportGraph(root, self._quiet_text)
         self.layout = self.graph.layout
         self.max_memory = max_memory  # `max-file-memory`: a module over it is not parsed (its summary unknown)
@@ -159,6 +160,11 @@ class Project:
         self._read_imports: Optional[set] = None  # the files whose imports were resolved (`end`)
         self._called: Optional[set] = None  # the functions whose callers were asked (`end`)
         self._kept: Dict[str, Tuple[str, cst.Module]] = {}
+        # `claim(path)`, asked before a module is parsed for its summary: True when this process
+        # now analyses that module too (a pool's worker took its job, `engine/share.py`); its
+        # parse is then kept until the engine takes it, whatever `MAX_KEPT_MODULES` says
+        self.claim = claim
+        self._owed: Set[str] = set()
         self._stats: Dict[str, Optional[Tuple[int, int]]] = {}
         self._tree: Optional[tuple] = None  # the tree's `snapshot` when `refresh` last looked
         self._offered: Dict[str, str] = {}  # path -> digest of the texts offered since `refresh`
@@ -261,6 +267,7 @@ class Project:
         process's exit (about 1 s after a -j 1 check of timm)."""
         self._forget()
         self._kept.clear()
+        self._owed.clear()
 
     def end(self) -> Tuple[List[str], Dict[str, str]]:
         """What the analysis since `begin` depended on: the modules whose texts it read, and
@@ -417,13 +424,19 @@ class Project:
 
         module = source.module
         if module is None:
+            owed = self.claim is not None and self.claim(path)
             module = self._parse(source.text, path)
             if module is None:
                 return None
             self.parsed.append(path)
             self._kept[path] = (source.digest, module)  # the engine may analyse it next: no second parse
+            if owed:
+                self._owed.add(path)
             while len(self._kept) > MAX_KEPT_MODULES:
-                self._kept.pop(next(iter(self._kept)))
+                victim = next((p for p in self._kept if p not in self._owed), None)
+                if victim is None:
+                    break
+                del self._kept[victim]
         try:
             model = AmpModel(module, foreign=NO_FACTS, path=path)
             model.source_text = source.text  # type: ignore[attr-defined]  # positions per statement, no full pass
@@ -441,7 +454,9 @@ class Project:
     def take_parsed(self, path: str, text: str) -> Optional[cst.Module]:
         """The parse this project made of `path` for its summary, when the text is the same (the
         engine analysing that module then does not parse it again)."""
-        kept = self._kept.pop(os.path.abspath(path), None)
+        path = os.path.abspath(path)
+        self._owed.discard(path)
+        kept = self._kept.pop(path, None)
         if kept is not None and kept[0] == digest_of(text):
             return kept[1]
         return None
