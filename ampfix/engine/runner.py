@@ -467,7 +467,6 @@ def _pool(jobs: List[Tuple[int, Job]], n: int, results: Dict[int, FileResult]) -
         # they are forks (the table of jobs is theirs without being sent)
         table = None
         if first and context.get_start_method() == "fork":
-            os.mkdir(os.path.join(marks, "claims"), 0o700)
             table = {os.path.abspath(job[0]): (i, _sharing(job, marks)) for i, job in pending}
         first = False
         try:

@@ -77,13 +77,23 @@ class Claims:
     def take(self, index: int) -> Optional[bool]:
         """Claim the file at `index`: True when this process now has it, False when another
         process claimed it first, None when the folder cannot tell (an error: nobody is refused)."""
-        try:
-            os.close(os.open(os.path.join(self.folder, str(index)), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
-        except FileExistsError:
-            return False
-        except OSError:
-            return None
-        return True
+        claim = os.path.join(self.folder, str(index))
+        for first in (True, False):
+            try:
+                os.close(os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+                return True
+            except FileExistsError:
+                return False
+            except FileNotFoundError:  # the first claim of the run makes the folder
+                if not first:
+                    return None
+                try:
+                    os.makedirs(self.folder, 0o700, exist_ok=True)
+                except OSError:
+                    return None
+            except OSError:
+                return None
+        return None
 
     def for_summary(self, path: str) -> bool:
         """The project is about to parse `path` (absolute) for its summary: True when it is a
