@@ -961,6 +961,42 @@ def test_a_file_claimed_by_a_worker_that_never_analyses_it_is_checked_again_by_a
     assert parsed == ["train.py:analysis", "utils.py:analysis", "utils.py:summary"]
 
 
+def test_the_engine_takes_a_summarised_modules_parse_and_its_tree_index_once(tmp_path):
+    # a module the project parsed for a summary is analysed with that parse and with the index
+    # the summary's model walked (`Project.handed_index`), once; a model given the index of
+    # another tree walks its own
+    import ampfix.model.tree as tree_mod
+
+    text = "import torch\ndef f(scaler, loss):\n    scaler.scale(loss).backward()\n"
+    tree(tmp_path, {"pyproject.toml": "", "m.py": text, "n.py": "x = 1\n"})
+    m = str(tmp_path / "m.py")
+    project = Project(tmp_path)
+    project.summary(m)
+    module = project.take_parsed(m, text)
+    assert module is not None and project.take_parsed(m, text) is None
+    index = project.handed_index(module)
+    assert index is not None and index.nodes[0] is module and project.handed_index(module) is None
+    walks = []
+    real = tree_mod.Index.of.__func__
+
+    def counted(cls, mod):
+        walks.append(mod)
+        return real(cls, mod)
+
+    tree_mod.Index.of = classmethod(counted)
+    try:
+        model = AmpModel(module, index=index)
+        assert walks == [] and model._index is index
+        fresh = AmpModel(module)
+        other = AmpModel(cst.parse_module("x = 1\n"), index=index)
+    finally:
+        tree_mod.Index.of = classmethod(real)
+    assert len(walks) == 2 and other._index is not index and other._index.nodes[0] is other.module
+    assert [model.code(c) for c in model.calls] == [fresh.code(c) for c in fresh.calls] == \
+        ["scaler.scale(loss).backward()", "scaler.scale(loss)"]
+    assert model.scalers == fresh.scalers
+
+
 def test_the_pools_shared_summaries_give_back_what_was_put_and_nothing_else(tmp_path):
     # the pool's store (engine/share.py) pickles: what a worker reads back equals what the other
     # put, an unreadable module stays unreadable, and an entry of another module or content, cut

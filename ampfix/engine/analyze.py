@@ -268,7 +268,8 @@ def build_model(module: cst.Module, text: str, path: str, settings: Settings) ->
         return AmpModel(module)
     full = os.path.abspath(path)
     project.offer(full, text, module)  # type: ignore[attr-defined]
-    return AmpModel(module, foreign=project, path=full)  # type: ignore[arg-type]
+    index = project.handed_index(module)  # type: ignore[attr-defined]  # the summary's walk of this tree, if any
+    return AmpModel(module, foreign=project, path=full, index=index)  # type: ignore[arg-type]
 
 
 def _analyze(

@@ -76,7 +76,7 @@ from ampfix.model.readwrite import names_bound, reads_writes, uses_only
 from ampfix.model.regions import Region, Regions
 from ampfix.model.syntax import call_name, get_arg, is_expression_statement_of, literal_bool, literal_string, \
     method_call, receiver
-from ampfix.model.tree import Tree, dotted
+from ampfix.model.tree import Index, Tree, dotted
 from ampfix.model.values import Values
 
 
@@ -85,9 +85,10 @@ class AmpModel(Tree, Names, Values, CallGraph, Regions, Objects, Flow, Events, E
     project the file belongs to (`ampfix/project/`), which answers for the other modules;
     `path`: the file's path (absolute), as the project knows it."""
 
-    def __init__(self, module: cst.Module, foreign: Optional[ForeignFacts] = None, path: str = ""):
+    def __init__(self, module: cst.Module, foreign: Optional[ForeignFacts] = None, path: str = "",
+                 index: Optional[Index] = None):
         self._init_foreign(foreign, path)
-        self._init_tree(module)
+        self._init_tree(module, index)
         self._init_names()
         self._init_values()
         self._init_callgraph()

@@ -602,9 +602,12 @@ class Tree:
     module: cst.Module
     _index: Index
 
-    def _init_tree(self, module: cst.Module) -> None:
+    def _init_tree(self, module: cst.Module, index: Optional[Index] = None) -> None:
+        """`index`: one another model built of this same tree (a summary's, `Project._summarize`),
+        read-only but for the synthetic nodes each model adds (`Index.set_parent`)."""
         self.module = module
-        index = Index.of(module)
+        if index is None or not index.nodes or index.nodes[0] is not module:
+            index = Index.of(module)
         self._index = index
         self._parent = index.parent
         self._slot, self._parent_at, self._scope_at = index._slot, index.parent_at, index.scope_at  # hot lookups

@@ -28,6 +28,7 @@ from ampfix.model.foreign import Definition, ForeignClass, ForeignConstant, Fore
 from ampfix.model.parsing import parse_module
 from ampfix.model.summarize import AMP_TEXT, TRACE_TEXT, def_spans
 from ampfix.model.summary import IMPORTED, LOCAL, UNREADABLE, ClassSummary, ModuleSummary, OutgoingCall, Stored, Value
+from ampfix.model.tree import Index
 from ampfix.project.graph import (ImportGraph, callers_dep, digest_of_paths, import_statements, importers_dep,
                                   imports_dep, read_text)
 from ampfix.project.layout import Layout, Target, clear_caches
@@ -160,6 +161,10 @@ class Project:
         self._read_imports: Optional[set] = None  # the files whose imports were resolved (`end`)
         self._called: Optional[set] = None  # the functions whose callers were asked (`end`)
         self._kept: Dict[str, Tuple[str, cst.Module]] = {}
+        # the tree index each summary's model built of a kept parse: the engine's model of that
+        # module takes it with the parse (`handed_index`), not walking the tree again
+        self._kept_index: Dict[str, Index] = {}
+        self._handed: Optional[Tuple[cst.Module, Index]] = None
         # `claim(path)`, asked before a module is parsed for its summary: True when this process
         # now analyses that module too (a pool's worker took its job, `engine/share.py`); its
         # parse is then kept until the engine takes it, whatever `MAX_KEPT_MODULES` says
@@ -240,7 +245,7 @@ class Project:
         changed module may call one now) and the import graph (their import lines). The
         summaries and answers that read only other modules stay."""
         for per_module in (self._sources, self._summaries, self._modules, self._indexes, self._spans, self._bound, self._uses_memo,
-                           self._imports_at, self._stats, self._kept, self.used):
+                           self._imports_at, self._stats, self._kept, self._kept_index, self.used):
             for p in changed:
                 per_module.pop(p, None)
         for key in [k for k in self._relevant if k[0] in changed]:
@@ -267,6 +272,8 @@ class Project:
         process's exit (about 1 s after a -j 1 check of timm)."""
         self._forget()
         self._kept.clear()
+        self._kept_index.clear()
+        self._handed = None
         self._owed.clear()
 
     def end(self) -> Tuple[List[str], Dict[str, str]]:
@@ -437,8 +444,11 @@ class Project:
                 if victim is None:
                     break
                 del self._kept[victim]
+                self._kept_index.pop(victim, None)
         try:
             model = AmpModel(module, foreign=NO_FACTS, path=path)
+            if self._kept.get(path, (None, None))[1] is module:
+                self._kept_index[path] = model._index
             model.source_text = source.text  # type: ignore[attr-defined]  # positions per statement, no full pass
             return summarize(model, source.digest, source.text)
         except (RecursionError, MemoryError, ValueError, KeyError, AttributeError, TypeError):
@@ -457,9 +467,16 @@ class Project:
         path = os.path.abspath(path)
         self._owed.discard(path)
         kept = self._kept.pop(path, None)
+        index = self._kept_index.pop(path, None)
         if kept is not None and kept[0] == digest_of(text):
+            self._handed = (kept[1], index) if index is not None else None
             return kept[1]
         return None
+
+    def handed_index(self, module: cst.Module) -> Optional[Index]:
+        """The tree index of `module` when `take_parsed` just handed it over (once)."""
+        handed, self._handed = self._handed, None
+        return handed[1] if handed is not None and handed[0] is module else None
 
     def module(self, path: str) -> Optional[ForeignModule]:
         """The module at `path` (its summary read lazily; None: unreadable)."""
