@@ -465,14 +465,15 @@ def _pool(jobs: List[Tuple[int, Job]], n: int, results: Dict[int, FileResult]) -
         context = _mp_context()
         # the workers share the files out by claims (`share.Claims`) on the first round, where
         # they are forks (the table of jobs is theirs without being sent)
+        shared = [(i, _sharing(job, marks)) for i, job in pending]
         table = None
         if first and context.get_start_method() == "fork":
-            table = {os.path.abspath(job[0]): (i, _sharing(job, marks)) for i, job in pending}
+            table = {os.path.abspath(job[0]): (i, job) for i, job in shared}
         first = False
         try:
             pool = ProcessPoolExecutor(max_workers=min(n, len(pending)), mp_context=context,
                                        initializer=_init_worker, initargs=(marks, os.getpid(), table))
-            futures = [(i, job, pool.submit(_marked_work, (i, _sharing(job, marks)))) for i, job in pending]
+            futures = [(i, job, pool.submit(_marked_work, (i, job))) for i, job in shared]
             for i, job, fut in futures:
                 try:
                     for j, result in fut.result():

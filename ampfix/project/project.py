@@ -160,10 +160,10 @@ class Project:
         self._asked: Optional[set] = None  # the modules whose importers were asked (`end`)
         self._read_imports: Optional[set] = None  # the files whose imports were resolved (`end`)
         self._called: Optional[set] = None  # the functions whose callers were asked (`end`)
-        self._kept: Dict[str, Tuple[str, cst.Module]] = {}
-        # the tree index each summary's model built of a kept parse: the engine's model of that
-        # module takes it with the parse (`handed_index`), not walking the tree again
-        self._kept_index: Dict[str, Index] = {}
+        # path -> (digest, the parse made for its summary, the tree index the summary's model
+        # built of it): the engine's model of that module takes both (`take_parsed`,
+        # `handed_index`), neither parsing nor walking the tree again
+        self._kept: Dict[str, Tuple[str, cst.Module, Optional[Index]]] = {}
         self._handed: Optional[Tuple[cst.Module, Index]] = None
         # `claim(path)`, asked before a module is parsed for its summary: True when this process
         # now analyses that module too (a pool's worker took its job, `engine/share.py`); its
@@ -245,7 +245,7 @@ class Project:
         changed module may call one now) and the import graph (their import lines). The
         summaries and answers that read only other modules stay."""
         for per_module in (self._sources, self._summaries, self._modules, self._indexes, self._spans, self._bound, self._uses_memo,
-                           self._imports_at, self._stats, self._kept, self._kept_index, self.used):
+                           self._imports_at, self._stats, self._kept, self.used):
             for p in changed:
                 per_module.pop(p, None)
         for key in [k for k in self._relevant if k[0] in changed]:
@@ -272,7 +272,6 @@ class Project:
         process's exit (about 1 s after a -j 1 check of timm)."""
         self._forget()
         self._kept.clear()
-        self._kept_index.clear()
         self._handed = None
         self._owed.clear()
 
@@ -436,7 +435,7 @@ class Project:
             if module is None:
                 return None
             self.parsed.append(path)
-            self._kept[path] = (source.digest, module)  # the engine may analyse it next: no second parse
+            self._kept[path] = (source.digest, module, None)  # the engine may analyse it next: no second parse
             if owed:
                 self._owed.add(path)
             while len(self._kept) > MAX_KEPT_MODULES:
@@ -444,11 +443,11 @@ class Project:
                 if victim is None:
                     break
                 del self._kept[victim]
-                self._kept_index.pop(victim, None)
         try:
             model = AmpModel(module, foreign=NO_FACTS, path=path)
-            if self._kept.get(path, (None, None))[1] is module:
-                self._kept_index[path] = model._index
+            kept = self._kept.get(path)
+            if kept is not None and kept[1] is module:
+                self._kept[path] = (kept[0], module, model._index)
             model.source_text = source.text  # type: ignore[attr-defined]  # positions per statement, no full pass
             return summarize(model, source.digest, source.text)
         except (RecursionError, MemoryError, ValueError, KeyError, AttributeError, TypeError):
@@ -467,9 +466,8 @@ class Project:
         path = os.path.abspath(path)
         self._owed.discard(path)
         kept = self._kept.pop(path, None)
-        index = self._kept_index.pop(path, None)
         if kept is not None and kept[0] == digest_of(text):
-            self._handed = (kept[1], index) if index is not None else None
+            self._handed = (kept[1], kept[2]) if kept[2] is not None else None
             return kept[1]
         return None
 
