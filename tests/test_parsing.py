@@ -69,6 +69,48 @@ def test_expressions_and_statements_are_libcsts(text):
     assert parse_statement(text + "\n").deep_equals(cst.parse_statement(text + "\n"))
 
 
+def _ids(node, out):
+    out.append(id(node))
+    for child in node.children:
+        _ids(child, out)
+    return out
+
+
+def test_a_copy_of_a_tree_is_a_fresh_parse_of_it_made_of_new_nodes():
+    # `copied` stands in for a fresh parse of a materialised value (`foreign._adopt`): the same
+    # tree, no node shared with the original, and `each` meets every new node with its parent
+    from ampfix.model.tree import copied
+
+    n = 0
+    for path in list(_sources())[:60]:
+        text = path.read_text(encoding="utf-8")
+        original = parse_module(text)
+        met = {}
+        copy = copied(original, set(), lambda node, parent: met.__setitem__(id(node), (node, parent)))
+        assert copy is not None and copy.deep_equals(original) and copy.code == text, path
+        new_ids = _ids(copy, [])
+        assert not set(new_ids) & set(_ids(original, [])), path
+        assert sorted(met) == sorted(new_ids), path  # every new node, once
+        assert met[id(copy)][1] is None
+        for node, parent in met.values():
+            assert all(met[id(c)][1] is node for c in node.children)
+        n += 1
+    assert n >= 50
+
+
+def test_a_copy_keeps_the_nodes_it_is_told_to_keep_as_they_are():
+    from ampfix.model.tree import copied
+
+    arg = cst.parse_expression("model.scaler")
+    expr = cst.parse_expression("f(__param__.s, g(x), k=1)")
+    expr = expr.with_changes(args=[expr.args[0].with_changes(value=arg), *expr.args[1:]])
+    met = []
+    copy = copied(expr, {id(arg)}, lambda node, parent: met.append(node))
+    assert copy.deep_equals(expr) and copy.args[0].value is arg
+    assert all(id(m) not in _ids(arg, []) for m in met)  # nothing inside the kept node is copied
+    assert copied(arg, {id(arg)}, lambda node, parent: met.append(node)) is arg
+
+
 @pytest.mark.parametrize("text", ["a.", "f(", "1 +", "x = 1", "a b"])
 def test_expression_errors_are_libcsts(text):
     with pytest.raises(Exception) as theirs:

@@ -36,7 +36,7 @@ import libcst as cst
 from ampfix.model.parsing import parse_expression
 from ampfix.model.summary import (IMPORTED, LOCAL, PARAM, SELF, UNKNOWN, ClassSummary, FunctionSummary,
                                   ModuleSummary, OutgoingCall, Value)
-from ampfix.model.tree import child_nodes, dotted, replaced
+from ampfix.model.tree import child_nodes, copied, dotted, replaced
 
 MAX_FOREIGN_DEPTH = 4
 # parameters whose values the rules ask about (a scaler, an optimizer, a framework object, the
@@ -221,23 +221,25 @@ class Foreign:
         # only a text naming a bound parameter changes with the bindings (`__param__.p` -> the argument)
         binds = bool(origin.bindings) and f"{PARAM}." in value.text and \
             any(f"{PARAM}.{name}" in value.text for name in origin.bindings)  # type: ignore[union-attr]
-        expr = None if binds else _PARSED.get(value.text)
-        if expr is None or expr in self._synthetic:  # (a node is one model's once: parse anew)
+        parsed = _PARSED.get(value.text)  # never a node of a model: each takes a copy
+        if parsed is None:
             try:
-                expr = parse_expression(value.text)
+                parsed = parse_expression(value.text)
             except Exception:
                 return None
-            if not binds:
-                if len(_PARSED) > 4096:
-                    _PARSED.clear()
-                _PARSED.setdefault(value.text, expr)
+            if len(_PARSED) > 4096:
+                _PARSED.clear()
+            _PARSED[value.text] = parsed
+        expr = parsed
         if binds:
             bindings = origin.bindings
             expr = replaced(expr, lambda n: bindings.get(n.attr.value)  # type: ignore[union-attr,assignment]
                             if type(n) is cst.Attribute and type(n.value) is cst.Name and n.value.value == PARAM  # type: ignore[attr-defined]
                             else None)
         stamp = Synthetic(origin.module, origin.cls, origin.bindings, value.line, origin.depth)
-        _register(self, expr, stamp, origin.bindings)
+        expr = _adopt(self, expr, stamp, origin.bindings)
+        if expr is None:  # pragma: no cover - a node type `copied` does not know
+            return None
         self._materialized[key] = expr
         return expr
 
@@ -652,20 +654,20 @@ class Foreign:
 _PARSED: Dict[str, cst.BaseExpression] = {}
 
 
-def _register(model, expr: cst.CSTNode, stamp: Synthetic, bindings: Optional[Dict[str, cst.BaseExpression]]) -> None:
-    """Record `expr` and its sub-nodes as synthetic, with their parents (bound arguments are
-    nodes of the file and keep theirs)."""
-    keep = {id(b) for b in (bindings or {}).values()}
-    stack: List[Tuple[cst.CSTNode, Optional[cst.CSTNode]]] = [(expr, None)]
-    set_parent = model._index.set_parent
-    while stack:
-        node, parent = stack.pop()
-        if id(node) in keep:
-            continue
-        model._synthetic[node] = stamp
+def _adopt(model, expr: cst.CSTNode, stamp: Synthetic, bindings: Optional[Dict[str, cst.BaseExpression]]
+           ) -> Optional[cst.CSTNode]:
+    """A copy of `expr` (a parse kept in `_PARSED`, perhaps with bound arguments in it) made of
+    new nodes, each recorded as synthetic with its parent: a node is one model's, once. The
+    bound arguments are nodes of the file: used as they are, and they keep their parents."""
+    synthetic = model._synthetic
+    adopt = model._index.adopt
+
+    def each(node: cst.CSTNode, parent: Optional[cst.CSTNode]) -> None:
+        synthetic[node] = stamp
         if parent is not None:
-            set_parent(node, parent)
-        stack.extend((c, node) for c in child_nodes(node))
+            adopt(node, parent)
+
+    return copied(expr, {id(b) for b in (bindings or {}).values()}, each)
 
 
 def _imported_name(call: cst.CSTNode) -> Optional[str]:
