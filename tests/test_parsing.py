@@ -111,6 +111,31 @@ def test_a_copy_keeps_the_nodes_it_is_told_to_keep_as_they_are():
     assert copied(arg, {id(arg)}, lambda node, parent: met.append(node)) is arg
 
 
+def test_a_copy_with_replacements_is_the_copy_of_the_replaced_tree_with_its_checks():
+    from ampfix.model.tree import copied, replaced
+
+    arg = cst.parse_expression("(a + b)")
+
+    def swap(node):
+        return arg if isinstance(node, cst.Attribute) and isinstance(node.value, cst.Name) \
+            and node.value.value == "__param__" and node.attr.value == "x" else None
+
+    expr = cst.parse_expression("g(__param__.x, [__param__.x.y, h], k=__param__.z)")
+    met = []
+    copy = copied(expr, {id(arg)}, lambda node, parent: met.append(node), swap)
+    assert copy.deep_equals(replaced(expr, swap)) and copy.args[0].value is arg
+    assert copy.args[1].value.elements[0].value.value is arg
+    # a node rebuilt around a replacement is checked as LibCST's constructors check it
+    bad = cst.Name("x")  # `not` then a name with no space between: LibCST rejects the rebuilt node
+    expr = cst.parse_expression("not(__param__.x)")
+    swap_bad = (lambda node: bad if isinstance(node, cst.Attribute) else None)
+    with pytest.raises(Exception) as theirs:
+        replaced(expr, swap_bad)
+    with pytest.raises(Exception) as ours:
+        copied(expr, {id(bad)}, lambda node, parent: None, swap_bad)
+    assert type(ours.value) is type(theirs.value) and str(ours.value) == str(theirs.value)
+
+
 @pytest.mark.parametrize("text", ["a.", "f(", "1 +", "x = 1", "a b"])
 def test_expression_errors_are_libcsts(text):
     with pytest.raises(Exception) as theirs:

@@ -36,7 +36,7 @@ import libcst as cst
 from ampfix.model.parsing import parse_expression
 from ampfix.model.summary import (IMPORTED, LOCAL, PARAM, SELF, UNKNOWN, ClassSummary, FunctionSummary,
                                   ModuleSummary, OutgoingCall, Value)
-from ampfix.model.tree import child_nodes, copied, dotted, replaced
+from ampfix.model.tree import copied, dotted
 
 MAX_FOREIGN_DEPTH = 4
 # parameters whose values the rules ask about (a scaler, an optimizer, a framework object, the
@@ -230,14 +230,14 @@ class Foreign:
             if len(_PARSED) > 4096:
                 _PARSED.clear()
             _PARSED[value.text] = parsed
-        expr = parsed
+        replace = None
         if binds:
             bindings = origin.bindings
-            expr = replaced(expr, lambda n: bindings.get(n.attr.value)  # type: ignore[union-attr,assignment]
-                            if type(n) is cst.Attribute and type(n.value) is cst.Name and n.value.value == PARAM  # type: ignore[attr-defined]
-                            else None)
+            replace = (lambda n: bindings.get(n.attr.value)  # type: ignore[union-attr,misc]
+                       if type(n) is cst.Attribute and type(n.value) is cst.Name and n.value.value == PARAM  # type: ignore[attr-defined]
+                       else None)
         stamp = Synthetic(origin.module, origin.cls, origin.bindings, value.line, origin.depth)
-        expr = _adopt(self, expr, stamp, origin.bindings)
+        expr = _adopt(self, parsed, stamp, origin.bindings, replace)
         if expr is None:  # pragma: no cover - a node type `copied` does not know
             return None
         self._materialized[key] = expr
@@ -654,11 +654,12 @@ class Foreign:
 _PARSED: Dict[str, cst.BaseExpression] = {}
 
 
-def _adopt(model, expr: cst.CSTNode, stamp: Synthetic, bindings: Optional[Dict[str, cst.BaseExpression]]
-           ) -> Optional[cst.CSTNode]:
-    """A copy of `expr` (a parse kept in `_PARSED`, perhaps with bound arguments in it) made of
-    new nodes, each recorded as synthetic with its parent: a node is one model's, once. The
-    bound arguments are nodes of the file: used as they are, and they keep their parents."""
+def _adopt(model, expr: cst.CSTNode, stamp: Synthetic, bindings: Optional[Dict[str, cst.BaseExpression]],
+           replace: Optional[Callable[[cst.CSTNode], Optional[cst.CSTNode]]]) -> Optional[cst.CSTNode]:
+    """A copy of `expr` (a parse kept in `_PARSED`) made of new nodes, each recorded as
+    synthetic with its parent: a node is one model's, once. `replace` puts the bound arguments
+    in (`__param__.p` -> the argument): they are nodes of the file, used as they are, and they
+    keep their parents."""
     synthetic = model._synthetic
     adopt = model._index.adopt
 
@@ -667,7 +668,7 @@ def _adopt(model, expr: cst.CSTNode, stamp: Synthetic, bindings: Optional[Dict[s
         if parent is not None:
             adopt(node, parent)
 
-    return copied(expr, {id(b) for b in (bindings or {}).values()}, each)
+    return copied(expr, {id(b) for b in (bindings or {}).values()}, each, replace)
 
 
 def _imported_name(call: cst.CSTNode) -> Optional[str]:

@@ -178,18 +178,26 @@ def child_nodes(node: cst.CSTNode) -> List[cst.CSTNode]:
 _FIELDS: Dict[type, Tuple[Tuple[str, ...], Tuple[str, ...]]] = {}  # type -> (its other fields, its child fields)
 
 
-def copied(node: cst.CSTNode, keep: Set[int], each: Callable[[cst.CSTNode, Optional[cst.CSTNode]], None]
-           ) -> Optional[cst.CSTNode]:
+def copied(node: cst.CSTNode, keep: Set[int], each: Callable[[cst.CSTNode, Optional[cst.CSTNode]], None],
+           replace: Optional[Callable[[cst.CSTNode], Optional[cst.CSTNode]]] = None) -> Optional[cst.CSTNode]:
     """A copy of `node` made of new nodes, except the nodes whose id is in `keep` (used as they
     are, not looked into): what a fresh parse of its code would give, five times faster, and no
     node is shared with `node`. Built field by field, without LibCST's constructors (a copy of a
     tree needs no validation). `each(new, parent)` is called for every new node (its parent
-    None for the copy's root), in no particular order. None when a node type's child fields
-    are not known (`_kind`)."""
+    None for the copy's root), in no particular order. With `replace`, the copy of
+    `replaced(node, replace)`: a node for which it gives one is that one (used as it is), and
+    the nodes on the way to it are checked as LibCST's constructors check them (the same
+    error). None when a node type's child fields are not known (`_kind`)."""
     new_of = object.__new__
     set_field = object.__setattr__
+    swaps = [0]  # the replacements made so far
 
     def copy(n: cst.CSTNode, parent: Optional[cst.CSTNode]) -> cst.CSTNode:
+        if replace is not None:
+            other = replace(n)
+            if other is not None:
+                swaps[0] += 1
+                return other
         cls = type(n)
         fields = _FIELDS.get(cls)
         if fields is None:
@@ -201,6 +209,7 @@ def copied(node: cst.CSTNode, keep: Set[int], each: Callable[[cst.CSTNode, Optio
         others, children = fields
         for name in others:
             set_field(new, name, getattr(n, name))
+        before = swaps[0]
         for name in children:
             value = getattr(n, name)
             if type(value) is tuple or type(value) is list:
@@ -208,6 +217,8 @@ def copied(node: cst.CSTNode, keep: Set[int], each: Callable[[cst.CSTNode, Optio
             elif value is not None and value is not MaybeSentinel.DEFAULT and id(value) not in keep:
                 value = copy(value, new)
             set_field(new, name, value)
+        if swaps[0] != before:
+            new._validate()  # (what `with_changes` would check of a node rebuilt around a replacement)
         each(new, parent)
         return new
 
