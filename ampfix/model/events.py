@@ -740,7 +740,8 @@ class Events:
         if kind == "cond":
             text = g[1]
             for root, key in keys.items():
-                text = re.sub(rf"(?<![\w.@]){re.escape(root)}\b", lambda _m, k=key: k, text)
+                if root in text:  # (else nothing to substitute: the scan is skipped)
+                    text = re.sub(rf"(?<![\w.@]){re.escape(root)}\b", lambda _m, k=key: k, text)
             return ("cond", None, text, ())
         if kind in ("loop", "comp"):
             return (fframe, (kind, (ff.path, ff.qual, g[1])))
@@ -920,7 +921,7 @@ class Events:
             _, _, text, version, roots = group
             if subst:
                 for root in roots:
-                    if root in subst:
+                    if root in subst and root in text:
                         text = re.sub(rf"(?<![\w.@]){re.escape(root)}\b", lambda _m, k=subst[root]: k, text)
             return ("cond", None, text, version)
         return (frame, group)
