@@ -301,6 +301,7 @@ class Summarizer:
         self._same: Dict[tuple, list] = {}
         self._needles: Dict[cst.CSTNode, str] = {}  # a node's code as `_find` looks for it (its first line)
         self._whole_needles: Dict[cst.CSTNode, bool] = {}  # ... and whether that is all of it
+        self._codes: Dict[cst.CSTNode, str] = {}  # a node's code (`_code`)
         self._quals: Optional[Dict[str, int]] = None  # how many functions the module has of each name
         self._lexemes: Dict[str, Tuple[List[int], List[int]]] = {}  # a span's comments and strings (starts, ends)
         self._newlines: Optional[List[int]] = None  # the offsets of the text's line breaks (`_line_col`)
@@ -461,9 +462,17 @@ class Summarizer:
         hit = memo.get(node)
         if hit is None:
             shown = node.body[0] if isinstance(node, cst.SimpleStatementLine) and node.body else node  # not its comments
-            code = self.model.code(shown.func if isinstance(shown, cst.Call) else shown)
+            code = self._code(shown.func if isinstance(shown, cst.Call) else shown)
             hit = memo[node] = code.splitlines()[0] if code else ""
             self._whole_needles[node] = bool(code) and hit == code  # one line
+        return hit
+
+    def _code(self, node: cst.CSTNode) -> str:
+        """`model.code(node)`, memoised: an effect's text is its call's code, which finding its
+        place (`_needle`) has just made."""
+        hit = self._codes.get(node)
+        if hit is None:
+            hit = self._codes[node] = self.model.code(node)
         return hit
 
     def function(self, func: cst.FunctionDef, is_method: bool) -> FunctionSummary:
@@ -522,7 +531,7 @@ class Summarizer:
             if te.region is not None:
                 region = m.precision.region_dtype(te.region) or "unknown"
             scale_source = self._scale_source(te, func) if ev.kind == BACKWARD else None
-            text = m.code(node.func) if isinstance(node, cst.Call) else m.code(node)
+            text = self._code(node.func if isinstance(node, cst.Call) else node)
             frame = tuple(frames.setdefault(i, len(frames)) for i in te.frame)
             out.append(Effect(kind=ev.kind, line=line, col=col + 1, text=text[:80], scaler=self._stable(te.scaler),
                               target=self._stable(te.target), detail=ev.detail, ctx=ctx, loop=loop, callee=callee,
