@@ -148,6 +148,8 @@ class Project:
         self._closures: _Memo[Tuple[Tuple[str, Optional[str]], int], Optional[frozenset]] = _Memo()
         self._words: Dict[Tuple[Tuple[str, ...], Tuple[str, ...]], Dict[object, Tuple[frozenset, frozenset]]] = {}
         self._words_of_modules: Dict[Tuple[Tuple[str, ...], Tuple[str, ...]], Dict[str, Tuple[frozenset, frozenset]]] = {}
+        # (words, lower words) -> path -> the strings its whole text holds, where they bound every part's (`_text_words`)
+        self._words_of_texts: Dict[Tuple[Tuple[str, ...], Tuple[str, ...]], Dict[str, Optional[Tuple[frozenset, frozenset]]]] = {}
         self._active: List[Tuple[str, str]] = []
         self.parsed: List[str] = []  # modules this project parsed itself (not given by the engine)
         self.from_store = 0  # summaries read from the store
@@ -233,7 +235,7 @@ class Project:
         for memo in (self._sources, self._summaries, self._modules, self._members, self._resolved, self._bases,
                      self._callers, self._bound, self._uses_memo, self._used, self._reached,
                      self._text_mros, self._lacks_methods, self._imports_at, self._stats, self._indexes, self._spans, self._relevant,
-                     self._closures, self._words, self._words_of_modules, self._deps_pool, self._offered):
+                     self._closures, self._words, self._words_of_modules, self._words_of_texts, self._deps_pool, self._offered):
             memo.clear()
         self.graph = ImportGraph(Path(self.root), self._quiet_text, self.layout)
 
@@ -253,9 +255,9 @@ class Project:
         for parts in self._words.values():
             for key in [k for k in parts if _part_path(k) in changed]:
                 del parts[key]
-        for held in self._words_of_modules.values():
+        for memo_of_paths in (*self._words_of_modules.values(), *self._words_of_texts.values()):
             for p in changed:
-                held.pop(p, None)
+                memo_of_paths.pop(p, None)
         for memo in (self._members, self._resolved, self._bases, self._used, self._reached, self._text_mros,
                      self._lacks_methods, self._closures):
             stale = [k for k in memo if k not in memo.deps or _reads(memo.deps[k], changed)]
@@ -758,12 +760,38 @@ class Project:
         for key in keys:
             hit = memo.get(key)
             if hit is None:
-                hit = memo[key] = _words_in(self._key_code(key), words, lower_words)
+                bound = self._text_words(_part_path(key), words, lower_words)
+                if bound is None:
+                    hit = _words_in(self._key_code(key), words, lower_words)
+                elif bound[0] or bound[1]:  # only the strings the module's text holds can be in the part
+                    hit = _words_in(self._key_code(key), tuple(w for w in words if w in bound[0]),
+                                    tuple(w for w in lower_words if w in bound[1]))
+                else:
+                    hit = (frozenset(), frozenset())
+                memo[key] = hit
             else:  # a dependency of this file's result all the same
                 self._touch(key if isinstance(key, str) else key[0])
             found |= hit[0]
             found_lower |= hit[1]
         return found, found_lower
+
+    def _text_words(self, path: str, words: Tuple[str, ...], lower_words: Tuple[str, ...]
+                    ) -> Optional[Tuple[frozenset, frozenset]]:
+        """The strings of `words` (of `lower_words`, lower-cased) that the whole text of the
+        module at `path` holds, where no part of it (`_key_code`), read as `_held_by` reads it,
+        can hold others (the conditions and the reasons are `_module_words`'s); else None.
+        Memoised."""
+        memo = self._words_of_texts.setdefault((words, lower_words), {})
+        if path in memo:
+            self._touch(path)  # a dependency of this file's result all the same
+            return memo[path]
+        text = self.text(path)
+        hit = None
+        if text is not None and _plain_words(words, lower_words) and "_autocast" not in text \
+                and not ("enabled" in text and "autocast" in text):
+            hit = _held(text, words, lower_words)
+        memo[path] = hit
+        return hit
 
     def _reach_parts(self, path: str) -> List[Union[str, Tuple[str, Optional[str]], Tuple[str, int, int]]]:
         """The parts of the code `reach_text` reads, as keys of `_key_code`: a definition
