@@ -240,6 +240,21 @@ def anchor(*events: TraceEvent) -> List[cst.CSTNode]:
     return [p[common] for p in paths]
 
 
+_KIND_OF: Dict[str, EventKind] = {k.value: k for k in EventKind}
+_FOREIGN_FRAMES: Dict[Tuple[int, ...], Tuple[int, ...]] = {}
+
+
+def _foreign_frame(frame: Tuple[int, ...]) -> Tuple[int, ...]:
+    """A summary effect's frame (the calls of its module's helpers it runs in, numbered) as the
+    tail of a trace event's frame: negative numbers, never an `id()` of this file's nodes."""
+    hit = _FOREIGN_FRAMES.get(frame)
+    if hit is None:
+        if len(_FOREIGN_FRAMES) > 4096:
+            _FOREIGN_FRAMES.clear()
+        hit = _FOREIGN_FRAMES[frame] = tuple(-(i + 1) for i in frame)
+    return hit
+
+
 def _loop_group(group: Hashable) -> bool:
     """A qualified loop-body or comprehension group `(frame, ("loop" | "comp", node))`."""
     return isinstance(group, tuple) and len(group) == 2 and isinstance(group[1], tuple) and bool(group[1]) \
@@ -637,14 +652,21 @@ class Events:
 
         # the groups of this run of `ff`, each qualified once (effects share their decisions and loops)
         qualified: Dict[Hashable, Hashable] = {}
-        for e in ff.summary.effects:
+
+        def group(g: Hashable) -> Hashable:
+            q = qualified.get(g)
+            if q is None:
+                q = qualified[g] = self._foreign_group(g, ff, fframe, keys)
+            return q
+
+        def context(e) -> Dict[Hashable, Hashable]:
             ev_ctx = dict(ctx)
             for g, br in e.ctx:
-                q = qualified.get(g)
-                if q is None:
-                    q = qualified[g] = self._foreign_group(g, ff, fframe, keys)
-                ev_ctx[q] = br
-            if e.kind == EXTERNAL:
+                ev_ctx[group(g)] = br
+            return ev_ctx
+
+        for e in ff.summary.effects:
+            if e.kind == EXTERNAL:  # (its context is made only where it is inlined)
                 if depth >= MAX_INLINE_DEPTH or len(trace.events) >= MAX_TRACE_EVENTS:
                     continue
                 target = self._effect_callee(e, ff, self_cls, bindings)
@@ -655,6 +677,7 @@ class Events:
                 if target is None:
                     method = self._method_on_bound_object(e, tr(slots.get("owner")))
                     if method is not None:
+                        ev_ctx = context(e)
                         kind, owner = method
                         arg = tr(slots.get("0"))
                         origin = Origin(ff.path, e.line, e.col, e.text, ff.qual)
@@ -662,11 +685,12 @@ class Events:
                         target = owner if kind in (OPT_STEP, ZERO_GRAD) else arg
                         event = Event(kind, call, scaler=scaler, target=target, origin=origin)
                         trace.events.append(TraceEvent(event, path, len(trace.events), ev_ctx, region, scaler=scaler,
-                                                       target=target, frame=fframe + tuple(-(i + 1) for i in e.frame)))
+                                                       target=target, frame=fframe + _foreign_frame(e.frame)))
                     continue
                 if isinstance(target, cst.FunctionDef):  # a method of this file overriding it
                     if target in stack:
                         continue
+                    ev_ctx = context(e)
                     sub: Dict[str, str] = {}
                     params = [*target.params.posonly_params, *target.params.params]
                     if self._is_method(target) and params:
@@ -680,6 +704,7 @@ class Events:
                     continue
                 if target.key in stack:
                     continue
+                ev_ctx = context(e)
                 sub_keys: Dict[str, str] = {}
                 params = [p for p in target.summary.params if p.kind in ("posonly", "pos")]
                 if target.summary.is_method and params:
@@ -700,14 +725,16 @@ class Events:
                                      stack + (target.key,), self_cls if target.summary.is_method else None,
                                      None, by_argument)
                 continue
+            ev_ctx = context(e)
             loop = None
             if e.loop is not None:
-                loop = self._foreign_group(("loop", e.loop), ff, fframe, keys)
+                loop = group(("loop", e.loop))
             origin = Origin(ff.path, e.line, e.col, e.text, ff.qual)
             self.__dict__.setdefault("_site_origins", {}).setdefault(call, []).append(origin)
-            event = Event(EventKind(e.kind), call, scaler=e.scaler, target=e.target, detail=e.detail, loop=loop,
-                          origin=origin, scale_source=self._foreign_scale_source(e, call, ff), chosen_here=chosen)
-            frame = fframe + tuple(-(i + 1) for i in e.frame)
+            event = Event(_KIND_OF.get(e.kind) or EventKind(e.kind), call, scaler=e.scaler, target=e.target,
+                          detail=e.detail, loop=loop, origin=origin, scale_source=self._foreign_scale_source(e, call, ff),
+                          chosen_here=chosen)
+            frame = fframe + _foreign_frame(e.frame)
             trace.events.append(TraceEvent(event, path, len(trace.events), ev_ctx, region, scaler=tr(e.scaler),
                                            target=tr(e.target), frame=frame))
 
