@@ -784,3 +784,36 @@ def test_the_core_model_shows_only_what_is_asked_of_it():
     unasked = [n for n in dir(AmpModel) if not n.startswith("_") and n not in facets
                and not any(re.search(r"\.%s\b" % n, t) for t in texts)]
     assert unasked == [], "public names of the model nothing outside it asks (make them private): %s" % unasked
+
+
+def test_a_traces_groups_are_the_same_asked_one_by_one_or_all_at_once():
+    # `Trace.members` / `single_branch` find a few groups by a scan each, and index all of them
+    # once more are asked: both give each group's events in order and its branches (an
+    # unhashable branch value counts as one more)
+    from ampfix.model.events import Event, Trace, TraceEvent, _FEW_GROUPS
+
+    node = cst.Name("x")
+    groups = [("cond", None, f"c{i}", ()) for i in range(_FEW_GROUPS + 8)]
+
+    def trace() -> Trace:
+        t = Trace(node)
+        for i in range(200):
+            ctx = {g: (i % (j + 2) == 0 or j % 5 == 2) for j, g in enumerate(groups) if (i + j) % 3}
+            if i % 7 == 0:
+                ctx[groups[1]] = [i]  # unhashable
+            t.events.append(TraceEvent(Event(BACKWARD, node), (node,), i, ctx, None))
+        return t
+
+    one_by_one, all_at_once = [], trace()
+    for g in groups:  # a fresh trace each: never more than one group asked
+        t = trace()
+        one_by_one.append(([e.order for e in t.members(g)], t.single_branch(g)))
+    asked = [([e.order for e in all_at_once.members(g)], all_at_once.single_branch(g)) for g in groups]
+    assert asked == one_by_one
+    expected = [[i for i, e in enumerate(all_at_once.events) if g in e.ctx] for g in groups]
+    assert [m for m, _ in asked] == expected
+    assert asked[2][1] and asked[37][1] and not asked[0][1] and not asked[1][1]
+    assert all_at_once.members(("cond", None, "none", ())) == []
+    assert all_at_once.single_branch(("cond", None, "none", ()))
+    all_at_once.events.append(TraceEvent(Event(BACKWARD, node), (node,), 200, {groups[0]: True}, None))
+    assert all_at_once.members(groups[0])[-1].order == 200  # asked again once events were added

@@ -161,8 +161,7 @@ class Trace:
     _exits: Optional[List[int]] = field(default=None, repr=False)
     # indexes built on first use, rebuilt when events were added since (linear-time queries)
     _index: Optional[Tuple[int, Dict[str, List[TraceEvent]], Dict[str, set]]] = field(default=None, repr=False)
-    _members: Optional[Tuple[int, Dict[Hashable, List[TraceEvent]], Dict[Hashable, set]]] = field(
-        default=None, repr=False)
+    _members: Optional[Tuple[int, Dict[Hashable, Tuple[List[TraceEvent], int]]]] = field(default=None, repr=False)
 
     def _kinds(self) -> Tuple[Dict[str, List[TraceEvent]], Dict[str, set]]:
         if self._index is None or self._index[0] != len(self.events):
@@ -186,26 +185,34 @@ class Trace:
 
     def members(self, group: Hashable) -> List[TraceEvent]:
         """The events that run in `group` (a loop body or a decision arm), in order."""
-        return self._member_index()[1].get(group, [])
+        return self._group_facts(group)[0]
 
     def single_branch(self, group: Hashable) -> bool:
         """Every event that runs in `group` takes the same branch of it: no two events of the
         trace are exclusive on it."""
-        return len(self._member_index()[2].get(group, ())) <= 1
+        return self._group_facts(group)[1] <= 1
 
-    def _member_index(self):
+    def _group_facts(self, group: Hashable) -> Tuple[List[TraceEvent], int]:
+        """The events that run in `group` and how many branches of it they take: found per
+        group asked (rules ask a few of a trace's thousands), all of them in one pass once more
+        than `_FEW_GROUPS` were asked (linear in all); memoised until events are added."""
         if self._members is None or self._members[0] != len(self.events):
-            index: Dict[Hashable, List[TraceEvent]] = {}
-            branches: Dict[Hashable, set] = {}
-            for e in self.events:
-                for g, br in e.ctx.items():
-                    index.setdefault(g, []).append(e)
-                    try:
-                        branches.setdefault(g, set()).add(br)
-                    except TypeError:  # an unhashable branch value: count it as another branch
-                        branches.setdefault(g, set()).add(object())
-            self._members = (len(self.events), index, branches)
-        return self._members
+            self._members = (len(self.events), {})
+        memo = self._members[1]
+        hit = memo.get(group)
+        if hit is not None:
+            return hit
+        if len(memo) < _FEW_GROUPS:
+            hit = memo[group] = _group_facts([e for e in self.events if group in e.ctx], group)
+            return hit
+        index: Dict[Hashable, List[TraceEvent]] = {}
+        for e in self.events:
+            for g in e.ctx:
+                index.setdefault(g, []).append(e)
+        for g, members in index.items():
+            if g not in memo:
+                memo[g] = _group_facts(members, g)
+        return memo.setdefault(group, ([], 0))
 
     def span(self, a: Optional[TraceEvent], b: Optional[TraceEvent]) -> List[TraceEvent]:
         """The events strictly between `a` and `b` (None: the start / the end)."""
@@ -238,6 +245,19 @@ def anchor(*events: TraceEvent) -> List[cst.CSTNode]:
     while all(len(p) > common + 1 for p in paths) and len({id(p[common]) for p in paths}) == 1:
         common += 1
     return [p[common] for p in paths]
+
+
+_FEW_GROUPS = 32  # groups of one trace asked one by one (`Trace._group_facts`)
+
+
+def _group_facts(members: List[TraceEvent], group: Hashable) -> Tuple[List[TraceEvent], int]:
+    branches: set = set()
+    for e in members:
+        try:
+            branches.add(e.ctx[group])
+        except TypeError:  # an unhashable branch value: count it as another branch
+            branches.add(object())
+    return members, len(branches)
 
 
 _KIND_OF: Dict[str, EventKind] = {k.value: k for k in EventKind}
