@@ -569,6 +569,43 @@ def test_reach_bound_holds_what_the_trigger_view_makes(tmp_path):
     assert project.reach_bound(str(tmp_path / "pkg" / "steps.py"), lower, ())[0] == {"step("}
 
 
+def test_a_part_is_read_for_the_strings_its_module_holds_with_the_same_answer(tmp_path):
+    # `_held_by` scans a part of a module only for the strings the module's whole text holds
+    # (`_text_words`), and reads the trigger view for all of them where the view may join what
+    # was apart: the same strings as a scan of the part for every one
+    from ampfix.project.project import _words_in
+
+    tree(tmp_path, {
+        "pyproject.toml": "",
+        "pkg/__init__.py": "",
+        "pkg/steps.py": """\
+            import torch
+
+            def step(model, x):
+                y = model(x).half(is_autocast_enabled)
+                return torch.autocast("cuda", enabled=False)half(y)
+
+            class Runner:
+                def run(self, scaler, loss):
+                    scaler.scale(loss).backward()  # GradScaler
+
+            z = 1
+            # a comment line: backward
+            """,
+        "pkg/plain.py": "def f(scaler):\n    # scaler.step(opt)\n    return scaler\nZ = 2\n",
+    })
+    sets = [((".half()", "torch.half", "autocast", "backward", "z = 1"), ()),
+            (("backward", "GradScaler", "nothing"), ("scaler", "gradscaler")),
+            (("scaler.step", "return scaler", "Z = 2"), ("z = 2",))]
+    for words, lower in sets:
+        project = Project(tmp_path)
+        for name in ("pkg/steps.py", "pkg/plain.py"):
+            path = str(tmp_path / name)
+            keys = [path, (path, None), *((path, q) for q in project._def_spans(path))]
+            for key in keys:
+                assert project._held_by([key], words, lower) == _words_in(project._key_code(key), words, lower), key
+
+
 def test_text_mro_and_methods_without_a_summary(tmp_path):
     tree(tmp_path, {
         "pyproject.toml": "",

@@ -149,7 +149,7 @@ class Project:
         self._words: Dict[Tuple[Tuple[str, ...], Tuple[str, ...]], Dict[object, Tuple[frozenset, frozenset]]] = {}
         self._words_of_modules: Dict[Tuple[Tuple[str, ...], Tuple[str, ...]], Dict[str, Tuple[frozenset, frozenset]]] = {}
         # (words, lower words) -> path -> the strings its whole text holds, where they bound every part's (`_text_words`)
-        self._words_of_texts: Dict[Tuple[Tuple[str, ...], Tuple[str, ...]], Dict[str, Optional[Tuple[frozenset, frozenset]]]] = {}
+        self._words_of_texts: Dict[Tuple[Tuple[str, ...], Tuple[str, ...]], Dict[str, Optional[Tuple[frozenset, frozenset, bool]]]] = {}
         self._active: List[Tuple[str, str]] = []
         self.parsed: List[str] = []  # modules this project parsed itself (not given by the engine)
         self.from_store = 0  # summaries read from the store
@@ -763,11 +763,12 @@ class Project:
                 bound = self._text_words(_part_path(key), words, lower_words)
                 if bound is None:
                     hit = _words_in(self._key_code(key), words, lower_words)
-                elif bound[0] or bound[1]:  # only the strings the module's text holds can be in the part
-                    hit = _words_in(self._key_code(key), tuple(w for w in words if w in bound[0]),
-                                    tuple(w for w in lower_words if w in bound[1]))
-                else:
+                elif not (bound[0] or bound[1]):  # only the strings the module's text holds can be in the part
                     hit = (frozenset(), frozenset())
+                else:
+                    held = tuple(w for w in words if w in bound[0])
+                    held_lower = tuple(w for w in lower_words if w in bound[1])
+                    hit = _words_in(self._key_code(key), held, held_lower, (words, lower_words) if bound[2] else None)
                 memo[key] = hit
             else:  # a dependency of this file's result all the same
                 self._touch(key if isinstance(key, str) else key[0])
@@ -776,20 +777,23 @@ class Project:
         return found, found_lower
 
     def _text_words(self, path: str, words: Tuple[str, ...], lower_words: Tuple[str, ...]
-                    ) -> Optional[Tuple[frozenset, frozenset]]:
+                    ) -> Optional[Tuple[frozenset, frozenset, bool]]:
         """The strings of `words` (of `lower_words`, lower-cased) that the whole text of the
-        module at `path` holds, where no part of it (`_key_code`), read as `_held_by` reads it,
-        can hold others (the conditions and the reasons are `_module_words`'s); else None.
-        Memoised."""
+        module at `path` holds: no part of its text (`_key_code`) holds others, when no string
+        holds a line break (a part is the text, a span of it, or pieces of it that end at line
+        breaks; the reasons are `_module_words`'s). The third element: the trigger view of a
+        part may hold others (the text has `_autocast`, or both `enabled` and `autocast`, whose
+        removal can join what was apart), so the view is read for all of `words`. None when a
+        string holds a line break. Memoised."""
         memo = self._words_of_texts.setdefault((words, lower_words), {})
         if path in memo:
             self._touch(path)  # a dependency of this file's result all the same
             return memo[path]
         text = self.text(path)
         hit = None
-        if text is not None and _plain_words(words, lower_words) and "_autocast" not in text \
-                and not ("enabled" in text and "autocast" in text):
-            hit = _held(text, words, lower_words)
+        if text is not None and _plain_words(words, lower_words):
+            held, held_lower = _held(text, words, lower_words)
+            hit = (held, held_lower, "_autocast" in text or ("enabled" in text and "autocast" in text))
         memo[path] = hit
         return hit
 
@@ -1260,14 +1264,17 @@ _AUTOCAST_OFF = re.compile(r"autocast\((?:[^()]|\([^()]*\))*?\benabled[ \t]*=[ \
                            r"(?:[^()]|\([^()]*\))*\)")
 
 
-def _words_in(code: str, words: Tuple[str, ...], lower_words: Tuple[str, ...]) -> Tuple[frozenset, frozenset]:
+def _words_in(code: str, words: Tuple[str, ...], lower_words: Tuple[str, ...],
+              view_words: Optional[Tuple[Tuple[str, ...], Tuple[str, ...]]] = None) -> Tuple[frozenset, frozenset]:
     """The strings of `words` that `trigger_view(code)` holds, and of `lower_words` that its
-    lower-cased text holds (the view is made only for code that holds some in the first place)."""
+    lower-cased text holds (the view is made only for code that holds some in the first place).
+    `view_words`: the strings to look for in the view, when it may hold some that `code` does
+    not (`Project._text_words`; `words` are then those `code` may hold)."""
     found = _held(code, words, lower_words)
     if found[0] or found[1]:
         view = trigger_view(code)
         if view is not code:
-            found = _held(view, words, lower_words)
+            found = _held(view, *(view_words or (words, lower_words)))
     return found
 
 
