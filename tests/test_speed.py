@@ -372,3 +372,27 @@ def test_the_runner_does_not_test_a_files_triggers_twice():
     assert registry.overrides(registry.all_rules()["AMP005"], "triggered_by")
     assert registry.overrides(registry.all_rules()["AMP011"], "project_candidate")
     assert not any(registry.overrides(registry.all_rules()["AMP001"], t) for t in ("triggered_by", "project_candidate"))
+
+
+def test_the_exactness_check_compares_findings_traces_and_dependencies(tmp_path):
+    # bench/exactness.py is how a speed change shows it changes nothing: run against this same
+    # checkout it finds every comparison the same, and a project where one side differs is DIFF
+    project = ROOT / "fixtures" / "projects" / "bad_helper_clip"
+    script = ROOT / "bench" / "exactness.py"
+    done = subprocess.run([sys.executable, str(script), "--baseline-python", sys.executable, str(project)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    assert [line.split()[:2] for line in lines] == [["same", "json"], ["same", "traces"], ["same", "deps"]]
+    assert all(int(line.split("(")[1].split()[0]) > 1 for line in lines)  # something was compared
+    # a baseline that says something else (a python whose ampfix reports nothing): DIFF, exit 1
+    fake = tmp_path / "fake"
+    (fake / "ampfix").mkdir(parents=True)
+    (fake / "ampfix" / "__main__.py").write_text("print('[]')\n")
+    (fake / "ampfix" / "__init__.py").write_text("")
+    wrapper = tmp_path / "python"
+    wrapper.write_text(f"#!/bin/sh\nexport PYTHONPATH={fake}\nexec {sys.executable} \"$@\"\n")
+    wrapper.chmod(0o755)
+    done = subprocess.run([sys.executable, str(script), "--baseline-python", str(wrapper), "--what", "json",
+                           str(project)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1 and done.stdout.startswith("DIFF  json"), done.stdout + done.stderr
