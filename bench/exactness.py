@@ -14,7 +14,8 @@ child process, so each imports its own checkout's ampfix):
 - deps: what each file's result depends on (`Project.end`: the texts read and the import
   graph's answers used), in job order at `-j 1`: the check cache's correctness rests on it.
 Prints `same` or `DIFF` (with the first differing line) per tree and comparison; exit status
-1 when anything differs. The trees are the sdists of `bench_check.py --sdists`.
+1 when anything differs. The trees are the sdists of `bench_check.py --sdists`. Both venvs need
+the same extras (`nbformat`: a notebook is an error in a venv without it).
 """
 
 from __future__ import annotations
