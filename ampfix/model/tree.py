@@ -187,47 +187,49 @@ def copied(node: cst.CSTNode, keep: Set[int], each: Callable[[cst.CSTNode, Optio
     None for the copy's root), in no particular order. With `replace`, the copy of
     `replaced(node, replace)`: a node for which it gives one is that one (used as it is), and
     the nodes on the way to it are checked as LibCST's constructors check them (the same
-    error). None when a node type's child fields are not known (`_kind`)."""
-    new_of = object.__new__
-    set_field = object.__setattr__
-    swaps = [0]  # the replacements made so far
-
-    def copy(n: cst.CSTNode, parent: Optional[cst.CSTNode]) -> cst.CSTNode:
-        if replace is not None:
-            other = replace(n)
-            if other is not None:
-                swaps[0] += 1
-                return other
-        cls = type(n)
-        fields = _FIELDS.get(cls)
-        if fields is None:
-            kind = _KINDS.get(cls) or _kind(n)
-            if kind.fields is None:  # pragma: no cover - see `_kind`
-                raise _Unknown()
-            fields = _FIELDS[cls] = (tuple(f.name for f in dataclasses.fields(cls) if f.name not in kind.fields), kind.fields)
-        new = new_of(cls)
-        others, children = fields
-        for name in others:
-            set_field(new, name, getattr(n, name))
-        before = swaps[0]
-        for name in children:
-            value = getattr(n, name)
-            if type(value) is tuple or type(value) is list:
-                value = type(value)(v if id(v) in keep else copy(v, new) for v in value)
-            elif value is not None and value is not MaybeSentinel.DEFAULT and id(value) not in keep:
-                value = copy(value, new)
-            set_field(new, name, value)
-        if swaps[0] != before:
-            new._validate()  # (what `with_changes` would check of a node rebuilt around a replacement)
-        each(new, parent)
-        return new
-
+    error). None when a node type's child fields are not known (`_kind`). (A module-level
+    recursion, not a closure that calls itself: that would be a reference cycle through
+    `each`, and the model it records into would wait for the cyclic collector.)"""
     if id(node) in keep:
         return node
     try:
-        return copy(node, None)
+        return _copy(node, None, keep, each, replace, [0])
     except _Unknown:  # pragma: no cover - see `_kind`
         return None
+
+
+def _copy(n: cst.CSTNode, parent: Optional[cst.CSTNode], keep: Set[int],
+          each: Callable[[cst.CSTNode, Optional[cst.CSTNode]], None],
+          replace: Optional[Callable[[cst.CSTNode], Optional[cst.CSTNode]]], swaps: List[int]) -> cst.CSTNode:
+    if replace is not None:
+        other = replace(n)
+        if other is not None:
+            swaps[0] += 1
+            return other
+    cls = type(n)
+    fields = _FIELDS.get(cls)
+    if fields is None:
+        kind = _KINDS.get(cls) or _kind(n)
+        if kind.fields is None:  # pragma: no cover - see `_kind`
+            raise _Unknown()
+        fields = _FIELDS[cls] = (tuple(f.name for f in dataclasses.fields(cls) if f.name not in kind.fields), kind.fields)
+    new = object.__new__(cls)
+    set_field = object.__setattr__
+    others, children = fields
+    for name in others:
+        set_field(new, name, getattr(n, name))
+    before = swaps[0]
+    for name in children:
+        value = getattr(n, name)
+        if type(value) is tuple or type(value) is list:
+            value = type(value)([v if id(v) in keep else _copy(v, new, keep, each, replace, swaps) for v in value])
+        elif value is not None and value is not MaybeSentinel.DEFAULT and id(value) not in keep:
+            value = _copy(value, new, keep, each, replace, swaps)
+        set_field(new, name, value)
+    if swaps[0] != before:
+        new._validate()  # (what `with_changes` would check of a node rebuilt around a replacement)
+    each(new, parent)
+    return new
 
 
 class _Unknown(Exception):
