@@ -203,7 +203,7 @@ class Trace:
         if hit is not None:
             return hit
         if len(memo) < _FEW_GROUPS:
-            hit = memo[group] = _group_facts([e for e in self.events if group in e.ctx], group)
+            hit = memo[group] = _facts_of_group([e for e in self.events if group in e.ctx], group)
             return hit
         index: Dict[Hashable, List[TraceEvent]] = {}
         for e in self.events:
@@ -211,7 +211,7 @@ class Trace:
                 index.setdefault(g, []).append(e)
         for g, members in index.items():
             if g not in memo:
-                memo[g] = _group_facts(members, g)
+                memo[g] = _facts_of_group(members, g)
         return memo.setdefault(group, ([], 0))
 
     def span(self, a: Optional[TraceEvent], b: Optional[TraceEvent]) -> List[TraceEvent]:
@@ -250,7 +250,7 @@ def anchor(*events: TraceEvent) -> List[cst.CSTNode]:
 _FEW_GROUPS = 32  # groups of one trace asked one by one (`Trace._group_facts`)
 
 
-def _group_facts(members: List[TraceEvent], group: Hashable) -> Tuple[List[TraceEvent], int]:
+def _facts_of_group(members: List[TraceEvent], group: Hashable) -> Tuple[List[TraceEvent], int]:
     branches: set = set()
     for e in members:
         try:

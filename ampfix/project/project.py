@@ -895,11 +895,11 @@ class Project:
             self._touch(path)  # a dependency of this file's result all the same
             return hit
         text = self.text(path)
+        bound = self._text_words(path, words, lower_words) if text is not None else None
         if text is None:
             hit = (frozenset(), frozenset())
-        elif (_plain_words(words, lower_words) and "_autocast" not in text
-              and not ("enabled" in text and "autocast" in text)):
-            hit = _held(text, words, lower_words)
+        elif bound is not None and not bound[2]:
+            hit = (bound[0], bound[1])
         else:
             keys = [path, (path, None), *((path, qual) for qual in self._def_spans(path))]
             held, held_lower = self._held_by(keys, words, lower_words)
