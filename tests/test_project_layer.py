@@ -532,6 +532,17 @@ def test_reach_text_reads_the_importers_code_that_uses_the_files_names_only(tmp_
     assert "amp_marker_attribute" not in reach and "amp_marker_longer" not in reach
 
 
+# a helper whose trigger view (an autocast query and a region turned off, removed) holds strings
+# its text does not: `.half()`, `torch.half`
+_VIEW_STEP = """\
+import torch
+
+def step(model, x):
+    y = model(x).half(is_autocast_enabled)
+    return torch.autocast("cuda", enabled=False)half(y)
+"""
+
+
 def test_reach_bound_holds_what_the_trigger_view_makes(tmp_path):
     # the trigger view removes an autocast query and an autocast region turned off: what is
     # left may hold a string the module's text does not (`.half()`, `torch.half`), which
@@ -539,16 +550,7 @@ def test_reach_bound_holds_what_the_trigger_view_makes(tmp_path):
     tree(tmp_path, {
         "pyproject.toml": "",
         "pkg/__init__.py": "",
-        "pkg/steps.py": """\
-            import torch
-
-            def step(model, x):
-                y = model(x).half(is_autocast_enabled)
-                return torch.autocast("cuda", enabled=False)half(y)
-
-            z = 1
-            # a comment line
-            """,
+        "pkg/steps.py": _VIEW_STEP + "\nz = 1\n# a comment line\n",
         "train.py": """\
             from pkg.steps import step
 
@@ -578,20 +580,14 @@ def test_a_part_is_read_for_the_strings_its_module_holds_with_the_same_answer(tm
     tree(tmp_path, {
         "pyproject.toml": "",
         "pkg/__init__.py": "",
-        "pkg/steps.py": """\
-            import torch
+        "pkg/steps.py": _VIEW_STEP + """
+class Runner:
+    def run(self, scaler, loss):
+        scaler.scale(loss).backward()  # GradScaler
 
-            def step(model, x):
-                y = model(x).half(is_autocast_enabled)
-                return torch.autocast("cuda", enabled=False)half(y)
-
-            class Runner:
-                def run(self, scaler, loss):
-                    scaler.scale(loss).backward()  # GradScaler
-
-            z = 1
-            # a comment line: backward
-            """,
+z = 1
+# a comment line: backward
+""",
         "pkg/plain.py": "def f(scaler):\n    # scaler.step(opt)\n    return scaler\nZ = 2\n",
     })
     sets = [((".half()", "torch.half", "autocast", "backward", "z = 1"), ()),
