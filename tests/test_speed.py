@@ -391,7 +391,7 @@ def test_the_exactness_check_compares_findings_traces_and_dependencies(tmp_path)
     (fake / "ampfix" / "__main__.py").write_text("print('[]')\n")
     (fake / "ampfix" / "__init__.py").write_text("")
     wrapper = tmp_path / "python"
-    wrapper.write_text(f"#!/bin/sh\nexport PYTHONPATH={fake}\nexec {sys.executable} \"$@\"\n")
+    wrapper.write_text(f"#!/bin/sh\nexport PYTHONPATH='{fake}'\nexec '{sys.executable}' \"$@\"\n")
     wrapper.chmod(0o755)
     done = subprocess.run([sys.executable, str(script), "--baseline-python", str(wrapper), "--what", "json",
                            str(project)], capture_output=True, text=True, timeout=300)
