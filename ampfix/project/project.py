@@ -146,7 +146,6 @@ class Project:
         self._imports_at: Dict[str, List[Tuple[int, int]]] = {}
         self._used: _Memo[Tuple[str, str], Optional[Definition]] = _Memo()
         self._closures: _Memo[Tuple[Tuple[str, Optional[str]], int], Optional[frozenset]] = _Memo()
-        self._importer_names: _Memo[Tuple[str, str], List[str]] = _Memo()  # (importer, module) -> names (`_reach_parts`)
         self._words: Dict[Tuple[Tuple[str, ...], Tuple[str, ...]], Dict[object, Tuple[frozenset, frozenset]]] = {}
         self._words_of_modules: Dict[Tuple[Tuple[str, ...], Tuple[str, ...]], Dict[str, Tuple[frozenset, frozenset]]] = {}
         # (words, lower words) -> path -> the strings its whole text holds, where they bound every part's (`_text_words`)
@@ -236,8 +235,7 @@ class Project:
         for memo in (self._sources, self._summaries, self._modules, self._members, self._resolved, self._bases,
                      self._callers, self._bound, self._uses_memo, self._used, self._reached,
                      self._text_mros, self._lacks_methods, self._imports_at, self._stats, self._indexes, self._spans, self._relevant,
-                     self._closures, self._importer_names, self._words, self._words_of_modules, self._words_of_texts,
-                     self._deps_pool, self._offered):
+                     self._closures, self._words, self._words_of_modules, self._words_of_texts, self._deps_pool, self._offered):
             memo.clear()
         self.graph = ImportGraph(Path(self.root), self._quiet_text, self.layout)
 
@@ -261,7 +259,7 @@ class Project:
             for p in changed:
                 memo_of_paths.pop(p, None)
         for memo in (self._members, self._resolved, self._bases, self._used, self._reached, self._text_mros,
-                     self._lacks_methods, self._closures, self._importer_names):
+                     self._lacks_methods, self._closures):
             stale = [k for k in memo if k not in memo.deps or _reads(memo.deps[k], changed)]
             for key in stale:
                 del memo[key]
@@ -837,9 +835,8 @@ class Project:
             if importer == path:
                 continue
             itext = self.text(importer) or ""
-            names = self._memoised(self._importer_names, (importer, path), lambda: [
-                local for local, q in self._bindings_of(importer).items()
-                for found in [self._use(importer, q)] if found is not None and found.path == path])
+            names = [local for local, q in self._bindings_of(importer).items()
+                     for found in [self._use(importer, q)] if found is not None and found.path == path]
             if names:  # the code of the importer that uses what it imports from the file
                 # (the names, then a look at the character before each: a look-behind written first
                 # in the pattern makes the scan try it at every offset, six times slower)
