@@ -111,8 +111,19 @@ def test_a_copy_keeps_the_nodes_it_is_told_to_keep_as_they_are():
     assert copied(arg, {id(arg)}, lambda node, parent: met.append(node)) is arg
 
 
-def test_a_copy_with_replacements_is_the_copy_of_the_replaced_tree_with_its_checks():
-    from ampfix.model.tree import copied, replaced
+class _Swap(cst.CSTTransformer):
+    """A LibCST transformer that puts `swap(node)` where it gives a node."""
+
+    def __init__(self, swap):
+        super().__init__()
+        self.swap = swap
+
+    def on_leave(self, original_node, updated_node):
+        return self.swap(original_node) or updated_node
+
+
+def test_a_copy_with_replacements_is_what_a_transformer_makes_with_its_checks():
+    from ampfix.model.tree import copied
 
     arg = cst.parse_expression("(a + b)")
 
@@ -123,14 +134,14 @@ def test_a_copy_with_replacements_is_the_copy_of_the_replaced_tree_with_its_chec
     expr = cst.parse_expression("g(__param__.x, [__param__.x.y, h], k=__param__.z)")
     met = []
     copy = copied(expr, {id(arg)}, lambda node, parent: met.append(node), swap)
-    assert copy.deep_equals(replaced(expr, swap)) and copy.args[0].value is arg
+    assert copy.deep_equals(expr.visit(_Swap(swap))) and copy.args[0].value is arg
     assert copy.args[1].value.elements[0].value.value is arg
     # a node rebuilt around a replacement is checked as LibCST's constructors check it
     bad = cst.Name("x")  # `not` then a name with no space between: LibCST rejects the rebuilt node
     expr = cst.parse_expression("not(__param__.x)")
     swap_bad = (lambda node: bad if isinstance(node, cst.Attribute) else None)
     with pytest.raises(Exception) as theirs:
-        replaced(expr, swap_bad)
+        expr.visit(_Swap(swap_bad))
     with pytest.raises(Exception) as ours:
         copied(expr, {id(bad)}, lambda node, parent: None, swap_bad)
     assert type(ours.value) is type(theirs.value) and str(ours.value) == str(theirs.value)

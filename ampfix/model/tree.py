@@ -182,14 +182,15 @@ def copied(node: cst.CSTNode, keep: Set[int], each: Callable[[cst.CSTNode, Optio
            replace: Optional[Callable[[cst.CSTNode], Optional[cst.CSTNode]]] = None) -> Optional[cst.CSTNode]:
     """A copy of `node` made of new nodes, except the nodes whose id is in `keep` (used as they
     are, not looked into): what a fresh parse of its code would give, about 2.5 times faster
-    (bench/SPEED.md, tenth session), and no node is shared with `node`. Built field by field, without LibCST's constructors (a copy of a
-    tree needs no validation). `each(new, parent)` is called for every new node (its parent
-    None for the copy's root), in no particular order. With `replace`, the copy of
-    `replaced(node, replace)`: a node for which it gives one is that one (used as it is), and
-    the nodes on the way to it are checked as LibCST's constructors check them (the same
-    error). None when a node type's child fields are not known (`_kind`). (A module-level
-    recursion, not a closure that calls itself: that would be a reference cycle through
-    `each`, and the model it records into would wait for the cyclic collector.)"""
+    (bench/SPEED.md, tenth session), and no node is shared with `node`. Built field by field,
+    without LibCST's constructors (a copy of a tree needs no validation). `each(new, parent)`
+    is called for every new node (its parent None for the copy's root), in no particular
+    order. With `replace`, a node for which it gives one is that one (used as it is, not looked
+    into): what a LibCST transformer whose `on_leave` returns it makes, and the nodes on the
+    way to it are checked as LibCST's constructors check them (the same error). None when a
+    node type's child fields are not known (`_kind`). (A module-level recursion, not a closure
+    that calls itself: that would be a reference cycle through `each`, and the model it
+    records into would wait for the cyclic collector.)"""
     if id(node) in keep:
         return node
     try:
@@ -234,30 +235,6 @@ def _copy(n: cst.CSTNode, parent: Optional[cst.CSTNode], keep: Set[int],
 
 class _Unknown(Exception):
     pass
-
-
-def replaced(node: cst.CSTNode, replace: Callable[[cst.CSTNode], Optional[cst.CSTNode]]) -> cst.CSTNode:
-    """`node` with every sub-node for which `replace` gives a node replaced by it (not looked
-    into further): what a LibCST transformer's `leave_*` returning that node does, without its
-    visit. Only the nodes on the way to a replaced one are rebuilt; the rest are `node`'s own."""
-    new = replace(node)
-    if new is not None:
-        return new
-    kind = _KINDS.get(type(node)) or _kind(node)
-    if kind.fields is None:  # pragma: no cover - see `_kind`
-        raise TypeError(f"no fields known for {type(node).__name__}")
-    changes = {}
-    for name in kind.fields:
-        value = getattr(node, name)
-        if isinstance(value, cst.CSTNode):
-            inner = replaced(value, replace)
-            if inner is not value:
-                changes[name] = inner
-        elif (type(value) is tuple or type(value) is list) and value:
-            items = [replaced(v, replace) if isinstance(v, cst.CSTNode) else v for v in value]
-            if any(a is not b for a, b in zip(items, value)):
-                changes[name] = type(value)(items)
-    return node.with_changes(**changes) if changes else node
 
 
 class Index(cst.CSTVisitor):
