@@ -145,6 +145,7 @@ class Project:
         self._lacks_methods: _Memo[Tuple[Tuple[str, str], str], bool] = _Memo()
         self._imports_at: Dict[str, List[Tuple[int, int]]] = {}
         self._used: _Memo[Tuple[str, str], Optional[Definition]] = _Memo()
+        self._names_for: _Memo[str, Dict[str, List[str]]] = _Memo()
         self._closures: _Memo[Tuple[Tuple[str, Optional[str]], int], Optional[frozenset]] = _Memo()
         self._words: Dict[Tuple[Tuple[str, ...], Tuple[str, ...]], Dict[object, Tuple[frozenset, frozenset]]] = {}
         self._words_of_modules: Dict[Tuple[Tuple[str, ...], Tuple[str, ...]], Dict[str, Tuple[frozenset, frozenset]]] = {}
@@ -233,7 +234,7 @@ class Project:
             clear_caches()
             self.layout = Layout(Path(self.root))
         for memo in (self._sources, self._summaries, self._modules, self._members, self._resolved, self._bases,
-                     self._callers, self._bound, self._uses_memo, self._used, self._reached,
+                     self._callers, self._bound, self._uses_memo, self._used, self._names_for, self._reached,
                      self._text_mros, self._lacks_methods, self._imports_at, self._stats, self._indexes, self._spans, self._relevant,
                      self._closures, self._words, self._words_of_modules, self._words_of_texts, self._deps_pool, self._offered):
             memo.clear()
@@ -258,8 +259,8 @@ class Project:
         for memo_of_paths in (*self._words_of_modules.values(), *self._words_of_texts.values()):
             for p in changed:
                 memo_of_paths.pop(p, None)
-        for memo in (self._members, self._resolved, self._bases, self._used, self._reached, self._text_mros,
-                     self._lacks_methods, self._closures):
+        for memo in (self._members, self._resolved, self._bases, self._used, self._names_for, self._reached,
+                     self._text_mros, self._lacks_methods, self._closures):
             stale = [k for k in memo if k not in memo.deps or _reads(memo.deps[k], changed)]
             for key in stale:
                 del memo[key]
@@ -835,8 +836,7 @@ class Project:
             if importer == path:
                 continue
             itext = self.text(importer) or ""
-            names = [local for local, q in self._bindings_of(importer).items()
-                     for found in [self._use(importer, q)] if found is not None and found.path == path]
+            names = self._names_bound_to(importer).get(path)
             if names:  # the code of the importer that uses what it imports from the file
                 # (the names, then a look at the character before each: a look-behind written first
                 # in the pattern makes the scan try it at every offset, six times slower)
@@ -1111,6 +1111,21 @@ class Project:
 
     def _bindings_of(self, path: str) -> Dict[str, str]:
         return self._of_text(self._bound, path, _bindings)
+
+    def _names_bound_to(self, importer: str) -> Dict[str, List[str]]:
+        """The names the module at `importer` binds by its imports, by the path of the module
+        each names a definition of (`_use`), in the order of its import lines. Memoised per
+        importer: a package's `__init__.py` is an importer of each of its modules, and the
+        triggers read it for every file of them (`_reach_parts`)."""
+        def group() -> Dict[str, List[str]]:
+            out: Dict[str, List[str]] = {}
+            for local, q in self._bindings_of(importer).items():
+                found = self._use(importer, q)
+                if found is not None:
+                    out.setdefault(found.path, []).append(local)
+            return out
+
+        return self._memoised(self._names_for, importer, group)
 
     def _uses_of(self, path: str) -> List[str]:
         """`_uses` of the module's text (`reach_words` and `reach_held` both read it)."""
