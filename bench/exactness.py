@@ -12,7 +12,9 @@ child process, so each imports its own checkout's ampfix):
   order, path length, frame, contexts, origin, region; the numbers that are object ids or run
   numbers renumbered, since they differ between any two processes;
 - deps: what each file's result depends on (`Project.end`: the texts read and the import
-  graph's answers used), in job order at `-j 1`: the check cache's correctness rests on it.
+  graph's answers used), in job order at `-j 1`: the check cache's correctness rests on it;
+- summaries: the summary of every module of the tree (`Project.summary`, as JSON), the facts
+  other modules read of it, whether or not a check of the tree reads it.
 Prints `same` or `DIFF` (with the first differing line) per tree and comparison; exit status
 1 when anything differs. The trees are the sdists of `bench_check.py --sdists`. Both venvs need
 the same extras (`nbformat`: a notebook is an error in a venv without it).
@@ -29,7 +31,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-WHAT = ("json", "traces", "deps")
+WHAT = ("json", "traces", "deps", "summaries")
 
 
 def _dump(what: str, tree: str, out: str) -> None:
@@ -39,6 +41,24 @@ def _dump(what: str, tree: str, out: str) -> None:
         done = subprocess.run([sys.executable, "-m", "ampfix", "check", "--no-cache", "--select", "ALL", "--preview",
                                "-j", "2", "--output-format", "json", tree], capture_output=True)
         Path(out).write_bytes(done.stdout)
+        return
+    if what == "summaries":
+        from ampfix.project import Project
+        from ampfix.project.layout import find_root
+
+        projects: dict = {}
+        for path in sorted(Path(tree).rglob("*.py")):
+            root = str(find_root(path.resolve()))
+            project = projects.get(root)
+            if project is None:
+                project = projects[root] = Project(Path(root))
+            try:
+                summary = project.summary(str(path))
+            except RecursionError:
+                summary = "RecursionError"
+            lines.append(json.dumps([str(path), summary if summary is None or isinstance(summary, str)
+                                     else summary.to_json()], sort_keys=True))
+        Path(out).write_text("\n".join(lines))
         return
     if what == "traces":
         from ampfix.model import events
@@ -106,7 +126,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("trees", nargs="*")
     ap.add_argument("--baseline-python", required=True, help="the python of the checkout to compare against")
-    ap.add_argument("--what", choices=WHAT, action="append", help="one comparison (default: all three)")
+    ap.add_argument("--what", choices=WHAT, action="append", help="one comparison (default: all four)")
     ap.add_argument("--dump", nargs=3, metavar=("WHAT", "TREE", "OUT"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.dump:

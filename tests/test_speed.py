@@ -374,7 +374,7 @@ def test_the_runner_does_not_test_a_files_triggers_twice():
     assert not any(registry.overrides(registry.all_rules()["AMP001"], t) for t in ("triggered_by", "project_candidate"))
 
 
-def test_the_exactness_check_compares_findings_traces_and_dependencies(tmp_path):
+def test_the_exactness_check_compares_findings_traces_dependencies_and_summaries(tmp_path):
     # bench/exactness.py is how a speed change shows it changes nothing: run against this same
     # checkout it finds every comparison the same, and a project where one side differs is DIFF
     project = ROOT / "fixtures" / "projects" / "bad_helper_clip"
@@ -383,7 +383,8 @@ def test_the_exactness_check_compares_findings_traces_and_dependencies(tmp_path)
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     lines = done.stdout.splitlines()
-    assert [line.split()[:2] for line in lines] == [["same", "json"], ["same", "traces"], ["same", "deps"]]
+    assert [line.split()[:2] for line in lines] == [["same", "json"], ["same", "traces"], ["same", "deps"],
+                                                    ["same", "summaries"]]
     assert all(int(line.split("(")[1].split()[0]) > 1 for line in lines)  # something was compared
     # a baseline that says something else (a python whose ampfix reports nothing): DIFF, exit 1
     fake = tmp_path / "fake"
@@ -396,3 +397,11 @@ def test_the_exactness_check_compares_findings_traces_and_dependencies(tmp_path)
     done = subprocess.run([sys.executable, str(script), "--baseline-python", str(wrapper), "--what", "json",
                            str(project)], capture_output=True, text=True, timeout=300)
     assert done.returncode == 1 and done.stdout.startswith("DIFF  json"), done.stdout + done.stderr
+    # ... and one whose modules have no summary
+    (fake / "ampfix" / "project").mkdir()
+    (fake / "ampfix" / "project" / "__init__.py").write_text(
+        "class Project:\n    def __init__(self, root):\n        pass\n\n    def summary(self, path):\n        return None\n")
+    (fake / "ampfix" / "project" / "layout.py").write_text("def find_root(path):\n    return path.parent\n")
+    done = subprocess.run([sys.executable, str(script), "--baseline-python", str(wrapper), "--what", "summaries",
+                           str(project)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1 and done.stdout.startswith("DIFF  summaries"), done.stdout + done.stderr
