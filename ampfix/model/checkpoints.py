@@ -36,6 +36,15 @@ class Checkpoints(Facet):
     """Checkpoint contents: what is saved, what a resume restores (`model.checkpoints`)."""
 
     def saved_states(self) -> List[SavedState]:
+        """What the file's checkpoints save (`torch.save` of a dict, here or through a helper of
+        another module). Memoised: a module's summary asks once per function (`saves`), AMP013
+        twice, and the answer depends on the model alone."""
+        found = self.__dict__.get("_saved")
+        if found is None:
+            found = self.__dict__["_saved"] = self._saved_states()
+        return list(found)
+
+    def _saved_states(self) -> List[SavedState]:
         out = []
         for call in self.model.calls:
             if not self.model.is_api(call, "save") or not call.args or call.args[0].keyword is not None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import re
 from bisect import bisect_left, bisect_right
-from typing import Any, Dict, Hashable, List, Optional, Tuple
+from typing import Any, Dict, Hashable, List, Optional, Set, Tuple
 
 import libcst as cst
 
@@ -539,6 +539,36 @@ class Summarizer:
                               region=region, scale_source=scale_source, frame=frame))
         return out
 
+    def class_assignments(self) -> Tuple[Dict[cst.ClassDef, List[Tuple[str, List[cst.BaseExpression]]]], Set[cst.ClassDef]]:
+        """The module's assignments of class attributes, by class: `self.x = ...` in a method
+        (`self_class`) and `x = ...` in the class's body, as (name, values) in the order of the
+        model's assignments; and the classes whose instances get attributes no assignment names
+        (`setattr(self, ...)`, `self.__dict__.update(...)`). Read in one pass over the module's
+        assignments and calls, not in one per class (`_class`)."""
+        found = self.__dict__.get("_class_assignments")
+        if found is None:
+            m = self.model
+            by_class: Dict[cst.ClassDef, List[Tuple[str, List[cst.BaseExpression]]]] = {}
+            for key, entries in m.assignments.items():
+                root, _, rest = key.partition(".")
+                if root == "self" and rest and "." not in rest:
+                    name, owner_of = rest, m.self_class
+                elif not rest:
+                    name, owner_of = key, m.scope_of
+                else:
+                    continue
+                here: Dict[cst.CSTNode, List[cst.BaseExpression]] = {}
+                for n, v in entries:
+                    owner = owner_of(n)
+                    if owner is not None:
+                        here.setdefault(owner, []).append(v)
+                for owner, values in here.items():
+                    by_class.setdefault(owner, []).append((name, values))  # type: ignore[arg-type]
+            dynamic = {m.self_class(call) for call in m.calls
+                       if m.is_builtin(call.func, "setattr") or dotted(call.func) in ("self.__dict__.update",)}
+            found = self.__dict__["_class_assignments"] = (by_class, dynamic)
+        return found
+
     def _run_number(self, call: int) -> str:
         """The number that stands for `id(call)`, the call of a helper of this module whose locals
         a trace names `name@<id>` (`Events._subst`): an id differs from one process to the
@@ -733,23 +763,14 @@ def _class(m, s: Summarizer, cls: cst.ClassDef) -> ClassSummary:
                        [v for b in cls.bases if b.keyword is None for v in s.canon.values(b.value)])
     for method in m.methods(cls):
         out.methods[method.name.value] = s.function(method, m._is_method(method))
-    for key, entries in m.assignments.items():
-        root, _, rest = key.partition(".")
-        if root == "self" and rest and "." not in rest:
-            values = [v for n, v in entries if m.self_class(n) is cls]
-            if values:
-                out.attributes.setdefault(rest, []).extend(val for v in values for val in s.canon.values(v))
-        elif not rest:
-            values = [v for n, v in entries if m.scope_of(n) is cls]
-            if values:
-                out.attributes.setdefault(key, []).extend(val for v in values for val in s.canon.values(v))
+    by_class, dynamic = s.class_assignments()
+    for name, values in by_class.get(cls, ()):
+        out.attributes.setdefault(name, []).extend(val for v in values for val in s.canon.values(v))
     for method in m.methods(cls):  # a @property returns its value
         if any(isinstance(d.decorator, cst.Name) and d.decorator.value == "property" for d in method.decorators):
             out.attributes.setdefault(method.name.value, []).extend(out.methods[method.name.value].returns)
-    for call in m.calls:
-        if m.self_class(call) is cls and (m.is_builtin(call.func, "setattr")
-                                          or dotted(call.func) in ("self.__dict__.update",)):
-            out.dynamic = True
+    if cls in dynamic:
+        out.dynamic = True
     if m.method(cls, "__getattr__") is not None:
         out.dynamic = True
     if any("dataclass" in (dotted(d.decorator if not isinstance(d.decorator, cst.Call) else d.decorator.func) or "")
