@@ -342,6 +342,34 @@ def test_a_check_run_leaves_nothing_frozen_and_the_thresholds_as_they_were():
     assert gc.get_freeze_count() == 0 and gc.get_threshold() == before
 
 
+def test_the_triggers_look_for_each_string_once_and_answer_as_the_rules_do():
+    """`triggered` tests the rules that keep `Rule`'s trigger tests through one scan of the text
+    for all of them (`_Scan`: each string looked for once): on every fixture and rule file, each
+    rule's answer is its own `triggered_by` and `project_candidate` on the text."""
+    from ampfix.engine import analyze
+    from ampfix.triggers import project_candidate_test, trigger_test
+
+    rules = list(registry.all_rules().values())
+    defaults = analyze._defaults(rules)
+    assert defaults.trigger and defaults.candidate and len(defaults.trigger) < len(rules)
+    fired = candidates = 0
+    for path in FIXTURES + sorted((ROOT / "rules").glob("*.py")):
+        text = path.read_text(encoding="utf-8", errors="replace")
+        lowered = text.lower()
+        held, held_lower = analyze._Scan(text), analyze._Scan(lowered)
+        assert analyze.triggered(rules, text) == [r for r in rules if r.triggered_by(text, lowered)], path
+        for r in defaults.trigger:
+            assert trigger_test(held, held_lower, r.triggers, r.triggers_lower, r.requires) == \
+                r.triggered_by(text, lowered), (path, r.code)
+            fired += r.triggered_by(text, lowered)
+        for r in defaults.candidate:
+            answer = r.project_candidate(text, lowered)
+            assert project_candidate_test(held, held_lower, r.triggers, r.triggers_lower, r.requires,
+                                          r.project_requires) == answer, (path, r.code)
+            candidates += answer
+    assert fired > 100 and candidates > 100
+
+
 def test_the_runner_does_not_test_a_files_triggers_twice():
     """The runner tests each file's triggers with the rules' facts (`rulemeta.first_triggered`)
     before it loads the rules; `_needs_analysis` then tests them with the rules themselves. When

@@ -9,7 +9,7 @@ import difflib
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple, Type
+from typing import Callable, Dict, FrozenSet, List, NamedTuple, Optional, Sequence, Set, Tuple, Type
 
 import libcst as cst
 
@@ -20,6 +20,7 @@ from ampfix.model import AmpModel
 from ampfix.model.parsing import parse_module
 from ampfix.model.tree import dotted as _dotted
 from ampfix.rule import Applicability, FileContext, Fix, Rule, Violation, trigger_test
+from ampfix.triggers import project_candidate_test
 
 MAX_FIX_PASSES = 10
 
@@ -87,10 +88,18 @@ def triggered(rules: Sequence[Type[Rule]], text: str, path: str = "",
     """The rules whose triggers `text` holds; with the project read, also those whose
     triggers a related module holds (`Rule.project_requires`)."""
     lowered = text.lower()
-    active = [r for r in rules if r.triggered_by(text, lowered)]
+    defaults = _defaults(rules)
+    # a rule that keeps `Rule`'s tests is tested on the text through `_Scan`: each string looked
+    # for once (rules share most of theirs), and only as far as the tests go
+    held, held_lower = _Scan(text), _Scan(lowered)
+    active = [r for r in rules if (trigger_test(held, held_lower, r.triggers, r.triggers_lower, r.requires)
+                                   if r in defaults.trigger else r.triggered_by(text, lowered))]
     if settings is None or not settings.project:
         return active
-    rest = [r for r in rules if r not in active and r.project_candidate(text, lowered)]
+    rest = [r for r in rules if r not in active and (
+        project_candidate_test(held, held_lower, r.triggers, r.triggers_lower, r.requires,  # type: ignore[arg-type]
+                               r.project_requires)
+        if r in defaults.candidate else r.project_candidate(text, lowered))]
     project = project_for(path, settings) if rest else None
     if project is None:
         return active
@@ -99,7 +108,7 @@ def triggered(rules: Sequence[Type[Rule]], text: str, path: str = "",
     # for every file, so the project reads each part of the code once (`Project._held_by`
     # memoises by it); `_passing` reads only the strings of the rules of `rest`
     words, lower_words = _project_words(rules)
-    own = ({t for t in words if t in text}, {t for t in lower_words if t in lowered})
+    own = ({t for t in words if t in held}, {t for t in lower_words if t in held_lower})
     # the rules' trigger test on the file and the code it reaches (`Project.reach_held`), after
     # two cheaper bounds of that code: the related modules' strings (`reach_bound`, a union of
     # memoised sets), which lets most files go, then `reach_words` (a walk of memoised reaches)
@@ -114,6 +123,43 @@ def triggered(rules: Sequence[Type[Rule]], text: str, path: str = "",
         return active
     also = _passing(rest, own, reach)
     return [r for r in rules if r in active or r in also]
+
+
+class _Scan:
+    """`string in text`, each string looked for in the text once (a `Container` for the tests
+    of `ampfix.triggers`)."""
+
+    __slots__ = ("text", "found")
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.found: Dict[str, bool] = {}
+
+    def __contains__(self, string: object) -> bool:
+        hit = self.found.get(string)  # type: ignore[call-overload]
+        if hit is None:
+            hit = self.found[string] = string in self.text  # type: ignore[index,operator]
+        return hit
+
+
+class _Defaults(NamedTuple):
+    trigger: FrozenSet[Type[Rule]]  # the rules that keep `Rule.triggered_by`
+    candidate: FrozenSet[Type[Rule]]  # ... and `Rule.project_candidate`
+
+
+_DEFAULTS: Dict[Tuple[Type[Rule], ...], _Defaults] = {}
+
+
+def _defaults(rules: Sequence[Type[Rule]]) -> _Defaults:
+    """Which of `rules` keep `Rule`'s trigger tests, memoised per set of rules."""
+    key = tuple(rules)
+    hit = _DEFAULTS.get(key)
+    if hit is None:
+        from ampfix.engine.registry import overrides
+
+        hit = _DEFAULTS[key] = _Defaults(frozenset(r for r in rules if not overrides(r, "triggered_by")),
+                                         frozenset(r for r in rules if not overrides(r, "project_candidate")))
+    return hit
 
 
 _PROJECT_WORDS: Dict[Tuple[Type[Rule], ...], Tuple[Tuple[str, ...], Tuple[str, ...]]] = {}
