@@ -1198,3 +1198,45 @@ def test_summary_places_effects_by_the_text_where_it_can_and_right():
     logs = [n for n in model.nodes_of(cst.Call) if model.code(n.func) == "log"]
     assert [n in found for n in logs] == [False, False, True]  # two decorators, then the call in `second`
     assert any(model.code(n) == "self.backward(self.loss)" for n in found)
+
+
+# ---------------------------------------------------------------------- the language server
+
+
+def test_the_language_server_reads_the_project_as_check_does(tmp_path):
+    """The language server's analysis of a file (`server._analysis`: `engine.Analysis` with the
+    settings `check` would use) finds what `check` finds in every module of every fixture
+    project, the findings that only another module shows included (a rule whose trigger is in
+    that module: `engine.py`'s AMP008 through the GradScaler `main.py` passes in); and its
+    "apply all safe fixes" changes the text as `ampfix rewrite` does."""
+    import shutil
+
+    pytest.importorskip("pygls")
+    from ampfix.engine import runner
+    from ampfix.engine.analyze import Analysis, fix_text
+    from ampfix.engine.results import Settings
+    from ampfix.frontends import server
+
+    root = Path(__file__).resolve().parents[1] / "fixtures" / "projects"
+    through_project = 0
+    for fixture in sorted(root.iterdir()):
+        copy = tmp_path / fixture.name
+        shutil.copytree(fixture, copy)
+        clear_caches()
+        for path in sorted(copy.rglob("*.py")):
+            run = runner.run(runner.make_plan(runner.Options(paths=[str(path)], no_cache=True)))
+            expected = [(d.line, d.code) for r in run.results for d in r.diagnostics]
+            rules, settings = server._setup(str(path))
+            text = path.read_text()
+            found = Analysis(text, str(path), rules, settings).diagnostics
+            assert [(d.line, d.code) for d in found] == expected, path
+            alone = Analysis(text, str(path), rules, Settings(min_torch_version=settings.min_torch_version))
+            through_project += len(expected) > len(alone.diagnostics)
+
+            class Doc:
+                uri, source = path.as_uri(), text
+
+            done = server._fix_all(Doc())
+            rewritten = fix_text(text, str(path), rules, settings)[0]
+            assert done is not None and done[0] == rewritten, path
+    assert through_project >= 10

@@ -144,6 +144,34 @@ async def test_fix_all_edit_inline_for_a_client_that_cannot_resolve(plain_client
     assert _apply(BAD_CLIP, fix_all.edit.changes[uri]) == FIXED_CLIP
 
 
+async def test_fix_all_reads_the_project_as_the_diagnostics_do(client: LanguageClient, tmp_path):
+    """A finding that another module shows (the scaler of `engine.py`'s helper is the
+    GradScaler `main.py` passes in) is offered as a safe fix, and "apply all safe fixes" applies
+    it too: its edit is made with the project read, as the diagnostics and `ampfix rewrite` are
+    (it was made with the file alone, and gave no edit for the one fix it counted)."""
+    import shutil
+    from pathlib import Path
+
+    project = tmp_path / "proj"
+    shutil.copytree(Path(__file__).resolve().parents[1] / "fixtures" / "projects" / "bad_scaler_parameter", project)
+    path = project / "engine.py"
+    text = path.read_text()
+    uri = path.as_uri()
+    client.text_document_did_open(types.DidOpenTextDocumentParams(
+        text_document=types.TextDocumentItem(uri=uri, language_id="python", version=1, text=text)))
+    (diag,) = await _diagnostics(client, uri, 1)
+    assert diag.code == "AMP008" and diag.data["fix"] == "safe"
+    actions = await client.text_document_code_action_async(types.CodeActionParams(
+        text_document=types.TextDocumentIdentifier(uri=uri), range=diag.range,
+        context=types.CodeActionContext(diagnostics=[diag])))
+    (fix_all,) = [a for a in actions if a.kind == "source.fixAll.ampfix"]
+    assert fix_all.title == "ampfix: apply all safe fixes (1)"
+    resolved = await client.code_action_resolve_async(fix_all)
+    assert resolved.edit is not None
+    assert _apply(text, resolved.edit.changes[uri]) == text.replace("        loss.backward()",
+                                                                      "        scaler.scale(loss).backward()")
+
+
 async def test_a_burst_of_changes_is_analysed_once_at_its_last_version(client: LanguageClient, tmp_path):
     """Changes that come faster than the server's debounce skip the versions they supersede:
     the diagnostics published are those of the last text, tagged with its version, and

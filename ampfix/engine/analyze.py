@@ -532,7 +532,7 @@ class Analysis:
         self._model: Optional[AmpModel] = None
         self._found: List[_Found] = []
         self._done: Set[int] = set()  # id() of the findings whose fix edit was computed
-        active = triggered(rules, text)
+        active = triggered(rules, text, path, settings)  # the project's rules too, as `check_text`
         if not active or _exempt(text):
             self.diagnostics: List[Diagnostic] = []
             return

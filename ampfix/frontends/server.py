@@ -13,7 +13,7 @@ import gc
 import logging
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -327,8 +327,12 @@ def _fix_all(doc) -> Optional[Tuple[str, Dict[str, int]]]:
     if setup is None:
         return None
     rules, settings = setup
+    # the settings of the analysis the diagnostics come from (the project read as `ampfix
+    # rewrite` reads it: a fix the diagnostics offer because of another module is applied too,
+    # and none that only a file read alone would suggest), the safe fixes only
+    safe = replace(settings, unsafe_fixes=False, add_noqa=False, details=False)
     try:
-        new, fixed, _ = fix_text(doc.source, path or doc.uri, rules, Settings(min_torch_version=settings.min_torch_version))
+        new, fixed, _ = fix_text(doc.source, path or doc.uri, rules, safe)
     except InputError:
         new, fixed = doc.source, {}
     state.fix_all = (doc.source, new, fixed)  # dropped with the analysis when the text changes
