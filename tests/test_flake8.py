@@ -42,3 +42,19 @@ def test_flake8_noqa_and_ampfix_config(tmp_path):
     write(tmp_path, "broken.py", "import torch\nscaler = torch.amp.GradScaler(\n")
     res = flake8("--select", "AMP,E999", ".", cwd=tmp_path)
     assert "E999" in res.stdout and "AMP003" in res.stdout and "Traceback" not in res.stderr
+
+
+def test_flake8_reads_the_project_as_check_does(tmp_path):
+    # a finding that another module shows (`engine.py`'s helper steps the GradScaler that
+    # `main.py` passes in, after an unscaled backward) is reported through flake8 as by `check`;
+    # its correct twin gives nothing
+    import shutil
+    from pathlib import Path
+
+    projects = Path(__file__).resolve().parents[1] / "fixtures" / "projects"
+    for name in ("bad_scaler_parameter", "good_scaler_parameter"):
+        shutil.copytree(projects / name, tmp_path / name)
+    res = flake8("--select", "AMP", "bad_scaler_parameter", "good_scaler_parameter", cwd=tmp_path)
+    assert res.returncode == 1, res.stderr
+    assert [line.split(" ")[:2] for line in res.stdout.splitlines()] == [
+        ["bad_scaler_parameter/engine.py:8:9:", "AMP008"]], res.stdout

@@ -45,7 +45,10 @@ class AmpfixChecker:
             return select_rules(None, []), Settings()
         rules = all_rules()
         codes = runner.codes_for(self.filename, plan) if real else plan.codes
-        return [rules[c] for c in codes], Settings(min_torch_version=plan.settings.min_torch_version)
+        # a file on disk is read with its project, as `ampfix check` reads it (the other modules
+        # it takes part in a training step with); standard input alone
+        settings = plan.settings if real else Settings(min_torch_version=plan.settings.min_torch_version)
+        return [rules[c] for c in codes], settings
 
     def run(self) -> Iterator[Tuple[int, int, str, Type["AmpfixChecker"]]]:
         from ampfix.engine.analyze import InputError, check_text
