@@ -224,3 +224,30 @@ def test_sarif_and_github_for_notebooks(tmp_path):
     assert gh.startswith(f"::error title=ampfix (AMP003),file=train.ipynb,line={region['startLine']},"
                          f"col={region['startColumn']},endLine={region['endLine']},endColumn={region['endColumn']}"
                          "::train.ipynb:cell 5:1:1: AMP003")
+
+
+def test_a_notebook_is_read_with_its_project(tmp_path):
+    """A notebook that calls a helper of its project is analysed with that helper's facts, as
+    a module is: here the helper's backward runs inside the notebook's autocast region (AMP001),
+    which the notebook's own text does not show (no backward in it). Its twin, which calls the
+    helper after the region, is clean."""
+    (tmp_path / "pyproject.toml").write_text('[project]\nname = "nb-project"\n')
+    (tmp_path / "helpers.py").write_text(textwrap.dedent("""\
+        def train_step(model, x, optimizer):
+            loss = model(x).sum()
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        """))
+    head = new_code_cell("import torch\n\nfrom helpers import train_step")
+    # (no rule's own trigger is in the notebook's text: only the project's make it analysed)
+    bad = new_code_cell('for x in loader:\n    with torch.autocast("cpu"):\n'
+                        '        out = model(x)\n        train_step(model, x, optimizer)')
+    good = new_code_cell('for x in loader:\n    with torch.autocast("cpu"):\n'
+                         '        out = model(x)\n    train_step(model, x, optimizer)')
+    p = save(tmp_path, notebook([head, bad]), "bad.ipynb")
+    res = run_ampfix("check", "--no-cache", p)
+    stdout, stderr = out(res)
+    assert res.returncode == 1, stdout + stderr
+    assert stdout.splitlines()[0].startswith(f"{p}:cell 2:4:9: AMP001 "), stdout
+    assert run_ampfix("check", "--no-cache", save(tmp_path, notebook([head, good]), "good.ipynb")).returncode == 0

@@ -1240,3 +1240,39 @@ def test_the_language_server_reads_the_project_as_check_does(tmp_path):
             rewritten = fix_text(text, str(path), rules, settings)[0]
             assert done is not None and done[0] == rewritten, path
     assert through_project >= 10
+
+
+def test_the_project_triggers_read_the_text_being_checked(tmp_path):
+    """The rules' project triggers read the text they are given for the file (an editor's
+    buffer, a rewrite's next pass, a notebook's code), not the file on disk: here the buffer
+    imports the helper whose backward runs inside its autocast region, the file on disk does
+    not, and AMP001 is triggered for the buffer (and not for the file as it is on disk)."""
+    from ampfix.engine import runner
+    from ampfix.engine.analyze import close_projects, triggered
+    from ampfix.engine.registry import all_rules
+
+    tree(tmp_path, {"pyproject.toml": "", "helpers.py": """\
+        def train_step(model, x, optimizer):
+            model(x).sum().backward()
+            optimizer.step()
+        """, "train.py": """\
+        import torch
+
+
+        def main(model, loader, optimizer):
+            for x in loader:
+                with torch.autocast("cpu"):
+                    model(x)
+        """})
+    path = tmp_path / "train.py"
+    buffer = path.read_text().replace("import torch\n", "import torch\n\nfrom helpers import train_step\n") \
+        .replace("            model(x)\n", "            train_step(model, x, optimizer)\n")
+    assert "train_step(model, x, optimizer)" in buffer
+    settings = runner.make_plan(runner.Options(paths=[str(path)], no_cache=True)).settings
+    rule = all_rules()["AMP001"]
+    try:
+        assert rule not in triggered([rule], path.read_text(), str(path), settings)
+        assert rule in triggered([rule], buffer, str(path), settings)
+        assert rule not in triggered([rule], path.read_text(), str(path), settings)
+    finally:
+        close_projects()

@@ -104,6 +104,9 @@ def triggered(rules: Sequence[Type[Rule]], text: str, path: str = "",
     if project is None:
         return active
     full = os.path.abspath(path)
+    # the project reads this file as the rules see it: an editor's buffer, a rewrite's next pass,
+    # a notebook's code (not its JSON), not the text on disk (`build_model` offers it again)
+    project.offer(full, text)  # type: ignore[attr-defined]
     # the strings of every rule that may pass through the project, not only of `rest`: one set
     # for every file, so the project reads each part of the code once (`Project._held_by`
     # memoises by it); `_passing` reads only the strings of the rules of `rest`

@@ -141,8 +141,8 @@ def _is_python(nb: dict) -> bool:
 
 
 def prefilter(data: bytes, path: str, rules: Sequence[Type[Rule]]) -> Optional[FileResult]:
-    """A result right away when no selected rule can fire on the notebook's code (or it is
-    not a notebook); None when it must be analysed."""
+    """A result right away when no selected rule can fire on the notebook's code, its own or
+    through the modules of its project (or it is not a notebook); None when it must be analysed."""
     try:
         _, nb = load_json(data, path)
     except InputError as exc:
@@ -150,7 +150,11 @@ def prefilter(data: bytes, path: str, rules: Sequence[Type[Rule]]) -> Optional[F
     if not _is_python(nb):
         return FileResult(path=path)
     code = "\n".join(_source(c) for c in nb["cells"] if isinstance(c, dict) and c.get("cell_type") == "code")
-    return None if triggered(rules, code) else FileResult(path=path)
+    if triggered(rules, code):
+        return None
+    # as `runner._needs_analysis` for a module: a rule may fire through the project's modules
+    lowered = code.lower()
+    return None if any(r.project_candidate(code, lowered) for r in rules) else FileResult(path=path)
 
 
 # ----------------------------------------------------------------------------- masking
