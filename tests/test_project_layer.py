@@ -1239,7 +1239,7 @@ def test_the_language_server_reads_the_project_as_check_does(tmp_path):
             done = server._fix_all(Doc())
             rewritten = fix_text(text, str(path), rules, settings)[0]
             assert done is not None and done[0] == rewritten, path
-    assert through_project >= 10
+    assert through_project >= 15  # 17 files have a finding only the project shows
 
 
 def test_the_project_triggers_read_the_text_being_checked(tmp_path):
