@@ -110,3 +110,31 @@ def test_a_fix_that_cannot_be_written_back_says_why(tmp_path, monkeypatch):
     assert run.warnings == [f"{p}: warning: not rewritten: putting the fixed cells back would change other parts "
                             "of the notebook; its findings are reported as they are"]
     assert [d.code for d in run.diagnostics] == ["AMP003"] and run.results[0].new_source is None
+
+
+def test_a_fix_that_cannot_be_written_back_reports_what_the_project_shows(tmp_path, monkeypatch):
+    """The findings of a notebook whose fixed cells cannot be written back are reported as
+    `check` reports them, the project read: here the autocast region comes from a helper of the
+    project (`amp.autocast_context`), and the backward inside it (AMP001) is a finding only with
+    that module read."""
+    import shutil
+    from pathlib import Path
+
+    from ampfix.engine import notebook, runner
+
+    fixture = Path(__file__).resolve().parents[1] / "fixtures" / "projects" / "bad_autocast_helper"
+    shutil.copy(fixture / "amp.py", tmp_path / "amp.py")
+    shutil.copy(fixture / "pyproject.toml", tmp_path / "pyproject.toml")
+    p = tmp_path / "train.ipynb"
+    p.write_text(_text(_nb(source=(fixture / "train.py").read_text().splitlines(True))))
+    plan = runner.make_plan(runner.Options(paths=[str(p)], jobs=1, no_cache=True))
+    assert [d.code for d in runner.run(plan).diagnostics] == ["AMP001"]
+
+    def refuse(text, path, new_sources):
+        raise notebook.NotWritable("putting the fixed cells back would change other parts of the notebook")
+
+    monkeypatch.setattr(notebook, "write_back", refuse)
+    run = runner.run(runner.make_plan(runner.Options(paths=[str(p)], fix=True, jobs=1, no_cache=True)))
+    assert run.warnings == [f"{p}: warning: not rewritten: putting the fixed cells back would change other parts "
+                            "of the notebook; its findings are reported as they are"]
+    assert [d.code for d in run.diagnostics] == ["AMP001"] and run.results[0].new_source is None

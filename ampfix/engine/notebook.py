@@ -16,7 +16,7 @@ import ast
 import json
 import re
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from json.decoder import scanstring  # type: ignore[attr-defined]
 from typing import Dict, List, Optional, Sequence, Tuple, Type
 
@@ -640,8 +640,9 @@ def process_notebook(data: bytes, path: str, rules: Sequence[Type[Rule]], settin
                 result.notes.append(FileError(path, None, None, f"not rewritten: {exc}; its findings are reported as "
                                                  "they are", level="warning"))
             if new_sources is None:  # the cells could not be written back safely: report, change nothing
-                _, fixed, diags = transform_text(program.text, path, rules, Settings(
-                    min_torch_version=settings.min_torch_version, details=settings.details), False)
+                # (as `check` reports it: the project read, no fix applied nor `# noqa` added)
+                _, fixed, diags = transform_text(program.text, path, rules, replace(
+                    settings, unsafe_fixes=False, add_noqa=False), False)
                 fixed = {}
         shown = new_sources if new_sources is not None else text
         try:
