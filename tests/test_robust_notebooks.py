@@ -96,11 +96,10 @@ def test_nan_in_the_metadata_does_not_stop_the_fix(tmp_path, constant):
     assert run_ampfix("check", p).returncode == 0
 
 
-def test_a_fix_that_cannot_be_written_back_says_why(tmp_path, monkeypatch):
+def _fixed_without_write_back(monkeypatch, p, code: str) -> None:
+    """`ampfix rewrite p` where the fixed cells cannot be written back: it says why, changes
+    nothing, and reports the notebook's one finding, `code`."""
     from ampfix.engine import notebook, runner
-
-    p = tmp_path / "train.ipynb"
-    p.write_text(_text(_nb()))
 
     def refuse(text, path, new_sources):
         raise notebook.NotWritable("putting the fixed cells back would change other parts of the notebook")
@@ -109,7 +108,13 @@ def test_a_fix_that_cannot_be_written_back_says_why(tmp_path, monkeypatch):
     run = runner.run(runner.make_plan(runner.Options(paths=[str(p)], fix=True, jobs=1, no_cache=True)))
     assert run.warnings == [f"{p}: warning: not rewritten: putting the fixed cells back would change other parts "
                             "of the notebook; its findings are reported as they are"]
-    assert [d.code for d in run.diagnostics] == ["AMP003"] and run.results[0].new_source is None
+    assert [d.code for d in run.diagnostics] == [code] and run.results[0].new_source is None
+
+
+def test_a_fix_that_cannot_be_written_back_says_why(tmp_path, monkeypatch):
+    p = tmp_path / "train.ipynb"
+    p.write_text(_text(_nb()))
+    _fixed_without_write_back(monkeypatch, p, "AMP003")
 
 
 def test_a_fix_that_cannot_be_written_back_reports_what_the_project_shows(tmp_path, monkeypatch):
@@ -120,7 +125,7 @@ def test_a_fix_that_cannot_be_written_back_reports_what_the_project_shows(tmp_pa
     import shutil
     from pathlib import Path
 
-    from ampfix.engine import notebook, runner
+    from ampfix.engine import runner
 
     fixture = Path(__file__).resolve().parents[1] / "fixtures" / "projects" / "bad_autocast_helper"
     shutil.copy(fixture / "amp.py", tmp_path / "amp.py")
@@ -129,12 +134,4 @@ def test_a_fix_that_cannot_be_written_back_reports_what_the_project_shows(tmp_pa
     p.write_text(_text(_nb(source=(fixture / "train.py").read_text().splitlines(True))))
     plan = runner.make_plan(runner.Options(paths=[str(p)], jobs=1, no_cache=True))
     assert [d.code for d in runner.run(plan).diagnostics] == ["AMP001"]
-
-    def refuse(text, path, new_sources):
-        raise notebook.NotWritable("putting the fixed cells back would change other parts of the notebook")
-
-    monkeypatch.setattr(notebook, "write_back", refuse)
-    run = runner.run(runner.make_plan(runner.Options(paths=[str(p)], fix=True, jobs=1, no_cache=True)))
-    assert run.warnings == [f"{p}: warning: not rewritten: putting the fixed cells back would change other parts "
-                            "of the notebook; its findings are reported as they are"]
-    assert [d.code for d in run.diagnostics] == ["AMP001"] and run.results[0].new_source is None
+    _fixed_without_write_back(monkeypatch, p, "AMP001")
