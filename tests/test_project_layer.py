@@ -1203,7 +1203,7 @@ def test_summary_places_effects_by_the_text_where_it_can_and_right():
 # ---------------------------------------------------------------------- the language server
 
 
-def test_the_language_server_reads_the_project_as_check_does(tmp_path):
+def test_the_language_server_reads_the_project_as_check_does(tmp_path, monkeypatch):
     """The language server's analysis of a file (`server._analysis`: `engine.Analysis` with the
     settings `check` would use) finds what `check` finds in every module of every fixture
     project, the findings that only another module shows included (a rule whose trigger is in
@@ -1217,6 +1217,7 @@ def test_the_language_server_reads_the_project_as_check_does(tmp_path):
     from ampfix.engine.results import Settings
     from ampfix.frontends import server
 
+    monkeypatch.setenv("AMPFIX_CACHE_DIR", str(tmp_path / "cache"))  # the summaries the server keeps
     root = Path(__file__).resolve().parents[1] / "fixtures" / "projects"
     through_project = 0
     for fixture in sorted(root.iterdir()):
