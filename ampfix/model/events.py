@@ -275,6 +275,15 @@ def _foreign_frame(frame: Tuple[int, ...]) -> Tuple[int, ...]:
     return hit
 
 
+def _renamed(text: str, name: str, key: str) -> str:
+    """`text` (a test's code) with the name `name` written `key` wherever it is that name (not
+    an attribute, nor part of a longer name or of a run's `x@<id>`); the scan is skipped where
+    the text does not hold it."""
+    if name not in text:
+        return text
+    return re.sub(rf"(?<![\w.@]){re.escape(name)}\b", lambda _m: key, text)
+
+
 def _loop_group(group: Hashable) -> bool:
     """A qualified loop-body or comprehension group `(frame, ("loop" | "comp", node))`."""
     return isinstance(group, tuple) and len(group) == 2 and isinstance(group[1], tuple) and bool(group[1]) \
@@ -787,8 +796,7 @@ class Events:
         if kind == "cond":
             text = g[1]
             for root, key in keys.items():
-                if root in text:  # (else nothing to substitute: the scan is skipped)
-                    text = re.sub(rf"(?<![\w.@]){re.escape(root)}\b", lambda _m, k=key: k, text)
+                text = _renamed(text, root, key)
             return ("cond", None, text, ())
         if kind in ("loop", "comp"):
             return (fframe, (kind, (ff.path, ff.qual, g[1])))
@@ -968,8 +976,8 @@ class Events:
             _, _, text, version, roots = group
             if subst:
                 for root in roots:
-                    if root in subst and root in text:
-                        text = re.sub(rf"(?<![\w.@]){re.escape(root)}\b", lambda _m, k=subst[root]: k, text)
+                    if root in subst:
+                        text = _renamed(text, root, subst[root])
             return ("cond", None, text, version)
         return (frame, group)
 
