@@ -350,19 +350,19 @@ def test_the_triggers_look_for_each_string_once_and_answer_as_the_rules_do():
     from ampfix.triggers import project_candidate_test, trigger_test
 
     rules = list(registry.all_rules().values())
-    defaults = analyze._defaults(rules)
-    assert defaults.trigger and defaults.candidate and len(defaults.trigger) < len(rules)
+    defaults = analyze._rule_set(rules)
+    assert defaults.default_trigger and defaults.default_candidate and len(defaults.default_trigger) < len(rules)
     fired = candidates = 0
     for path in FIXTURES + sorted((ROOT / "rules").glob("*.py")):
         text = path.read_text(encoding="utf-8", errors="replace")
         lowered = text.lower()
         held, held_lower = analyze._Scan(text), analyze._Scan(lowered)
         assert analyze.triggered(rules, text) == [r for r in rules if r.triggered_by(text, lowered)], path
-        for r in defaults.trigger:
+        for r in defaults.default_trigger:
             assert trigger_test(held, held_lower, r.triggers, r.triggers_lower, r.requires) == \
                 r.triggered_by(text, lowered), (path, r.code)
             fired += r.triggered_by(text, lowered)
-        for r in defaults.candidate:
+        for r in defaults.default_candidate:
             answer = r.project_candidate(text, lowered)
             assert project_candidate_test(held, held_lower, r.triggers, r.triggers_lower, r.requires,
                                           r.project_requires) == answer, (path, r.code)

@@ -88,18 +88,18 @@ def triggered(rules: Sequence[Type[Rule]], text: str, path: str = "",
     """The rules whose triggers `text` holds; with the project read, also those whose
     triggers a related module holds (`Rule.project_requires`)."""
     lowered = text.lower()
-    defaults = _defaults(rules)
+    facts = _rule_set(rules)
     # a rule that keeps `Rule`'s tests is tested on the text through `_Scan`: each string looked
     # for once (rules share most of theirs), and only as far as the tests go
     held, held_lower = _Scan(text), _Scan(lowered)
     active = [r for r in rules if (trigger_test(held, held_lower, r.triggers, r.triggers_lower, r.requires)
-                                   if r in defaults.trigger else r.triggered_by(text, lowered))]
+                                   if r in facts.default_trigger else r.triggered_by(text, lowered))]
     if settings is None or not settings.project:
         return active
     rest = [r for r in rules if r not in active and (
         project_candidate_test(held, held_lower, r.triggers, r.triggers_lower, r.requires,  # type: ignore[arg-type]
                                r.project_requires)
-        if r in defaults.candidate else r.project_candidate(text, lowered))]
+        if r in facts.default_candidate else r.project_candidate(text, lowered))]
     project = project_for(path, settings) if rest else None
     if project is None:
         return active
@@ -110,7 +110,7 @@ def triggered(rules: Sequence[Type[Rule]], text: str, path: str = "",
     # the strings of every rule that may pass through the project, not only of `rest`: one set
     # for every file, so the project reads each part of the code once (`Project._held_by`
     # memoises by it); `_passing` reads only the strings of the rules of `rest`
-    words, lower_words = _project_words(rules)
+    words, lower_words = facts.words, facts.lower_words
     own = ({t for t in words if t in held}, {t for t in lower_words if t in held_lower})
     # the rules' trigger test on the file and the code it reaches (`Project.reach_held`), after
     # two cheaper bounds of that code: the related modules' strings (`reach_bound`, a union of
@@ -145,40 +145,44 @@ class _Scan:
         return hit
 
 
-class _Defaults(NamedTuple):
-    trigger: FrozenSet[Type[Rule]]  # the rules that keep `Rule.triggered_by`
-    candidate: FrozenSet[Type[Rule]]  # ... and `Rule.project_candidate`
+class _RuleSet(NamedTuple):
+    """What `triggered` reads of a set of rules (`_rule_set`)."""
+
+    default_trigger: FrozenSet[Type[Rule]]  # the rules that keep `Rule.triggered_by`
+    default_candidate: FrozenSet[Type[Rule]]  # ... and `Rule.project_candidate`
+    # the trigger strings (and lower-case ones) of the rules that read related modules
+    # (`Rule.project_requires`)
+    words: Tuple[str, ...]
+    lower_words: Tuple[str, ...]
 
 
-_DEFAULTS: Dict[Tuple[Type[Rule], ...], _Defaults] = {}
+_RULE_SETS: Dict[Tuple[Type[Rule], ...], _RuleSet] = {}
 
 
-def _defaults(rules: Sequence[Type[Rule]]) -> _Defaults:
-    """Which of `rules` keep `Rule`'s trigger tests, memoised per set of rules."""
+def _rule_set(rules: Sequence[Type[Rule]]) -> _RuleSet:
+    """`_RuleSet` of `rules`, memoised per set of rules."""
     key = tuple(rules)
-    hit = _DEFAULTS.get(key)
+    hit = _RULE_SETS.get(key)
     if hit is None:
         from ampfix.engine.registry import overrides
 
-        hit = _DEFAULTS[key] = _Defaults(frozenset(r for r in rules if not overrides(r, "triggered_by")),
-                                         frozenset(r for r in rules if not overrides(r, "project_candidate")))
-    return hit
-
-
-_PROJECT_WORDS: Dict[Tuple[Type[Rule], ...], Tuple[Tuple[str, ...], Tuple[str, ...]]] = {}
-
-
-def _project_words(rules: Sequence[Type[Rule]]) -> Tuple[Tuple[str, ...], Tuple[str, ...]]:
-    """The trigger strings (and lower-case ones) of the rules that read related modules
-    (`Rule.project_requires`), memoised per set of rules."""
-    key = tuple(rules)
-    hit = _PROJECT_WORDS.get(key)
-    if hit is None:
         some = [r for r in rules if r.project_requires is not None]
-        hit = _PROJECT_WORDS[key] = (
+        hit = _RULE_SETS[key] = _RuleSet(
+            frozenset(r for r in rules if not overrides(r, "triggered_by")),
+            frozenset(r for r in rules if not overrides(r, "project_candidate")),
             tuple(sorted({t for r in some for t in (*r.triggers, *(s for g in r.requires for s in g))})),
             tuple(sorted({t for r in some for t in r.triggers_lower})))
     return hit
+
+
+def worth_analysing(rules: Sequence[Type[Rule]], text: str) -> bool:
+    """Some rule of `rules` fires on `text` by its own triggers, or may through the modules of
+    the file's project (`Rule.project_candidate`): the file is parsed and analysed
+    (`runner._needs_analysis`, `notebook.prefilter`)."""
+    if triggered(rules, text):
+        return True
+    lowered = text.lower()
+    return any(r.project_candidate(text, lowered) for r in rules)
 
 
 def _passing(rules: Sequence[Type[Rule]], own: Tuple[set, set], reach: Tuple[set, set]) -> List[Type[Rule]]:

@@ -21,7 +21,7 @@ from json.decoder import scanstring  # type: ignore[attr-defined]
 from typing import Dict, List, Optional, Sequence, Tuple, Type
 
 from ampfix.engine.analyze import (Diagnostic, FileError, FileResult, FixEdit, InputError, Settings, TextEdit, diff_names,
-                           transform_text, triggered, unified_diff)
+                           transform_text, unified_diff, worth_analysing)
 from ampfix.rule import Rule
 
 SUFFIX = ".ipynb"
@@ -150,11 +150,7 @@ def prefilter(data: bytes, path: str, rules: Sequence[Type[Rule]]) -> Optional[F
     if not _is_python(nb):
         return FileResult(path=path)
     code = "\n".join(_source(c) for c in nb["cells"] if isinstance(c, dict) and c.get("cell_type") == "code")
-    if triggered(rules, code):
-        return None
-    # as `runner._needs_analysis` for a module: a rule may fire through the project's modules
-    lowered = code.lower()
-    return None if any(r.project_candidate(code, lowered) for r in rules) else FileResult(path=path)
+    return None if worth_analysing(rules, code) else FileResult(path=path)
 
 
 # ----------------------------------------------------------------------------- masking

@@ -510,7 +510,7 @@ def _needs_analysis(path: str, data: bytes, codes: Sequence[str], risky: Optiona
     test `rulemeta.first_triggered` passed on the file, the file's decoded text), when the
     runner tested it: a rule that keeps `Rule`'s own tests passes them here too, so they are
     not run again."""
-    from ampfix.engine.analyze import triggered
+    from ampfix.engine.analyze import worth_analysing
     from ampfix.engine.notebook import is_notebook, prefilter
     from ampfix.engine.registry import all_rules, overrides
 
@@ -531,8 +531,7 @@ def _needs_analysis(path: str, data: bytes, codes: Sequence[str], risky: Optiona
         return FileResult(path=path, error=exc.error)
     rules = all_rules()
     chosen = [rules[c] for c in codes]
-    lowered = src.text.lower()
-    if triggered(chosen, src.text) or any(r.project_candidate(src.text, lowered) for r in chosen):
+    if worth_analysing(chosen, src.text):
         if risky is not None and guard.risky(src.text):
             risky.add(path)
         return None
