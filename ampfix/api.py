@@ -11,6 +11,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from ampfix.engine import runner
 from ampfix.knowledge.torch_versions import DEFAULT_MIN_TORCH
 from ampfix.engine.analyze import Diagnostic, InputError, Settings, check_text, fix_text
+from ampfix.engine.results import decode_source
 from ampfix.engine.registry import select_rules
 
 
@@ -74,6 +75,34 @@ def fix_source_report(
     except InputError as exc:
         raise AmpfixError(str(exc.error)) from None
     return text, before, fixed
+
+
+def fix_file_report(path: str, unsafe: bool = False, preview: bool = False
+                    ) -> Tuple[str, List[Diagnostic], Dict[str, int]]:
+    """`fix_source_report` of the file at `path` as `ampfix rewrite PATH --diff` fixes it: with
+    its project's configuration (`[tool.ampfix]`: the rules, `min-torch-version`, `preview`
+    unless `preview`) and the facts of the project's other modules, which `fix_source_report`
+    (a string, no project) does not read; nothing is written, no cache is kept. Raises
+    AmpfixError for a file or a configuration that cannot be read."""
+    def one(fix: bool):
+        try:
+            plan = runner.make_plan(runner.Options(paths=[path], fix=fix, unsafe_fixes=unsafe, no_cache=True,
+                                                   preview=True if preview else None))
+        except runner.OptionsError as exc:
+            raise AmpfixError(str(exc)) from None
+        (result,) = runner.run(plan).results
+        problem = result.error or next((n for n in result.notes if result.skipped), None)
+        if problem is not None:
+            raise AmpfixError(str(problem))
+        return result
+
+    before = one(False)
+    after = one(True)
+    text = decode_source(after.new_source, path).text if after.new_source is not None else None
+    if text is None:
+        with open(path, "rb") as fh:
+            text = decode_source(fh.read(), path).text
+    return text, before.diagnostics, after.fixed
 
 
 def check_paths(paths: Sequence[str], **options) -> runner.Run:

@@ -1277,3 +1277,64 @@ def test_the_project_triggers_read_the_text_being_checked(tmp_path):
         assert rule not in triggered([rule], path.read_text(), str(path), settings)
     finally:
         close_projects()
+
+
+# ---------------------------------------------------------------------- the verifier
+
+
+def test_the_verifier_rewrites_a_script_as_rewrite_does(tmp_path):
+    """`ampfix verify SCRIPT` runs the script as `ampfix rewrite SCRIPT` fixes it
+    (`api.fix_file_report`): every module of every fixture project is fixed as `rewrite --diff`
+    fixes it, the fixes that only another module shows included (`train.py`'s AMP001 of
+    `bad_autocast_helper`: the autocast region is entered by a helper of `amp.py`), with the
+    findings `check` reports. `fix_source_report` (a string, no project) does not see them."""
+    import shutil
+
+    from ampfix.api import fix_file_report, fix_source_report
+    from ampfix.engine import runner
+
+    root = Path(__file__).resolve().parents[1] / "fixtures" / "projects"
+    through_project = 0
+    for fixture in sorted(root.iterdir()):
+        copy = tmp_path / fixture.name
+        shutil.copytree(fixture, copy)
+        clear_caches()
+        for path in sorted(copy.rglob("*.py")):
+            text = path.read_text()
+            check = runner.run(runner.make_plan(runner.Options(paths=[str(path)], no_cache=True)))
+            fix = runner.run(runner.make_plan(runner.Options(paths=[str(path)], no_cache=True, fix=True)))
+            (checked,), (fixed,) = check.results, fix.results
+            expected = fixed.new_source.decode() if fixed.new_source is not None else text
+            new, found, applied = fix_file_report(str(path))
+            assert (new, applied) == (expected, fixed.fixed), path
+            assert [(d.line, d.code) for d in found] == [(d.line, d.code) for d in checked.diagnostics], path
+            assert path.read_text() == text  # nothing written
+            alone, _, _ = fix_source_report(text, str(path))
+            through_project += alone != new
+    assert through_project >= 4  # the four fixture files whose fix only the project shows
+
+
+def test_the_verifiers_rewrite_reads_the_projects_configuration_and_says_what_is_wrong(tmp_path):
+    """The configuration of the script's project applies (here it ignores AMP001, so nothing
+    is rewritten); a script that cannot be parsed, or a configuration that cannot be read, is
+    an AmpfixError naming the file and line (verify prints it, exit 2)."""
+    import shutil
+
+    from ampfix.api import AmpfixError, fix_file_report
+
+    copy = tmp_path / "p"
+    shutil.copytree(Path(__file__).resolve().parents[1] / "fixtures" / "projects" / "bad_autocast_helper", copy)
+    clear_caches()
+    script = copy / "train.py"
+    assert fix_file_report(str(script))[2] == {"AMP001: backward moved out of the autocast region": 1}
+    (copy / "pyproject.toml").write_text('[tool.ampfix]\nignore = ["AMP001"]\n')
+    clear_caches()
+    new, found, applied = fix_file_report(str(script))
+    assert (new, found, applied) == (script.read_text(), [], {})
+    (copy / "pyproject.toml").write_text("[tool.ampfix]\nselect = 3\n")
+    with pytest.raises(AmpfixError, match="pyproject.toml: `select`"):
+        fix_file_report(str(script))
+    (copy / "pyproject.toml").write_text("")
+    script.write_text(script.read_text().replace("scaler.update()", "scaler.update("))
+    with pytest.raises(AmpfixError, match=r"train\.py:\d+:\d+: error: syntax error"):
+        fix_file_report(str(script))

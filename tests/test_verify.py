@@ -213,6 +213,35 @@ def test_clip_scaled_gradients_rewritten_and_verified(torch_available, tmp_path)
         assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_a_fix_that_only_the_project_shows_is_rewritten_and_run(torch_available, tmp_path):
+    """verify rewrites the script as `ampfix rewrite` does, reading its project: here the
+    autocast region is entered through a helper of another module (`amp_ctx.py`), so AMP001 is
+    found, and fixed, only with the project; the fixed copy runs with the script's own folder on
+    its path (the helper imported)."""
+    (tmp_path / "pyproject.toml").write_text("")
+    (tmp_path / "amp_ctx.py").write_text(textwrap.dedent("""\
+        import torch
+
+
+        def amp_autocast(device, dtype):
+            return torch.autocast(device_type=device, dtype=dtype)
+        """))
+    source = open(fx("buggy_backward_in_autocast.py")).read()
+    source = source.replace("import torch.nn.functional as F\n", "import torch.nn.functional as F\n\nfrom amp_ctx import amp_autocast\n")
+    source = source.replace("with torch.autocast(device_type=device, dtype=amp_dtype):", "with amp_autocast(device, amp_dtype):")
+    script = tmp_path / "train.py"
+    script.write_text(source)
+    line = source.splitlines().index("        scaler.scale(loss).backward()") + 1
+    p, doc = run_json(script, *FAST)
+    assert p.returncode in (0, 1), p.stdout[-3000:] + p.stderr[-3000:]  # 40 steps may leave parity inconclusive
+    assert script.read_text() == source  # the user's script is never modified
+    assert doc["rewritten"] is True
+    assert [(f["code"], f["lines"], f["count"]) for f in doc["fixes"]] == [("AMP001", [line], 1)]
+    (amp,) = [r for r in doc["runs"] if r["label"] == "fixed-amp"]
+    assert amp["steps"] == 40 and amp["amp_active"] and amp["autocast_dtypes"] == ["bfloat16"]
+    assert check(doc, "fp32-equivalence")["status"] == "PASS"
+
+
 def test_unscaled_backward_hand_fixed(torch_available):
     p, doc = run_json(fx("buggy_unscaled_backward.py"), "--fixed", fx("fixed_unscaled_backward.py"),
                       *FAST, "--", "--lr", "0.1", expect=0)  # a faster start for 40 steps

@@ -333,12 +333,15 @@ def _verify_in(tmpdir, script, script_args, fixed, steps, warmup, reps, device, 
             same_source = f.read() == source
     else:
         try:
-            from ampfix.api import AmpfixError, fix_source_report
+            from ampfix.api import AmpfixError, fix_file_report
         except ImportError as e:
             _err("the ampfix rewriter is not available (%s); pass a fixed copy with --fixed" % e)
             return EXIT_ERROR
         try:
-            new, found, applied = fix_source_report(source, path=script, unsafe=unsafe, preview=preview)
+            # as `ampfix rewrite SCRIPT` fixes it: its project's configuration and other modules read
+            new, found, applied = fix_file_report(script, unsafe=unsafe, preview=preview)
+            if not applied:
+                new = source  # as read here (a byte order mark kept): nothing to rewrite
         except AmpfixError as e:
             _err("ampfix cannot rewrite %s: %s" % (script, e))
             return EXIT_ERROR
