@@ -76,7 +76,7 @@ different branches, a scaler the code using it cannot reach, other `apex.amp` fu
 are named in those messages, and not reported themselves: apex.amp internals such as
 `amp._amp_state` have nothing native to migrate to).
 The apex semantics assumed are NVIDIA/apex's `amp/frontend.py`, `handle.py` and `scaler.py`
-(see `ampfix/migrations/apex.py`).
+(see `ampfix/migrations/apex/`).
 
 Bad:
 ```python

@@ -345,7 +345,7 @@ def _analyze(
     ctx.extra["rewrite_pass"] = rewrite_pass
     ctx.extra["rewrite_memo"] = {} if memo is None else memo  # kept across the passes of one rewrite
     if "apex" in text and any(r.code == "AMP102" for r in rules):
-        # an apex migration is project-wide or not applied (`migrations/apex.py`, `_elsewhere`)
+        # an apex migration is project-wide or not applied (`migrations/apex/checkpoints.py`, `elsewhere`)
         uses = getattr(model.foreign, "apex_amp_uses", None)
         ctx.extra["apex_amp_elsewhere"] = uses(path) if uses is not None and path else ()
     found: List[_Found] = []

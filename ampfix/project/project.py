@@ -1169,7 +1169,7 @@ class Project:
         apex's amp (`amp.initialize`, `amp.scale_loss`, `amp.master_params`, `amp.state_dict`,
         `amp.load_state_dict`, after an import of apex's amp): (path relative to the root, line)
         of the first use in each, read from their text. A migration of one module to native AMP
-        is project-wide or not applied (`ampfix/migrations/apex.py`); a script that shares
+        is project-wide or not applied (`ampfix/migrations/apex/`); a script that shares
         nothing with it (a sibling example with its own `amp.initialize`) is independent of it."""
         path = os.path.abspath(path)
         out: List[Tuple[str, int]] = []
