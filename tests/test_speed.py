@@ -21,7 +21,7 @@ from ampfix.model.tree import Index, positions
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = sorted((ROOT / "fixtures").rglob("*.py"))
 SAMPLES = [p for p in FIXTURES if p.stat().st_size > 0][::7] + [ROOT / "ampfix" / "model" / "events.py",
-                                                                ROOT / "ampfix" / "migrations" / "apex.py"]
+                                                                ROOT / "ampfix" / "model" / "bound.py"]
 
 # odd layouts: CR and CRLF line breaks, tabs, form feeds, a file without a final newline,
 # f-strings with format specs, star imports, decorators, walrus, global/nonlocal, lambdas

@@ -2,7 +2,7 @@
 them before it analyses anything (see ampfix/engine/rulemeta.py). Do not edit; regenerate.
 """
 
-DIGEST = 'a5981d7e5cb652c4b5782ae06e34f1a4229e94742693b7dd87f862f2ace059af'
+DIGEST = '9299ce759ec08792874cfcfc4798ddd94c2e7b3cfff03aed4a7b44ca67c1e613'
 
 RULES = [
     ('AMP001', 'backward-in-autocast', True, ('autocast',), (),
