@@ -644,6 +644,55 @@ def test_text_mro_and_methods_without_a_summary(tmp_path):
     assert project.parsed == []  # all of it read from the texts
 
 
+def test_amp_words_in_docstrings_and_comments_make_nothing_relevant(tmp_path):
+    """A class or function whose only AMP word is in a docstring or a comment ("optimization",
+    "# optimizer") holds no AMP code: its module is not parsed for its attributes or effects
+    (timm's `Eva`, read for one attribute because its docstring says "optimization"). A string
+    in code counts (`getattr(torch, "float16")` chooses a dtype), and so does a span that does
+    not lex."""
+    from ampfix.model.summarize import AMP_TEXT
+    from ampfix.project.project import _in_code
+
+    tree(tmp_path, {
+        "pyproject.toml": "",
+        "models.py": """\
+            import torch
+
+
+            class Eva(torch.nn.Module):
+                '''A vision transformer.'''
+
+                def __init__(self, dim):
+                    self.dim = dim  # the optimizer sees these
+
+                def group_matcher(self):
+                    '''Create layer groupings for optimization.'''
+                    return {"stem": r"^cls_token"}
+
+
+            class Cast(torch.nn.Module):
+                def __init__(self):
+                    self.dtype = getattr(torch, "float16")
+
+
+            def helper(x):
+                '''Runs after `optimizer.step()`.'''
+                return x
+            """,
+    })
+    project = Project(tmp_path)
+    models = project.module(str(tmp_path / "models.py"))
+    eva = ForeignClass(models, "Eva")
+    assert not project.relevant(eva) and project.lacks_relevant_attributes(eva)
+    assert not project.relevant_to_traces(ForeignFunction(models, "helper"))
+    assert project.relevant(ForeignClass(models, "Cast"))
+    assert project.parsed == []  # all of it read from the text
+    assert not _in_code(AMP_TEXT, "x = 1  # optimizer\n", 0, 19)
+    assert _in_code(AMP_TEXT, "s = '# a'; opt.step()\n", 0, 22)  # a `#` in a string starts no comment
+    unlexed = "x = 'unclosed\n# optimizer\n"
+    assert _in_code(AMP_TEXT, unlexed, 0, len(unlexed))  # does not lex: counted
+
+
 def test_a_cached_result_follows_the_code_the_file_reaches(tmp_path):
     # train.py alone holds no `backward`: AMP001 runs on it only through the helper it calls.
     # Checked once (helper without backward: nothing), then the helper gains one: the cached

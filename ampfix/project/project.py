@@ -25,6 +25,7 @@ from typing import Callable, Dict, List, Optional, Protocol, Set, Tuple, TypeVar
 import libcst as cst
 
 from ampfix.model.foreign import Definition, ForeignClass, ForeignConstant, ForeignFunction, ForeignModule
+from ampfix.lexemes import LEXEMES
 from ampfix.model.parsing import parse_module
 from ampfix.model.summarize import AMP_TEXT, TRACE_TEXT, def_spans
 from ampfix.model.summary import IMPORTED, LOCAL, UNREADABLE, ClassSummary, ModuleSummary, OutgoingCall, Stored, Value
@@ -526,15 +527,11 @@ class Project:
         text = self.text(d.path) if d.path.endswith(".py") else None
         if text is None:
             return False
-        if isinstance(d, ForeignModule):
-            return vocabulary.search(text) is not None
         qual = d.qual if isinstance(d, (ForeignFunction, ForeignClass)) else None
-        if qual is None:
-            return vocabulary.search(text) is not None
-        span = self._def_spans(d.path).get(qual)
-        if span is None:  # not found by the scan: judge by the module
-            return vocabulary.search(text) is not None
-        return vocabulary.search(text, span[0], span[1]) is not None
+        span = self._def_spans(d.path).get(qual) if qual is not None else None
+        if span is None:  # a module, or a definition the scan did not find: judge by the module
+            return _in_code(vocabulary, text, 0, len(text))
+        return _in_code(vocabulary, text, span[0], span[1])
 
     def index(self, path: str) -> Optional["ModuleIndex"]:
         """What the module binds at its top level, read from its text (no parse)."""
@@ -1262,6 +1259,32 @@ def _uses(text: str) -> List[str]:
             if qualified is not None:
                 out[qualified + rest] = None
     return list(out)
+
+
+def _in_code(vocabulary: "re.Pattern[str]", text: str, start: int, end: int) -> bool:
+    """`vocabulary` matches `text[start:end]` outside its comments and triple-quoted strings
+    (docstrings: a class whose only AMP word is "optimization" in a docstring holds no AMP code).
+    Other strings count (`getattr(torch, "float16")`, `precision="16-mixed"` choose precision),
+    and so does everything when the span does not lex (a quote that closes nothing)."""
+    hit = vocabulary.search(text, start, end)
+    if hit is None:
+        return False
+    if text.find("#", start, hit.start()) < 0 and text.find('"""', start, hit.start()) < 0 \
+            and text.find("'''", start, hit.start()) < 0:
+        return True  # (most hits: nothing before it can hide it)
+    prose: List[Tuple[int, int]] = []
+    for m in LEXEMES.finditer(text, start, end):
+        if m.group("open") is not None:
+            return True
+        if m.group("c") is not None or text.startswith(('"""', "'''"), m.start()):
+            prose.append((m.start(), m.end()))
+    starts = [a for a, _ in prose]
+    while hit is not None:
+        i = bisect.bisect_right(starts, hit.start()) - 1
+        if i < 0 or hit.start() >= prose[i][1]:
+            return True
+        hit = vocabulary.search(text, prose[i][1], end)
+    return False
 
 
 def _containing(spans: List[Tuple[int, int]], at: int) -> Optional[Tuple[int, int]]:
