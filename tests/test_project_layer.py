@@ -693,6 +693,43 @@ def test_amp_words_in_docstrings_and_comments_make_nothing_relevant(tmp_path):
     assert _in_code(AMP_TEXT, unlexed, 0, len(unlexed))  # does not lex: counted
 
 
+def test_a_class_is_taken_for_a_dataclass_by_its_own_decorators(tmp_path):
+    """A class whose instances' attributes are asked for is read from its module's summary when
+    it may be a dataclass (its fields are the constructor's parameters): when its decorators
+    mention `dataclass`, not when the module only imports `pkg.dataclasses` (accelerate's
+    `RegressionModel`, whose module was parsed for that word)."""
+    tree(tmp_path, {
+        "pyproject.toml": "",
+        "pkg/__init__.py": "",
+        "pkg/dataclasses.py": "class Kind:\n    pass\n",
+        "pkg/models.py": """\
+            import dataclasses
+
+            import torch
+
+            from pkg.dataclasses import Kind
+
+
+            class Regression(torch.nn.Module):
+                def __init__(self, a=0):
+                    self.a = a
+
+
+            @dataclasses.dataclass(
+                frozen=True,
+            )
+            # the configuration
+            class Config:
+                lr: float = 1e-3
+            """,
+    })
+    project = Project(tmp_path)
+    models = project.module(str(tmp_path / "pkg" / "models.py"))
+    assert project.lacks_relevant_attributes(ForeignClass(models, "Regression"))
+    assert not project.lacks_relevant_attributes(ForeignClass(models, "Config"))
+    assert project.parsed == []
+
+
 def test_a_cached_result_follows_the_code_the_file_reaches(tmp_path):
     # train.py alone holds no `backward`: AMP001 runs on it only through the helper it calls.
     # Checked once (helper without backward: nothing), then the helper gains one: the cached

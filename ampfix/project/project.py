@@ -1041,8 +1041,17 @@ class Project:
     def lacks_relevant_attributes(self, cls: ForeignClass) -> bool:
         """True when no class `cls` may inherit from holds AMP code (its attributes are then
         not read, `foreign_attribute`) and none is a dataclass (no fields). False: not sure."""
-        return self.lacks_relevant_classes(cls) and not any(
-            "dataclass" in (self.text(c.path) or "") for c in self.text_mro(cls) or ())
+        return self.lacks_relevant_classes(cls) and not any(self._may_be_dataclass(c) for c in self.text_mro(cls) or ())
+
+    def _may_be_dataclass(self, c: ForeignClass) -> bool:
+        """The decorators written above class `c` mention `dataclass` (a module that only
+        imports `accelerate.utils.dataclasses` makes none of its classes one). True when the
+        class is not found in the text: not sure."""
+        text = self.text(c.path) or ""
+        if "dataclass" not in text:
+            return False
+        span = self._def_spans(c.path).get(c.qual)
+        return span is None or "dataclass" in _decorators_above(text, span[0])
 
     def lacks_relevant_classes(self, cls: ForeignClass) -> bool:
         """True when no class `cls` may inherit from (`text_mro`) holds AMP code: the values
@@ -1259,6 +1268,22 @@ def _uses(text: str) -> List[str]:
             if qualified is not None:
                 out[qualified + rest] = None
     return list(out)
+
+
+def _decorators_above(text: str, start: int) -> str:
+    """The lines above the top-level `class`/`def` line at offset `start` that may be its
+    decorators: `@` lines at the margin and what continues them (indented, or closing a
+    bracket), over blank and comment lines, up to the first other line at the margin. Past
+    4000 characters, all of them (more than its decorators: the caller only looks for a word)."""
+    window = text[max(0, start - 4000):start]
+    lines = window.splitlines()
+    for i in range(len(lines) - 1, -1, -1):
+        line = lines[i]
+        head = line[:1]
+        if head == "@" or head in (" ", "\t") or not line.strip() or line.startswith(("#", ")", "]", "}")):
+            continue
+        return "\n".join(lines[i + 1:])
+    return window
 
 
 def _in_code(vocabulary: "re.Pattern[str]", text: str, start: int, end: int) -> bool:
