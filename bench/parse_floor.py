@@ -33,6 +33,7 @@ import libcst as cst  # noqa: E402
 from libcst._nodes.base import CSTNode  # noqa: E402
 
 import ampfix.engine.guard as guard  # noqa: E402
+from bare_parse import parse_all  # noqa: E402  (bench/, this script's folder)
 from ampfix.model import parsing  # noqa: E402
 
 GOALS = {"timm": 8.0}
@@ -63,7 +64,8 @@ def _record_run(tree: str, project: bool):
     clear_caches()
     t0 = time.process_time()
     try:
-        cli.main(["check", "--no-cache", "--select", "ALL", "-j", "1", "-q", tree], standalone_mode=False)
+        cli.main(["check", "--no-cache", "--select", "ALL", "-j", "1", "-q", "-o", os.devnull, tree],
+                 standalone_mode=False)
     except SystemExit:
         pass
     spent = time.process_time() - t0
@@ -74,23 +76,13 @@ def _record_run(tree: str, project: bool):
     return spent, seen
 
 
-def _parse_time(parse, texts) -> float:
-    t0 = time.process_time()
-    for text in texts:
-        try:
-            parse(text)
-        except Exception:  # a file LibCST cannot read costs what it cost
-            pass
-    return time.process_time() - t0
-
-
 def main(argv) -> None:
     rounds = 3
     if "--rounds" in argv:
         i = argv.index("--rounds")
         rounds = int(argv[i + 1])
         argv = argv[:i] + argv[i + 2:]
-    guard.UNGUARDED = True  # noqa: the run in this process, as the benchmarks' timers run it
+    guard.UNGUARDED = True  # the run in this process, as the benchmarks' timers run it
     from ampfix.engine.registry import all_rules
 
     all_rules()  # the rules imported before the first run: neither run pays for it
@@ -103,12 +95,12 @@ def main(argv) -> None:
         times = {"bare": [], "project": [], "alone": [], "ast": []}
         for _ in range(rounds):
             CSTNode.__post_init__ = parsing._LIBCST_POST_INIT  # LibCST as it comes, for the bare parse
-            times["bare"].append(_parse_time(cst.parse_module, every))
+            times["bare"].append(parse_all(cst.parse_module, every))
             if parsing.INSTALLED:
                 CSTNode.__post_init__ = parsing._post_init  # ampfix's, for its parse
-            times["project"].append(_parse_time(parsing.parse_module, parsed_p.values()))
-            times["alone"].append(_parse_time(parsing.parse_module, parsed_a.values()))
-            times["ast"].append(_parse_time(ast.parse, parsed_p.values()))
+            times["project"].append(parse_all(parsing.parse_module, parsed_p.values()))
+            times["alone"].append(parse_all(parsing.parse_module, parsed_a.values()))
+            times["ast"].append(parse_all(ast.parse, parsed_p.values()))
         med = {k: sorted(v)[len(v) // 2] for k, v in times.items()}
         kb = lambda texts: sum(len(t) for t in texts) // 1000  # noqa: E731
         print(f"{name}: {len(every)} files, {kb(every)} KB; bare LibCST parse {med['bare']:.2f} s "
