@@ -36,6 +36,18 @@ def model_of(project: Project, path: Path) -> AmpModel:
 # ---------------------------------------------------------------------- root and resolution
 
 
+def fixture_project_files(tmp_path: Path):
+    """Every module of every fixture project, in a copy under `tmp_path` (each project's copy
+    made, and the layout caches cleared, before its modules are given)."""
+    import shutil
+
+    for fixture in sorted((Path(__file__).resolve().parents[1] / "fixtures" / "projects").iterdir()):
+        copy = tmp_path / fixture.name
+        shutil.copytree(fixture, copy)
+        clear_caches()
+        yield from sorted(copy.rglob("*.py"))
+
+
 def test_root_is_the_nearest_marker(tmp_path):
     tree(tmp_path, {"pyproject.toml": "", "pkg/sub/mod.py": "", "other/setup.cfg": "", "other/x.py": ""})
     assert find_root(tmp_path / "pkg" / "sub" / "mod.py") == tmp_path
@@ -1295,8 +1307,6 @@ def test_the_language_server_reads_the_project_as_check_does(tmp_path, monkeypat
     project, the findings that only another module shows included (a rule whose trigger is in
     that module: `engine.py`'s AMP008 through the GradScaler `main.py` passes in); and its
     "apply all safe fixes" changes the text as `ampfix rewrite` does."""
-    import shutil
-
     pytest.importorskip("pygls")
     from ampfix.engine import runner
     from ampfix.engine.analyze import Analysis, fix_text
@@ -1304,28 +1314,23 @@ def test_the_language_server_reads_the_project_as_check_does(tmp_path, monkeypat
     from ampfix.frontends import server
 
     monkeypatch.setenv("AMPFIX_CACHE_DIR", str(tmp_path / "cache"))  # the summaries the server keeps
-    root = Path(__file__).resolve().parents[1] / "fixtures" / "projects"
     through_project = 0
-    for fixture in sorted(root.iterdir()):
-        copy = tmp_path / fixture.name
-        shutil.copytree(fixture, copy)
-        clear_caches()
-        for path in sorted(copy.rglob("*.py")):
-            run = runner.run(runner.make_plan(runner.Options(paths=[str(path)], no_cache=True)))
-            expected = [(d.line, d.code) for r in run.results for d in r.diagnostics]
-            rules, settings = server._setup(str(path))
-            text = path.read_text()
-            found = Analysis(text, str(path), rules, settings).diagnostics
-            assert [(d.line, d.code) for d in found] == expected, path
-            alone = Analysis(text, str(path), rules, Settings(min_torch_version=settings.min_torch_version))
-            through_project += len(expected) > len(alone.diagnostics)
+    for path in fixture_project_files(tmp_path):
+        run = runner.run(runner.make_plan(runner.Options(paths=[str(path)], no_cache=True)))
+        expected = [(d.line, d.code) for r in run.results for d in r.diagnostics]
+        rules, settings = server._setup(str(path))
+        text = path.read_text()
+        found = Analysis(text, str(path), rules, settings).diagnostics
+        assert [(d.line, d.code) for d in found] == expected, path
+        alone = Analysis(text, str(path), rules, Settings(min_torch_version=settings.min_torch_version))
+        through_project += len(expected) > len(alone.diagnostics)
 
-            class Doc:
-                uri, source = path.as_uri(), text
+        class Doc:
+            uri, source = path.as_uri(), text
 
-            done = server._fix_all(Doc())
-            rewritten = fix_text(text, str(path), rules, settings)[0]
-            assert done is not None and done[0] == rewritten, path
+        done = server._fix_all(Doc())
+        rewritten = fix_text(text, str(path), rules, settings)[0]
+        assert done is not None and done[0] == rewritten, path
     assert through_project >= 15  # 17 files have a finding only the project shows
 
 
@@ -1374,29 +1379,22 @@ def test_the_verifier_rewrites_a_script_as_rewrite_does(tmp_path):
     fixes it, the fixes that only another module shows included (`train.py`'s AMP001 of
     `bad_autocast_helper`: the autocast region is entered by a helper of `amp.py`), with the
     findings `check` reports. `fix_source_report` (a string, no project) does not see them."""
-    import shutil
-
     from ampfix.api import fix_file_report, fix_source_report
     from ampfix.engine import runner
 
-    root = Path(__file__).resolve().parents[1] / "fixtures" / "projects"
     through_project = 0
-    for fixture in sorted(root.iterdir()):
-        copy = tmp_path / fixture.name
-        shutil.copytree(fixture, copy)
-        clear_caches()
-        for path in sorted(copy.rglob("*.py")):
-            text = path.read_text()
-            check = runner.run(runner.make_plan(runner.Options(paths=[str(path)], no_cache=True)))
-            fix = runner.run(runner.make_plan(runner.Options(paths=[str(path)], no_cache=True, fix=True)))
-            (checked,), (fixed,) = check.results, fix.results
-            expected = fixed.new_source.decode() if fixed.new_source is not None else text
-            new, found, applied = fix_file_report(str(path))
-            assert (new, applied) == (expected, fixed.fixed), path
-            assert [(d.line, d.code) for d in found] == [(d.line, d.code) for d in checked.diagnostics], path
-            assert path.read_text() == text  # nothing written
-            alone, _, _ = fix_source_report(text, str(path))
-            through_project += alone != new
+    for path in fixture_project_files(tmp_path):
+        text = path.read_text()
+        check = runner.run(runner.make_plan(runner.Options(paths=[str(path)], no_cache=True)))
+        fix = runner.run(runner.make_plan(runner.Options(paths=[str(path)], no_cache=True, fix=True)))
+        (checked,), (fixed,) = check.results, fix.results
+        expected = fixed.new_source.decode() if fixed.new_source is not None else text
+        new, found, applied = fix_file_report(str(path))
+        assert (new, applied) == (expected, fixed.fixed), path
+        assert [(d.line, d.code) for d in found] == [(d.line, d.code) for d in checked.diagnostics], path
+        assert path.read_text() == text  # nothing written
+        alone, _, _ = fix_source_report(text, str(path))
+        through_project += alone != new
     assert through_project >= 4  # the four fixture files whose fix only the project shows
 
 
