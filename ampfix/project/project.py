@@ -1290,25 +1290,20 @@ def _in_code(vocabulary: "re.Pattern[str]", text: str, start: int, end: int) -> 
     """`vocabulary` matches `text[start:end]` outside its comments and triple-quoted strings
     (docstrings: a class whose only AMP word is "optimization" in a docstring holds no AMP code).
     Other strings count (`getattr(torch, "float16")`, `precision="16-mixed"` choose precision),
-    and so does everything when the span does not lex (a quote that closes nothing)."""
+    and so does a match after a quote that closes nothing (the text does not lex). The text is
+    lexed only as far as the first match in code."""
     hit = vocabulary.search(text, start, end)
-    if hit is None:
-        return False
-    if text.find("#", start, hit.start()) < 0 and text.find('"""', start, hit.start()) < 0 \
-            and text.find("'''", start, hit.start()) < 0:
-        return True  # (most hits: nothing before it can hide it)
-    prose: List[Tuple[int, int]] = []
-    for m in LEXEMES.finditer(text, start, end):
-        if m.group("open") is not None:
-            return True
-        if m.group("c") is not None or text.startswith(('"""', "'''"), m.start()):
-            prose.append((m.start(), m.end()))
-    starts = [a for a, _ in prose]
+    lexemes = LEXEMES.finditer(text, start, end)
+    lexeme = None  # the last comment or string read
     while hit is not None:
-        i = bisect.bisect_right(starts, hit.start()) - 1
-        if i < 0 or hit.start() >= prose[i][1]:
-            return True
-        hit = vocabulary.search(text, prose[i][1], end)
+        while lexeme is None or lexeme.end() <= hit.start():
+            lexeme = next(lexemes, None)
+            if lexeme is None or lexeme.group("open") is not None:
+                return True
+        if lexeme.start() > hit.start() or not (lexeme.group("c") is not None
+                                               or text.startswith(('"""', "'''"), lexeme.start())):
+            return True  # in code, or in a string that is not a docstring
+        hit = vocabulary.search(text, lexeme.end(), end)
     return False
 
 
