@@ -87,19 +87,11 @@ def triggered(rules: Sequence[Type[Rule]], text: str, path: str = "",
               settings: Optional[Settings] = None) -> List[Type[Rule]]:
     """The rules whose triggers `text` holds; with the project read, also those whose
     triggers a related module holds (`Rule.project_requires`)."""
-    lowered = text.lower()
-    facts = _rule_set(rules)
-    # a rule that keeps `Rule`'s tests is tested on the text through `_Scan`: each string looked
-    # for once (rules share most of theirs), and only as far as the tests go
-    held, held_lower = _Scan(text), _Scan(lowered)
-    active = [r for r in rules if (trigger_test(held, held_lower, r.triggers, r.triggers_lower, r.requires)
-                                   if r in facts.default_trigger else r.triggered_by(text, lowered))]
+    tests = _Tests(rules, text)
+    active = [r for r in rules if tests.own(r)]
     if settings is None or not settings.project:
         return active
-    rest = [r for r in rules if r not in active and (
-        project_candidate_test(held, held_lower, r.triggers, r.triggers_lower, r.requires,  # type: ignore[arg-type]
-                               r.project_requires)
-        if r in facts.default_candidate else r.project_candidate(text, lowered))]
+    rest = [r for r in rules if r not in active and tests.candidate(r)]
     project = project_for(path, settings) if rest else None
     if project is None:
         return active
@@ -110,8 +102,8 @@ def triggered(rules: Sequence[Type[Rule]], text: str, path: str = "",
     # the strings of every rule that may pass through the project, not only of `rest`: one set
     # for every file, so the project reads each part of the code once (`Project._held_by`
     # memoises by it); `_passing` reads only the strings of the rules of `rest`
-    words, lower_words = facts.words, facts.lower_words
-    own = ({t for t in words if t in held}, {t for t in lower_words if t in held_lower})
+    words, lower_words = tests.facts.words, tests.facts.lower_words
+    own = ({t for t in words if t in tests.held}, {t for t in lower_words if t in tests.held_lower})
     # the rules' trigger test on the file and the code it reaches (`Project.reach_held`), after
     # two cheaper bounds of that code: the related modules' strings (`reach_bound`, a union of
     # memoised sets), which lets most files go, then `reach_words` (a walk of memoised reaches)
@@ -143,6 +135,30 @@ class _Scan:
         if hit is None:
             hit = self.found[string] = string in self.text  # type: ignore[index,operator]
         return hit
+
+
+class _Tests:
+    """The trigger tests of a set of rules on one text (`triggered`, `worth_analysing`): a rule
+    that keeps `Rule`'s tests is tested through `_Scan`, each string looked for once (rules share
+    most of theirs) and only as far as the tests go; the others by their own methods."""
+
+    def __init__(self, rules: Sequence[Type[Rule]], text: str) -> None:
+        self.text, self.lowered = text, text.lower()
+        self.facts = _rule_set(rules)
+        self.held, self.held_lower = _Scan(text), _Scan(self.lowered)
+
+    def own(self, r: Type[Rule]) -> bool:
+        """`r.triggered_by`: the rule fires on the text by its own triggers."""
+        if r in self.facts.default_trigger:
+            return trigger_test(self.held, self.held_lower, r.triggers, r.triggers_lower, r.requires)
+        return r.triggered_by(self.text, self.lowered)
+
+    def candidate(self, r: Type[Rule]) -> bool:
+        """`r.project_candidate`: the rule may fire on the text through the modules of its project."""
+        if r in self.facts.default_candidate:
+            return project_candidate_test(self.held, self.held_lower, r.triggers, r.triggers_lower,  # type: ignore[arg-type]
+                                          r.requires, r.project_requires)
+        return r.project_candidate(self.text, self.lowered)
 
 
 class _RuleSet(NamedTuple):
@@ -179,10 +195,8 @@ def worth_analysing(rules: Sequence[Type[Rule]], text: str) -> bool:
     """Some rule of `rules` fires on `text` by its own triggers, or may through the modules of
     the file's project (`Rule.project_candidate`): the file is parsed and analysed
     (`runner._needs_analysis`, `notebook.prefilter`)."""
-    if triggered(rules, text):
-        return True
-    lowered = text.lower()
-    return any(r.project_candidate(text, lowered) for r in rules)
+    tests = _Tests(rules, text)
+    return any(tests.own(r) for r in rules) or any(tests.candidate(r) for r in rules)
 
 
 def _passing(rules: Sequence[Type[Rule]], own: Tuple[set, set], reach: Tuple[set, set]) -> List[Type[Rule]]:
