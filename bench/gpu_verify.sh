@@ -43,12 +43,21 @@ part() {  # part LIMIT_S NAME COMMAND...: run one part under its limit (0: skip 
     echo "[$name: exit ${PIPESTATUS[0]}, $((SECONDS - t0)) s]" | tee -a "$OUT/$name.md"
 }
 
-part "${TESTS_S:-80}" tests "$PY" -m pytest -q -p no:cacheprovider $XDIST tests/test_verify.py
+# TESTS_K: only the tests whose names match (pytest -k), e.g. "cuda" for the ones that use the GPU
+part "${TESTS_S:-80}" tests "$PY" -m pytest -q -p no:cacheprovider $XDIST tests/test_verify.py ${TESTS_K:+-k "$TESTS_K"}
 part "${LARGE_S:-150}" large "$PY" bench/bench_verify.py --steps "$STEPS" --warmup "$WARMUP" --reps "$REPS" --threads 4 \
     --large --skip-bugs --only-large ${LARGE_FIXTURES:+--fixtures $LARGE_FIXTURES} --out "$OUT/json/large"
 part "${BUGS_S:-110}" bugs "$PY" bench/bench_verify.py --steps "$STEPS" --warmup "$WARMUP" --reps 1 --threads 2 \
     --only-bugs --all-bugs --jobs 6 --out "$OUT/json/bugs"
 part "${SMALL_S:-90}" small "$PY" bench/bench_verify.py --steps "$STEPS" --warmup "$WARMUP" --reps "$REPS" --threads 4 \
     --skip-bugs ${SMALL_FIXTURES:+--fixtures $SMALL_FIXTURES} --out "$OUT/json/small"
+# where verify's AMP run loses its speed on CUDA (bench/gpu_verify_overhead.py), with the SM clock
+# sampled every 200 ms beside it (nvidia-smi), off unless OVERHEAD_S is set
+if [ "${OVERHEAD_S:-0}" != 0 ]; then
+    nvidia-smi --query-gpu=timestamp,clocks.sm,utilization.gpu --format=csv,noheader -lms 200 >"$OUT/clocks.csv" 2>&1 &
+    SMI=$!
+    part "$OVERHEAD_S" overhead "$PY" bench/gpu_verify_overhead.py ${OVERHEAD_ARGS:-}
+    kill $SMI 2>/dev/null
+fi
 [ -d "$OUT/json" ] && tar czf "$OUT/json.tgz" -C "$OUT" json && rm -rf "$OUT/json"
 true

@@ -213,11 +213,17 @@ def test_clip_scaled_gradients_rewritten_and_verified(torch_available, tmp_path)
         assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_a_fix_that_only_the_project_shows_is_rewritten_and_run(torch_available, tmp_path):
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_a_fix_that_only_the_project_shows_is_rewritten_and_run(torch_available, tmp_path, device):
     """verify rewrites the script as `ampfix rewrite` does, reading its project: here the
     autocast region is entered through a helper of another module (`amp_ctx.py`), so AMP001 is
     found, and fixed, only with the project; the fixed copy runs with the script's own folder on
-    its path (the helper imported)."""
+    its path (the helper imported).  On CUDA (skipped elsewhere; bench/gpu_verify.sh runs it)
+    the fixed copy trains float16 with the scaler enabled."""
+    import torch
+
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("no CUDA on this machine")
     (tmp_path / "pyproject.toml").write_text("")
     (tmp_path / "amp_ctx.py").write_text(textwrap.dedent("""\
         import torch
@@ -232,13 +238,16 @@ def test_a_fix_that_only_the_project_shows_is_rewritten_and_run(torch_available,
     script = tmp_path / "train.py"
     script.write_text(source)
     line = source.splitlines().index("        scaler.scale(loss).backward()") + 1
-    p, doc = run_json(script, *FAST)
-    assert p.returncode in (0, 1), p.stdout[-3000:] + p.stderr[-3000:]  # 40 steps may leave parity inconclusive
+    p, doc = run_json(script, *FAST, "--device", device)
+    # 40 steps may leave parity inconclusive; on CUDA the fixture's small model gains no speed
+    assert p.returncode in (0, 1), p.stdout[-3000:] + p.stderr[-3000:]
     assert script.read_text() == source  # the user's script is never modified
     assert doc["rewritten"] is True
     assert [(f["code"], f["lines"], f["count"]) for f in doc["fixes"]] == [("AMP001", [line], 1)]
     (amp,) = [r for r in doc["runs"] if r["label"] == "fixed-amp"]
-    assert amp["steps"] == 40 and amp["amp_active"] and amp["autocast_dtypes"] == ["bfloat16"]
+    dtype = "float16" if device == "cuda" else "bfloat16"
+    assert amp["steps"] == 40 and amp["amp_active"] and amp["autocast_dtypes"] == [dtype]
+    assert amp["scaler_enabled"] is (device == "cuda")
     assert check(doc, "fp32-equivalence")["status"] == "PASS"
 
 
