@@ -12,15 +12,17 @@ synchronising every `--block` steps to time each block. What `verify` changes, o
   cublas         CUBLAS_WORKSPACE_CONFIG=:4096:8 (what `verify`'s runner sets in the child)
   hooks          the tracer's hooks (`trace._Recorder`, `trace._install`, as `verify` installs them)
   all            t4 + cublas + hooks
-  bootstrap      the real `python -m ampfix.verify.trace ... fixtures/train/mlp.py` (everything
-                 `verify` does to a run), its own `steps_per_s`
+  bootstrap      the real `python -m ampfix.verify.trace ... fixtures/train/mlp.py` in the
+                 runner's environment (everything `verify` does to a run), its own `steps_per_s`
+  bootstrap-old  the same with cuBLAS's setting in the AMP run too, as the runner gave it before
+                 2026-11-27
 
 Prints, per configuration and round, the rate over `verify`'s window (the steps after the warmup
 up to step 200, which is what `verify --steps 200 --warmup 20` times) and over the steps after
 200, and the block rates; then the median per configuration.
 
     python bench/gpu_verify_overhead.py [--rounds 2] [--steps 1000] [--modes amp fp32]
-                                        [--configs plain t4 cublas hooks all bootstrap]
+                                        [--configs plain t4 cublas hooks all bootstrap bootstrap-old]
 """
 
 from __future__ import annotations
@@ -112,16 +114,18 @@ def _one(cfg: str, mode: str, args: argparse.Namespace) -> dict:
     if cfg in ("hooks", "all"):
         env["GVO_HOOKS"] = "1"
     t0 = time.perf_counter()
-    if cfg == "bootstrap":
+    if cfg in ("bootstrap", "bootstrap-old"):
+        from ampfix.verify import runner
+
         out = tempfile.mktemp(suffix=".json")
-        env["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
+        env = runner.child_env(4, "cuda" if args.cuda else "cpu", "torch", "asis" if mode == "amp" else "fp32")
+        if cfg == "bootstrap-old":  # before 2026-11-27 the runner gave every run cuBLAS's setting
+            env["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
         n = args.warmup + args.steps
         cmd = [sys.executable, "-m", "ampfix.verify.trace", "--out", out, "--steps", str(n),
                "--warmup", str(args.warmup), "--mode", "asis" if mode == "amp" else "fp32",
                "--threads", "4", "--device", "cuda" if args.cuda else "cpu", os.path.join(ROOT, "fixtures", "train", "mlp.py"),
                *(SIZE if args.cuda else ["--width", "64", "--batch", "32"]), "--steps", str(n)]
-        for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
-            env[var] = "4"
         subprocess.run(cmd, env=env, check=True, capture_output=True, text=True)
         with open(out) as f:
             doc = json.load(f)
@@ -144,7 +148,7 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=20)
     ap.add_argument("--block", type=int, default=20)
     ap.add_argument("--modes", nargs="+", default=["amp", "fp32"], choices=("amp", "fp32"))
-    ap.add_argument("--configs", nargs="+", default=["plain", "t4", "cublas", "hooks", "all", "bootstrap"])
+    ap.add_argument("--configs", nargs="+", default=["plain", "t4", "cublas", "hooks", "all", "bootstrap", "bootstrap-old"])
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--mode", default="amp", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -160,7 +164,7 @@ def main() -> None:
     for r in range(args.rounds):
         for mode in args.modes:
             for cfg in args.configs:
-                if mode == "fp32" and cfg not in ("plain", "all", "bootstrap"):
+                if mode == "fp32" and cfg not in ("plain", "all", "bootstrap"):  # the others change AMP only
                     continue
                 x = _one(cfg, mode, args)
                 res.setdefault((mode, cfg), []).append(x)

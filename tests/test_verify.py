@@ -360,6 +360,50 @@ def test_device_cuda_without_cuda_is_an_error(torch_available):
     assert "CUDA is not available" in p.stderr
 
 
+def test_cublas_determinism_is_set_for_the_fp32_runs_only(monkeypatch):
+    """The fp32 runs' losses are compared bit for bit, so they get cuBLAS's deterministic
+    workspace; the AMP runs do not (on an H100 it cost the float16 step a third of its speed:
+    bench/RESULTS.md, "On CUDA, fourth run"). A value the user set is kept in every run."""
+    from ampfix.verify import runner
+
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    assert runner.child_env(1, "cuda", "torch", "fp32")["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+    assert "CUBLAS_WORKSPACE_CONFIG" not in runner.child_env(1, "cuda", "torch", "asis")
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":16:8")
+    for mode in ("fp32", "asis"):
+        assert runner.child_env(1, "cuda", "torch", mode)["CUBLAS_WORKSPACE_CONFIG"] == ":16:8"
+
+
+def test_a_script_asking_for_determinism_gets_the_cublas_setting_in_an_amp_run(torch_available, tmp_path):
+    """torch refuses cuBLAS calls under `use_deterministic_algorithms(True)` without the setting,
+    which the runner no longer gives the AMP runs: the tracer sets it when the script asks."""
+    script = _write(tmp_path, "det.py", """
+        import os
+        import torch
+
+        print("before", os.environ.get("CUBLAS_WORKSPACE_CONFIG"))
+        torch.use_deterministic_algorithms(True)
+        print("after", os.environ.get("CUBLAS_WORKSPACE_CONFIG"))
+        model = torch.nn.Linear(4, 2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(3):
+            opt.zero_grad()
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = model(torch.ones(2, 4)).float().sum()
+            loss.backward()
+            opt.step()
+    """)
+    env = {k: v for k, v in os.environ.items() if k != "CUBLAS_WORKSPACE_CONFIG"}
+    env["PYTHONPATH"] = ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    out = tmp_path / "run.json"
+    p = subprocess.run([sys.executable, "-m", "ampfix.verify.trace", "--out", str(out), "--steps", "3",
+                        "--warmup", "0", "--mode", "asis", "--device", "cpu", script],
+                       env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "before None" in p.stdout and "after :4096:8" in p.stdout
+    assert json.loads(out.read_text())["iterations"] == 3
+
+
 def test_script_without_optimizer_says_so(torch_available, tmp_path):
     script = _write(tmp_path, "noopt.py", """
         import torch

@@ -93,13 +93,23 @@ def ms_bootstrap_path() -> str:
     return os.path.join(os.path.dirname(os.path.abspath(__file__)), "ms_trace.py")
 
 
-def child_env(threads: int, device: str, framework: str = "torch") -> Dict[str, str]:
+# cuBLAS's setting for bitwise-reproducible results, given to the fp32 runs only: their losses are
+# compared bit for bit (`fp32-equivalence`).  An AMP run's are compared within tolerances, and on
+# an H100 this setting cost the large MLP fixture's float16 step a third of its speed (fp32
+# nothing), so `verify` understated the AMP speed-up (bench/RESULTS.md, "On CUDA, fourth run").
+# A script that calls `torch.use_deterministic_algorithms(True)` gets it in every run
+# (`trace._install`), since torch then refuses cuBLAS calls without it.
+CUBLAS_DETERMINISTIC = ":4096:8"
+
+
+def child_env(threads: int, device: str, framework: str = "torch", mode: str = "fp32") -> Dict[str, str]:
     env = dict(os.environ)
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         env[var] = str(threads)
     env["PYTHONHASHSEED"] = "0"
     env["PYTHONUNBUFFERED"] = "1"
-    env.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    if mode == "fp32":
+        env.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_DETERMINISTIC)
     if device == "cpu":
         env["CUDA_VISIBLE_DEVICES"] = ""
     if framework == "mindspore":
@@ -259,7 +269,7 @@ def run_one(spec: RunSpec, opts: RunOptions, tmpdir: str) -> RunResult:
     err_path = os.path.join(tmpdir, tag + ".stderr")
     log_path = os.path.join(tmpdir, tag + ".stdout")
     cmd = build_command(spec, opts, out_path)
-    env = child_env(opts.threads, opts.device, opts.framework)
+    env = child_env(opts.threads, opts.device, opts.framework, spec.mode)
     token = "%d-%s-%s" % (os.getpid(), tag, uuid.uuid4().hex)
     env[reaper.TOKEN_VAR] = token  # inherited by everything the run starts (see ampfix/verify/reaper.py)
     env[reaper.PARENT_VAR] = str(os.getpid())

@@ -440,6 +440,19 @@ def _install(torch, rec, args):
 
     gs.step = step
 
+    # a script asking for deterministic algorithms gets cuBLAS's deterministic workspace, which
+    # the runner sets for the fp32 runs only (runner.CUBLAS_DETERMINISTIC): torch refuses cuBLAS
+    # calls without it.  The variable is read at each call, so setting it here is in time.
+    orig_det = torch.use_deterministic_algorithms
+
+    @functools.wraps(orig_det)
+    def use_deterministic_algorithms(mode, *a, **kw):
+        if mode and "CUBLAS_WORKSPACE_CONFIG" not in os.environ:
+            os.environ["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
+        return orig_det(mode, *a, **kw)
+
+    torch.use_deterministic_algorithms = use_deterministic_algorithms
+
     _install_framework_hooks(rec, args)
     _install_child_launch_hook(args)
 
