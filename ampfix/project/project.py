@@ -152,6 +152,7 @@ class Project:
         self._words_of_modules: Dict[Tuple[Tuple[str, ...], Tuple[str, ...]], Dict[str, Tuple[frozenset, frozenset]]] = {}
         # (words, lower words) -> path -> the strings its whole text holds, where they bound every part's (`_text_words`)
         self._words_of_texts: Dict[Tuple[Tuple[str, ...], Tuple[str, ...]], Dict[str, Optional[Tuple[frozenset, frozenset, bool]]]] = {}
+        self._masks: Dict[str, Tuple[str, str]] = {}  # path -> (its text, the text masked: `_masked`)
         self._active: List[Tuple[str, str]] = []
         self.parsed: List[str] = []  # modules this project parsed itself (not given by the engine)
         self.from_store = 0  # summaries read from the store
@@ -760,13 +761,14 @@ class Project:
             if hit is None:
                 bound = self._text_words(_part_path(key), words, lower_words)
                 if bound is None:
-                    hit = _words_in(self._key_code(key), words, lower_words)
+                    hit = _words_in(self._key_code(key), words, lower_words, view=lambda: self._key_view(key))
                 elif not (bound[0] or bound[1]):  # only the strings the module's text holds can be in the part
                     hit = (frozenset(), frozenset())
                 else:
                     held = tuple(w for w in words if w in bound[0])
                     held_lower = tuple(w for w in lower_words if w in bound[1])
-                    hit = _words_in(self._key_code(key), held, held_lower, (words, lower_words) if bound[2] else None)
+                    hit = _words_in(self._key_code(key), held, held_lower, (words, lower_words) if bound[2] else None,
+                                    view=lambda: self._key_view(key))
                 memo[key] = hit
             else:  # a dependency of this file's result all the same
                 self._touch(key if isinstance(key, str) else key[0])
@@ -927,20 +929,31 @@ class Project:
                 return None  # `reach_text` reads all of the related modules then
         return self._held_by([*keys, *(p for p in self.importers_of(path) if p != path)], words, lower_words)
 
-    def _key_code(self, key) -> str:
+    def _key_code(self, key, masked: bool = False) -> str:
         """The code of a key of `_reach_parts` or `_closure`: a definition (path, qualified
         name), a module's top-level code (path, None), all of a module (its path), the span of
-        an importer's code (path, start, end)."""
-        if isinstance(key, str):
-            return self.text(key) or ""
-        if len(key) == 3:  # the span of an importer's code
-            return (self.text(key[0]) or "")[key[1]:key[2]]  # type: ignore[misc]
-        where, qual = key  # type: ignore[misc]
+        an importer's code (path, start, end). `masked`: read from the module's text with its
+        comments and triple-quoted strings masked (`_masked`, at the same offsets)."""
+        where = _part_path(key)
         module_text = self.text(where) or ""
+        if masked:
+            memo = self._masks.get(where)
+            if memo is None or memo[0] is not module_text:
+                memo = self._masks[where] = (module_text, _masked(module_text))
+            module_text = memo[1]
+        if isinstance(key, str):
+            return module_text
+        if len(key) == 3:  # the span of an importer's code
+            return module_text[key[1]:key[2]]  # type: ignore[misc]
+        qual = key[1]
         if qual is None:
             return _top_level_code(module_text, self._def_spans(where))
         span = self._def_spans(where).get(qual)
         return module_text if span is None else module_text[span[0]:span[1]]
+
+    def _key_view(self, key) -> str:
+        """`trigger_view` of the code of `key`, with its module's text lexed once (`_masked`)."""
+        return _view_of_masked(self._key_code(key, masked=True))
 
     def _closure(self, d: Definition, left: int) -> Optional[frozenset]:
         """The definitions `reach_text` may read from `d` with `left` levels to follow, through
@@ -1318,21 +1331,27 @@ def _containing(spans: List[Tuple[int, int]], at: int) -> Optional[Tuple[int, in
 # a region turned off in the code itself (`torch.autocast(..., enabled=False)`, what a numerically
 # sensitive layer does inside its own forward); one level of brackets inside the call
 _AUTOCAST_QUERY = re.compile(r"\b(?:is|get|set)_autocast\w*")
+# a name for a value that cannot open a region, only configure one: a dtype, a flag, arguments
+# (`autocast_dtype`, `autocast_enabled`, `autocast_kwargs`; peft's `autocast_adapter_dtype`, a flag
+# that casts adapter weights); the region it configures is opened by a mention of autocast itself
+_AUTOCAST_VALUE = re.compile(r"\bautocast_\w*(?:dtype|enabled|kwargs|args)\b")
 _AUTOCAST_OFF = re.compile(r"autocast\((?:[^()]|\([^()]*\))*?\benabled[ \t]*=[ \t]*False[ \t]*(?=[,)\n])"
                            r"(?:[^()]|\([^()]*\))*\)")
 
 
 def _words_in(code: str, words: Tuple[str, ...], lower_words: Tuple[str, ...],
-              view_words: Optional[Tuple[Tuple[str, ...], Tuple[str, ...]]] = None) -> Tuple[frozenset, frozenset]:
+              view_words: Optional[Tuple[Tuple[str, ...], Tuple[str, ...]]] = None,
+              view: Optional[Callable[[], str]] = None) -> Tuple[frozenset, frozenset]:
     """The strings of `words` that `trigger_view(code)` holds, and of `lower_words` that its
     lower-cased text holds (the view is made only for code that holds some in the first place).
     `view_words`: the strings to look for in the view, when it may hold some that `code` does
-    not (`Project._text_words`; `words` are then those `code` may hold)."""
+    not (`Project._text_words`; `words` are then those `code` may hold). `view`: makes the
+    view (`Project._key_view`, which lexes the whole module once)."""
     found = _held(code, words, lower_words)
     if found[0] or found[1]:
-        view = trigger_view(code)
-        if view is not code:
-            found = _held(view, *(view_words or (words, lower_words)))
+        seen = view() if view is not None else trigger_view(code)
+        if seen != code:
+            found = _held(seen, *(view_words or (words, lower_words)))
     return found
 
 
@@ -1347,15 +1366,45 @@ def _held(text: str, words: Tuple[str, ...], lower_words: Tuple[str, ...]) -> Tu
     return frozenset(w for w in words if w in text), frozenset(w for w in lower_words if w in lowered)
 
 
-_COMMENT_LINE = re.compile(r"^[ \t]*#[^\n]*", re.MULTILINE)
-
-
 def trigger_view(code: str) -> str:
     """The code of another module as the rules' project triggers read it (`reach_text`,
-    `reach_words`): without its comment lines, nor the mentions of autocast that open no
-    region (`_AUTOCAST_QUERY`, `_AUTOCAST_OFF`). The checked file's own text is read as it is."""
-    if "#" in code:
-        code = _COMMENT_LINE.sub("", code)
+    `reach_words`): without its comments and triple-quoted strings (docstrings, masked:
+    `_masked`), nor the mentions of autocast that open no region (`_AUTOCAST_QUERY`,
+    `_AUTOCAST_OFF`, `_AUTOCAST_VALUE`). The checked file's own text is read as it is."""
+    return _view_of_masked(_masked(code))
+
+
+# what masks a comment or a triple-quoted string, and an identifier of `_AUTOCAST_VALUE`: no trigger
+# string holds it (tests/test_project_layer.py), so a view holds no trigger string its code does not
+MASK = "~"
+_NOT_LINE_BREAK = re.compile(r"[^\r\n]+")
+
+
+def _masked(text: str) -> str:
+    """`text` with each character of its comments and triple-quoted strings but line breaks
+    replaced by `MASK`: the same offsets (a definition's span reads the masked module as it reads
+    the text), the same lines, and no string the text does not hold. Lexed from the start of
+    the text (`LEXEMES`), so a quote inside another string or a comment is not taken for one."""
+    if "#" not in text and '"""' not in text and "'''" not in text:
+        return text
+    out: List[str] = []
+    at = 0
+    for m in LEXEMES.finditer(text):
+        if m.group("c") is None and not text.startswith(('"""', "'''"), m.start()):
+            continue  # a one-line string: code reads it (`getattr(torch, "autocast")`)
+        out.append(text[at:m.start()])
+        out.append(_NOT_LINE_BREAK.sub(lambda w: MASK * len(w.group(0)), m.group(0)))
+        at = m.end()
+    if not out:
+        return text
+    out.append(text[at:])
+    return "".join(out)
+
+
+def _view_of_masked(code: str) -> str:
+    """`trigger_view` of code whose comments and docstrings are masked already."""
+    if "autocast_" in code:
+        code = _AUTOCAST_VALUE.sub(MASK, code)
     if "_autocast" in code:  # (each pattern only where its words are: they scan slowly)
         code = _AUTOCAST_QUERY.sub("", code)
     if "enabled" in code and "autocast" in code:
