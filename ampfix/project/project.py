@@ -879,12 +879,13 @@ class Project:
         """The strings of `words` (of `lower_words`, lower-cased) that the code of any key of
         `_key_code` in the module at `path` holds as `_held_by` reads it: all of the module,
         its top-level code, each of its definitions (an importer's span is one of them).
-        Where the trigger view removes only comment lines (no `_autocast`, not both `enabled`
-        and `autocast`) and no string holds a line break, the strings the module's whole text
-        holds: the code of a key is its text, or pieces of it that end at line breaks, and a
-        comment line's removal leaves a line break on its left, so neither makes a string
-        that the text does not hold (and lower-casing an ASCII string's characters does not
-        depend on their neighbours). Else each key is read as `_held_by` reads it. Memoised."""
+        Where the trigger view only masks (no `_autocast`, not both `enabled` and `autocast`:
+        comments, docstrings and `_AUTOCAST_VALUE`'s names become `MASK`, which no string holds)
+        and no string holds a line break, the strings the module's whole text holds (a bound:
+        a part may hold fewer): the code of a key is its text, or pieces of it that end at line
+        breaks, and a mask splits what it replaces from its neighbours, so neither makes a
+        string that the text does not hold (and lower-casing an ASCII string's characters does
+        not depend on their neighbours). Else each key is read as `_held_by` reads it. Memoised."""
         memo = self._words_of_modules.setdefault((words, lower_words), {})
         hit = memo.get(path)
         if hit is not None:
