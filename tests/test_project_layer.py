@@ -1506,3 +1506,37 @@ def test_the_verifiers_rewrite_reads_the_projects_configuration_and_says_what_is
     script.write_text(script.read_text().replace("scaler.update()", "scaler.update("))
     with pytest.raises(AmpfixError, match=r"train\.py:\d+:\d+: error: syntax error"):
         fix_file_report(str(script))
+
+
+def test_a_step_re_exported_by_a_module_without_amp_code_reaches_the_file(tmp_path):
+    # `from pkg.api import do_step`, where `pkg/api.py` only re-exports `do_step` from
+    # `pkg/engine.py` (which calls `.backward()`): the import graph follows a package's
+    # `__init__.py` one level, not a plain module's re-export, so the project triggers did not
+    # see the backward and the file, with no "backward" of its own, was not analysed (AMP001
+    # and AMP017 were missed); its twin importing a step that does no backward stays silent
+    from conftest import run_ampfix
+
+    train = """\
+        import torch
+        from pkg.api import do_step
+
+
+        def train(model, opt, data):
+            for x in data:
+                with torch.autocast("cuda"):
+                    loss = model(x).sum()
+                    do_step(loss)
+                opt.step()
+        """
+    tree(tmp_path, {
+        "pyproject.toml": "",
+        "pkg/__init__.py": "",
+        "pkg/api.py": "from pkg.engine import do_step\nfrom pkg.plain import do_nothing\n",
+        "pkg/engine.py": "def do_step(loss):\n    loss.backward()\n",
+        "pkg/plain.py": "def do_nothing(loss):\n    return loss\n",
+        "train.py": train,
+        "train_twin.py": train.replace("do_step", "do_nothing"),
+    })
+    found = run_ampfix("check", "-q", "--no-cache", "train.py", "train_twin.py", cwd=tmp_path).stdout.decode()
+    assert "train.py:9:13: AMP001" in found and "train.py:9:13: AMP017" in found, found
+    assert "train_twin.py" not in found, found

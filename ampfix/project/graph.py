@@ -216,6 +216,10 @@ class ImportGraph:
             self._direct[path] = cached
         return cached
 
+    def resolutions(self, path: str) -> List[Tuple[str, Optional[Target]]]:
+        """`_resolutions` of the file at `path`."""
+        return self._resolutions(os.path.abspath(path))
+
     def _resolutions(self, path: str) -> List[Tuple[str, Optional[Target]]]:
         """Each name the import lines of `path` bind (`import_lines`) and what `layout`
         resolves it to (None: not one of the project's files). Memoised."""

@@ -141,6 +141,7 @@ class Project:
         self._relevant: Dict[Tuple[str, Optional[str], str], bool] = {}
         self._bound: Dict[str, Dict[str, str]] = {}
         self._uses_memo: Dict[str, List[str]] = {}
+        self._reexports: _Memo[str, List[str]] = _Memo()
         self._reached: _Memo[Tuple[str, str], List[Optional[Definition]]] = _Memo()
         self._text_mros: _Memo[Tuple[str, str], Optional[List[ForeignClass]]] = _Memo()
         self._lacks_methods: _Memo[Tuple[Tuple[str, str], str], bool] = _Memo()
@@ -238,7 +239,8 @@ class Project:
         for memo in (self._sources, self._summaries, self._modules, self._members, self._resolved, self._bases,
                      self._callers, self._bound, self._uses_memo, self._used, self._names_for, self._reached,
                      self._text_mros, self._lacks_methods, self._imports_at, self._stats, self._indexes, self._spans, self._relevant,
-                     self._closures, self._words, self._words_of_modules, self._words_of_texts, self._deps_pool, self._offered):
+                     self._closures, self._words, self._words_of_modules, self._words_of_texts, self._deps_pool, self._offered,
+                     self._reexports):
             memo.clear()
         self.graph = ImportGraph(Path(self.root), self._quiet_text, self.layout)
 
@@ -262,7 +264,7 @@ class Project:
             for p in changed:
                 memo_of_paths.pop(p, None)
         for memo in (self._members, self._resolved, self._bases, self._used, self._names_for, self._reached,
-                     self._text_mros, self._lacks_methods, self._closures):
+                     self._text_mros, self._lacks_methods, self._closures, self._reexports):
             stale = [k for k in memo if k not in memo.deps or _reads(memo.deps[k], changed)]
             for key in stale:
                 del memo[key]
@@ -731,8 +733,31 @@ class Project:
         return "\n".join(self.text(f) or "" for f in self._related(os.path.abspath(path)))
 
     def _related(self, path: str) -> List[str]:
-        """The modules `path` imports, then those importing it (`related_text`'s)."""
-        return [*self.imports_of(path), *self.importers_of(path)]
+        """The modules `path` imports, those defining a name it imports from a module that
+        re-exports it (`_reexported`), then those importing it (`related_text`'s)."""
+        imported = self.imports_of(path)
+        more = [m for m in self._reexported(path) if m not in imported]
+        return [*imported, *more, *self.importers_of(path)]
+
+    def _reexported(self, path: str) -> List[str]:
+        """The modules that define what `path` imports by name from a module binding that name
+        by an import of its own (`from pkg.api import step`, where `pkg/api.py` has `from
+        pkg.engine import step`): the import graph follows a package's `__init__.py` one level,
+        not a plain module's re-export, and the step's code is where the name leads. Memoised."""
+        return self._memoised(self._reexports, path, lambda: self._reexports_of(path))
+
+    def _reexports_of(self, path: str) -> List[str]:
+        out: List[str] = []
+        for qualified, target in self.graph.resolutions(path):
+            if target is None or not target.path or target.attr is None:
+                continue
+            index = self.index(target.path)
+            if index is None or index.names.get(target.attr) != "import":
+                continue
+            d = self._use(path, qualified)
+            if d is not None and d.path and d.path not in (path, target.path) and d.path not in out:
+                out.append(d.path)
+        return out
 
     def reach_text(self, path: str) -> str:
         """The code of the related modules (`related_text`) that can take part in the file's
