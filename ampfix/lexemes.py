@@ -20,3 +20,44 @@ LEXEMES = re.compile(
     r'|(?!""")"(?:[^"\\\n]|\\[\s\S])*"'
     r"|(?P<open>['\"])"
 )
+
+#: what masks a comment or a triple-quoted string (`masked`), and a name the project triggers do not
+#: read (`ampfix.project.project._AUTOCAST_VALUE`): no trigger string of a rule holds it
+#: (tests/test_project_layer.py), so a masked text holds no trigger string its text does not
+MASK = "~"
+_NOT_LINE_BREAK = re.compile(r"[^\r\n]+")
+_LEXEME_START = re.compile(r"[#'\"]")
+
+
+def masked(text: str) -> str:
+    """`text` with each character of its comments and triple-quoted strings (docstrings) but
+    line breaks replaced by `MASK`: the same offsets (a definition's span reads a masked module
+    as it reads its text), the same lines, and no string the text does not hold. Lexed from the
+    start of the text, so a quote inside another string or a comment is not taken for one. What
+    the rules' trigger tests read of code (`ampfix.engine.analyze._Tests`, the project's
+    `trigger_view`)."""
+    if "#" not in text and '"""' not in text and "'''" not in text:
+        return text
+    out = []
+    at = pos = 0
+    search, match = _LEXEME_START.search, LEXEMES.match
+    while True:  # (a lexeme starts at one of its first characters: searched for, then matched, 2x
+        start = search(text, pos)  # faster than `LEXEMES.finditer`, which tries every offset)
+        if start is None:
+            break
+        m = match(text, start.start())
+        if m is None:  # (never: a lone quote is a lexeme, `open`)
+            pos = start.start() + 1
+            continue
+        pos = m.end()
+        if m.group("c") is None and not text.startswith(('"""', "'''"), m.start()):
+            continue  # a one-line string: code reads it (`getattr(torch, "autocast")`)
+        out.append(text[at:m.start()])
+        lexeme = m.group(0)
+        out.append(_NOT_LINE_BREAK.sub(lambda w: MASK * len(w.group(0)), lexeme)
+                   if "\n" in lexeme or "\r" in lexeme else MASK * len(lexeme))
+        at = pos
+    if not out:
+        return text
+    out.append(text[at:])
+    return "".join(out)

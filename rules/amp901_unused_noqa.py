@@ -20,6 +20,7 @@ class UnusedNoqa(Rule):
     name = "unused-noqa"
     message = "`# noqa` names an ampfix code that silences nothing on this line"
     triggers_lower = ("noqa",)
+    reads_comments = True
     fixable = "safe"
     fix_note = "safe (removes the stale code)"
     default_enabled = False

@@ -1213,7 +1213,7 @@ def test_project_triggers_read_other_modules_without_comments_and_autocast_that_
 
 
 def test_masked_text_keeps_offsets_lines_and_code_strings():
-    from ampfix.project.project import MASK, _masked
+    from ampfix.lexemes import MASK, masked as _masked
 
     text = ('def f(x):\n    """Run under autocast.\n\n    Also .backward()."""\n'
             "    s = '\"\"\"'  # a quote in a string: autocast\n"
@@ -1232,7 +1232,7 @@ def test_no_trigger_string_holds_the_mask():
     # a masked comment or docstring, or a masked name (`_AUTOCAST_VALUE`), cannot make or hold a
     # trigger string: the view holds none that the code does not
     from ampfix.engine.registry import all_rules
-    from ampfix.project.project import MASK
+    from ampfix.lexemes import MASK
 
     for r in all_rules().values():
         strings = [*r.triggers, *r.triggers_lower, *(w for g in r.requires for w in g),
@@ -1540,3 +1540,20 @@ def test_a_step_re_exported_by_a_module_without_amp_code_reaches_the_file(tmp_pa
     found = run_ampfix("check", "-q", "--no-cache", "train.py", "train_twin.py", cwd=tmp_path).stdout.decode()
     assert "train.py:9:13: AMP001" in found and "train.py:9:13: AMP017" in found, found
     assert "train_twin.py" not in found, found
+
+
+def test_the_trigger_tests_read_the_checked_files_code_not_its_comments(tmp_path):
+    # "backward" in "for backwards compatibility" and "autocast" in a docstring trigger nothing
+    # (peft's `tuners/adalora/gptq.py` was parsed with three of its imports' summaries for it);
+    # the same words in code do, and AMP901 still reads `# noqa` comments
+    from ampfix.engine.analyze import triggered, worth_analysing
+    from ampfix.engine.registry import select_rules
+
+    rules = select_rules(["AMP001", "AMP017", "AMP901"], [])
+    prose = ('def f(model, x):\n    """Runs under autocast when enabled."""\n'
+             '    # for backwards compatibility\n    return model(x)\n')
+    assert triggered(rules, prose) == [] and not worth_analysing(rules, prose)
+    code = "def f(model, x, loss):\n    with torch.autocast('cuda'):\n        loss.backward()\n"
+    assert [r.code for r in triggered(rules, code)] == ["AMP001", "AMP017"]
+    noqa = "x = 1  # noqa: AMP001\n"
+    assert [r.code for r in triggered(rules, noqa)] == ["AMP901"]

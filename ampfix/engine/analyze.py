@@ -15,6 +15,7 @@ import libcst as cst
 
 from ampfix.engine import collector, guard
 from ampfix.engine import fileio
+from ampfix.lexemes import masked
 from ampfix.engine import fixcheck
 from ampfix.model import AmpModel
 from ampfix.model.parsing import parse_module
@@ -140,21 +141,43 @@ class _Scan:
 class _Tests:
     """The trigger tests of a set of rules on one text (`triggered`, `worth_analysing`): a rule
     that keeps `Rule`'s tests is tested through `_Scan`, each string looked for once (rules share
-    most of theirs) and only as far as the tests go; the others by their own methods."""
+    most of theirs) and only as far as the tests go; the others by their own methods. They read
+    the text's code, its comments and docstrings masked (`masked`: "backward" in "for backwards
+    compatibility" triggers nothing); a rule that `reads_comments`, the text as it is."""
 
     def __init__(self, rules: Sequence[Type[Rule]], text: str) -> None:
-        self.text, self.lowered = text, text.lower()
+        self.raw = text
+        code = masked(text)
+        self.text, self.lowered = code, code.lower()
         self.facts = _rule_set(rules)
-        self.held, self.held_lower = _Scan(text), _Scan(self.lowered)
+        self.held, self.held_lower = _Scan(code), _Scan(self.lowered)
+        self._raw_tests: Optional[_Tests] = None
+
+    def _as_is(self, r: Type[Rule]) -> Optional["_Tests"]:
+        """The tests on the text as it is, for a rule that reads comments (None: this text's)."""
+        if not r.reads_comments or self.text is self.raw:
+            return None
+        if self._raw_tests is None:
+            raw = self._raw_tests = _Tests.__new__(_Tests)
+            raw.raw = raw.text = self.raw
+            raw.lowered, raw.facts = self.raw.lower(), self.facts
+            raw.held, raw.held_lower, raw._raw_tests = _Scan(raw.text), _Scan(raw.lowered), None
+        return self._raw_tests
 
     def own(self, r: Type[Rule]) -> bool:
         """`r.triggered_by`: the rule fires on the text by its own triggers."""
+        as_is = self._as_is(r)
+        if as_is is not None:
+            return as_is.own(r)
         if r in self.facts.default_trigger:
             return trigger_test(self.held, self.held_lower, r.triggers, r.triggers_lower, r.requires)
         return r.triggered_by(self.text, self.lowered)
 
     def candidate(self, r: Type[Rule]) -> bool:
         """`r.project_candidate`: the rule may fire on the text through the modules of its project."""
+        as_is = self._as_is(r)
+        if as_is is not None:
+            return as_is.candidate(r)
         if r in self.facts.default_candidate:
             return project_candidate_test(self.held, self.held_lower, r.triggers, r.triggers_lower,  # type: ignore[arg-type]
                                           r.requires, r.project_requires)

@@ -2,7 +2,7 @@
 them before it analyses anything (see ampfix/engine/rulemeta.py). Do not edit; regenerate.
 """
 
-DIGEST = '9299ce759ec08792874cfcfc4798ddd94c2e7b3cfff03aed4a7b44ca67c1e613'
+DIGEST = '5aed605797b5bd1acc57202ec509e46d13bb41a4a41058872447d81d47a1b844'
 
 RULES = [
     ('AMP001', 'backward-in-autocast', True, ('autocast',), (),

@@ -25,7 +25,7 @@ from typing import Callable, Dict, List, Optional, Protocol, Set, Tuple, TypeVar
 import libcst as cst
 
 from ampfix.model.foreign import Definition, ForeignClass, ForeignConstant, ForeignFunction, ForeignModule
-from ampfix.lexemes import LEXEMES
+from ampfix.lexemes import LEXEMES, MASK, masked as _masked
 from ampfix.model.parsing import parse_module
 from ampfix.model.summarize import AMP_TEXT, TRACE_TEXT, def_spans
 from ampfix.model.summary import IMPORTED, LOCAL, UNREADABLE, ClassSummary, ModuleSummary, OutgoingCall, Stored, Value
@@ -1398,45 +1398,6 @@ def trigger_view(code: str) -> str:
     `_masked`), nor the mentions of autocast that open no region (`_AUTOCAST_QUERY`,
     `_AUTOCAST_OFF`, `_AUTOCAST_VALUE`). The checked file's own text is read as it is."""
     return _view_of_masked(_masked(code))
-
-
-# what masks a comment or a triple-quoted string, and an identifier of `_AUTOCAST_VALUE`: no trigger
-# string holds it (tests/test_project_layer.py), so a view holds no trigger string its code does not
-MASK = "~"
-_NOT_LINE_BREAK = re.compile(r"[^\r\n]+")
-_LEXEME_START = re.compile(r"[#'\"]")
-
-
-def _masked(text: str) -> str:
-    """`text` with each character of its comments and triple-quoted strings but line breaks
-    replaced by `MASK`: the same offsets (a definition's span reads the masked module as it reads
-    the text), the same lines, and no string the text does not hold. Lexed from the start of
-    the text (`LEXEMES`), so a quote inside another string or a comment is not taken for one."""
-    if "#" not in text and '"""' not in text and "'''" not in text:
-        return text
-    out: List[str] = []
-    at = pos = 0
-    search, match = _LEXEME_START.search, LEXEMES.match
-    while True:  # (a lexeme starts at one of its first characters: searched for, then matched, 2x
-        start = search(text, pos)  # faster than `LEXEMES.finditer`, which tries every offset)
-        if start is None:
-            break
-        m = match(text, start.start())
-        if m is None:  # (never: a lone quote is a lexeme, `open`)
-            pos = start.start() + 1
-            continue
-        pos = m.end()
-        if m.group("c") is None and not text.startswith(('"""', "'''"), m.start()):
-            continue  # a one-line string: code reads it (`getattr(torch, "autocast")`)
-        out.append(text[at:m.start()])
-        lexeme = m.group(0)
-        out.append(_NOT_LINE_BREAK.sub(lambda w: MASK * len(w.group(0)), lexeme)
-                   if "\n" in lexeme or "\r" in lexeme else MASK * len(lexeme))
-        at = pos
-    if not out:
-        return text
-    out.append(text[at:])
-    return "".join(out)
 
 
 def _view_of_masked(code: str) -> str:
