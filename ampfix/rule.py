@@ -108,7 +108,7 @@ class Rule:
     #: triggers: the scaler built in a base class of another module, the loop that calls this
     #: helper. None: the rule's findings never depend on another module's text.
     project_requires: ClassVar[Optional[Tuple[Tuple[str, ...], ...]]] = None
-    #: The rule's triggers may be in comments (AMP901's `# noqa`): its trigger tests read the
+    #: The rule's triggers may be in comments (AMP901's noqa directives): its trigger tests read the
     #: file as it is. Other rules' read its code with comments and docstrings masked
     #: (`ampfix.lexemes.masked`): a finding is made of code, not of what a comment says of it.
     reads_comments: ClassVar[bool] = False
