@@ -2,7 +2,7 @@
 them before it analyses anything (see ampfix/engine/rulemeta.py). Do not edit; regenerate.
 """
 
-DIGEST = '5aed605797b5bd1acc57202ec509e46d13bb41a4a41058872447d81d47a1b844'
+DIGEST = '8332bfb0adfd2b1cdebce8598be6e9d54116067bf50535f32b182842765e74c5'
 
 RULES = [
     ('AMP001', 'backward-in-autocast', True, ('autocast',), (),
