@@ -392,7 +392,9 @@ def test_a_save_keeps_the_summaries_of_the_modules_it_did_not_change(tmp_path):
         _write(tmp_path / "pkg" / "other.py", (tmp_path / "pkg" / "other.py").read_text() + "\nX = 1\n")
         check(tmp_path / "pkg" / "other.py")
         assert [d.code for d in check(train)] == ["AMP001", "AMP017"] and project.parsed == [api]
-        _write(tmp_path / "pkg" / "api.py", "def do_step(loss, scaler=None):\n    scaler.update()\n")  # the helper
+        # the helper changed: no backward called (its name, in code, keeps train.py a candidate:
+        # the trigger tests read code, and train.py says "backward" only in a comment)
+        _write(tmp_path / "pkg" / "api.py", "def do_step(loss, scaler=None):\n    scaler.update()\n    return loss.backward\n")
         assert check(train) == [] and project.parsed == [api, api]
         (tmp_path / "pkg" / "new.py").write_text("x = 1\n")  # the tree's shape: everything forgotten
         assert check(train) == [] and project.parsed == [api, api, api]
