@@ -15,8 +15,8 @@ import libcst as cst
 
 from ampfix.engine import collector, guard
 from ampfix.engine import fileio
-from ampfix.lexemes import masked
 from ampfix.engine import fixcheck
+from ampfix.lexemes import masked
 from ampfix.model import AmpModel
 from ampfix.model.parsing import parse_module
 from ampfix.model.tree import dotted as _dotted
@@ -145,9 +145,9 @@ class _Tests:
     the text's code, its comments and docstrings masked (`masked`: "backward" in "for backwards
     compatibility" triggers nothing); a rule that `reads_comments`, the text as it is."""
 
-    def __init__(self, rules: Sequence[Type[Rule]], text: str) -> None:
-        self.raw = text
-        code = masked(text)
+    def __init__(self, rules: Sequence[Type[Rule]], text: str, mask: bool = True) -> None:
+        self.rules, self.raw = rules, text
+        code = masked(text) if mask else text
         self.text, self.lowered = code, code.lower()
         self.facts = _rule_set(rules)
         self.held, self.held_lower = _Scan(code), _Scan(self.lowered)
@@ -158,10 +158,7 @@ class _Tests:
         if not r.reads_comments or self.text is self.raw:
             return None
         if self._raw_tests is None:
-            raw = self._raw_tests = _Tests.__new__(_Tests)
-            raw.raw = raw.text = self.raw
-            raw.lowered, raw.facts = self.raw.lower(), self.facts
-            raw.held, raw.held_lower, raw._raw_tests = _Scan(raw.text), _Scan(raw.lowered), None
+            self._raw_tests = _Tests(self.rules, self.raw, mask=False)
         return self._raw_tests
 
     def own(self, r: Type[Rule]) -> bool:
