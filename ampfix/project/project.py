@@ -240,7 +240,7 @@ class Project:
                      self._callers, self._bound, self._uses_memo, self._used, self._names_for, self._reached,
                      self._text_mros, self._lacks_methods, self._imports_at, self._stats, self._indexes, self._spans, self._relevant,
                      self._closures, self._words, self._words_of_modules, self._words_of_texts, self._deps_pool, self._offered,
-                     self._reexports):
+                     self._reexports, self._masks):
             memo.clear()
         self.graph = ImportGraph(Path(self.root), self._quiet_text, self.layout)
 
@@ -1396,7 +1396,8 @@ def trigger_view(code: str) -> str:
     """The code of another module as the rules' project triggers read it (`reach_text`,
     `reach_words`): without its comments and triple-quoted strings (docstrings, masked:
     `_masked`), nor the mentions of autocast that open no region (`_AUTOCAST_QUERY`,
-    `_AUTOCAST_OFF`, `_AUTOCAST_VALUE`). The checked file's own text is read as it is."""
+    `_AUTOCAST_OFF`, `_AUTOCAST_VALUE`). The checked file's own text is only masked
+    (`analyze._Tests`): a rule may report on an autocast query or a disabled region there."""
     return _view_of_masked(_masked(code))
 
 
