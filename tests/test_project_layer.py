@@ -544,6 +544,49 @@ def test_reach_text_reads_the_importers_code_that_uses_the_files_names_only(tmp_
     assert "amp_marker_attribute" not in reach and "amp_marker_longer" not in reach
 
 
+def test_reach_text_holds_the_imports_binding_the_names_the_reached_code_uses(tmp_path):
+    # a reached definition's `ac()` and an importer's `with region(...)` say what they are only
+    # by the top-level import that binds the name (an alias of autocast): the reach reads that
+    # import with the code (`Project._imports_named_in`), not the module's other imports
+    tree(tmp_path, {
+        "pyproject.toml": "",
+        "helpers.py": """\
+            from torch.cuda.amp import autocast as ac
+            from contextlib import nullcontext as quiet
+            import numpy as np
+
+            def amp_ctx():
+                return ac()
+
+            def plain_ctx():
+                return quiet(np.ac)
+            """,
+        "steps.py": "def train_step(model, x):\n    loss = model(x).sum()\n    loss.backward()\n",
+        "run.py": """\
+            from torch import autocast as region
+            from steps import train_step
+
+            def fit(model, x):
+                with region("cuda"):
+                    train_step(model, x)
+            """,
+        "train.py": "from helpers import amp_ctx\n\ndef fit(loss):\n    with amp_ctx():\n        loss.backward()\n",
+        "twin.py": "from helpers import plain_ctx\n\ndef fit(loss):\n    with plain_ctx():\n        loss.backward()\n",
+    })
+    project = Project(tmp_path)
+    reach = project.reach_text(str(tmp_path / "train.py"))
+    assert "import autocast as ac" in reach and "nullcontext" not in reach and "numpy" not in reach, reach
+    twin = project.reach_text(str(tmp_path / "twin.py"))  # `np.ac` is an attribute, not the alias
+    assert "nullcontext as quiet" in twin and "numpy as np" in twin and "autocast" not in twin, twin
+    assert "import autocast as region" in project.reach_text(str(tmp_path / "steps.py"))
+    words = ("autocast", "backward", "nullcontext", "numpy")
+    for name in ("train.py", "twin.py", "steps.py", "run.py", "helpers.py"):
+        path = str(tmp_path / name)
+        text = project.reach_text(path)
+        for bound in (project.reach_words(path, words, ()), project.reach_bound(path, words, ())):
+            assert bound is None or {w for w in words if w in text} <= bound[0], name
+
+
 # a helper whose trigger view (an autocast query and a region turned off, removed) holds strings
 # its text does not: `.half()`, `torch.half`
 _VIEW_STEP = """\
@@ -1559,13 +1602,11 @@ def test_the_trigger_tests_read_the_checked_files_code_not_its_comments(tmp_path
     assert [r.code for r in triggered(rules, noqa)] == ["AMP901"]
 
 
-@pytest.mark.xfail(strict=True, reason="known gap: the project triggers' reach reads a helper's "
-                   "definition, not the import that aliases autocast at its module's top")
 def test_an_autocast_aliased_at_a_helper_modules_top_reaches_the_file(tmp_path):
     # `helpers.py` imports `autocast as ac` at its top and `amp_ctx()` returns `ac()`: the
-    # definition's part says nothing of autocast, so `train.py` (backward inside `with
-    # amp_ctx():`) is not analysed for AMP001. The model itself would find it; before the
-    # trigger tests read code only, a comment naming autocast in train.py made it analysed
+    # definition's part says nothing of autocast, but the import that binds its `ac` does
+    # (`Project._imports_named_in`), so `train.py` (backward inside `with amp_ctx():`) is
+    # analysed for AMP001. Before, only a comment naming autocast in train.py made it analysed
     from conftest import run_ampfix
 
     tree(tmp_path, {

@@ -146,6 +146,8 @@ class Project:
         self._text_mros: _Memo[Tuple[str, str], Optional[List[ForeignClass]]] = _Memo()
         self._lacks_methods: _Memo[Tuple[Tuple[str, str], str], bool] = _Memo()
         self._imports_at: Dict[str, List[Tuple[int, int]]] = {}
+        self._imports_named: Dict[object, List[Tuple[str, int, int]]] = {}  # a part's key -> `_imports_named_in`
+        self._import_mentions: Dict[str, Tuple[List[int], List[str], Dict[str, List[Tuple[str, int, int]]]]] = {}
         self._used: _Memo[Tuple[str, str], Optional[Definition]] = _Memo()
         self._names_for: _Memo[str, Dict[str, List[str]]] = _Memo()
         self._closures: _Memo[Tuple[Tuple[str, Optional[str]], int], Optional[frozenset]] = _Memo()
@@ -240,7 +242,7 @@ class Project:
                      self._callers, self._bound, self._uses_memo, self._used, self._names_for, self._reached,
                      self._text_mros, self._lacks_methods, self._imports_at, self._stats, self._indexes, self._spans, self._relevant,
                      self._closures, self._words, self._words_of_modules, self._words_of_texts, self._deps_pool, self._offered,
-                     self._reexports, self._masks):
+                     self._reexports, self._masks, self._imports_named, self._import_mentions):
             memo.clear()
         self.graph = ImportGraph(Path(self.root), self._quiet_text, self.layout)
 
@@ -252,9 +254,11 @@ class Project:
         changed module may call one now) and the import graph (their import lines). The
         summaries and answers that read only other modules stay."""
         for per_module in (self._sources, self._summaries, self._modules, self._indexes, self._spans, self._bound, self._uses_memo,
-                           self._imports_at, self._stats, self._kept, self.used):
+                           self._imports_at, self._stats, self._kept, self.used, self._import_mentions):
             for p in changed:
                 per_module.pop(p, None)
+        for key in [k for k in self._imports_named if _part_path(k) in changed]:
+            del self._imports_named[key]
         for key in [k for k in self._relevant if k[0] in changed]:
             del self._relevant[key]
         for parts in self._words.values():
@@ -853,6 +857,10 @@ class Project:
                 parts.append(d.path)  # not found by the scan: all of it
                 continue
             parts.append((d.path, qual))
+            for k in self._imports_named_in((d.path, qual)):
+                if k not in seen:
+                    seen.add(k)
+                    parts.append(k)
             if depth < MAX_REACH_DEPTH:
                 code = module_text[span[0]:span[1]]
                 todo.extend((found, depth + 1) for found in self._reached_from(d, qual, code, module_text))
@@ -882,6 +890,10 @@ class Project:
                     if span not in added:
                         added.add(span)
                         parts.append((importer, span[0], span[1]))
+                        for k in self._imports_named_in((importer, span[0], span[1])):
+                            if k not in seen:
+                                seen.add(k)
+                                parts.append(k)
         return parts
 
     def reach_bound(self, path: str, words: Tuple[str, ...], lower_words: Tuple[str, ...]) -> Tuple[set, set]:
@@ -923,7 +935,8 @@ class Project:
         elif bound is not None and not bound[2]:
             hit = (bound[0], bound[1])
         else:
-            keys = [path, (path, None), *((path, qual) for qual in self._def_spans(path))]
+            keys = [path, (path, None), *((path, qual) for qual in self._def_spans(path)),
+                    *((path, s, e) for s, e in self._import_spans(path))]
             held, held_lower = self._held_by(keys, words, lower_words)
             hit = (frozenset(held), frozenset(held_lower))
         memo[path] = hit
@@ -993,6 +1006,8 @@ class Project:
         """`_closure` without its memo."""
         out = {key}
         qual = key[1]
+        if qual is not None and qual in self._def_spans(d.path):
+            out.update(self._imports_named_in(key))  # (read with the definition, as `_reach_parts` does)
         if qual is not None and left > 0:
             module_text = self.text(d.path) or ""
             span = self._def_spans(d.path).get(qual)
@@ -1005,6 +1020,52 @@ class Project:
                         return None
                     out |= inner
         return frozenset(out)
+
+    def _imports_named_in(self, key) -> List[Tuple[str, int, int]]:
+        """The top-level import statements of a part's module that bind a name the part's code
+        (a definition, or the span of an importer's code: a key of `_key_code`) mentions, as keys
+        of `_key_code` (path, start, end): what the part's names are comes from them (`ac()`,
+        after `from torch.cuda.amp import autocast as ac` at the module's top, enters autocast).
+        Memoised per part."""
+        hit = self._imports_named.get(key)
+        path = _part_path(key)
+        if hit is not None:
+            self._touch(path)  # a dependency of this file's result all the same
+            return hit
+        at, names, statements = self._import_mentions_of(path)
+        hit = []
+        if at:
+            if len(key) == 3:
+                start, end = key[1], key[2]
+            else:
+                start, end = self._def_spans(path).get(key[1], (0, 0))
+            for name in dict.fromkeys(names[bisect.bisect_left(at, start):bisect.bisect_left(at, end)]):
+                hit.extend(k for k in statements[name] if k not in hit)
+        self._imports_named[key] = hit
+        return hit
+
+    def _import_mentions_of(self, path: str) -> Tuple[List[int], List[str], Dict[str, List[Tuple[str, int, int]]]]:
+        """Where the module's text names, as a whole name (not `x.name`), a name its top-level
+        imports bind: (the offsets, sorted; the name at each), and the import statements that
+        bind each name, as keys of `_key_code`. Memoised per module."""
+        hit = self._import_mentions.get(path)
+        if hit is not None:
+            self._touch(path)
+            return hit
+        index = self.index(path)
+        text = self.text(path) or ""
+        found: List[Tuple[int, str]] = []
+        statements: Dict[str, List[Tuple[str, int, int]]] = {}
+        if index is not None and index.imported_at:
+            spans = self._import_spans(path)
+            for name, starts in index.imported_at.items():
+                keys = [(path, *span) for span in dict.fromkeys(_containing(spans, s) for s in starts) if span is not None]
+                if keys:
+                    statements[name] = keys
+                    found.extend((m, name) for m in _mentions(text, name))
+            found.sort()
+        hit = self._import_mentions[path] = ([m for m, _ in found], [n for _, n in found], statements)
+        return hit
 
     def _import_spans(self, path: str) -> List[Tuple[int, int]]:
         """Where the import statements of a module are written (sorted; memoised)."""
@@ -1268,6 +1329,7 @@ class Project:
 MAX_REACH_DEPTH = 3  # definitions reached from what the file uses: what they call, and so on
 MAX_REACH_PARTS = 400
 _NAME_OR_DOT = re.compile(r"[\w.]")
+_WORD_CHAR = re.compile(r"\w")
 _CALLED_RE = re.compile(r"(?<![\w.])([A-Za-z_]\w*(?:\.\w+)*)[ \t]*\(")
 _DOTTED_USE_RE = re.compile(r"(?<![\w.])([A-Za-z_]\w*)((?:\.\w+)+)")
 
@@ -1344,6 +1406,19 @@ def _in_code(vocabulary: "re.Pattern[str]", text: str, start: int, end: int) -> 
             return True  # in code, or in a string that is not a docstring
         hit = vocabulary.search(text, lexeme.end(), end)
     return False
+
+
+def _mentions(code: str, name: str) -> List[int]:
+    """Where `code` names `name` as a whole name, not as an attribute (`x.name`) or a part of
+    another."""
+    out = []
+    at = code.find(name)
+    while at >= 0:
+        end = at + len(name)
+        if not (at and _NAME_OR_DOT.match(code, at - 1)) and not (end < len(code) and _WORD_CHAR.match(code, end)):
+            out.append(at)
+        at = code.find(name, end)
+    return out
 
 
 def _containing(spans: List[Tuple[int, int]], at: int) -> Optional[Tuple[int, int]]:
@@ -1434,6 +1509,7 @@ class ModuleIndex:
     names: Dict[str, str]  # name -> "function" | "class" | "constant" | "import" (the last binding wins)
     imports: Dict[str, List[str]]  # name -> the qualified names it is imported as
     stars: List[str]
+    imported_at: Dict[str, List[int]]  # name -> where the import statements binding it start
 
 
 def module_index(text: str) -> ModuleIndex:
@@ -1447,16 +1523,18 @@ def module_index(text: str) -> ModuleIndex:
             found.append((m.start(), m.group(3), "constant"))
     imports: Dict[str, List[str]] = {}
     stars: List[str] = []
+    imported_at: Dict[str, List[int]] = {}
     for pos, bound, qualified in module_imports(text):
         if bound == "*":
             stars.append(qualified)
             continue
         imports.setdefault(bound, []).append(qualified)
+        imported_at.setdefault(bound, []).append(pos)
         found.append((pos, bound, "import"))
     names: Dict[str, str] = {}
     for _, name, kind in sorted(found):
         names[name] = kind
-    return ModuleIndex(names, imports, stars)
+    return ModuleIndex(names, imports, stars, imported_at)
 
 
 _CLASS_RE = re.compile(r"^class[ \t]+(\w+)[ \t]*(?:\(([^)]*)\))?[ \t]*:", re.MULTILINE)
