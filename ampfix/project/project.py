@@ -84,6 +84,12 @@ def _reads(deps: Optional[Deps], paths: "Set[str]") -> bool:
     return deps is not None and not (paths.isdisjoint(deps[0]) and paths.isdisjoint(deps[1]))
 
 
+def _reads_imports(key) -> bool:
+    """A key of `_key_code` whose code is read with the imports binding the names it uses
+    (`Project._with_imports`): a definition, or the span of an importer's code."""
+    return not isinstance(key, str) and (len(key) == 3 or key[1] is not None)
+
+
 def _part_path(key) -> str:
     """The module of a key of `_reach_parts` or `_closure` (`Project._key_code`)."""
     return key if isinstance(key, str) else key[0]
@@ -147,7 +153,8 @@ class Project:
         self._lacks_methods: _Memo[Tuple[Tuple[str, str], str], bool] = _Memo()
         self._imports_at: Dict[str, List[Tuple[int, int]]] = {}
         self._imports_named: Dict[object, List[Tuple[str, int, int]]] = {}  # a part's key -> `_imports_named_in`
-        self._import_mentions: Dict[str, Tuple[List[int], List[str], Dict[str, List[Tuple[str, int, int]]]]] = {}
+        self._import_statements: Dict[str, Dict[str, List[Tuple[str, int, int]]]] = {}  # `_import_statements_of`
+        self._import_words_memo: Dict[Tuple[Tuple[str, ...], Tuple[str, ...]], Dict[str, List[Tuple[str, frozenset, frozenset]]]] = {}
         self._used: _Memo[Tuple[str, str], Optional[Definition]] = _Memo()
         self._names_for: _Memo[str, Dict[str, List[str]]] = _Memo()
         self._closures: _Memo[Tuple[Tuple[str, Optional[str]], int], Optional[frozenset]] = _Memo()
@@ -242,7 +249,7 @@ class Project:
                      self._callers, self._bound, self._uses_memo, self._used, self._names_for, self._reached,
                      self._text_mros, self._lacks_methods, self._imports_at, self._stats, self._indexes, self._spans, self._relevant,
                      self._closures, self._words, self._words_of_modules, self._words_of_texts, self._deps_pool, self._offered,
-                     self._reexports, self._masks, self._imports_named, self._import_mentions):
+                     self._reexports, self._masks, self._imports_named, self._import_statements, self._import_words_memo):
             memo.clear()
         self.graph = ImportGraph(Path(self.root), self._quiet_text, self.layout)
 
@@ -254,7 +261,7 @@ class Project:
         changed module may call one now) and the import graph (their import lines). The
         summaries and answers that read only other modules stay."""
         for per_module in (self._sources, self._summaries, self._modules, self._indexes, self._spans, self._bound, self._uses_memo,
-                           self._imports_at, self._stats, self._kept, self.used, self._import_mentions):
+                           self._imports_at, self._stats, self._kept, self.used, self._import_statements):
             for p in changed:
                 per_module.pop(p, None)
         for key in [k for k in self._imports_named if _part_path(k) in changed]:
@@ -264,7 +271,8 @@ class Project:
         for parts in self._words.values():
             for key in [k for k in parts if _part_path(k) in changed]:
                 del parts[key]
-        for memo_of_paths in (*self._words_of_modules.values(), *self._words_of_texts.values()):
+        for memo_of_paths in (*self._words_of_modules.values(), *self._words_of_texts.values(),
+                              *self._import_words_memo.values()):
             for p in changed:
                 memo_of_paths.pop(p, None)
         for memo in (self._members, self._resolved, self._bases, self._used, self._names_for, self._reached,
@@ -770,7 +778,9 @@ class Project:
         it that uses its names. Read from the texts, no parse: the rules' project triggers test
         it, so a file that only imports a package whose other modules train is not analysed
         for the rest of them. Never more than `related_text` (a narrowing of it)."""
-        return "\n".join(self._key_code(key) for key in self._reach_parts(os.path.abspath(path)))
+        parts = self._reach_parts(os.path.abspath(path))
+        statements = [k for key in parts if _reads_imports(key) for k in self._imports_named_in(key)]
+        return "\n".join(self._key_code(key) for key in [*parts, *dict.fromkeys(statements)])
 
     def reach_held(self, path: str, words: Tuple[str, ...], lower_words: Tuple[str, ...]
                    ) -> Optional[Tuple[set, set]]:
@@ -798,6 +808,8 @@ class Project:
                     held_lower = tuple(w for w in lower_words if w in bound[1])
                     hit = _words_in(self._key_code(key), held, held_lower, (words, lower_words) if bound[2] else None,
                                     view=lambda: self._key_view(key))
+                if (bound is None or bound[0] or bound[1]) and _reads_imports(key):
+                    hit = self._with_imports(key, hit, words, lower_words)  # and the imports binding its names
                 memo[key] = hit
             else:  # a dependency of this file's result all the same
                 self._touch(key if isinstance(key, str) else key[0])
@@ -857,10 +869,6 @@ class Project:
                 parts.append(d.path)  # not found by the scan: all of it
                 continue
             parts.append((d.path, qual))
-            for k in self._imports_named_in((d.path, qual)):
-                if k not in seen:
-                    seen.add(k)
-                    parts.append(k)
             if depth < MAX_REACH_DEPTH:
                 code = module_text[span[0]:span[1]]
                 todo.extend((found, depth + 1) for found in self._reached_from(d, qual, code, module_text))
@@ -890,10 +898,6 @@ class Project:
                     if span not in added:
                         added.add(span)
                         parts.append((importer, span[0], span[1]))
-                        for k in self._imports_named_in((importer, span[0], span[1])):
-                            if k not in seen:
-                                seen.add(k)
-                                parts.append(k)
         return parts
 
     def reach_bound(self, path: str, words: Tuple[str, ...], lower_words: Tuple[str, ...]) -> Tuple[set, set]:
@@ -982,7 +986,7 @@ class Project:
             module_text = memo[1]
         if isinstance(key, str):
             return module_text
-        if len(key) == 3:  # the span of an importer's code
+        if len(key) == 3:  # the span of an importer's code, or of an import statement
             return module_text[key[1]:key[2]]  # type: ignore[misc]
         qual = key[1]
         if qual is None:
@@ -1006,8 +1010,6 @@ class Project:
         """`_closure` without its memo."""
         out = {key}
         qual = key[1]
-        if qual is not None and qual in self._def_spans(d.path):
-            out.update(self._imports_named_in(key))  # (read with the definition, as `_reach_parts` does)
         if qual is not None and left > 0:
             module_text = self.text(d.path) or ""
             span = self._def_spans(d.path).get(qual)
@@ -1021,6 +1023,46 @@ class Project:
                     out |= inner
         return frozenset(out)
 
+    def _with_imports(self, key, hit: Tuple[frozenset, frozenset], words: Tuple[str, ...],
+                      lower_words: Tuple[str, ...]) -> Tuple[frozenset, frozenset]:
+        """`hit`, the strings of `words` (of `lower_words`) that a part's code holds, with those
+        of the top-level import statements of its module that bind a name the part mentions
+        (`_imports_named_in`: `ac()` is autocast's after `from torch.cuda.amp import autocast as
+        ac`). Only the statements that hold some of the strings are looked for in the part."""
+        holding = self._import_words(_part_path(key), words, lower_words)
+        if not holding:
+            return hit
+        code = self._key_code(key)
+        found, found_lower = set(hit[0]), set(hit[1])
+        for name, held, held_lower in holding:
+            if not (held <= found and held_lower <= found_lower) and name in code and _mentions(code, name):
+                found |= held
+                found_lower |= held_lower
+        return frozenset(found), frozenset(found_lower)
+
+    def _import_words(self, path: str, words: Tuple[str, ...], lower_words: Tuple[str, ...]
+                      ) -> List[Tuple[str, frozenset, frozenset]]:
+        """(bound name, the strings of `words` and of `lower_words` its statements hold as the
+        triggers read them) for each name the module's top-level imports bind whose statements
+        hold some. Memoised per module and strings."""
+        memo = self._import_words_memo.setdefault((words, lower_words), {})
+        hit = memo.get(path)
+        if hit is not None:
+            self._touch(path)
+            return hit
+        hit = []
+        for name, keys in self._import_statements_of(path).items():
+            held: set = set()
+            held_lower: set = set()
+            for k in keys:
+                found = _words_in(self._key_code(k), words, lower_words, view=lambda k=k: self._key_view(k))
+                held |= found[0]
+                held_lower |= found[1]
+            if held or held_lower:
+                hit.append((name, frozenset(held), frozenset(held_lower)))
+        memo[path] = hit
+        return hit
+
     def _imports_named_in(self, key) -> List[Tuple[str, int, int]]:
         """The top-level import statements of a part's module that bind a name the part's code
         (a definition, or the span of an importer's code: a key of `_key_code`) mentions, as keys
@@ -1032,39 +1074,32 @@ class Project:
         if hit is not None:
             self._touch(path)  # a dependency of this file's result all the same
             return hit
-        at, names, statements = self._import_mentions_of(path)
+        statements = self._import_statements_of(path)
         hit = []
-        if at:
-            if len(key) == 3:
-                start, end = key[1], key[2]
-            else:
-                start, end = self._def_spans(path).get(key[1], (0, 0))
-            for name in dict.fromkeys(names[bisect.bisect_left(at, start):bisect.bisect_left(at, end)]):
-                hit.extend(k for k in statements[name] if k not in hit)
+        if statements:
+            code = self._key_code(key)
+            for name, keys in statements.items():
+                if name in code and _mentions(code, name):
+                    hit.extend(k for k in keys if k not in hit)
         self._imports_named[key] = hit
         return hit
 
-    def _import_mentions_of(self, path: str) -> Tuple[List[int], List[str], Dict[str, List[Tuple[str, int, int]]]]:
-        """Where the module's text names, as a whole name (not `x.name`), a name its top-level
-        imports bind: (the offsets, sorted; the name at each), and the import statements that
-        bind each name, as keys of `_key_code`. Memoised per module."""
-        hit = self._import_mentions.get(path)
+    def _import_statements_of(self, path: str) -> Dict[str, List[Tuple[str, int, int]]]:
+        """The module's top-level import statements by the name each binds, as keys of
+        `_key_code` (path, start, end). Memoised per module."""
+        hit = self._import_statements.get(path)
         if hit is not None:
             self._touch(path)
             return hit
         index = self.index(path)
-        text = self.text(path) or ""
-        found: List[Tuple[int, str]] = []
-        statements: Dict[str, List[Tuple[str, int, int]]] = {}
+        hit = {}
         if index is not None and index.imported_at:
             spans = self._import_spans(path)
             for name, starts in index.imported_at.items():
                 keys = [(path, *span) for span in dict.fromkeys(_containing(spans, s) for s in starts) if span is not None]
                 if keys:
-                    statements[name] = keys
-                    found.extend((m, name) for m in _mentions(text, name))
-            found.sort()
-        hit = self._import_mentions[path] = ([m for m, _ in found], [n for _, n in found], statements)
+                    hit[name] = keys
+        self._import_statements[path] = hit
         return hit
 
     def _import_spans(self, path: str) -> List[Tuple[int, int]]:
@@ -1408,17 +1443,15 @@ def _in_code(vocabulary: "re.Pattern[str]", text: str, start: int, end: int) -> 
     return False
 
 
-def _mentions(code: str, name: str) -> List[int]:
-    """Where `code` names `name` as a whole name, not as an attribute (`x.name`) or a part of
-    another."""
-    out = []
+def _mentions(code: str, name: str) -> bool:
+    """`code` names `name` as a whole name, not as an attribute (`x.name`) or a part of another."""
     at = code.find(name)
     while at >= 0:
         end = at + len(name)
         if not (at and _NAME_OR_DOT.match(code, at - 1)) and not (end < len(code) and _WORD_CHAR.match(code, end)):
-            out.append(at)
+            return True
         at = code.find(name, end)
-    return out
+    return False
 
 
 def _containing(spans: List[Tuple[int, int]], at: int) -> Optional[Tuple[int, int]]:
