@@ -823,9 +823,10 @@ class Project:
         module at `path` holds: no part of its text (`_key_code`) holds others, when no string
         holds a line break (a part is the text, a span of it, or pieces of it that end at line
         breaks; the reasons are `_module_words`'s). The third element: the trigger view of a
-        part may hold others (the text has `_autocast`, or both `enabled` and `autocast`, whose
-        removal can join what was apart), so the view is read for all of `words`. None when a
-        string holds a line break. Memoised."""
+        part may hold others (the text has `_autocast`, or both `enabled` and `autocast(`: what
+        `_AUTOCAST_QUERY` and `_AUTOCAST_OFF` remove, which can join what was apart; a mask
+        makes no letter), so the view is read for all of `words`. None when a string holds a
+        line break. Memoised."""
         memo = self._words_of_texts.setdefault((words, lower_words), {})
         if path in memo:
             self._touch(path)  # a dependency of this file's result all the same
@@ -834,7 +835,7 @@ class Project:
         hit = None
         if text is not None and _plain_words(words, lower_words):
             held, held_lower = _held(text, words, lower_words)
-            hit = (held, held_lower, "_autocast" in text or ("enabled" in text and "autocast" in text))
+            hit = (held, held_lower, "_autocast" in text or ("enabled" in text and "autocast(" in text))
         memo[path] = hit
         return hit
 
@@ -920,7 +921,7 @@ class Project:
         """The strings of `words` (of `lower_words`, lower-cased) that the code of any key of
         `_key_code` in the module at `path` holds as `_held_by` reads it: all of the module,
         its top-level code, each of its definitions (an importer's span is one of them).
-        Where the trigger view only masks (no `_autocast`, not both `enabled` and `autocast`:
+        Where the trigger view only masks (no `_autocast`, not both `enabled` and `autocast(`:
         comments, docstrings and `_AUTOCAST_VALUE`'s names become `MASK`, which no string holds)
         and no string holds a line break, the strings the module's whole text holds (a bound:
         a part may hold fewer): the code of a key is its text, or pieces of it that end at line
@@ -1515,7 +1516,7 @@ def _view_of_masked(code: str) -> str:
         code = _AUTOCAST_VALUE.sub(MASK, code)
     if "_autocast" in code:  # (each pattern only where its words are: they scan slowly)
         code = _AUTOCAST_QUERY.sub("", code)
-    if "enabled" in code and "autocast" in code:
+    if "enabled" in code and "autocast(" in code:
         code = _AUTOCAST_OFF.sub("", code)
     return code
 
