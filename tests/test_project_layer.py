@@ -626,6 +626,23 @@ def test_reach_bound_holds_what_the_trigger_view_makes(tmp_path):
     assert project.reach_bound(str(tmp_path / "pkg" / "steps.py"), lower, ())[0] == {"step("}
 
 
+def test_a_module_whose_view_only_masks_is_bounded_by_its_text(tmp_path):
+    # `enabled` with an autocast setting's name (peft's `autocast_adapter_dtype`) but no
+    # `autocast(`: nothing the view removes, so the module's text bounds every part
+    # (`_text_words`' third element); with `autocast(` and `enabled` it may not
+    from ampfix.project.project import _AUTOCAST_OFF, trigger_view
+
+    settings = "def wrap(model, autocast_adapter_dtype=True, enabled=True):\n    return model\n"
+    region = "def run(model, x):\n    with torch.autocast('cuda', enabled=False):\n        return model(x)\n"
+    tree(tmp_path, {"pyproject.toml": "", "settings.py": settings, "region.py": region})
+    project = Project(tmp_path)
+    words = ("autocast", "enabled")
+    assert project._text_words(str(tmp_path / "settings.py"), words, ())[2] is False
+    assert project._text_words(str(tmp_path / "region.py"), words, ())[2] is True
+    assert trigger_view(settings).replace("~", "") == settings.replace("autocast_adapter_dtype", "")
+    assert not _AUTOCAST_OFF.search(settings) and _AUTOCAST_OFF.search(region)
+
+
 def test_a_part_is_read_for_the_strings_its_module_holds_with_the_same_answer(tmp_path):
     # `_held_by` scans a part of a module only for the strings the module's whole text holds
     # (`_text_words`), and reads the trigger view for all of them where the view may join what
