@@ -1052,6 +1052,11 @@ class Project:
             self._touch(path)
             return hit
         hit = []
+        text = self.text(path) or ""
+        spans = self._import_spans(path)  # (every import statement, nested ones too: a bound)
+        if not any(_held("\n".join(text[a:b] for a, b in spans), words, lower_words)):
+            memo[path] = hit  # (a statement whose text holds none holds none in its view)
+            return hit
         for name, keys in self._import_statements_of(path).items():
             held: set = set()
             held_lower: set = set()
