@@ -775,7 +775,9 @@ class Project:
         """The code of the related modules (`related_text`) that can take part in the file's
         training step: the definitions of other modules the file uses (functions, classes with
         their bases, what they call, a few levels deep) and the code of the modules importing
-        it that uses its names. Read from the texts, no parse: the rules' project triggers test
+        it that uses its names, each with the top-level imports that bind the names it mentions
+        (`_imports_named_in`; `_held_by` reads them through `_with_imports`). Read from the
+        texts, no parse: the rules' project triggers test
         it, so a file that only imports a package whose other modules train is not analysed
         for the rest of them. Never more than `related_text` (a narrowing of it)."""
         parts = self._reach_parts(os.path.abspath(path))
@@ -920,7 +922,8 @@ class Project:
                       ) -> Tuple[frozenset, frozenset]:
         """The strings of `words` (of `lower_words`, lower-cased) that the code of any key of
         `_key_code` in the module at `path` holds as `_held_by` reads it: all of the module,
-        its top-level code, each of its definitions (an importer's span is one of them).
+        its top-level code, each of its definitions (an importer's span is one of them), each
+        of its import statements (which `_with_imports` adds to a definition's strings).
         Where the trigger view only masks (no `_autocast`, not both `enabled` and `autocast(`:
         comments, docstrings and `_AUTOCAST_VALUE`'s names become `MASK`, which no string holds)
         and no string holds a line break, the strings the module's whole text holds (a bound:
