@@ -544,14 +544,18 @@ def test_reach_text_reads_the_importers_code_that_uses_the_files_names_only(tmp_
     assert "amp_marker_attribute" not in reach and "amp_marker_longer" not in reach
 
 
-def test_reach_text_holds_the_imports_binding_the_names_the_reached_code_uses(tmp_path):
+def test_reach_text_holds_what_the_imports_of_the_names_the_reached_code_uses_name(tmp_path):
     # a reached definition's `ac()` and an importer's `with region(...)` say what they are only
-    # by the top-level import that binds the name (an alias of autocast): the reach reads that
-    # import with the code (`Project._imports_named_in`), not the module's other imports
+    # by the top-level import that binds the name (an alias of autocast): the reach reads what
+    # that import names (`Project._import_pieces_of`: module, name, alias), for that name only
+    # (not the other names of the same statement), and not an import written in a docstring
     tree(tmp_path, {
         "pyproject.toml": "",
         "helpers.py": """\
-            from torch.cuda.amp import autocast as ac
+            \"\"\"Helpers.
+            from torch import autocast as fake
+            \"\"\"
+            from torch.cuda.amp import autocast as ac, custom_fwd
             from contextlib import nullcontext as quiet
             import numpy as np
 
@@ -559,7 +563,7 @@ def test_reach_text_holds_the_imports_binding_the_names_the_reached_code_uses(tm
                 return ac()
 
             def plain_ctx():
-                return quiet(np.ac)
+                return quiet(custom_fwd, np.ac, fake())
             """,
         "steps.py": "def train_step(model, x):\n    loss = model(x).sum()\n    loss.backward()\n",
         "run.py": """\
@@ -575,14 +579,18 @@ def test_reach_text_holds_the_imports_binding_the_names_the_reached_code_uses(tm
     })
     project = Project(tmp_path)
     reach = project.reach_text(str(tmp_path / "train.py"))
-    assert "import autocast as ac" in reach and "nullcontext" not in reach and "numpy" not in reach, reach
+    assert "torch.cuda.amp\nautocast\nac" in reach, reach
+    assert "custom_fwd" not in reach and "nullcontext" not in reach and "numpy" not in reach, reach
     twin = project.reach_text(str(tmp_path / "twin.py"))  # `np.ac` is an attribute, not the alias
-    assert "nullcontext as quiet" in twin and "numpy as np" in twin and "autocast" not in twin, twin
-    assert "import autocast as region" in project.reach_text(str(tmp_path / "steps.py"))
-    words = ("autocast", "backward", "nullcontext", "numpy")
+    assert "contextlib\nnullcontext\nquiet" in twin and "torch.cuda.amp\ncustom_fwd" in twin, twin
+    assert "numpy\nnp" in twin and "autocast" not in twin, twin
+    assert "torch\nautocast\nregion" in project.reach_text(str(tmp_path / "steps.py"))
+    words = ("autocast", "backward", "nullcontext", "numpy", "custom_fwd")
     for name in ("train.py", "twin.py", "steps.py", "run.py", "helpers.py"):
         path = str(tmp_path / name)
         text = project.reach_text(path)
+        held = project.reach_held(path, words, ())
+        assert held is None or {w for w in words if w in text} == held[0], name
         for bound in (project.reach_words(path, words, ()), project.reach_bound(path, words, ())):
             assert bound is None or {w for w in words if w in text} <= bound[0], name
 

@@ -152,8 +152,7 @@ class Project:
         self._text_mros: _Memo[Tuple[str, str], Optional[List[ForeignClass]]] = _Memo()
         self._lacks_methods: _Memo[Tuple[Tuple[str, str], str], bool] = _Memo()
         self._imports_at: Dict[str, List[Tuple[int, int]]] = {}
-        self._imports_named: Dict[object, List[Tuple[str, int, int]]] = {}  # a part's key -> `_imports_named_in`
-        self._import_statements: Dict[str, Dict[str, List[Tuple[str, int, int]]]] = {}  # `_import_statements_of`
+        self._import_pieces: Dict[str, Dict[str, Tuple[str, ...]]] = {}  # `_import_pieces_of`
         self._import_words_memo: Dict[Tuple[Tuple[str, ...], Tuple[str, ...]], Dict[str, List[Tuple[str, frozenset, frozenset]]]] = {}
         self._used: _Memo[Tuple[str, str], Optional[Definition]] = _Memo()
         self._names_for: _Memo[str, Dict[str, List[str]]] = _Memo()
@@ -249,7 +248,7 @@ class Project:
                      self._callers, self._bound, self._uses_memo, self._used, self._names_for, self._reached,
                      self._text_mros, self._lacks_methods, self._imports_at, self._stats, self._indexes, self._spans, self._relevant,
                      self._closures, self._words, self._words_of_modules, self._words_of_texts, self._deps_pool, self._offered,
-                     self._reexports, self._masks, self._imports_named, self._import_statements, self._import_words_memo):
+                     self._reexports, self._masks, self._import_pieces, self._import_words_memo):
             memo.clear()
         self.graph = ImportGraph(Path(self.root), self._quiet_text, self.layout)
 
@@ -261,11 +260,9 @@ class Project:
         changed module may call one now) and the import graph (their import lines). The
         summaries and answers that read only other modules stay."""
         for per_module in (self._sources, self._summaries, self._modules, self._indexes, self._spans, self._bound, self._uses_memo,
-                           self._imports_at, self._stats, self._kept, self.used, self._import_statements):
+                           self._imports_at, self._stats, self._kept, self.used, self._import_pieces):
             for p in changed:
                 per_module.pop(p, None)
-        for key in [k for k in self._imports_named if _part_path(k) in changed]:
-            del self._imports_named[key]
         for key in [k for k in self._relevant if k[0] in changed]:
             del self._relevant[key]
         for parts in self._words.values():
@@ -775,14 +772,19 @@ class Project:
         """The code of the related modules (`related_text`) that can take part in the file's
         training step: the definitions of other modules the file uses (functions, classes with
         their bases, what they call, a few levels deep) and the code of the modules importing
-        it that uses its names, each with the top-level imports that bind the names it mentions
-        (`_imports_named_in`; `_held_by` reads them through `_with_imports`). Read from the
-        texts, no parse: the rules' project triggers test
+        it that uses its names, each followed by what the top-level imports of its module that
+        bind a name it mentions name (`_import_pieces_of`: module, name and alias, a line each;
+        `_held_by` reads them through `_with_imports`). Read from the texts, no parse: the rules' project triggers test
         it, so a file that only imports a package whose other modules train is not analysed
         for the rest of them. Never more than `related_text` (a narrowing of it)."""
-        parts = self._reach_parts(os.path.abspath(path))
-        statements = [k for key in parts if _reads_imports(key) for k in self._imports_named_in(key)]
-        return "\n".join(self._key_code(key) for key in [*parts, *dict.fromkeys(statements)])
+        out = []
+        for key in self._reach_parts(os.path.abspath(path)):
+            out.append(self._key_code(key))
+            if _reads_imports(key):
+                code, where = out[-1], _part_path(key)
+                out.extend("\n".join(pieces) for name, pieces in self._import_pieces_of(where).items()
+                           if name in code and _mentions(code, name) and self._imported_in_code(where, name))
+        return "\n".join(out)
 
     def reach_held(self, path: str, words: Tuple[str, ...], lower_words: Tuple[str, ...]
                    ) -> Optional[Tuple[set, set]]:
@@ -922,8 +924,8 @@ class Project:
                       ) -> Tuple[frozenset, frozenset]:
         """The strings of `words` (of `lower_words`, lower-cased) that the code of any key of
         `_key_code` in the module at `path` holds as `_held_by` reads it: all of the module,
-        its top-level code, each of its definitions (an importer's span is one of them), each
-        of its import statements (which `_with_imports` adds to a definition's strings).
+        its top-level code, each of its definitions (an importer's span is one of them; a
+        definition with what its imports name, `_with_imports`).
         Where the trigger view only masks (no `_autocast`, not both `enabled` and `autocast(`:
         comments, docstrings and `_AUTOCAST_VALUE`'s names become `MASK`, which no string holds)
         and no string holds a line break, the strings the module's whole text holds (a bound:
@@ -943,8 +945,7 @@ class Project:
         elif bound is not None and not bound[2]:
             hit = (bound[0], bound[1])
         else:
-            keys = [path, (path, None), *((path, qual) for qual in self._def_spans(path)),
-                    *((path, s, e) for s, e in self._import_spans(path))]
+            keys = [path, (path, None), *((path, qual) for qual in self._def_spans(path))]
             held, held_lower = self._held_by(keys, words, lower_words)
             hit = (frozenset(held), frozenset(held_lower))
         memo[path] = hit
@@ -990,7 +991,7 @@ class Project:
             module_text = memo[1]
         if isinstance(key, str):
             return module_text
-        if len(key) == 3:  # the span of an importer's code, or of an import statement
+        if len(key) == 3:  # the span of an importer's code
             return module_text[key[1]:key[2]]  # type: ignore[misc]
         qual = key[1]
         if qual is None:
@@ -1030,9 +1031,9 @@ class Project:
     def _with_imports(self, key, hit: Tuple[frozenset, frozenset], words: Tuple[str, ...],
                       lower_words: Tuple[str, ...]) -> Tuple[frozenset, frozenset]:
         """`hit`, the strings of `words` (of `lower_words`) that a part's code holds, with those
-        of the top-level import statements of its module that bind a name the part mentions
-        (`_imports_named_in`: `ac()` is autocast's after `from torch.cuda.amp import autocast as
-        ac`). Only the statements that hold some of the strings are looked for in the part."""
+        of what the top-level imports of its module name for each name the part mentions
+        (`_import_pieces_of`: `ac()` is autocast's after `from torch.cuda.amp import autocast
+        as ac`). Only the names whose pieces hold some of the strings are looked for."""
         holding = self._import_words(_part_path(key), words, lower_words)
         if not holding:
             return hit
@@ -1046,70 +1047,59 @@ class Project:
 
     def _import_words(self, path: str, words: Tuple[str, ...], lower_words: Tuple[str, ...]
                       ) -> List[Tuple[str, frozenset, frozenset]]:
-        """(bound name, the strings of `words` and of `lower_words` its statements hold as the
-        triggers read them) for each name the module's top-level imports bind whose statements
-        hold some. Memoised per module and strings."""
+        """(bound name, the strings of `words` and of `lower_words` that its pieces hold as the
+        triggers read them, `trigger_view`) for each name the module's top-level imports bind
+        in its code whose pieces hold some. Memoised per module and strings."""
         memo = self._import_words_memo.setdefault((words, lower_words), {})
         hit = memo.get(path)
         if hit is not None:
             self._touch(path)
             return hit
         hit = []
-        text = self.text(path) or ""
-        spans = self._import_spans(path)  # (every import statement, nested ones too: a bound)
-        if not any(_held("\n".join(text[a:b] for a, b in spans), words, lower_words)):
-            memo[path] = hit  # (a statement whose text holds none holds none in its view)
-            return hit
-        for name, keys in self._import_statements_of(path).items():
-            held: set = set()
-            held_lower: set = set()
-            for k in keys:
-                found = _words_in(self._key_code(k), words, lower_words, view=lambda k=k: self._key_view(k))
-                held |= found[0]
-                held_lower |= found[1]
-            if held or held_lower:
-                hit.append((name, frozenset(held), frozenset(held_lower)))
+        pieces_of = self._import_pieces_of(path)
+        if any(_held("\n".join(p for pieces in pieces_of.values() for p in pieces), words, lower_words)):
+            for name, pieces in pieces_of.items():
+                held: set = set()
+                held_lower: set = set()
+                for piece in pieces:
+                    found = _words_in(piece, words, lower_words)
+                    held |= found[0]
+                    held_lower |= found[1]
+                if (held or held_lower) and self._imported_in_code(path, name):
+                    hit.append((name, frozenset(held), frozenset(held_lower)))
         memo[path] = hit
         return hit
 
-    def _imports_named_in(self, key) -> List[Tuple[str, int, int]]:
-        """The top-level import statements of a part's module that bind a name the part's code
-        (a definition, or the span of an importer's code: a key of `_key_code`) mentions, as keys
-        of `_key_code` (path, start, end): what the part's names are comes from them (`ac()`,
-        after `from torch.cuda.amp import autocast as ac` at the module's top, enters autocast).
-        Memoised per part."""
-        hit = self._imports_named.get(key)
-        path = _part_path(key)
-        if hit is not None:
-            self._touch(path)  # a dependency of this file's result all the same
-            return hit
-        statements = self._import_statements_of(path)
-        hit = []
-        if statements:
-            code = self._key_code(key)
-            for name, keys in statements.items():
-                if name in code and _mentions(code, name):
-                    hit.extend(k for k in keys if k not in hit)
-        self._imports_named[key] = hit
-        return hit
-
-    def _import_statements_of(self, path: str) -> Dict[str, List[Tuple[str, int, int]]]:
-        """The module's top-level import statements by the name each binds, as keys of
-        `_key_code` (path, start, end). Memoised per module."""
-        hit = self._import_statements.get(path)
+    def _import_pieces_of(self, path: str) -> Dict[str, Tuple[str, ...]]:
+        """What the module's top-level imports (`ModuleIndex.imports`) name, by the name each
+        binds: the module, the name imported from it and the name bound (`torch.cuda.amp`,
+        `autocast`, `ac` for `from torch.cuda.amp import autocast as ac`), each a piece of the
+        import's text, so no piece holds a string the module's text does not. Memoised."""
+        hit = self._import_pieces.get(path)
         if hit is not None:
             self._touch(path)
             return hit
         index = self.index(path)
         hit = {}
-        if index is not None and index.imported_at:
-            spans = self._import_spans(path)
-            for name, starts in index.imported_at.items():
-                keys = [(path, *span) for span in dict.fromkeys(_containing(spans, s) for s in starts) if span is not None]
-                if keys:
-                    hit[name] = keys
-        self._import_statements[path] = hit
+        for name, qualifieds in (index.imports.items() if index is not None else ()):
+            pieces: Dict[str, None] = {}
+            for qualified in qualifieds:
+                module, _, imported = qualified.rpartition(".")
+                pieces.update(dict.fromkeys(p for p in (module, imported, name) if p))
+            hit[name] = tuple(pieces)
+        self._import_pieces[path] = hit
         return hit
+
+    def _imported_in_code(self, path: str, name: str) -> bool:
+        """Some top-level import of the module that binds `name` is code: not in a docstring
+        (the module's masks, `_masked`; `module_imports` reads lines, not strings)."""
+        index = self.index(path)
+        masked = self._key_code(path, masked=True)
+        for at in index.imported_at.get(name, ()) if index is not None else ():
+            end = masked.find("\n", at)
+            if "import" in masked[at:end if end >= 0 else len(masked)]:
+                return True
+        return False
 
     def _import_spans(self, path: str) -> List[Tuple[int, int]]:
         """Where the import statements of a module are written (sorted; memoised)."""
