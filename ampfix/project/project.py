@@ -153,7 +153,9 @@ class Project:
         self._lacks_methods: _Memo[Tuple[Tuple[str, str], str], bool] = _Memo()
         self._imports_at: Dict[str, List[Tuple[int, int]]] = {}
         self._import_pieces: Dict[str, Dict[str, Tuple[str, ...]]] = {}  # `_import_pieces_of`
-        self._import_words_memo: Dict[Tuple[Tuple[str, ...], Tuple[str, ...]], Dict[str, List[Tuple[str, frozenset, frozenset]]]] = {}
+        # (words, lower words) -> path -> `_import_words`
+        self._import_words_memo: Dict[Tuple[Tuple[str, ...], Tuple[str, ...]],
+                                      Dict[str, List[Tuple[str, frozenset, frozenset]]]] = {}
         self._used: _Memo[Tuple[str, str], Optional[Definition]] = _Memo()
         self._names_for: _Memo[str, Dict[str, List[str]]] = _Memo()
         self._closures: _Memo[Tuple[Tuple[str, Optional[str]], int], Optional[frozenset]] = _Memo()
@@ -772,11 +774,12 @@ class Project:
         """The code of the related modules (`related_text`) that can take part in the file's
         training step: the definitions of other modules the file uses (functions, classes with
         their bases, what they call, a few levels deep) and the code of the modules importing
-        it that uses its names, each followed by what the top-level imports of its module that
-        bind a name it mentions name (`_import_pieces_of`: module, name and alias, a line each;
-        `_held_by` reads them through `_with_imports`). Read from the texts, no parse: the rules' project triggers test
-        it, so a file that only imports a package whose other modules train is not analysed
-        for the rest of them. Never more than `related_text` (a narrowing of it)."""
+        it that uses its names; each part followed by what the top-level imports of its module
+        binding a name it mentions name (`_import_pieces_of`: module, name and alias, a line
+        each; `_held_by` reads them through `_with_imports`). Read from the texts, no parse:
+        the rules' project triggers test it, so a file that only imports a package whose other
+        modules train is not analysed for the rest of them. Never more than `related_text` (a
+        narrowing of it), but for the lines of the imports' pieces."""
         out = []
         for key in self._reach_parts(os.path.abspath(path)):
             out.append(self._key_code(key))
