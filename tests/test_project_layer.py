@@ -1630,7 +1630,7 @@ def test_the_trigger_tests_read_the_checked_files_code_not_its_comments(tmp_path
 def test_an_autocast_aliased_at_a_helper_modules_top_reaches_the_file(tmp_path):
     # `helpers.py` imports `autocast as ac` at its top and `amp_ctx()` returns `ac()`: the
     # definition's part says nothing of autocast, but the import that binds its `ac` does
-    # (`Project._imports_named_in`), so `train.py` (backward inside `with amp_ctx():`) is
+    # (`Project._with_imports`), so `train.py` (backward inside `with amp_ctx():`) is
     # analysed for AMP001. Before, only a comment naming autocast in train.py made it analysed
     from conftest import run_ampfix
 
