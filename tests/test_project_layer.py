@@ -1647,6 +1647,11 @@ def test_an_autocast_aliased_at_a_helper_modules_top_reaches_the_file(tmp_path):
                     loss = model(x).sum()
                     loss.backward()
             """,
+        # the twin: the same names, `ac` a nullcontext
+        "quiet.py": "from contextlib import nullcontext as ac\n\n\ndef amp_ctx():\n    return ac()\n",
+        "twin.py": "from quiet import amp_ctx\n\n\ndef train(model, x):\n    with amp_ctx():\n"
+                   "        loss = model(x).sum()\n        loss.backward()\n",
     })
-    found = run_ampfix("check", "-q", "--no-cache", "--select", "AMP001", "train.py", cwd=tmp_path).stdout.decode()
-    assert "train.py:8:9: AMP001" in found, found
+    found = run_ampfix("check", "-q", "--no-cache", "--select", "AMP001", "train.py", "twin.py",
+                       cwd=tmp_path).stdout.decode()
+    assert "train.py:8:9: AMP001" in found and "twin.py" not in found, found
