@@ -786,7 +786,7 @@ class Project:
             if _reads_imports(key):
                 code, where = out[-1], _part_path(key)
                 out.extend("\n".join(pieces) for name, pieces in self._import_pieces_of(where).items()
-                           if name in code and _mentions(code, name) and self._imported_in_code(where, name))
+                           if _mentions(code, name) and self._imported_in_code(where, name))
         return "\n".join(out)
 
     def reach_held(self, path: str, words: Tuple[str, ...], lower_words: Tuple[str, ...]
@@ -1043,7 +1043,7 @@ class Project:
         code = self._key_code(key)
         found, found_lower = set(hit[0]), set(hit[1])
         for name, held, held_lower in holding:
-            if not (held <= found and held_lower <= found_lower) and name in code and _mentions(code, name):
+            if not (held <= found and held_lower <= found_lower) and _mentions(code, name):
                 found |= held
                 found_lower |= held_lower
         return frozenset(found), frozenset(found_lower)
