@@ -1227,14 +1227,24 @@ def test_the_pools_shared_summaries_give_back_what_was_put_and_nothing_else(tmp_
     assert second.summary(m) == summary and second.parsed == [] and second.from_store == 1
 
 
+def _assert_project_triggers(tmp_path, codes, expected):
+    """`triggered` with the project layer on gives each file of `expected` (name, codes) under
+    `tmp_path` those codes of the rules `codes`."""
+    from ampfix.engine.analyze import triggered
+    from ampfix.engine.registry import select_rules
+    from ampfix.engine.results import Settings
+
+    rules, settings = select_rules(codes, []), Settings(project=True)
+    for name, want in expected:
+        path = str(tmp_path / name)
+        assert [r.code for r in triggered(rules, (tmp_path / name).read_text(), path, settings)] == want, name
+
+
 def test_project_triggers_read_other_modules_without_comments_and_autocast_that_opens_no_region(tmp_path):
     # a test file calling `.backward()` through a layer that turns autocast off inside its own
     # forward, asks whether autocast is on, or mentions it in a comment: nothing of autocast
     # reaches it, so AMP001/AMP017 do not analyse it through the project; a helper that returns
     # an autocast context does reach it
-    from ampfix.engine.analyze import triggered
-    from ampfix.engine.registry import select_rules
-    from ampfix.engine.results import Settings
     from ampfix.project.project import trigger_view
 
     assert trigger_view("# autocast here\nwith torch.autocast('cuda', enabled=False):\n    y = f(x)\n") \
@@ -1273,11 +1283,7 @@ def test_project_triggers_read_other_modules_without_comments_and_autocast_that_
                 loss.backward()
             """,
     })
-    settings = Settings(project=True)
-    rules = select_rules(["AMP001", "AMP017"], [])
-    for name, expected in (("test_layers.py", []), ("train.py", ["AMP001", "AMP017"])):
-        path = str(tmp_path / name)
-        assert [r.code for r in triggered(rules, (tmp_path / name).read_text(), path, settings)] == expected, name
+    _assert_project_triggers(tmp_path, ["AMP001", "AMP017"], (("test_layers.py", []), ("train.py", ["AMP001", "AMP017"])))
 
 
 def test_masked_text_keeps_offsets_lines_and_code_strings():
@@ -1313,9 +1319,6 @@ def test_project_triggers_read_no_docstring_nor_a_name_for_an_autocast_setting(t
     # `autocast_adapter_dtype` (a flag) along and whose docstring says "Whether to autocast the
     # adapter dtype": no autocast region reaches the file, which is not analysed through the
     # project for AMP001/AMP017; a helper named for the context it returns still reaches it
-    from ampfix.engine.analyze import triggered
-    from ampfix.engine.registry import select_rules
-    from ampfix.engine.results import Settings
     from ampfix.project.project import trigger_view
 
     assert "autocast" not in trigger_view("def f(m, autocast_adapter_dtype: bool = True, autocast_kwargs=None):\n"
@@ -1357,11 +1360,7 @@ def test_project_triggers_read_no_docstring_nor_a_name_for_an_autocast_setting(t
                 loss.backward()
             """,
     })
-    settings = Settings(project=True)
-    rules = select_rules(["AMP001", "AMP017"], [])
-    for name, expected in (("test_mapping.py", []), ("train.py", ["AMP001", "AMP017"])):
-        path = str(tmp_path / name)
-        assert [r.code for r in triggered(rules, (tmp_path / name).read_text(), path, settings)] == expected, name
+    _assert_project_triggers(tmp_path, ["AMP001", "AMP017"], (("test_mapping.py", []), ("train.py", ["AMP001", "AMP017"])))
 
 
 def test_summary_places_an_effect_of_an_overloaded_function_in_its_own_definition(tmp_path):
