@@ -167,6 +167,60 @@ def test_callees_through_values_are_functions_used_as_values():
     assert plain.functions_used_as_values() == set()
     assert [f.name.value for c in plain.calls for f in plain.callees(c)] == ["helper"]
 
+def test_a_name_or_attribute_that_shares_a_functions_name_is_not_a_use_of_it():
+    # a parameter, a keyword, a local variable named like a function, and an attribute named
+    # like a function that is no method, name no function: `_resolve_callable` could not reach
+    # one through them, so they do not make the file resolve every call's values
+    m = model("""
+        def test_merge(model_cls, config_cls):
+            def config():
+                return config_cls(r=8)
+
+            model = wrap(model_cls(), config())
+            model.add_adapter("b", config())
+            print(model.config, dict(config=1))
+
+        def test_other(config):
+            config = config_cls(r=4)
+            return build(config)
+        """)
+    assert m.functions_used_as_values() == set()
+    twin = model("""
+        class Trainer:
+            def hook(self):
+                pass
+
+            def fit(self, run):
+                run(self.hook)
+
+        def test_merge(config_cls):
+            def config():
+                return config_cls(r=8)
+
+            make = config
+            return make()
+        """)
+    assert twin.functions_used_as_values() == {"config", "hook"}
+    names = {twin.code(c): sorted(f.name.value for f in twin.callees(c)) for c in twin.calls}
+    assert names["make()"] == ["config"]
+
+
+def test_values_are_skipped_only_where_no_call_could_reach_a_function_through_them():
+    # with every function counted as used as a value, every call of the fixtures resolves to
+    # the same functions as with the names the file really uses so
+    root = Path(__file__).resolve().parent.parent / "fixtures"
+    shapes = [p for p in sorted(root.rglob("*.py")) if "def " in p.read_text(encoding="utf-8")][1::3]
+    assert len(shapes) > 50
+    for path in shapes:
+        text = path.read_text(encoding="utf-8")
+        exact = AmpModel(cst.parse_module(text))
+        every = AmpModel(cst.parse_module(text))
+        every.__dict__["_used_as_values"] = set(every.functions)
+        for a, b in zip(exact.calls, every.calls):
+            assert [f.name.value for f in exact.callees(a)] == [f.name.value for f in every.callees(b)], \
+                (path, exact.code(a))
+
+
 def test_callers_of_a_function_are_the_calls_that_resolve_to_it():
     # `callers` resolves only the calls of a function's name unless the function is used as a
     # value or is `__call__`: the same calls, in the same order, as resolving every call

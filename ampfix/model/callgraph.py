@@ -91,6 +91,10 @@ class CallGraph:
                     return [defs[-1]]
         if kind != _OTHER:
             out: List[cst.FunctionDef] = []
+            # a name or chain resolves by its text and scope alone (`values_of` is keyed so):
+            # values that repeat one (a parameter bound to a list of 500 `LoraConfig`s) are
+            # followed once, with the same answer in the same state
+            followed: Set[Tuple[int, str]] = set()
             # a function reached through values is one this file uses as a value, and
             # `obj(...)` runs a `__call__` of this file: without either, nothing to follow
             for value in self.values_of(func) if self.functions_used_as_values() else ():
@@ -100,6 +104,12 @@ class CallGraph:
                 if target_kind is None:
                     target_kind = _dotted_kind(type(target))
                 if target_kind != _OTHER:  # a Name or an Attribute
+                    text = dotted(target)
+                    if text is not None:
+                        key = (id(self.scope_of(target)), text)
+                        if key in followed:
+                            continue
+                        followed.add(key)
                     for f in self._resolve_callable(target, target, depth + 1):
                         if f not in out:
                             out.append(f)
@@ -112,10 +122,11 @@ class CallGraph:
 
     def functions_used_as_values(self) -> Set[str]:
         """The names of this file's functions that its code uses other than by calling or
-        defining them (`g = f`, `run(f)`, `partial(f, x)`, `self.method` passed on, a keyword
-        or parameter of the same name): a function a call reaches through values is named by
-        one of these (a value of another module's code is a node of this file when it names a
-        function of this file: an argument bound to a parameter). Memoised."""
+        defining them (`g = f`, `run(f)`, `partial(f, x)`, `self.method` passed on): a function
+        a call reaches through values is named by one of these (a value of another module's
+        code is a node of this file when it names a function of this file: an argument bound to
+        a parameter). A name counts where it is bound to the function (`_names_function`), an
+        attribute where the name is a method's, a keyword never. Memoised."""
         used = self.__dict__.get("_used_as_values")
         if used is None:
             names = self.functions
@@ -125,15 +136,25 @@ class CallGraph:
                 if n.value in names and n.value not in used:
                     p = parent(n)
                     if not ((type(p) is cst.FunctionDef and p.name is n) or (type(p) is cst.Call and p.func is n)
-                            or (type(p) is cst.Attribute and p.attr is n)):
+                            or (type(p) is cst.Attribute and p.attr is n) or (type(p) is cst.Arg and p.keyword is n)) \
+                            and self._names_function(n):
                         used.add(n.value)
+            # an attribute resolves to a method (`lookup_method`), never to another function
+            methods = {name for name, defs in names.items() if any(type(self.scope_of(f)) is cst.ClassDef for f in defs)}
             for a in self.nodes_of(cst.Attribute):
-                if a.attr.value in names and a.attr.value not in used:
+                if a.attr.value in methods and a.attr.value not in used:
                     p = parent(a)
                     if not (type(p) is cst.Call and p.func is a):
                         used.add(a.attr.value)
             self.__dict__["_used_as_values"] = used
         return used
+
+    def _names_function(self, name: cst.Name) -> bool:
+        """The name `name` is bound where a function of its name is defined: the binding a
+        value's name resolves to in `_resolve_callable` (a parameter or a local variable that
+        shares a function's name names no function)."""
+        bscope = self.binding_scope(name.value, self.scope_of(name))
+        return bscope is not None and any(self.scope_of(f) is bscope for f in self.functions[name.value])
 
     def functions_named_by(self, expr: cst.CSTNode) -> List[cst.FunctionDef]:
         """The functions of this file that the expression `expr` (not a call) refers to."""
