@@ -76,7 +76,7 @@ class CallGraph:
             if named is not None:
                 m = self.lookup_method(named, name)  # Class.method(obj, ...)
                 return [m] if m is not None else []
-            if name in self.functions:  # (no function of this file has the name: no method to find)
+            if name in self._method_names():  # (no method of this file has the name: none to find)
                 for cls in self.classes_of(owner, depth + 1):
                     m = self.lookup_method(cls, name)
                     if m is not None and m not in found:
@@ -139,8 +139,7 @@ class CallGraph:
                             or (type(p) is cst.Attribute and p.attr is n) or (type(p) is cst.Arg and p.keyword is n)) \
                             and self._names_function(n):
                         used.add(n.value)
-            # an attribute resolves to a method (`lookup_method`), never to another function
-            methods = {name for name, defs in names.items() if any(type(self.scope_of(f)) is cst.ClassDef for f in defs)}
+            methods = self._method_names()  # an attribute resolves to a method (`lookup_method`)
             for a in self.nodes_of(cst.Attribute):
                 if a.attr.value in methods and a.attr.value not in used:
                     p = parent(a)
@@ -148,6 +147,15 @@ class CallGraph:
                         used.add(a.attr.value)
             self.__dict__["_used_as_values"] = used
         return used
+
+    def _method_names(self) -> Set[str]:
+        """The names of the functions defined in a class body of this file: the only ones
+        `lookup_method` finds. Memoised."""
+        names = self.__dict__.get("_methods_named")
+        if names is None:
+            names = self.__dict__["_methods_named"] = {
+                name for name, defs in self.functions.items() if any(type(self.scope_of(f)) is cst.ClassDef for f in defs)}
+        return names
 
     def _names_function(self, name: cst.Name) -> bool:
         """The name `name` is bound where a function of its name is defined: the binding a
