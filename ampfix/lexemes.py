@@ -29,13 +29,35 @@ _NOT_LINE_BREAK = re.compile(r"[^\r\n]+")
 _LEXEME_START = re.compile(r"[#'\"]")
 
 
+#: the texts masked so far, and their masks (`masked`): the engine's trigger tests and the
+#: project's read the same files, and the workers of a pool are forks that inherit what the
+#: parent's prefilter masked. Emptied past `_MEMO_CHARS` characters of text.
+_MEMO: "dict[str, str]" = {}
+_MEMO_CHARS = 32 * 1024 * 1024
+_memo_size = 0
+
+
 def masked(text: str) -> str:
     """`text` with each character of its comments and triple-quoted strings (docstrings) but
     line breaks replaced by `MASK`: the same offsets (a definition's span reads a masked module
     as it reads its text), the same lines, and no string the text does not hold. Lexed from the
     start of the text, so a quote inside another string or a comment is not taken for one. What
     the rules' trigger tests read of code (`ampfix.engine.analyze._Tests`, the project's
-    `trigger_view`)."""
+    `trigger_view`). Memoised per text (`_MEMO`)."""
+    global _memo_size
+    hit = _MEMO.get(text)
+    if hit is None:
+        hit = _masked(text)
+        if _memo_size + len(text) > _MEMO_CHARS:
+            _MEMO.clear()
+            _memo_size = 0
+        _MEMO[text] = hit
+        _memo_size += len(text)
+    return hit
+
+
+def _masked(text: str) -> str:
+    """The lexing of `masked`."""
     if "#" not in text and '"""' not in text and "'''" not in text:
         return text
     out = []

@@ -375,6 +375,28 @@ def test_the_triggers_look_for_each_string_once_and_answer_as_the_rules_do():
     assert fired > 100 and candidates > 100
 
 
+def test_a_text_is_masked_once_and_the_memo_stays_bounded(monkeypatch):
+    """`masked` lexes a text once (the prefilter's masks serve the project's trigger reach, and
+    the pool's forks inherit them) and gives what lexing gives; past its bound the memo starts
+    again rather than growing."""
+    from ampfix import lexemes
+
+    monkeypatch.setattr(lexemes, "_MEMO", {})
+    monkeypatch.setattr(lexemes, "_memo_size", 0)
+    monkeypatch.setattr(lexemes, "_MEMO_CHARS", 200)
+    lexed = []
+    real = lexemes._masked
+    monkeypatch.setattr(lexemes, "_masked", lambda text: lexed.append(text) or real(text))
+    text = 'x = 1  # autocast\n"""backward"""\ny = "a#b"\n'
+    first = lexemes.masked(text)
+    assert first == real(text) and "autocast" not in first and '"a#b"' in first
+    assert lexemes.masked("".join(list(text))) is first and lexed == [text]  # an equal text: no second lexing
+    other = "z = 2  # " + "w" * 180 + "\n"
+    assert lexemes.masked(other) == real(other)
+    assert list(lexemes._MEMO) == [other] and lexemes._memo_size == len(other)
+    assert lexemes.masked(text) == first and len(lexed) == 3
+
+
 def test_the_runner_does_not_test_a_files_triggers_twice():
     """The runner tests each file's triggers with the rules' facts (`rulemeta.first_triggered`)
     before it loads the rules; `_needs_analysis` then tests them with the rules themselves. When
