@@ -88,8 +88,8 @@ def main() -> None:
         import subprocess
 
         for tree in args.trees:
-            subprocess.run([sys.executable, __file__, tree, "--top", str(args.top), *(["--alone"] if args.alone else [])],
-                           check=False)
+            alone = ["--alone"] if args.alone else []
+            subprocess.run([sys.executable, __file__, tree, "--top", str(args.top), *alone], check=False)
         return
     measure(args.trees[0], args.top)
 

@@ -154,7 +154,8 @@ class CallGraph:
         names = self.__dict__.get("_methods_named")
         if names is None:
             names = self.__dict__["_methods_named"] = {
-                name for name, defs in self.functions.items() if any(type(self.scope_of(f)) is cst.ClassDef for f in defs)}
+                name for name, defs in self.functions.items()
+                if any(type(self.scope_of(f)) is cst.ClassDef for f in defs)}
         return names
 
     def _names_function(self, name: cst.Name) -> bool:
