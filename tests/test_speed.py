@@ -397,6 +397,26 @@ def test_a_text_is_masked_once_and_the_memo_stays_bounded(monkeypatch):
     assert lexemes.masked(text) == first and len(lexed) == 3
 
 
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="possessive quantifiers need Python 3.11")
+def test_the_possessive_reach_patterns_match_as_the_backtracking_ones():
+    """`_CALLED_RE` and `_DOTTED_USE_RE` (the project's reach) are possessive on Python 3.11:
+    on every fixture and engine file, and on names that are neither called nor dotted, they
+    find what the backtracking patterns find."""
+    import re
+
+    from ampfix.project import project
+
+    called = re.compile(r"(?<![\w.])([A-Za-z_]\w*(?:\.\w+)*)[ \t]*\(")
+    dotted = re.compile(r"(?<![\w.])([A-Za-z_]\w*)((?:\.\w+)+)")
+    texts = [p.read_text(encoding="utf-8", errors="replace")
+             for p in FIXTURES + sorted((ROOT / "ampfix").rglob("*.py"))]
+    texts.append("a.b.c.d (x) ab.cd.(e) f\t( g  .h k.l.m mm.nn_ .5 x1.y2( __init__.x.__call__ (")
+    assert len(texts) > 100
+    for text in texts:
+        assert project._CALLED_RE.findall(text) == called.findall(text)
+        assert project._DOTTED_USE_RE.findall(text) == dotted.findall(text)
+
+
 def test_the_runner_does_not_test_a_files_triggers_twice():
     """The runner tests each file's triggers with the rules' facts (`rulemeta.first_triggered`)
     before it loads the rules; `_needs_analysis` then tests them with the rules themselves. When
