@@ -286,6 +286,7 @@ def _fix_kind(fix: Optional[Fix]) -> Optional[str]:
 # ----------------------------------------------------------------------------- the project
 
 _PROJECTS: Dict[Tuple[str, Optional[str]], object] = {}
+_ROOTS: Dict[str, str] = {}  # a file's folder -> its project root, for one run (`close_projects`)
 
 
 def project_for(path: str, settings: Settings):
@@ -294,9 +295,8 @@ def project_for(path: str, settings: Settings):
     if not settings.project or not path or path == "-" or path.startswith("<"):
         return None
     from ampfix.project import Project
-    from ampfix.project.layout import find_root
 
-    root = str(find_root(Path(os.path.abspath(path))))
+    root = _root_of(os.path.abspath(path))
     key = (root, settings.cache_folder, settings.share_folder, settings.max_file_memory)
     project = _PROJECTS.get(key)
     if project is None:
@@ -317,12 +317,32 @@ def project_for(path: str, settings: Settings):
     return project
 
 
+def _root_of(path: str) -> str:
+    """`find_root` of the file at `path` (absolute), memoised per folder for the run: every
+    question of a run asks it again (the triggers, the parse, the model), and each answer
+    probes the root markers of every folder above the file."""
+    folder = os.path.dirname(path)
+    root = _ROOTS.get(folder)
+    if root is None:
+        from ampfix.project.layout import find_root
+
+        root = _ROOTS[folder] = str(find_root(Path(path)))
+    return root
+
+
+def forget_roots() -> None:
+    """Forget the project roots found (a long-lived process, before an analysis: a root marker
+    may have been added or removed since)."""
+    _ROOTS.clear()
+
+
 def close_projects() -> None:
     """The end of a run (`runner.run`): every project of this process forgets what it knew
     (`Project.close`); the next run reads the project afresh, as a new process does."""
     for project in _PROJECTS.values():
         project.close()  # type: ignore[attr-defined]
     _PROJECTS.clear()
+    _ROOTS.clear()
 
 
 def parse_in_project(text: str, path: str, settings: Settings) -> cst.Module:

@@ -25,8 +25,8 @@ from ampfix import __version__
 
 from ampfix.engine import runner
 from ampfix.engine.incremental import Reparser
-from ampfix.engine.analyze import (Analysis, Diagnostic, InputError, Settings, TextEdit, fix_text, gc_paused,
-                                   project_for, text_edits)
+from ampfix.engine.analyze import (Analysis, Diagnostic, InputError, Settings, TextEdit, fix_text, forget_roots,
+                                   gc_paused, project_for, text_edits)
 from ampfix.frontends import lsp_io
 from ampfix.engine.registry import all_rules
 
@@ -154,6 +154,7 @@ def _analysis(doc) -> Optional[Analysis]:
         return state.analysis
     if state.reparser is None:
         state.reparser = Reparser()
+    forget_roots()  # (a root marker may have come or gone since the last analysis)
     project = project_for(path, settings) if path is not None else None
     if project is not None:  # the other modules as they are on disk now (kept between analyses)
         project.refresh()  # type: ignore[attr-defined]
