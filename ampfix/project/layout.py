@@ -1,7 +1,9 @@
 """Where a project's modules are: its root, and what a local import refers to.
 
 Resolution follows Python's own import system on the project's files, by probing the file
-system (as mypy and pyright do with their search paths), so it needs no listing of the tree:
+system (as mypy and pyright do with their search paths), so it needs no listing of the tree
+(a search folder's own entries are listed once, as Python's finder lists them, to rule out the
+names it does not hold):
 
 * the project root is the nearest folder above a file that holds `pyproject.toml`,
   `setup.cfg`, `setup.py` or `.git` (else the folder that was checked);
@@ -25,7 +27,7 @@ import os
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Iterable, List, Optional, Tuple
+from typing import FrozenSet, Iterable, List, Optional, Tuple
 
 ROOT_MARKERS = ("pyproject.toml", "setup.cfg", "setup.py", ".git")
 
@@ -62,9 +64,24 @@ def _is_dir(path: str) -> bool:
     return os.path.isdir(path)
 
 
+@lru_cache(maxsize=4096)
+def _names_in(folder: str) -> Optional[FrozenSet[str]]:
+    """The names of the entries of `folder` (None when it cannot be listed)."""
+    try:
+        return frozenset(os.listdir(folder))
+    except OSError:
+        return None
+
+
 def _module_file(folder: str, parts: Tuple[str, ...]) -> Optional[Target]:
-    """`folder/a/b.py` or `folder/a/b/__init__.py` (or the namespace folder `folder/a/b`)."""
+    """`folder/a/b.py` or `folder/a/b/__init__.py` (or the namespace folder `folder/a/b`).
+    Each lies in `folder/a` or is `folder/a.py`: a folder without an entry `a` or `a.py` (the
+    third-party and standard modules most imports name) holds none of them, and is ruled out
+    by its listing, as Python's own finder does, before any probe."""
     if not parts:
+        return None
+    names = _names_in(folder)
+    if names is not None and parts[0] not in names and parts[0] + ".py" not in names:
         return None
     base = os.path.join(folder, *parts)
     if _is_file(base + ".py"):
@@ -189,6 +206,7 @@ def clear_caches() -> None:
     """Forget the file-system probes (tests that build trees in one process)."""
     _is_file.cache_clear()
     _is_dir.cache_clear()
+    _names_in.cache_clear()
 
 
 def common_folder(paths: Iterable[Path]) -> Optional[Path]:
