@@ -95,6 +95,56 @@ def test_src_layout_and_scripts_importing_siblings(tmp_path):
     assert lay.resolve(script, "helpers").path == str(tmp_path / "scripts" / "helpers.py")
 
 
+def test_a_folders_listing_rules_out_only_the_names_it_lacks(tmp_path, monkeypatch):
+    """A search folder's entries are listed once (`_names_in`): an import whose first name is
+    neither an entry nor an entry's `.py` is not probed, and resolves to nothing, as by probing;
+    every other import resolves as by probing alone (a module, a package, a namespace folder,
+    a name bound in a module); a folder that cannot be listed is probed."""
+    from ampfix.project import layout
+
+    tree(tmp_path, {"pyproject.toml": "", "pkg/__init__.py": "", "pkg/mod.py": "", "single.py": "",
+                    "space/inner/notes.txt": "", "scripts/train.py": ""})
+    script = str(tmp_path / "scripts" / "train.py")
+    names = ["torch", "torch.nn.functional", "pkg", "pkg.mod", "pkg.mod.f", "pkg.other", "single", "single.g",
+             "space", "space.inner", "space.missing", ".mod", "..pkg.mod", "scripts.train"]
+    listed = [Layout(tmp_path).resolve(script, q) for q in names]
+    probes = []
+    monkeypatch.setattr(layout, "_is_file", lambda p: probes.append(p) or os.path.isfile(p))
+    Layout(tmp_path).resolve(script, "torch.nn.functional")
+    assert [p for p in probes if "torch" in p] == []  # ruled out by the listings of the search folders
+    monkeypatch.setattr(layout, "_names_in", lambda folder: None)  # as if no folder could be listed
+    assert [Layout(tmp_path).resolve(script, q) for q in names] == listed
+    assert [t is not None for t in listed] == [False, False, True, True, True, True, True, True, True, True, False,
+                                               False, True, True]
+
+
+def test_a_module_added_after_a_resolution_is_found_once_the_caches_are_cleared(tmp_path):
+    tree(tmp_path, {"pyproject.toml": "", "train.py": ""})
+    train = str(tmp_path / "train.py")
+    assert Layout(tmp_path).resolve(train, "helpers") is None
+    (tmp_path / "helpers.py").write_text("def f(): pass\n")
+    clear_caches()  # what the project does when the tree's files change (`Project.refresh`)
+    assert Layout(tmp_path).resolve(train, "helpers").path == str(tmp_path / "helpers.py")
+
+
+def test_a_runs_project_roots_are_found_once_per_folder_and_forgotten_with_the_run(tmp_path):
+    from ampfix.engine import analyze
+
+    tree(tmp_path, {"pyproject.toml": "", "sub/a.py": "", "sub/b.py": ""})
+    settings = analyze.Settings(project=True)
+    try:
+        first = analyze.project_for(str(tmp_path / "sub" / "a.py"), settings)
+        assert analyze.project_for(str(tmp_path / "sub" / "b.py"), settings) is first
+        assert analyze._ROOTS == {str(tmp_path / "sub"): str(tmp_path)}
+        (tmp_path / "sub" / "setup.py").write_text("")  # a root marker added: the run goes on as it began
+        assert analyze.project_for(str(tmp_path / "sub" / "a.py"), settings) is first
+        analyze.forget_roots()  # (the language server, before each analysis)
+        assert analyze.project_for(str(tmp_path / "sub" / "a.py"), settings).root == str(tmp_path / "sub")
+    finally:
+        analyze.close_projects()
+    assert analyze._ROOTS == {}
+
+
 def test_a_local_module_shadows_a_library_of_the_same_name(tmp_path):
     tree(tmp_path, {"pyproject.toml": "", "train.py": "import logging\n", "logging.py": "LEVEL = 1\n"})
     lay = Layout(tmp_path)

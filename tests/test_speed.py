@@ -480,3 +480,29 @@ def test_the_exactness_check_compares_findings_traces_dependencies_and_summaries
     done = subprocess.run([sys.executable, str(script), "--baseline-python", str(wrapper), "--what", "summaries",
                            str(project)], capture_output=True, text=True, timeout=300)
     assert done.returncode == 1 and done.stdout.startswith("DIFF  summaries"), done.stdout + done.stderr
+
+
+def test_the_lines_above_an_import_are_read_from_a_window_as_from_the_whole_text(monkeypatch):
+    """`module_imports` looks for the top-level line above an indented import in a window
+    before it (`_lines_before`), not in all of the text above: the same lines, whatever the
+    line breaks (`\\r\\n` cut by the window, `\\r`, form feeds) and the lines' lengths (longer
+    than the first window), and the same imports on every fixture and engine file."""
+    import random
+
+    from ampfix.project import project
+
+    rng = random.Random(7)
+    pieces = ["x = 1\n", "\r\n", "\r", "\n", "\x0c", "if a:\n", "    import os\n", "try:\n", "  from .a import b\n",
+              "y" * 5000 + "\n", "z" * 4095 + "\r\n"]
+    for _ in range(400):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 40)))
+        for end in {0, len(text), *(rng.randint(0, len(text)) for _ in range(6))}:
+            for n in (1, 12):
+                assert project._lines_before(text, end, n) == text[:end].splitlines()[-n:]
+
+    texts = [p.read_text(encoding="utf-8", errors="replace") for p in FIXTURES + sorted((ROOT / "ampfix").rglob("*.py"))]
+    texts.append("try:\n" + "    x = 1\n" * 5 + "    import a\nif b:\n    from . import c\ndef f():\n    import d\n")
+    windowed = [project.module_imports(text) for text in texts]
+    monkeypatch.setattr(project, "_lines_before", lambda text, end, n: text[:end].splitlines()[-n:])
+    assert windowed == [project.module_imports(text) for text in texts]
+    assert [len(found) for found in windowed[-1:]] == [2]  # `a` (in the `try`) and `c` (under the `if`)

@@ -1626,7 +1626,7 @@ def module_imports(text: str) -> List[Tuple[int, str, str]]:
         if m.group("indent"):
             line_start = text.rfind("\n", 0, m.start()) + 1
             block = None
-            for line in reversed(text[:line_start].splitlines()[-12:]):  # the top-level line above it
+            for line in reversed(_lines_before(text, line_start, 12)):  # the top-level line above it
                 if line and not line[0].isspace():
                     block = line
                     break
@@ -1649,6 +1649,21 @@ def module_imports(text: str) -> List[Tuple[int, str, str]]:
                 qualified = f"{base}.{name}" if base and not base.endswith(".") else f"{base}{name}"
                 out.append((m.start(), alias or name, qualified))
     return out
+
+
+def _lines_before(text: str, end: int, n: int) -> List[str]:
+    """`text[:end].splitlines()[-n:]`, read from a window before `end` that doubles until it
+    holds more than `n` lines (or starts the text): the same lines, without splitting all of
+    the text above (an import inside a function of a large module read it all again). A window
+    that starts inside a line, or between the two characters of a `\\r\\n`, changes only its
+    first line, which is not among the last `n` when there are more than `n`."""
+    width = 4096
+    while True:
+        start = max(0, end - width)
+        lines = text[start:end].splitlines()
+        if start == 0 or len(lines) > n:
+            return lines[-n:]
+        width *= 2
 
 
 class _NoFacts:
