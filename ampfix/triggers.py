@@ -4,7 +4,7 @@ nothing, so a file with no AMP code costs no more than reading it."""
 
 from __future__ import annotations
 
-from typing import Container, Sequence
+from typing import Container, Dict, Optional, Sequence
 
 
 def trigger_test(text: Container[str], lowered: Container[str], triggers: Sequence[str],
@@ -17,7 +17,7 @@ def trigger_test(text: Container[str], lowered: Container[str], triggers: Sequen
     return all(any(t in text for t in group) for group in requires)
 
 
-def project_candidate_test(text: str, lowered: str, triggers: Sequence[str], triggers_lower: Sequence[str],
+def project_candidate_test(text: Container[str], lowered: Container[str], triggers: Sequence[str], triggers_lower: Sequence[str],
                            requires: Sequence[Sequence[str]], project_requires) -> bool:
     """A file a rule may fire on through the modules related to it (`Rule.project_candidate`):
     it holds every `project_requires` group, and at least one string of the rule's own
@@ -29,3 +29,24 @@ def project_candidate_test(text: str, lowered: str, triggers: Sequence[str], tri
     return any(t in text for t in triggers) or any(t in lowered for t in triggers_lower) \
         or any(t in text for group in requires for t in group)
 
+
+
+class Scan:
+    """`string in text`, each string looked for in the text once (a `Container` for the tests
+    above: the rules share most of their strings). With `lower`, the text is lower-cased on the
+    first question (`text.lower()`), for the lower-case triggers."""
+
+    __slots__ = ("text", "found", "lower")
+
+    def __init__(self, text: str, lower: bool = False) -> None:
+        self.text: Optional[str] = None if lower else text
+        self.lower = text if lower else None
+        self.found: Dict[str, bool] = {}
+
+    def __contains__(self, string: object) -> bool:
+        hit = self.found.get(string)  # type: ignore[call-overload]
+        if hit is None:
+            if self.text is None:
+                self.text, self.lower = self.lower.lower(), None  # type: ignore[union-attr]
+            hit = self.found[string] = string in self.text  # type: ignore[index,operator]
+        return hit

@@ -344,12 +344,12 @@ def test_a_check_run_leaves_nothing_frozen_and_the_thresholds_as_they_were():
 
 def test_the_triggers_look_for_each_string_once_and_answer_as_the_rules_do():
     """`triggered` tests the rules that keep `Rule`'s trigger tests through one scan of the text
-    for all of them (`_Scan`: each string looked for once): on every fixture and rule file, each
+    for all of them (`Scan`: each string looked for once): on every fixture and rule file, each
     rule's answer is its own `triggered_by` and `project_candidate` on the text's code (comments
     and docstrings masked), or on the text as it is for a rule that reads comments (AMP901)."""
     from ampfix.engine import analyze
     from ampfix.lexemes import masked
-    from ampfix.triggers import project_candidate_test, trigger_test
+    from ampfix.triggers import Scan, project_candidate_test, trigger_test
 
     rules = list(registry.all_rules().values())
     defaults = analyze._rule_set(rules)
@@ -359,7 +359,7 @@ def test_the_triggers_look_for_each_string_once_and_answer_as_the_rules_do():
         raw = path.read_text(encoding="utf-8", errors="replace")
         text = masked(raw)
         lowered = text.lower()
-        held, held_lower = analyze._Scan(text), analyze._Scan(lowered)
+        held, held_lower = Scan(text), Scan(lowered)
         assert analyze.triggered(rules, raw) == [
             r for r in rules if (r.triggered_by(raw, raw.lower()) if r.reads_comments else r.triggered_by(text, lowered))
         ], path
@@ -373,6 +373,29 @@ def test_the_triggers_look_for_each_string_once_and_answer_as_the_rules_do():
                                           r.project_requires) == answer, (path, r.code)
             candidates += answer
     assert fired > 100 and candidates > 100
+
+
+def test_the_runners_first_trigger_test_looks_for_each_string_once_and_answers_as_each_rule():
+    """`rulemeta.first_triggered` (the runner's test of a file's raw text, before any rule is
+    imported) looks for each string once (`Scan`) and lower-cases the text only for a rule with
+    lower-case triggers: on every fixture and rule file, with the project and without, it names
+    the first rule whose own test passes on the text as it is."""
+    from ampfix.triggers import Scan
+
+    info = registry.rule_facts()
+    codes = sorted(info)
+    assert any(info[c].triggers_lower for c in codes)
+    answered = 0
+    for path in FIXTURES + sorted((ROOT / "rules").glob("*.py")):
+        text = path.read_text(encoding="utf-8", errors="replace")
+        for project in (False, True):
+            expected = next((c for c in codes if info[c].maybe_triggered(text, text.lower(), project)), None)
+            assert rulemeta.first_triggered(codes, text, info, project) == expected, (path, project)
+            answered += expected is not None
+    assert answered > 100
+    lazy = Scan("GradScaler AutoCast", lower=True)
+    assert lazy.text is None and "autocast" in lazy and "gradscaler" in lazy and "Autocast" not in lazy
+    assert lazy.found == {"autocast": True, "gradscaler": True, "Autocast": False}
 
 
 def test_a_text_is_masked_once_and_the_memo_stays_bounded(monkeypatch):

@@ -21,7 +21,7 @@ from ampfix.model import AmpModel
 from ampfix.model.parsing import parse_module
 from ampfix.model.tree import dotted as _dotted
 from ampfix.rule import Applicability, FileContext, Fix, Rule, Violation, trigger_test
-from ampfix.triggers import project_candidate_test
+from ampfix.triggers import Scan, project_candidate_test
 
 MAX_FIX_PASSES = 10
 
@@ -121,26 +121,9 @@ def triggered(rules: Sequence[Type[Rule]], text: str, path: str = "",
     return [r for r in rules if r in active or r in also]
 
 
-class _Scan:
-    """`string in text`, each string looked for in the text once (a `Container` for the tests
-    of `ampfix.triggers`)."""
-
-    __slots__ = ("text", "found")
-
-    def __init__(self, text: str) -> None:
-        self.text = text
-        self.found: Dict[str, bool] = {}
-
-    def __contains__(self, string: object) -> bool:
-        hit = self.found.get(string)  # type: ignore[call-overload]
-        if hit is None:
-            hit = self.found[string] = string in self.text  # type: ignore[index,operator]
-        return hit
-
-
 class _Tests:
     """The trigger tests of a set of rules on one text (`triggered`, `worth_analysing`): a rule
-    that keeps `Rule`'s tests is tested through `_Scan`, each string looked for once (rules share
+    that keeps `Rule`'s tests is tested through `Scan`, each string looked for once (rules share
     most of theirs) and only as far as the tests go; the others by their own methods. They read
     the text's code, its comments and docstrings masked (`masked`: "backward" in "for backwards
     compatibility" triggers nothing); a rule that `reads_comments`, the text as it is."""
@@ -150,7 +133,7 @@ class _Tests:
         code = masked(text) if mask else text
         self.text, self.lowered = code, code.lower()
         self.facts = _rule_set(rules)
-        self.held, self.held_lower = _Scan(code), _Scan(self.lowered)
+        self.held, self.held_lower = Scan(code), Scan(self.lowered)
         self._raw_tests: Optional[_Tests] = None
 
     def _as_is(self, r: Type[Rule]) -> Optional["_Tests"]:

@@ -25,11 +25,11 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Callable, Container, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from ampfix import __version__
 from ampfix.engine import entries as E
-from ampfix.triggers import project_candidate_test, trigger_test
+from ampfix.triggers import Scan, project_candidate_test, trigger_test
 
 _FINGERPRINT: Optional[str] = None
 
@@ -105,7 +105,9 @@ class RuleInfo:
     project_requires: Optional[Tuple[Tuple[str, ...], ...]] = None
     preview: bool = False  # runs only with preview on (`Rule.in_preview`)
 
-    def maybe_triggered(self, text: str, lowered: str, project: bool = False) -> bool:
+    def maybe_triggered(self, text: Container[str], lowered: Container[str], project: bool = False) -> bool:
+        """The default trigger test (with `project`, or the default project candidate test) on a
+        text, or on the strings a text holds (`Scan`)."""
         if trigger_test(text, lowered, self.triggers, self.triggers_lower, self.requires):
             return True
         return project and project_candidate_test(text, lowered, self.triggers, self.triggers_lower, self.requires,
@@ -351,9 +353,11 @@ def preview_warnings(select: Optional[Sequence[str]], info: Dict[str, RuleInfo],
 def first_triggered(codes: Sequence[str], text: str, info: Dict[str, RuleInfo], project: bool = False
                     ) -> Optional[str]:
     """The first of `codes` whose triggers' default test passes on `text` (`RuleInfo.maybe_triggered`), or
-    None: the runner need not test again a file whose first such rule keeps the default tests."""
-    lowered = text.lower()
-    return next((c for c in codes if info[c].maybe_triggered(text, lowered, project)), None)
+    None: the runner need not test again a file whose first such rule keeps the default tests.
+    The rules share most of their strings: each is looked for in the text once (`Scan`), and the
+    text is lower-cased only for a rule with lower-case triggers."""
+    held, held_lower = Scan(text), Scan(text, lower=True)
+    return next((c for c in codes if info[c].maybe_triggered(held, held_lower, project)), None)
 
 
 if __name__ == "__main__":  # pragma: no cover - regenerates the shipped table
