@@ -124,6 +124,8 @@ def _reason(exc: BaseException) -> str:
 
 
 def matches_any(path: Path, root: Path, globs: Sequence[str]) -> bool:
+    if not globs:  # (no exclusion configured: nothing to resolve the path for)
+        return False
     try:
         rel = path.resolve().relative_to(root.resolve()).as_posix()
     except (ValueError, OSError, RuntimeError):  # elsewhere, or a symlink loop
