@@ -529,3 +529,29 @@ def test_the_lines_above_an_import_are_read_from_a_window_as_from_the_whole_text
     monkeypatch.setattr(project, "_lines_before", lambda text, end, n: text[:end].splitlines()[-n:])
     assert windowed == [project.module_imports(text) for text in texts]
     assert [len(found) for found in windowed[-1:]] == [2]  # `a` (in the `try`) and `c` (under the `if`)
+
+
+def test_the_trigger_views_literal_scans_remove_what_the_boundary_patterns_remove():
+    """The trigger view finds `autocast_...dtype` names and `is_/get_/set_autocast...` queries by
+    their literal words, then tests the boundary before (`_without_autocast_values`,
+    `_without_autocast_queries`): the same text as `_AUTOCAST_VALUE` and `_AUTOCAST_QUERY`'s
+    substitutions, on every fixture and engine file and on strings made to cross their edges
+    (a word character before, Unicode letters, runs that join two words)."""
+    import random
+
+    from ampfix.project import project
+
+    texts = [p.read_text(encoding="utf-8", errors="replace") for p in FIXTURES + sorted((ROOT / "ampfix").rglob("*.py"))]
+    rng = random.Random(3)
+    pieces = ["is_autocast", "get_autocast_dtype", "set_autocast_enabled", "_autocast", "xis_autocast", "\u00e9",
+              "autocast_dtype", "autocast_enabled", "xautocast_args", "autocast_foo_kwargs", " ", "(", ".", "_", "is",
+              "get", "set", "\n", "a1", "autocast_", "torch.is_autocast_enabled()", "\u00e9autocast_dtype",
+              "is_autocastis_autocast", "get_autocast", "\u00e9_"]
+    texts += ["".join(rng.choice(pieces) for _ in range(rng.randint(0, 12))) for _ in range(5000)]
+    changed = 0
+    for text in texts:
+        values, queries = project._without_autocast_values(text), project._without_autocast_queries(text)
+        assert values == project._AUTOCAST_VALUE.sub(project.MASK, text), text
+        assert queries == project._AUTOCAST_QUERY.sub("", text), text
+        changed += values != text or queries != text
+    assert changed > 1000

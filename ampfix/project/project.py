@@ -1524,12 +1524,50 @@ def trigger_view(code: str) -> str:
 def _view_of_masked(code: str) -> str:
     """`trigger_view` of code whose comments and docstrings are masked already."""
     if "autocast_" in code:
-        code = _AUTOCAST_VALUE.sub(MASK, code)
-    if "_autocast" in code:  # (each pattern only where its words are: they scan slowly)
-        code = _AUTOCAST_QUERY.sub("", code)
+        code = _without_autocast_values(code)
+    if "_autocast" in code:  # (each pattern only where its words are)
+        code = _without_autocast_queries(code)
     if "enabled" in code and "autocast(" in code:
         code = _AUTOCAST_OFF.sub("", code)
     return code
+
+
+# `_AUTOCAST_VALUE` and `_AUTOCAST_QUERY` begin with `\b`, which keeps `re` from looking for their
+# literal words first: it tries the patterns at every offset of the text (peft's views, 9 MB:
+# 0.045 and 0.030 s). These find the literal words, then test the boundary before the match (a
+# match of the word's `\w*` run holds only word characters, so no match of the original pattern
+# can begin inside one): the same substitutions, 20 times faster.
+_AUTOCAST_VALUE_WORDS = re.compile(r"autocast_\w*(?:dtype|enabled|kwargs|args)\b")
+_AUTOCAST_QUERY_WORDS = re.compile(r"_autocast\w*")
+
+
+def _boundary_before(text: str, at: int) -> bool:
+    """`\\b` holds before the word character at `at`."""
+    return at == 0 or _WORD_CHAR.match(text, at - 1) is None
+
+
+def _without_autocast_values(code: str) -> str:
+    """`_AUTOCAST_VALUE.sub(MASK, code)`."""
+    return _AUTOCAST_VALUE_WORDS.sub(lambda m: MASK if _boundary_before(code, m.start()) else m.group(0), code)
+
+
+def _without_autocast_queries(code: str) -> str:
+    """`_AUTOCAST_QUERY.sub("", code)`: `is_`, `get_` or `set_` (after a boundary) before the
+    word `_autocast...`, and the word, are removed."""
+    out: List[str] = []
+    at = 0
+    for m in _AUTOCAST_QUERY_WORDS.finditer(code):
+        start = m.start()
+        for verb in ("is", "get", "set"):
+            begin = start - len(verb)
+            if begin >= at and code.startswith(verb, begin) and _boundary_before(code, begin):
+                out.append(code[at:begin])
+                at = m.end()
+                break
+    if not out:
+        return code
+    out.append(code[at:])
+    return "".join(out)
 
 
 def _top_level_code(text: str, spans: Dict[str, Tuple[int, int]]) -> str:
