@@ -582,3 +582,36 @@ def test_the_boundaries_tested_behind_a_literal_find_what_the_leading_boundaries
                 old = re.compile(r"\bdef[ \t]+%s\b" % name)
                 new = re.compile(r"def(?<=\bdef)[ \t]+%s\b" % name)
                 assert [m.span() for m in new.finditer(text, a, b)] == [m.span() for m in old.finditer(text, a, b)]
+
+
+def test_a_plain_strings_value_is_read_without_evaluating_it():
+    """`literal_string` reads a plain quoted string's value from its text (no prefix, no escape,
+    not triple-quoted), and asks LibCST for every other: the value LibCST's `evaluated_value`
+    gives, for every string of every fixture and for edge strings."""
+    from ampfix.model.syntax import literal_string
+
+    texts = [p.read_text(encoding="utf-8", errors="replace") for p in FIXTURES]
+    texts.append("""x = ('', "", 'a"b', "a'b", '''t''', \"\"\"u\"\"\", r'\\\\d', b'x', f'{y}', 'caf\u00e9', '\\\\n', u'v', "#")\n""")
+    seen = 0
+    for text in texts:
+        try:
+            module = cst.parse_module(text)
+        except cst.ParserSyntaxError:
+            continue
+        for node in _nodes(module, cst.SimpleString):
+            value = node.evaluated_value
+            assert literal_string(node) == (value if isinstance(value, str) else None), node.value
+            seen += 1
+    assert seen > 1000
+
+
+def _nodes(module, kind):
+    out = []
+
+    class Collect(cst.CSTVisitor):
+        def on_visit(self, node):
+            if isinstance(node, kind):
+                out.append(node)
+            return True
+    module.visit(Collect())
+    return out

@@ -58,6 +58,12 @@ def get_arg(call: cst.Call, position: Optional[int], keyword: Optional[str]) -> 
 
 def literal_string(node: Optional[cst.CSTNode]) -> Optional[str]:
     if isinstance(node, cst.SimpleString):
+        text = node.value
+        # a plain quoted string (no prefix, no escape, one quote character each side): its
+        # text, without LibCST's `ast.literal_eval` of it (most of the strings a model reads)
+        if len(text) >= 2 and text[0] in "'\"" and text[-1] == text[0] and "\\" not in text \
+                and not text.startswith(text[0] * 3):
+            return text[1:-1]
         try:
             value = node.evaluated_value
         except Exception:  # pragma: no cover - defensive
