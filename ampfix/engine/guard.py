@@ -35,19 +35,24 @@ _lock = threading.Lock()
 
 
 def bracket_depth_over(text: str, limit: int = MAX_BRACKET_DEPTH) -> bool:
-    """Whether brackets nest more than `limit` deep (brackets in strings and comments count
-    too: it over-approximates, which only costs a child process). Each pass removes the
-    innermost pairs, so it takes (nesting depth) passes over the brackets alone."""
-    if text.isascii():  # (the brackets alone, as bytes: 4x faster than the pattern)
-        b = text.encode("ascii").translate(None, _NOT_BRACKET_BYTES).decode("ascii")
-    else:
-        b = _NOT_BRACKETS.sub("", text)
+    """Whether brackets nest `limit` or more deep (brackets in strings and comments count too:
+    it over-approximates, which only costs a child process). Each pass removes the innermost
+    pairs, so it takes (nesting depth) passes over the brackets alone (`brackets`)."""
+    b = brackets(text)
     for _ in range(limit):
         shorter = b.replace("()", "").replace("[]", "").replace("{}", "")
         if len(shorter) == len(b):
             return False
         b = shorter
     return True
+
+
+def brackets(text: str) -> str:
+    """The brackets of `text`, in order (`_NOT_BRACKETS` removed; an ASCII text's other bytes
+    deleted instead: 4x faster)."""
+    if text.isascii():
+        return text.encode("ascii").translate(None, _NOT_BRACKET_BYTES).decode("ascii")
+    return _NOT_BRACKETS.sub("", text)
 
 
 def risky(text: str) -> Optional[str]:
