@@ -4,7 +4,7 @@ nothing, so a file with no AMP code costs no more than reading it."""
 
 from __future__ import annotations
 
-from typing import Container, Dict, Optional, Sequence
+from typing import Container, Dict, Sequence
 
 
 def trigger_test(text: Container[str], lowered: Container[str], triggers: Sequence[str],
@@ -17,8 +17,8 @@ def trigger_test(text: Container[str], lowered: Container[str], triggers: Sequen
     return all(any(t in text for t in group) for group in requires)
 
 
-def project_candidate_test(text: Container[str], lowered: Container[str], triggers: Sequence[str], triggers_lower: Sequence[str],
-                           requires: Sequence[Sequence[str]], project_requires) -> bool:
+def project_candidate_test(text: Container[str], lowered: Container[str], triggers: Sequence[str],
+                           triggers_lower: Sequence[str], requires: Sequence[Sequence[str]], project_requires) -> bool:
     """A file a rule may fire on through the modules related to it (`Rule.project_candidate`):
     it holds every `project_requires` group, and at least one string of the rule's own
     vocabulary (a trigger, or a string of a `requires` group): the other modules supply the
@@ -33,20 +33,19 @@ def project_candidate_test(text: Container[str], lowered: Container[str], trigge
 
 class Scan:
     """`string in text`, each string looked for in the text once (a `Container` for the tests
-    above: the rules share most of their strings). With `lower`, the text is lower-cased on the
-    first question (`text.lower()`), for the lower-case triggers."""
+    above: the rules share most of their strings). With `lower`, the lower-cased text, made on
+    the first question (for the lower-case triggers, which most texts are never asked for)."""
 
-    __slots__ = ("text", "found", "lower")
+    __slots__ = ("text", "found", "to_lower")
 
     def __init__(self, text: str, lower: bool = False) -> None:
-        self.text: Optional[str] = None if lower else text
-        self.lower = text if lower else None
+        self.text, self.to_lower = text, lower
         self.found: Dict[str, bool] = {}
 
     def __contains__(self, string: object) -> bool:
         hit = self.found.get(string)  # type: ignore[call-overload]
         if hit is None:
-            if self.text is None:
-                self.text, self.lower = self.lower.lower(), None  # type: ignore[union-attr]
-            hit = self.found[string] = string in self.text  # type: ignore[index,operator]
+            if self.to_lower:
+                self.text, self.to_lower = self.text.lower(), False
+            hit = self.found[string] = string in self.text  # type: ignore[operator]
         return hit

@@ -20,6 +20,12 @@ from ampfix.model.tree import Index, positions
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = sorted((ROOT / "fixtures").rglob("*.py"))
+
+
+def fixture_and_engine_texts():
+    """The text of every fixture and of every module of `ampfix/` (the corpus the exactness
+    tests of the speed cuts compare old and new forms on)."""
+    return [p.read_text(encoding="utf-8", errors="replace") for p in FIXTURES + sorted((ROOT / "ampfix").rglob("*.py"))]
 SAMPLES = [p for p in FIXTURES if p.stat().st_size > 0][::7] + [ROOT / "ampfix" / "model" / "events.py",
                                                                 ROOT / "ampfix" / "model" / "bound.py"]
 
@@ -394,7 +400,8 @@ def test_the_runners_first_trigger_test_looks_for_each_string_once_and_answers_a
             answered += expected is not None
     assert answered > 100
     lazy = Scan("GradScaler AutoCast", lower=True)
-    assert lazy.text is None and "autocast" in lazy and "gradscaler" in lazy and "Autocast" not in lazy
+    assert lazy.to_lower and lazy.text == "GradScaler AutoCast"  # not lower-cased before a question
+    assert "autocast" in lazy and "gradscaler" in lazy and "Autocast" not in lazy and not lazy.to_lower
     assert lazy.found == {"autocast": True, "gradscaler": True, "Autocast": False}
 
 
@@ -431,8 +438,7 @@ def test_the_possessive_reach_patterns_match_as_the_backtracking_ones():
 
     called = re.compile(r"(?<![\w.])([A-Za-z_]\w*(?:\.\w+)*)[ \t]*\(")
     dotted = re.compile(r"(?<![\w.])([A-Za-z_]\w*)((?:\.\w+)+)")
-    texts = [p.read_text(encoding="utf-8", errors="replace")
-             for p in FIXTURES + sorted((ROOT / "ampfix").rglob("*.py"))]
+    texts = fixture_and_engine_texts()
     texts.append("a.b.c.d (x) ab.cd.(e) f\t( g  .h k.l.m mm.nn_ .5 x1.y2( __init__.x.__call__ (")
     assert len(texts) > 100
     for text in texts:
@@ -523,7 +529,7 @@ def test_the_lines_above_an_import_are_read_from_a_window_as_from_the_whole_text
             for n in (1, 12):
                 assert project._lines_before(text, end, n) == text[:end].splitlines()[-n:]
 
-    texts = [p.read_text(encoding="utf-8", errors="replace") for p in FIXTURES + sorted((ROOT / "ampfix").rglob("*.py"))]
+    texts = fixture_and_engine_texts()
     texts.append("try:\n" + "    x = 1\n" * 5 + "    import a\nif b:\n    from . import c\ndef f():\n    import d\n")
     windowed = [project.module_imports(text) for text in texts]
     monkeypatch.setattr(project, "_lines_before", lambda text, end, n: text[:end].splitlines()[-n:])
@@ -541,7 +547,7 @@ def test_the_trigger_views_literal_scans_remove_what_the_boundary_patterns_remov
 
     from ampfix.project import project
 
-    texts = [p.read_text(encoding="utf-8", errors="replace") for p in FIXTURES + sorted((ROOT / "ampfix").rglob("*.py"))]
+    texts = fixture_and_engine_texts()
     rng = random.Random(3)
     pieces = ["is_autocast", "get_autocast_dtype", "set_autocast_enabled", "_autocast", "xis_autocast", "\u00e9",
               "autocast_dtype", "autocast_enabled", "xautocast_args", "autocast_foo_kwargs", " ", "(", ".", "_", "is",
@@ -570,7 +576,7 @@ def test_the_boundaries_tested_behind_a_literal_find_what_the_leading_boundaries
     words = summarize._EVENT_WORDS.replace("a(?<=\\ba)mp", "\\bamp")
     assert "\\bamp\\b" in words and "\\bamp_" in words
     old_amp, old_trace = re.compile(words + summarize.AMP_TEXT.pattern[len(summarize._EVENT_WORDS):]), re.compile(words)
-    texts = [p.read_text(encoding="utf-8", errors="replace") for p in FIXTURES + sorted((ROOT / "ampfix").rglob("*.py"))]
+    texts = fixture_and_engine_texts()
     texts += ["amp", "xamp", "amp_", "_amp", "camp_x", " amp ", "amp.x", "\u00e9amp", "ampamp", "def f", "xdef f",
               "\u00e9def forward(", "  def forward(self)", "def forwards"]
     for text in texts:
@@ -591,7 +597,8 @@ def test_a_plain_strings_value_is_read_without_evaluating_it():
     from ampfix.model.syntax import literal_string
 
     texts = [p.read_text(encoding="utf-8", errors="replace") for p in FIXTURES]
-    texts.append("""x = ('', "", 'a"b', "a'b", '''t''', \"\"\"u\"\"\", r'\\\\d', b'x', f'{y}', 'caf\u00e9', '\\\\n', u'v', "#")\n""")
+    texts.append("""x = ('', "", 'a"b', "a'b", '''t''', \"\"\"u\"\"\", r'\\\\d', b'x', f'{y}',\n"""
+                 """    'caf\u00e9', '\\\\n', u'v', "#")\n""")
     seen = 0
     for text in texts:
         try:
@@ -623,7 +630,7 @@ def test_the_bracket_screen_keeps_the_brackets_as_the_pattern_does():
     screen's answer at its limit (99 nested brackets pass, 100 do not)."""
     from ampfix.engine import guard
 
-    texts = [p.read_text(encoding="utf-8", errors="replace") for p in FIXTURES + sorted((ROOT / "ampfix").rglob("*.py"))]
+    texts = fixture_and_engine_texts()
     edges = ["(" * 99 + ")" * 99, "(" * 100 + ")" * 100, "[" * 60 + "{" * 40 + "}" * 40 + "]" * 60,
              "caf\u00e9(" * 100 + ")" * 100, "x = '\u00e9'\n" + "(" * 50 + ")" * 50, "\x7f(\x80)"]
     for text in texts + edges:
