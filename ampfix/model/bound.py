@@ -47,6 +47,7 @@ import libcst as cst
 
 from ampfix.model.facet import Facet
 from ampfix.model.parsing import parse_statement
+from ampfix.model.syntax import literal_string
 from ampfix.model.tree import child_nodes, dotted, target_names
 
 UNBOUND, NONE, VALUE = "unbound", "none", "value"
@@ -563,13 +564,8 @@ def _literal_true(node: cst.CSTNode) -> bool:
 
 
 def _string(node: cst.CSTNode) -> Optional[str]:
-    if isinstance(node, cst.SimpleString):
-        try:
-            value = node.evaluated_value
-        except Exception:  # pragma: no cover - odd prefixes
-            return None
-        return value if isinstance(value, str) else None
-    return None
+    """A string literal's value (`literal_string`), for one literal only (no concatenation)."""
+    return literal_string(node) if isinstance(node, cst.SimpleString) else None
 
 
 def _target_reads(target: cst.CSTNode) -> Optional[cst.CSTNode]:

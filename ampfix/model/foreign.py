@@ -36,6 +36,7 @@ import libcst as cst
 from ampfix.model.parsing import parse_expression
 from ampfix.model.summary import (IMPORTED, LOCAL, PARAM, SELF, UNKNOWN, ClassSummary, FunctionSummary,
                                   ModuleSummary, OutgoingCall, Value)
+from ampfix.model.syntax import literal_string
 from ampfix.model.tree import copied, dotted
 
 MAX_FOREIGN_DEPTH = 4
@@ -675,8 +676,7 @@ def _imported_name(call: cst.CSTNode) -> Optional[str]:
     """For `__imported__("pkg.mod.name")`: the qualified name."""
     if isinstance(call, cst.Call) and isinstance(call.func, cst.Name) and call.func.value == IMPORTED \
             and len(call.args) == 1 and isinstance(call.args[0].value, cst.SimpleString):
-        value = call.args[0].value.evaluated_value
-        return value if isinstance(value, str) else None
+        return literal_string(call.args[0].value)
     return None
 
 
