@@ -30,7 +30,6 @@ def project_candidate_test(text: Container[str], lowered: Container[str], trigge
         or any(t in text for group in requires for t in group)
 
 
-
 class Scan:
     """`string in text`, each string looked for in the text once (a `Container` for the tests
     above: the rules share most of their strings). With `lower`, the lower-cased text, made on
