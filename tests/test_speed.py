@@ -605,23 +605,12 @@ def test_a_plain_strings_value_is_read_without_evaluating_it():
             module = cst.parse_module(text)
         except cst.ParserSyntaxError:
             continue
-        for node in _nodes(module, cst.SimpleString):
+        for node in Index.of(module).by_type.get(cst.SimpleString, []):
             value = node.evaluated_value
             assert literal_string(node) == (value if isinstance(value, str) else None), node.value
             seen += 1
     assert seen > 1000
 
-
-def _nodes(module, kind):
-    out = []
-
-    class Collect(cst.CSTVisitor):
-        def on_visit(self, node):
-            if isinstance(node, kind):
-                out.append(node)
-            return True
-    module.visit(Collect())
-    return out
 
 
 def test_the_bracket_screen_keeps_the_brackets_as_the_pattern_does():
