@@ -2,7 +2,7 @@
 process and no temporary folder behind, and exits with 128 + the signal's number.
 
 Each test starts the real CLI (`python -m ampfix`) in its own session with TMPDIR pointing at a
-folder of the test's own, waits for a readiness marker (a worker's mark file, the analysing
+folder of the test's own, waits for a readiness marker (a worker that spent CPU time, the analysing
 thread, the parsing child) rather than for a fixed time, sends a real signal, and then looks at
 /proc and at the temporary folder."""
 
@@ -79,12 +79,20 @@ def _run_folders(tmp_path):
     return sorted(p.name for p in (tmp_path / "tmp").iterdir() if p.name.startswith("ampfix-run-"))
 
 
-def _worker_busy(tmp_path):
-    """A worker has started on a file: its mark file is in the pool's folder."""
-    for name in _run_folders(tmp_path):
-        if os.listdir(tmp_path / "tmp" / name):
-            return True
-    return False
+def _cpu_ticks(pid):
+    """The CPU time the process has spent (user and system, in clock ticks; 0 when gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0
+    return int(fields[11]) + int(fields[12])
+
+
+def _worker_busy(tmp_path, pid):
+    """A worker of the run's pool has started on a file: the pool's folder is there, and a
+    child of the run has spent CPU time (a fork waiting for its first job has spent none)."""
+    return bool(_run_folders(tmp_path)) and any(_cpu_ticks(child) >= 5 for child in _children(pid))
 
 
 def _finish(proc):
@@ -101,7 +109,7 @@ def test_ctrl_c_in_a_parallel_run_exits_130_and_leaves_nothing(tmp_path, command
     src = _slow_tree(tmp_path / "src")
     before = {p.name: p.read_text() for p in src.iterdir()}
     proc = _start(tmp_path, command, "--no-cache", "--unsafe-fixes" if command == "rewrite" else "-q", "-j", "2", "src")
-    _wait_for("a busy worker", lambda: _worker_busy(tmp_path))
+    _wait_for("a busy worker", lambda: _worker_busy(tmp_path, proc.pid))
     workers = _children(proc.pid)
     assert len(workers) == 2
     os.killpg(proc.pid, signal.SIGINT)  # what a terminal does on Ctrl-C: the whole foreground group
@@ -134,7 +142,7 @@ def test_a_stopped_sequential_run_exits_with_the_signal(tmp_path, sig, status):
 def test_sigterm_to_a_parallel_run_ends_its_workers_and_removes_its_folder(tmp_path, command, sig, status):
     _slow_tree(tmp_path / "src")
     proc = _start(tmp_path, command, "--no-cache", "-j", "2", "src")
-    _wait_for("a busy worker", lambda: _worker_busy(tmp_path))
+    _wait_for("a busy worker", lambda: _worker_busy(tmp_path, proc.pid))
     workers = _children(proc.pid)
     assert len(workers) == 2
     os.kill(proc.pid, getattr(signal, sig))  # the main process only, as `kill PID` or a CI runner does
@@ -148,7 +156,7 @@ def test_sigterm_to_a_parallel_run_ends_its_workers_and_removes_its_folder(tmp_p
 def test_sigkill_to_a_parallel_run_takes_its_workers_and_the_next_run_its_folder(tmp_path):
     _slow_tree(tmp_path / "src")
     proc = _start(tmp_path, "check", "--no-cache", "-j", "2", "src")
-    _wait_for("a busy worker", lambda: _worker_busy(tmp_path))
+    _wait_for("a busy worker", lambda: _worker_busy(tmp_path, proc.pid))
     workers = _children(proc.pid)
     assert len(workers) == 2
     os.kill(proc.pid, signal.SIGKILL)

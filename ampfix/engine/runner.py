@@ -370,21 +370,23 @@ def isolated(job: Job) -> FileResult:
     return result if isinstance(result, FileResult) else _crashed(job[0], proc.exitcode)
 
 
-_MARKS: Optional[str] = None
+_RUNNING = None  # a pool's worker's: the shared flags of the files being analysed (`_pool`)
 RUN_PREFIX = "ampfix-run-"  # the pool's temporary folder: ampfix-run-<pid>-XXXXXXXX
 
 
-def _init_worker(folder: str, parent: int, jobs: Optional[Dict[str, Tuple[int, Job]]] = None
-                 ) -> None:  # pragma: no cover - runs in the pool's workers
-    """A worker dies with the run (SIGKILL included) and leaves Ctrl-C to it. `jobs`: the run's
-    files by absolute path, when the workers share them out by claims (`share.Claims`)."""
-    global _MARKS
+def _init_worker(parent: int, running, jobs: Optional[Dict[str, Tuple[int, Job]]] = None,
+                 table=None) -> None:  # pragma: no cover - runs in the pool's workers
+    """A worker dies with the run (SIGKILL included) and leaves Ctrl-C to it. `running`: the
+    flags `_marked` sets while it analyses a file. `jobs` and `table`: the run's files by
+    absolute path and the claims' shared flags, when the workers share the files out by claims
+    (`share.Claims`)."""
+    global _RUNNING
     signals.child_setup(parent)
-    _MARKS = folder
+    _RUNNING = running
     if jobs is not None:
         from ampfix.engine import share
 
-        share.claims = share.Claims(os.path.join(folder, "claims"), jobs)
+        share.claims = share.Claims(table, jobs)
     collector.enter_batch()
 
 
@@ -408,8 +410,7 @@ def _kill_pool(pool) -> None:
 
 
 def _marked_work(item: Tuple[int, Job]) -> List[Tuple[int, FileResult]]:
-    """`_work` on the file at place `i` of the run, leaving a marker file while it runs: after a
-    crash, the markers left name the files that were being analysed when a worker died. With
+    """`_work` on the file at place `i` of the run, its flag set while it runs (`_marked`). With
     claims (`share.Claims`): nothing when another worker claimed the file, and the results of
     the files this worker claimed for their summaries meanwhile, analysed after it."""
     from ampfix.engine import share
@@ -426,12 +427,16 @@ def _marked_work(item: Tuple[int, Job]) -> List[Tuple[int, FileResult]]:
 
 
 def _marked(i: int, job: Job) -> FileResult:
-    mark = os.path.join(_MARKS, str(i)) if _MARKS else None
-    if mark:
-        open(mark, "wb").close()
+    """`_work`, with the file's flag in `_RUNNING` set while it runs: after a crash, the flags
+    left set name the files that were being analysed when a worker died. (They were files in
+    the pool's folder, made and removed for each job: about 0.35 ms of CPU each on the
+    benchmark machine's `/tmp`, bench/SPEED.md.)"""
+    running = _RUNNING
+    if running is not None:
+        running[i] = 1
     result = _work(job)
-    if mark:
-        os.unlink(mark)
+    if running is not None:
+        running[i] = 0
     return result
 
 
@@ -455,24 +460,29 @@ def _pool(jobs: List[Tuple[int, Job]], n: int, results: Dict[int, FileResult]) -
     from concurrent.futures import ProcessPoolExecutor
     from concurrent.futures.process import BrokenProcessPool
 
+    from ampfix.engine.share import Claims
+
     signals.sweep_temp_folders(RUN_PREFIX)
     pending = list(jobs)
     first = True
     while pending:
-        marks = signals.make_temp_folder(RUN_PREFIX)
+        folder = signals.make_temp_folder(RUN_PREFIX)
         broken = False
         pool = None
         context = _mp_context()
+        size = max(i for i, _ in pending) + 1
+        running = context.RawArray("b", size)  # `_marked`'s flags, shared with the workers
         # the workers share the files out by claims (`share.Claims`) on the first round, where
         # they are forks (the table of jobs is theirs without being sent)
-        shared = [(i, _sharing(job, marks)) for i, job in pending]
-        table = None
+        shared = [(i, _sharing(job, folder)) for i, job in pending]
+        table = claims = None
         if first and context.get_start_method() == "fork":
             table = {os.path.abspath(job[0]): (i, job) for i, job in shared}
+            claims = Claims.table(context, size)
         first = False
         try:
             pool = ProcessPoolExecutor(max_workers=min(n, len(pending)), mp_context=context,
-                                       initializer=_init_worker, initargs=(marks, os.getpid(), table))
+                                       initializer=_init_worker, initargs=(os.getpid(), running, table, claims))
             futures = [(i, job, pool.submit(_marked_work, (i, job))) for i, job in shared]
             for i, job, fut in futures:
                 try:
@@ -483,14 +493,14 @@ def _pool(jobs: List[Tuple[int, Job]], n: int, results: Dict[int, FileResult]) -
                 except Exception as exc:  # e.g. a result that cannot be sent back
                     why = f"internal error: {type(exc).__name__}: {exc} (please report this file)"
                     results[i] = FileResult(path=job[0], error=FileError(job[0], None, None, why))
-            suspects = {int(name) for name in os.listdir(marks) if name.isdigit()} if broken else set()
+            suspects = {i for i, _ in pending if running[i]} if broken else set()
             pool.shutdown(wait=True)
         except BaseException:
             if pool is not None:
                 _kill_pool(pool)
             raise
         finally:
-            shutil.rmtree(marks, ignore_errors=True)
+            shutil.rmtree(folder, ignore_errors=True)
         left = [(i, job) for i, job in pending if i not in results]
         if not left:
             return

@@ -16,7 +16,6 @@ or names another module or content, is a miss."""
 from __future__ import annotations
 
 import hashlib
-import os
 import pickle
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
@@ -58,8 +57,9 @@ class SharedSummaries:
 
 
 class Claims:
-    """Which worker of a pool analyses each file of the run: the first that claims it (a file
-    created with `O_EXCL` in the pool's private folder, named by the file's place in the run).
+    """Which worker of a pool analyses each file of the run: the first that claims it (a flag per
+    file, by its place in the run, in memory the pool's processes share: `table`, set under a
+    lock).
 
     A worker claims a file when it starts the file's job, and also when its project is about to
     parse the file for a summary (`Project.claim`): the worker then analyses that file itself,
@@ -67,33 +67,40 @@ class Claims:
     file's job later finds it claimed and leaves it. Without this, a module that one worker
     summarised and the other analysed was parsed by both (15 of accelerate's modules, 0.6 s of
     CPU). A file already claimed when a summary needs it (the other worker is analysing it, or
-    has) is parsed for its summary as before."""
+    has) is parsed for its summary as before.
 
-    def __init__(self, folder: str, jobs: Dict[str, Tuple[int, Any]]):
-        self.folder = folder
+    (The claims were files created with `O_EXCL` in the pool's folder, one a job: on the
+    benchmark machine's `/tmp` a file's creation costs about 0.35 ms of CPU, bench/SPEED.md.)"""
+
+    def __init__(self, table: Tuple[Any, Any], jobs: Dict[str, Tuple[int, Any]]):
+        self.taken, self.lock = table
         self.jobs = jobs  # absolute path -> (the file's place in the run, its job)
         self.owed: List[Tuple[int, Any]] = []  # claimed for a summary, not analysed yet (in order)
 
+    @staticmethod
+    def table(context, size: int) -> Tuple[Any, Any]:
+        """The shared flags of a run of `size` places, and their lock, made by the pool's parent
+        with the pool's multiprocessing `context` (its workers inherit them)."""
+        return context.RawArray("b", size), context.Lock()
+
     def take(self, index: int) -> Optional[bool]:
-        """Claim the file at `index`: True when this process now has it, False when another
-        process claimed it first, None when the folder cannot tell (an error: nobody is refused)."""
-        claim = os.path.join(self.folder, str(index))
-        for first in (True, False):
-            try:
-                os.close(os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
-                return True
-            except FileExistsError:
+        """Claim the file at `index`: True when this process now has it, False when a process
+        (this one included) claimed it first, None when the table cannot tell (nobody is
+        refused: the lock not had in `LOCK_WAIT` seconds, which only a worker that died holding
+        it explains, and then the pool is broken and runs what is missing again)."""
+        if not 0 <= index < len(self.taken) or not self.lock.acquire(timeout=LOCK_WAIT):
+            return None
+        try:
+            if self.taken[index]:
                 return False
-            except FileNotFoundError:  # the first claim of the run makes the folder
-                if not first:
-                    return None
-                try:
-                    os.makedirs(self.folder, 0o700, exist_ok=True)
-                except OSError:
-                    return None
-            except OSError:
-                return None
-        return None
+            self.taken[index] = 1
+            return True
+        finally:
+            self.lock.release()
+
+    def claimed(self, index: int) -> bool:
+        """Some process claimed the file at `index`."""
+        return 0 <= index < len(self.taken) and bool(self.taken[index])
 
     def for_summary(self, path: str) -> bool:
         """The project is about to parse `path` (absolute) for its summary: True when it is a
@@ -104,6 +111,9 @@ class Claims:
         self.owed.append(entry)
         return True
 
+
+#: how long a claim waits for the lock (held for a few microseconds a claim)
+LOCK_WAIT = 5.0
 
 claims: Optional[Claims] = None  # a pool's worker's (`runner._init_worker`); None elsewhere
 
