@@ -537,6 +537,47 @@ def test_the_lines_above_an_import_are_read_from_a_window_as_from_the_whole_text
     assert [len(found) for found in windowed[-1:]] == [2]  # `a` (in the `try`) and `c` (under the `if`)
 
 
+def test_the_top_level_imports_are_found_at_the_lines_that_hold_import_as_by_a_scan_of_every_line():
+    """`module_imports` tries its pattern only at the start of the lines that hold "import"
+    (`graph.at_lines_holding`), not at every offset: the same matches as `finditer` on every
+    fixture and engine file and on strings made to cross its edges (parenthesised names over
+    several lines that hold "import", `;`, comments, `\r`, words that hold "import")."""
+    import random
+
+    from ampfix.project import project
+    from ampfix.project.graph import at_lines_holding
+
+    def spans(found):
+        return [(m.start(), m.end(), m.groups()) for m in found]
+
+    rng = random.Random(11)
+    pieces = ["import os\n", "  import a.b as c\n", "from . import (x,\n", "  importer,\n  y)\n", "z = 1\n",
+              "from .m import n; import q\n", "# import r\n", "\r", "\n", "try:\n", "importlib = 1\n",
+              "from x import y  # z\n", "s = 'import t'\n", "from .import u\n", "\timport v\n", "impor", "t w\n"]
+    texts = fixture_and_engine_texts()
+    texts += ["".join(rng.choice(pieces) for _ in range(rng.randint(0, 30))) for _ in range(3000)]
+    for text in texts:
+        assert spans(at_lines_holding(text, project._TOP_IMPORT_RE)) == spans(project._TOP_IMPORT_RE.finditer(text))
+
+
+def test_the_top_level_names_are_found_after_line_breaks_as_by_the_line_start_pattern():
+    """`module_index` finds the top-level definitions and assignments after each line break
+    (`top_level_names`), not by trying `^` at every offset: the same offsets and groups as
+    `_TOP_RE.finditer` on every fixture and engine file and on strings made to cross its edges
+    (a match at the very start, empty lines first, `\r`, annotations, `==`)."""
+    import random
+
+    from ampfix.project import project
+
+    rng = random.Random(13)
+    pieces = ["def f():\n", "async def g(): pass\n", "class C(B):\n", "x = 1\n", "y: int = 2\n", "z == 3\n",
+              "    w = 4\n", "\n", "\r", "if a:\n", "\tv = 5\n", "u: Dict[str, int]\n", "t=6", "s :x= 7\n", "#", " "]
+    texts = fixture_and_engine_texts()
+    texts += ["".join(rng.choice(pieces) for _ in range(rng.randint(0, 25))) for _ in range(3000)]
+    for text in texts:
+        assert project.top_level_names(text) == [(m.start(), m.groups()) for m in project._TOP_RE.finditer(text)]
+
+
 def test_the_trigger_views_literal_scans_remove_what_the_boundary_patterns_remove():
     """The trigger view finds `autocast_...dtype` names and `is_/get_/set_autocast...` queries by
     their literal words, then tests the boundary before (`_without_autocast_values`,
