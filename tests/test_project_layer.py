@@ -1210,6 +1210,28 @@ def test_a_file_claimed_by_a_worker_that_never_analyses_it_is_checked_again_by_a
     assert parsed == ["train.py:analysis", "utils.py:analysis", "utils.py:summary"]
 
 
+def test_a_pool_of_spawned_workers_checks_the_files_as_one_of_forks(tmp_path, monkeypatch):
+    # where the pool's workers are spawned, not forked (macOS, Windows: `runner._mp_context`),
+    # the flags that mark the files being analysed reach them pickled, and there are no claims:
+    # the same results as the forks' and as the files checked one by one
+    import multiprocessing
+
+    from ampfix.engine import runner
+    from ampfix.engine.results import Settings
+
+    (tmp_path / "forked").mkdir()
+    forked, _ = _claimed_run(tmp_path / "forked", monkeypatch, 2)
+    monkeypatch.setattr(runner, "_mp_context", lambda: multiprocessing.get_context("spawn"))
+    spawned: dict = {}
+    src = tmp_path / "forked"
+    jobs = [(i, (str(src / name), ("AMP003",), Settings(project=True), False, (src / name).read_bytes()))
+            for i, name in enumerate(["train.py", "utils.py"])]
+    runner._pool(jobs, 2, spawned)
+    assert all(r.error is None for r in spawned.values())
+    assert {i: [(d.code, d.line) for d in r.diagnostics] for i, r in spawned.items()} == \
+        {i: [(d.code, d.line) for d in r.diagnostics] for i, r in forked.items()} == {0: [("AMP003", 12)], 1: []}
+
+
 def test_the_engine_takes_a_summarised_modules_parse_and_its_tree_index_once(tmp_path):
     # a module the project parsed for a summary is analysed with that parse and with the index
     # the summary's model walked (`Project.handed_index`), once; a model given the index of
