@@ -87,8 +87,8 @@ def at_lines_holding(text: str, pattern: "re.Pattern[str]", word: "re.Pattern[st
     """`list(pattern.finditer(text))` for a `pattern` that can match only at the start of a line
     (`^` with `re.MULTILINE`) whose line holds what `word` finds (each match's first line): it
     is tried only at the start of those lines, and not inside the match before (what
-    `finditer` skips). `re` would try `^` at every offset of the text: five times slower on a
-    tree's modules (bench/SPEED.md)."""
+    `finditer` skips). `re` would try `^` at every offset of the text (`module_imports`: 3.7
+    times slower on the 17017 modules of the cached trees, bench/SPEED.md)."""
     out: List["re.Match[str]"] = []
     done = last = -1  # the end of the last match; the last line tried
     for found in word.finditer(text):
