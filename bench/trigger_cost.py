@@ -2,6 +2,7 @@
 
     python bench/trigger_cost.py TREE [TREE ...] [--first N] [--every K]
     python bench/trigger_cost.py TREE --workers 2
+    python bench/trigger_cost.py TREE --inherit index,spans,resolutions,words [--rounds 3]
 
 Default: the files of `ampfix check --no-cache --select ALL TREE` that the runner hands to its
 workers (largest first, as `runner._run` orders them), each tested by `analyze.triggered` in
@@ -10,6 +11,10 @@ this process in that order, one project for the run: the process time of the fir
 the files over 20 ms with the time of each stage (`reach_bound`, `reach_words`, `reach_held`),
 and each stage's total with the files' own tests (`analyze._Tests`). `--every K`: only every
 K-th job, as one worker of a pool of K reads the tree (what it repeats of the others' reading).
+
+`--inherit KINDS`: `check -j 2`'s pool timed, rounds alternating, as it is and with the project's
+per-module text facts KINDS read in the parent before the fork (the workers inherit them for
+free): the most that sharing those facts between the workers could save.
 
 `--workers J`: runs `check --no-cache --select ALL -j J` with timers (process time, the
 outermost call only) around `analyze.triggered`, LibCST's parse (`parsing.parse_module`) and
@@ -27,6 +32,7 @@ import os
 import sys
 import tempfile
 import time
+from typing import List
 
 sys.setrecursionlimit(20000)
 
@@ -152,16 +158,100 @@ def per_worker(tree: str, jobs: int) -> None:
           ", ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}" for k, v in sorted(summed.items())))
 
 
+FACTS = ("index", "spans", "resolutions", "words", "uses", "masks")
+
+
+def inherited(tree: str, kinds: List[str], rounds: int) -> None:
+    """`check --no-cache --select ALL -j 2` with the pool's wall time measured, alternately as
+    it is and with the per-module text facts `kinds` (of `FACTS`) computed for every module of
+    the project in the parent before the fork and not counted: what sharing them between the
+    workers could save at most (its cost, the reading in the parent, is printed beside). Each
+    run in a process of its own (`_one_run`): a process's memos would carry over."""
+    import subprocess
+
+    rows = []
+    for _ in range(rounds):
+        for prefill in (False, True):
+            done = subprocess.run([sys.executable, os.path.abspath(__file__), tree, "--inherit", ",".join(kinds),
+                                   "--one-run", "1" if prefill else "0"], capture_output=True, text=True)
+            got = json.loads(done.stdout.strip().splitlines()[-1])
+            rows.append((prefill, got["pool"], got.get("reading", 0.0)))
+    for prefill in (False, True):
+        pools = [r[1] for r in rows if r[0] is prefill]
+        what = f"{','.join(kinds)} inherited" if prefill else "as it is"
+        extra = f"; the reading in the parent {max(r[2] for r in rows if r[0]):.3f} s" if prefill else ""
+        print(f"{os.path.basename(tree)}, {what}: the pool {' '.join(f'{p:.3f}' for p in pools)} s{extra}")
+
+
+def _one_run(tree: str, kinds: List[str], prefill: bool) -> None:
+    """One run of `inherited`'s, in this process: prints {"pool": s, "reading": s} as JSON."""
+    import ampfix.engine.runner as runner
+    from ampfix.engine import analyze
+    from ampfix.engine.registry import find_rule
+    from ampfix.frontends import cli
+    from ampfix.lexemes import masked
+
+    real_pool = runner._pool
+    got: dict = {}
+
+    def pool(jobs, n, results):
+        if prefill:
+            t0 = time.process_time()
+            path, codes, settings = jobs[0][1][0], jobs[0][1][1], jobs[0][1][2]
+            project = analyze.project_for(path, settings)
+            words = analyze._rule_set([find_rule(c) for c in codes])
+            for f in project.graph.files():
+                if "index" in kinds:
+                    project.index(f)
+                if "spans" in kinds:
+                    project._def_spans(f)
+                if "resolutions" in kinds:
+                    project.graph._resolutions(f)
+                if "words" in kinds:
+                    project._text_words(f, words.words, words.lower_words)
+                if "uses" in kinds:
+                    project._uses_of(f)
+                if "masks" in kinds:
+                    masked(project.text(f) or "")
+            if "resolutions" in kinds:
+                project.graph._importers_map()
+            got["reading"] = time.process_time() - t0
+        t0 = time.time()
+        real_pool(jobs, n, results)
+        got["pool"] = time.time() - t0
+
+    runner._pool = pool
+    try:
+        cli.main(["check", "--no-cache", "--select", "ALL", "-j", "2", "-q", "-o", os.devnull, tree],
+                 standalone_mode=False)
+    except SystemExit:
+        pass
+    print(json.dumps(got))
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("trees", nargs="+")
     ap.add_argument("--first", type=int, default=12)
     ap.add_argument("--workers", type=int, default=0)
     ap.add_argument("--every", type=int, default=1, help="test every K-th job only (what one worker of K reads)")
+    ap.add_argument("--inherit", help=f"comma-separated, of {', '.join(FACTS)}: the pool with these facts "
+                                      "read in the parent before the fork, against the pool as it is")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--one-run", choices=("0", "1"), help=argparse.SUPPRESS)  # `inherited`'s child
     args = ap.parse_args(argv)
     for tree in args.trees:
         tree = os.path.abspath(tree)
-        if args.workers:
+        if args.inherit:
+            kinds = [k for k in args.inherit.split(",") if k]
+            unknown = [k for k in kinds if k not in FACTS]
+            if unknown:
+                ap.error(f"--inherit: unknown {', '.join(unknown)} (of {', '.join(FACTS)})")
+            if args.one_run is not None:
+                _one_run(tree, kinds, args.one_run == "1")
+            else:
+                inherited(tree, kinds, args.rounds)
+        elif args.workers:
             per_worker(tree, args.workers)
         else:
             in_order(tree, args.first, max(1, args.every))
