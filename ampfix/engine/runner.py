@@ -460,7 +460,7 @@ def _pool(jobs: List[Tuple[int, Job]], n: int, results: Dict[int, FileResult]) -
     from concurrent.futures import ProcessPoolExecutor
     from concurrent.futures.process import BrokenProcessPool
 
-    from ampfix.engine.share import Claims
+    from ampfix.engine.share import Claims, Flags
 
     signals.sweep_temp_folders(RUN_PREFIX)
     pending = list(jobs)
@@ -471,16 +471,17 @@ def _pool(jobs: List[Tuple[int, Job]], n: int, results: Dict[int, FileResult]) -
         pool = None
         context = _mp_context()
         size = max(i for i, _ in pending) + 1
-        running = context.RawArray("b", size)  # `_marked`'s flags, shared with the workers
-        # the workers share the files out by claims (`share.Claims`) on the first round, where
-        # they are forks (the table of jobs is theirs without being sent)
-        shared = [(i, _sharing(job, folder)) for i, job in pending]
-        table = claims = None
-        if first and context.get_start_method() == "fork":
-            table = {os.path.abspath(job[0]): (i, job) for i, job in shared}
-            claims = Claims.table(context, size)
-        first = False
+        running = claims = None
         try:
+            running = Flags(os.path.join(folder, "running"), size)  # `_marked`'s, shared with the workers
+            # the workers share the files out by claims (`share.Claims`) on the first round, where
+            # they are forks (the table of jobs is theirs without being sent)
+            shared = [(i, _sharing(job, folder)) for i, job in pending]
+            table = None
+            if first and context.get_start_method() == "fork":
+                table = {os.path.abspath(job[0]): (i, job) for i, job in shared}
+                claims = Claims.table(context, folder, size)
+            first = False
             pool = ProcessPoolExecutor(max_workers=min(n, len(pending)), mp_context=context,
                                        initializer=_init_worker, initargs=(os.getpid(), running, table, claims))
             futures = [(i, job, pool.submit(_marked_work, (i, job))) for i, job in shared]
@@ -500,6 +501,9 @@ def _pool(jobs: List[Tuple[int, Job]], n: int, results: Dict[int, FileResult]) -
                 _kill_pool(pool)
             raise
         finally:
+            for flags in (running, claims[0] if claims is not None else None):
+                if flags is not None:
+                    flags.close()
             shutil.rmtree(folder, ignore_errors=True)
         left = [(i, job) for i, job in pending if i not in results]
         if not left:

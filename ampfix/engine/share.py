@@ -1,7 +1,8 @@
 """How a pool's workers hand each other module summaries within one run (`runner._pool`, with
 `--no-cache`): a module one worker summarised is read, not parsed and summarised again, by the
-others; and how they share out the files, so that a file one worker parsed for its summary is
-analysed by that worker, not parsed again by another (`Claims`).
+others; how they share out the files, so that a file one worker parsed for its summary is
+analysed by that worker, not parsed again by another (`Claims`); and the flags the pool's
+processes share (`Flags`: the claims, and which files are being analysed).
 
 The cache (`cache.Summaries`) keeps summaries as JSON in sealed, validated entries, because its
 folder outlives the run and may come from anywhere. Between the workers of one run that is
@@ -16,6 +17,8 @@ or names another module or content, is a miss."""
 from __future__ import annotations
 
 import hashlib
+import mmap
+import os
 import pickle
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
@@ -56,10 +59,45 @@ class SharedSummaries:
         write_atomically(self._entry(path, digest), data)
 
 
+class Flags:
+    """A flag (a byte) per place of the run, shared by the processes of a pool: a file of the
+    pool's private folder, mapped into memory by each of them. The forks inherit the mapping; a
+    spawned worker (macOS, Windows) maps the file again (pickled, it is its path and size). In
+    the pool's folder, it goes with it, also when the next run sweeps the folder of a run that
+    was killed. (It replaced a file per flag: on the benchmark machine's `/tmp` the creation of
+    a file costs about 0.35 ms of CPU, bench/SPEED.md, seventeenth session.)"""
+
+    def __init__(self, path: str, size: int, create: bool = True):
+        self.path, self.size = path, max(1, size)
+        if create:
+            with open(path, "wb") as fh:
+                fh.truncate(self.size)
+        with open(path, "r+b") as fh:
+            self._view: Optional[mmap.mmap] = mmap.mmap(fh.fileno(), self.size)
+
+    def __reduce__(self):
+        return (Flags, (self.path, self.size, False))
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, index: int) -> int:
+        return self._view[index] if self._view is not None else 0
+
+    def __setitem__(self, index: int, value: int) -> None:
+        if self._view is not None:
+            self._view[index] = value
+
+    def close(self) -> None:
+        """Unmap the file (before its folder is removed: Windows keeps a mapped file)."""
+        if self._view is not None:
+            self._view.close()
+            self._view = None
+
+
 class Claims:
     """Which worker of a pool analyses each file of the run: the first that claims it (a flag per
-    file, by its place in the run, in memory the pool's processes share: `table`, set under a
-    lock).
+    file, by its place in the run, that the pool's processes share: `table`, set under a lock).
 
     A worker claims a file when it starts the file's job, and also when its project is about to
     parse the file for a summary (`Project.claim`): the worker then analyses that file itself,
@@ -78,10 +116,11 @@ class Claims:
         self.owed: List[Tuple[int, Any]] = []  # claimed for a summary, not analysed yet (in order)
 
     @staticmethod
-    def table(context, size: int) -> Tuple[Any, Any]:
-        """The shared flags of a run of `size` places, and their lock, made by the pool's parent
-        with the pool's multiprocessing `context` (its workers inherit them)."""
-        return context.RawArray("b", size), context.Lock()
+    def table(context, folder: str, size: int) -> Tuple[Flags, Any]:
+        """The shared flags of a run of `size` places (in the pool's `folder`), and their lock,
+        made by the pool's parent with the pool's multiprocessing `context` (its workers inherit
+        them)."""
+        return Flags(os.path.join(folder, "claims"), size), context.Lock()
 
     def take(self, index: int) -> Optional[bool]:
         """Claim the file at `index`: True when this process now has it, False when a process
