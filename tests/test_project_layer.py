@@ -1232,6 +1232,26 @@ def test_a_pool_of_spawned_workers_checks_the_files_as_one_of_forks(tmp_path, mo
         {i: [(d.code, d.line) for d in r.diagnostics] for i, r in forked.items()} == {0: [("AMP003", 12)], 1: []}
 
 
+def test_a_pool_whose_flags_cannot_be_made_checks_the_files_without_claims(tmp_path, monkeypatch):
+    # the pool's shared flags are a file of its folder (`share.Flags`); a folder that cannot
+    # hold it (a full disk) costs the claims and the crash marks, not the check
+    from ampfix.engine import runner, share
+    from ampfix.engine.results import Settings
+
+    def refused(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(share, "Flags", refused)
+    for f in (Path(__file__).resolve().parent.parent / "fixtures" / "projects" / "bad_helper_clip").iterdir():
+        (tmp_path / f.name).write_bytes(f.read_bytes())
+    jobs = [(i, (str(tmp_path / name), ("AMP003",), Settings(project=True), False, (tmp_path / name).read_bytes()))
+            for i, name in enumerate(["train.py", "utils.py"])]
+    results: dict = {}
+    runner._pool(jobs, 2, results)
+    assert all(r.error is None for r in results.values())
+    assert {i: [(d.code, d.line) for d in r.diagnostics] for i, r in results.items()} == {0: [("AMP003", 12)], 1: []}
+
+
 def test_the_engine_takes_a_summarised_modules_parse_and_its_tree_index_once(tmp_path):
     # a module the project parsed for a summary is analysed with that parse and with the index
     # the summary's model walked (`Project.handed_index`), once; a model given the index of

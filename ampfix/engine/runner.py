@@ -473,14 +473,20 @@ def _pool(jobs: List[Tuple[int, Job]], n: int, results: Dict[int, FileResult]) -
         size = max(i for i, _ in pending) + 1
         running = claims = None
         try:
-            running = Flags(os.path.join(folder, "running"), size)  # `_marked`'s, shared with the workers
+            try:  # `_marked`'s, shared with the workers (none: after a crash, every file left runs alone)
+                running = Flags(os.path.join(folder, "running"), size)
+            except OSError:
+                pass
             # the workers share the files out by claims (`share.Claims`) on the first round, where
             # they are forks (the table of jobs is theirs without being sent)
             shared = [(i, _sharing(job, folder)) for i, job in pending]
             table = None
             if first and context.get_start_method() == "fork":
-                table = {os.path.abspath(job[0]): (i, job) for i, job in shared}
-                claims = Claims.table(context, folder, size)
+                try:
+                    claims = Claims.table(context, folder, size)
+                    table = {os.path.abspath(job[0]): (i, job) for i, job in shared}
+                except OSError:
+                    pass
             first = False
             pool = ProcessPoolExecutor(max_workers=min(n, len(pending)), mp_context=context,
                                        initializer=_init_worker, initargs=(os.getpid(), running, table, claims))
@@ -494,7 +500,7 @@ def _pool(jobs: List[Tuple[int, Job]], n: int, results: Dict[int, FileResult]) -
                 except Exception as exc:  # e.g. a result that cannot be sent back
                     why = f"internal error: {type(exc).__name__}: {exc} (please report this file)"
                     results[i] = FileResult(path=job[0], error=FileError(job[0], None, None, why))
-            suspects = {i for i, _ in pending if running[i]} if broken else set()
+            suspects = {i for i, _ in pending if running[i]} if broken and running is not None else set()
             pool.shutdown(wait=True)
         except BaseException:
             if pool is not None:

@@ -69,9 +69,9 @@ class Flags:
 
     def __init__(self, path: str, size: int, create: bool = True):
         self.path, self.size = path, max(1, size)
-        if create:
+        if create:  # zeros written, not a hole: a full disk fails here, not as a SIGBUS in a worker
             with open(path, "wb") as fh:
-                fh.truncate(self.size)
+                fh.write(bytes(self.size))
         with open(path, "r+b") as fh:
             self._view: Optional[mmap.mmap] = mmap.mmap(fh.fileno(), self.size)
 
