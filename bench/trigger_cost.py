@@ -39,8 +39,6 @@ sys.setrecursionlimit(20000)
 
 def _jobs(tree: str):
     """The jobs the runner would hand to a pool, in its order (the pool is not started)."""
-    import ampfix.engine.runner as runner
-    from ampfix.frontends import cli
 
     captured = {}
 
@@ -48,8 +46,18 @@ def _jobs(tree: str):
         captured["jobs"] = jobs
         raise SystemExit(0)
 
+    _check_with_pool(tree, stop)
+    return captured.get("jobs", [])
+
+
+def _check_with_pool(tree: str, pool) -> None:
+    """`ampfix check --no-cache --select ALL -j 2 TREE` in this process, with `pool` in place of
+    the runner's `_pool(jobs, n, results)`."""
+    import ampfix.engine.runner as runner
+    from ampfix.frontends import cli
+
     original = runner._pool
-    runner._pool = stop
+    runner._pool = pool
     try:
         cli.main(["check", "--no-cache", "--select", "ALL", "-j", "2", "-q", "-o", os.devnull, tree],
                  standalone_mode=False)
@@ -57,7 +65,6 @@ def _jobs(tree: str):
         pass
     finally:
         runner._pool = original
-    return captured.get("jobs", [])
 
 
 def in_order(tree: str, first: int, every: int = 1) -> None:
@@ -188,7 +195,6 @@ def _one_run(tree: str, kinds: List[str], prefill: bool) -> None:
     import ampfix.engine.runner as runner
     from ampfix.engine import analyze
     from ampfix.engine.registry import find_rule
-    from ampfix.frontends import cli
     from ampfix.lexemes import masked
 
     real_pool = runner._pool
@@ -220,12 +226,7 @@ def _one_run(tree: str, kinds: List[str], prefill: bool) -> None:
         real_pool(jobs, n, results)
         got["pool"] = time.time() - t0
 
-    runner._pool = pool
-    try:
-        cli.main(["check", "--no-cache", "--select", "ALL", "-j", "2", "-q", "-o", os.devnull, tree],
-                 standalone_mode=False)
-    except SystemExit:
-        pass
+    _check_with_pool(tree, pool)
     print(json.dumps(got))
 
 
