@@ -428,9 +428,7 @@ def _marked_work(item: Tuple[int, Job]) -> List[Tuple[int, FileResult]]:
 
 def _marked(i: int, job: Job) -> FileResult:
     """`_work`, with the file's flag in `_RUNNING` set while it runs: after a crash, the flags
-    left set name the files that were being analysed when a worker died. (They were files in
-    the pool's folder, made and removed for each job: about 0.35 ms of CPU each on the
-    benchmark machine's `/tmp`, bench/SPEED.md.)"""
+    left set name the files that were being analysed when a worker died (`share.Flags`)."""
     running = _RUNNING
     if running is not None:
         running[i] = 1

@@ -64,8 +64,9 @@ class Flags:
     pool's private folder, mapped into memory by each of them. The forks inherit the mapping; a
     spawned worker (macOS, Windows) maps the file again (pickled, it is its path and size). In
     the pool's folder, it goes with it, also when the next run sweeps the folder of a run that
-    was killed. (It replaced a file per flag: on the benchmark machine's `/tmp` the creation of
-    a file costs about 0.35 ms of CPU, bench/SPEED.md, seventeenth session.)"""
+    was killed. (It replaced a file per flag, the claims' and the crash marks': on the benchmark
+    machine's `/tmp` the creation of a file costs about 0.35 ms of CPU, bench/SPEED.md,
+    seventeenth session.)"""
 
     def __init__(self, path: str, size: int, create: bool = True):
         self.path, self.size = path, max(1, size)
@@ -105,10 +106,7 @@ class Claims:
     file's job later finds it claimed and leaves it. Without this, a module that one worker
     summarised and the other analysed was parsed by both (15 of accelerate's modules, 0.6 s of
     CPU). A file already claimed when a summary needs it (the other worker is analysing it, or
-    has) is parsed for its summary as before.
-
-    (The claims were files created with `O_EXCL` in the pool's folder, one a job: on the
-    benchmark machine's `/tmp` a file's creation costs about 0.35 ms of CPU, bench/SPEED.md.)"""
+    has) is parsed for its summary as before."""
 
     def __init__(self, table: Tuple[Any, Any], jobs: Dict[str, Tuple[int, Any]]):
         self.taken, self.lock = table
