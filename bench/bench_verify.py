@@ -154,6 +154,7 @@ def main():
     ap.add_argument("--jobs", type=int, default=1, help="buggy fixtures verified side by side")
     ap.add_argument("--out", default=CACHE, help="folder for the raw JSON documents")
     ap.add_argument("--fixtures", nargs="*", help="only the correct fixtures of these names")
+    ap.add_argument("--bugs", nargs="*", help="only the buggy fixtures of these names")
     a = ap.parse_args()
 
     import torch  # only for the header
@@ -187,6 +188,7 @@ def main():
     if a.skip_bugs:
         return
     bugs = BUGS + (MORE_BUGS if a.all_bugs else [])
+    bugs = [b for b in bugs if not a.bugs or b[0] in a.bugs]
 
     def one(item):
         bug, fixed, opts = item

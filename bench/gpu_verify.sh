@@ -24,7 +24,8 @@ STEPS=${STEPS:-200}
 REPS=${REPS:-3}
 WARMUP=${WARMUP:-20}
 XDIST=$("$PY" -c "import xdist" 2>/dev/null && echo "-n 8")
-# e.g. LARGE_FIXTURES="mlp.py": only these correct fixtures in that part (SMALL_FIXTURES alike)
+# e.g. LARGE_FIXTURES="mlp.py": only these correct fixtures in that part (SMALL_FIXTURES alike;
+# BUG_FIXTURES="buggy_fp16_no_scaler.py ...": only these buggy fixtures)
 
 {
     nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv 2>&1
@@ -48,7 +49,7 @@ part "${TESTS_S:-80}" tests "$PY" -m pytest -q -p no:cacheprovider $XDIST tests/
 part "${LARGE_S:-150}" large "$PY" bench/bench_verify.py --steps "$STEPS" --warmup "$WARMUP" --reps "$REPS" --threads 4 \
     --large --skip-bugs --only-large ${LARGE_FIXTURES:+--fixtures $LARGE_FIXTURES} --out "$OUT/json/large"
 part "${BUGS_S:-110}" bugs "$PY" bench/bench_verify.py --steps "$STEPS" --warmup "$WARMUP" --reps 1 --threads 2 \
-    --only-bugs --all-bugs --jobs 6 --out "$OUT/json/bugs"
+    --only-bugs --all-bugs --jobs 6 ${BUG_FIXTURES:+--bugs $BUG_FIXTURES} --out "$OUT/json/bugs"
 part "${SMALL_S:-90}" small "$PY" bench/bench_verify.py --steps "$STEPS" --warmup "$WARMUP" --reps "$REPS" --threads 4 \
     --skip-bugs ${SMALL_FIXTURES:+--fixtures $SMALL_FIXTURES} --out "$OUT/json/small"
 # where verify's AMP run loses its speed on CUDA (bench/gpu_verify_overhead.py), with the SM clock
