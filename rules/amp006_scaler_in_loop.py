@@ -33,8 +33,9 @@ Found: a GradScaler built in the loop body (or in a helper the loop calls each e
 iteration) that is then stepped or updated in the same iteration, and a scaler built in a
 function whose name says it runs once per step or epoch (`optimize_parameters(self,
 current_iter)`, `train_one_epoch`) and not called in the file. Not found: a scaler built once
-per run (in `main()`, in a function called once, in `__init__`), lazily (`if self.scaler is
-None:`), in a loop that also builds the optimizer (a loop over folds, trials or runs: each is a
+per run (in `main()`, in a function called once, in `__init__`, in a function that runs the
+epochs itself whatever its parameters say: `train(self, ..., epoch=0)` with its loop over epochs),
+lazily (`if self.scaler is None:`), in a loop that also builds the optimizer (a loop over folds, trials or runs: each is a
 new run), or disabled (`enabled=False`: a no-op whatever its age).
 
 With bfloat16 the mistake rarely shows (bfloat16 has float32's range: its gradients hardly
@@ -101,8 +102,9 @@ for x, y in loader:
         if new.loops():
             return None  # built once per fold/trial/run
         kind = model.per_step_name(trace.root)
-        if kind is None or (kind == "step" and any(u.loops() for u in uses)):
-            return None
+        if kind is None or (kind == "step" and any(u.loops() for u in uses)) or \
+                any(model.iterates_epochs(group_loop(g)) for u in uses for g in u.loops()):
+            return None  # a step function that loops, or a function that runs the epochs itself
         name = trace.root.name.value  # type: ignore[attr-defined]
         message = (f"`{name}` builds a new GradScaler on every call, and it runs once per {kind}: the scale starts "
                    "again at 65536 each time; build the scaler once (in `__init__`, or before the loop) and reuse it")

@@ -344,6 +344,28 @@ def test_an_iteration_is_a_loop_group_read_through_its_accessors():
     assert group_loop(None) is None and group_frame(None) == ()
 
 
+def test_a_loop_over_epochs_is_named_by_its_target_its_range_or_its_test():
+    m = model("""
+        def f(loader, epoch, max_epochs, start_epoch, self):
+            for epoch in range(epoch + 1, max_epochs + 1):
+                pass
+            for _ in range(start_epoch, self.num_epochs):
+                pass
+            while self.epoch < self.n_epochs:
+                pass
+            for x in tqdm(loader, desc=f"epoch {epoch}"):
+                pass
+            for step in range(len(loader)):
+                pass
+            while True:
+                pass
+    """)
+    loops = [n for n in m.nodes_of(cst.For)] + [n for n in m.nodes_of(cst.While)]
+    loops.sort(key=lambda n: m.line(n))
+    assert [m.iterates_epochs(n) for n in loops] == [True, True, True, False, False, False]
+    assert not m.iterates_epochs(m.functions["f"][0])
+
+
 # ---------------------------------------------------------------------- checkpoints and precision
 
 

@@ -2,7 +2,7 @@
 them before it analyses anything (see ampfix/engine/rulemeta.py). Do not edit; regenerate.
 """
 
-DIGEST = '8332bfb0adfd2b1cdebce8598be6e9d54116067bf50535f32b182842765e74c5'
+DIGEST = '2ec331aeb90b84ca364ebf3d03935b84316295c911ba62aee24cb5f5dad6cbcf'
 
 RULES = [
     ('AMP001', 'backward-in-autocast', True, ('autocast',), (),

@@ -67,6 +67,26 @@ def _tokens(name: str) -> List[str]:
     return [t for t in name.lower().split("_") if t]
 
 
+EPOCH_TOKENS = {"epoch", "epochs"}
+
+
+def _names_in(node: cst.CSTNode) -> List[str]:
+    """The names an expression reads: each `Name`, and the last part of each `Attribute`
+    (`self.n_epochs`: "n_epochs")."""
+    out: List[str] = []
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        if isinstance(n, cst.Name):
+            out.append(n.value)
+        elif isinstance(n, cst.Attribute):
+            out.append(n.attr.value)
+            stack.append(n.value)
+        else:
+            stack.extend(child_nodes(n))
+    return out
+
+
 class Iterations:
     """Training iterations, their ends, accumulation boundaries (a part of `AmpModel`)."""
 
@@ -499,6 +519,22 @@ class Iterations:
         if tokens & PER_STEP_TOKENS or params & (PER_STEP_PARAMS - {"epoch"}):
             return "step"
         return "epoch" if "epoch" in params else None
+
+    def iterates_epochs(self, loop: cst.CSTNode) -> bool:
+        """A loop over epochs: a `for` whose target, or the bounds of whose `range(...)`, a
+        `while` whose test, names epochs (`for epoch in range(epoch + 1, max_epochs + 1)`,
+        `for _ in range(start_epoch, num_epochs)`, `while self.epoch < self.n_epochs`). The
+        function that runs it runs many epochs, whatever its parameters say (`per_step_name`)."""
+        if isinstance(loop, cst.For):
+            parts: List[cst.CSTNode] = [loop.target]
+            it = loop.iter
+            if isinstance(it, cst.Call) and dotted(it.func) == "range":
+                parts.extend(a.value for a in it.args)
+        elif isinstance(loop, cst.While):
+            parts = [loop.test]
+        else:
+            return False
+        return any(EPOCH_TOKENS.intersection(_tokens(name)) for part in parts for name in _names_in(part))
 
     def _loops_between(self, node: cst.CSTNode, stop: cst.CSTNode) -> List[cst.CSTNode]:
         """The loops whose bodies hold `node`, innermost first, up to (not including) `stop`
