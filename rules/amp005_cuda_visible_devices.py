@@ -202,14 +202,17 @@ def worker(rank):
         scope = model.function_of(write.node) or model.module
         trace = model.trace(scope)
         point = model.point(trace, write.node)
-        for init in trace.before(point, CUDA_INIT):
-            if not model.may_precede(trace, init, point):
-                continue
+        inits = [i for i in trace.before(point, CUDA_INIT) if model.may_precede(trace, i, point)]
+        # the message names an initialisation that runs on every path to the write where there is one
+        always = next((i for i in inits if model.mandatory_between(i, None, point)), None)
+        init = always or (inits[0] if inits else None)
+        if init is not None:
             shown = init.path[0]
             via = "" if shown is init.node else f" inside `{model.code(shown)}` (line {model.line(shown)})"
             msg = (
                 f"{TARGET} is set after CUDA was initialised by `{init.event.detail}` on line "
-                f"{model.line(init.node)}{via}: CUDA reads it once, at initialisation, so this has no effect; "
+                f"{model.line(init.node)}{via}{'' if always else ' (on the paths that run it)'}: CUDA reads it "
+                "once, at initialisation, so this has no effect; "
                 "set it before `import torch` (before any CUDA call)"
             )
             return Violation(write.node, message=msg, fix=self._move_fix(model, write) if shown is init.node else None)

@@ -147,3 +147,24 @@ def test_format_index_is_found():
         """
     )
     assert [line for line, _ in got] == [7]
+
+
+def test_the_message_names_an_initialisation_on_every_path_where_there_is_one():
+    # ludwig's initialize_pytorch (read in an unseen project): an optional is_available() first,
+    # then one in the test of the branch that sets the variable
+    got = findings("""
+        import os
+        import torch
+
+        def initialize(gpus, allow_parallel_threads=True):
+            if not allow_parallel_threads:
+                if torch.cuda.is_available():
+                    torch.backends.cudnn.deterministic = True
+            if gpus == [-1]:
+                os.environ["CUDA_VISIBLE_DEVICES"] = ""
+            elif torch.cuda.is_available():
+                os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus)
+    """)
+    assert [line for line, _ in got] == [10, 12]
+    assert "on line 7 (on the paths that run it):" in got[0][1]
+    assert "on line 11:" in got[1][1] and "on the paths" not in got[1][1]

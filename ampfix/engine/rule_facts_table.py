@@ -2,7 +2,7 @@
 them before it analyses anything (see ampfix/engine/rulemeta.py). Do not edit; regenerate.
 """
 
-DIGEST = '2ec331aeb90b84ca364ebf3d03935b84316295c911ba62aee24cb5f5dad6cbcf'
+DIGEST = 'fcd57a6713c5307659f55cca02d02800bbdac8958c9a4c6568310f228ae2cf97'
 
 RULES = [
     ('AMP001', 'backward-in-autocast', True, ('autocast',), (),
