@@ -17,7 +17,7 @@ from ampfix.rule import UNSAFE, FileContext, Fix, Rule, Violation
 class Fp16WithoutLossScaling(Rule):
     code = "AMP017"
     name = "fp16-without-loss-scaling"
-    message = ("`backward()` of a loss computed under float16 autocast{where}, with no GradScaler: gradients below "
+    message = ("`backward()` of a loss computed under float16 autocast{where}, {scaler}: gradients below "
                "float16's range (6e-8) flush to zero, silently; scale the loss with `torch.amp.GradScaler`, or use "
                "bfloat16 where the hardware has it")
     triggers = ("autocast",)
@@ -37,14 +37,16 @@ no GradScaler trains on gradients that are silently zero where they should be sm
 Reported when the loss of a `backward()` followed by an optimizer step is computed in an autocast
 region known to run float16 (its `dtype=`, the CUDA default, or a dtype chosen from
 configuration that is float16 on every path), also through helpers and other modules of the
-project, and nothing on that path scales it. Not reported: bfloat16 (float32's range: it needs
+project, and nothing on that path scales it, also where the code holds a GradScaler that this
+path does not use (a method that trains a second network without the class's scaler). Not reported: bfloat16 (float32's range: it needs
 no scaling; CPU autocast defaults to it), a dtype that may be bfloat16, any GradScaler in the
 training step (`scaler.scale(loss)`, also through helpers; `GradScaler(enabled=use_fp16)`), a
 framework that scales (Accelerate `mixed_precision="fp16"` with `accelerator.backward`, Fabric
 and Lightning "16-mixed", DeepSpeed's `engine.backward(loss)`, apex's `amp.scale_loss`),
 evaluation under `torch.no_grad()` and inference without backward.
 
-The fix is unsafe (it changes training). When the backward, the optimizer's only `step()` and
+The fix is unsafe (it changes training), and there is none where the code holds a GradScaler
+(which one to use is the author's choice). When the backward, the optimizer's only `step()` and
 its construction are in this file, it adds a GradScaler: `scaler = torch.amp.GradScaler("cuda")`
 after the optimizer is built, `scaler.scale(loss).backward()`, `scaler.step(optimizer)` and
 `scaler.update()`; this works on every GPU. Otherwise, when the region is a `with` of this file
@@ -95,7 +97,7 @@ for x, y in loader:
                 continue  # a GradScaler (or what may be one) in this training step: AMP008 judges the rest
             for bw in trace.of(BACKWARD):
                 loss = model.unscaled_loss(bw)
-                if loss is None or model.checkpoints.scalers_at(bw.node) or _scales_unseen(model, bw):
+                if loss is None or _scales_unseen(model, bw):
                     continue
                 if model.precision.value_dtypes(loss) != {"float16"}:
                     continue
@@ -116,9 +118,11 @@ for x, y in loader:
                 first = min(foreign) if foreign else None
                 where = f" (line {model.line(regions[0].node)})" if regions else \
                     f" (in `{first.function}`, {_rel(model, first.path)}:{first.line})" if first else ""
-                message = self.message.format(where=where) + model.where(bw, shown)
+                held = model.checkpoints.scalers_at(bw.node)  # a scaler this path could use, and does not
+                scaler = f"not scaled by the GradScaler `{held[0]}` it could use" if held else "with no GradScaler"
+                message = self.message.format(where=where, scaler=scaler) + model.where(bw, shown)
                 yield Violation(shown, message=message, related=related,
-                                fix=None if foreign else _fix(model, trace, bw, step, loss, regions))
+                                fix=None if foreign or held else _fix(model, trace, bw, step, loss, regions))
 
 
 def _fix(model: AmpModel, trace: Trace, bw: TraceEvent, step: TraceEvent, loss: cst.BaseExpression,

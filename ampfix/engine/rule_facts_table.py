@@ -2,7 +2,7 @@
 them before it analyses anything (see ampfix/engine/rulemeta.py). Do not edit; regenerate.
 """
 
-DIGEST = 'fcd57a6713c5307659f55cca02d02800bbdac8958c9a4c6568310f228ae2cf97'
+DIGEST = '401fcd4ffb3ffd6d995efc2c5835743420050826e4a3750a951df86fc0f9f310'
 
 RULES = [
     ('AMP001', 'backward-in-autocast', True, ('autocast',), (),
