@@ -35,8 +35,10 @@ different precision than their forward.
 
 The region may be opened anywhere the file shows: `with torch.autocast(...)`, a context bound to
 a name or module global (`ctx = nullcontext() if cpu else torch.autocast(...)`), a trainer's
-`self.amp_autocast = partial(torch.autocast, ...)`; and the backward may run in a helper or
-closure called inside the region (reported at that call).
+`self.amp_autocast = partial(torch.autocast, ...)`, a framework's `accelerator.autocast()` or
+`fabric.autocast()` on an Accelerator or Fabric the code builds (unless it runs no mixed
+precision); and the backward may run in a helper or closure called inside the region (reported
+at that call).
 
 The fix moves the backward call, and the statements after it, out of the `with` block. It is
 safe when only backward/optimizer/scaler/scheduler/zero_grad calls move, unsafe otherwise (or

@@ -344,6 +344,35 @@ def test_an_iteration_is_a_loop_group_read_through_its_accessors():
     assert group_loop(None) is None and group_frame(None) == ()
 
 
+def test_a_frameworks_autocast_is_a_region_in_its_mixed_precision_dtype():
+    m = model("""
+        from accelerate import Accelerator
+        from lightning.fabric import Fabric
+
+        def f(runner, precision):
+            a = Accelerator(mixed_precision="fp16")
+            b = Accelerator(mixed_precision="no")
+            c = Accelerator(mixed_precision=precision)
+            d = Fabric(precision="bf16-mixed")
+            with a.autocast():
+                pass
+            with b.autocast():
+                pass
+            with c.autocast():
+                pass
+            with d.autocast():
+                pass
+            with runner.autocast():
+                pass
+            with a.autocast(cache_enabled=False):
+                pass
+    """)
+    withs = sorted(m.nodes_of(cst.With), key=m.line)
+    regions = [m.with_region(w) for w in withs]
+    assert [(r.dtype, r.enabled) if r else None for r in regions] == [
+        ("float16", True), ("dynamic", False), ("dynamic", None), ("bfloat16", True), None, None]
+
+
 def test_a_loop_over_epochs_is_named_by_its_target_its_range_or_its_test():
     m = model("""
         def f(loader, epoch, max_epochs, start_epoch, self):

@@ -2,7 +2,7 @@
 them before it analyses anything (see ampfix/engine/rulemeta.py). Do not edit; regenerate.
 """
 
-DIGEST = '401fcd4ffb3ffd6d995efc2c5835743420050826e4a3750a951df86fc0f9f310'
+DIGEST = '57192f6448ff7973d3d6512c00f3b444d509a751aa28c153531e4fc4b927c6cf'
 
 RULES = [
     ('AMP001', 'backward-in-autocast', True, ('autocast',), (),

@@ -91,12 +91,34 @@ class Regions:
             return None
         return self._region_from_args(api, call.args, call, call)
 
+    def _framework_region(self, call: cst.Call) -> Optional[Region]:
+        """`accelerator.autocast()` / `fabric.autocast()` (no arguments: an `autocast_handler`
+        may change the region) on an Accelerator or Fabric built in the code: a `torch.autocast` region in the framework's mixed-precision dtype, disabled
+        when it runs none, possibly enabled in a dtype not known ("dynamic") when its precision
+        is not known statically (a launch option). None for any other call (an object the code
+        does not show to be one of them: unknown)."""
+        func = call.func
+        if not (isinstance(func, cst.Attribute) and func.attr.value == "autocast") or call.args:
+            return None
+        from ampfix.model.frameworks import frameworks
+
+        fws = frameworks(self).frameworks_of(func.value)
+        if not fws:
+            return None
+        kinds = [fw.mixed_dtypes for fw in fws]
+        dtypes = {d for k in kinds if k is not None for d in k}
+        known = all(k is not None for k in kinds)
+        enabled: Optional[bool] = False if known and not dtypes else True if known and all(kinds) else None
+        dtype = dtypes.pop() if known and len(dtypes) == 1 else "dynamic"
+        api = Api("autocast", None, False, f"{fws[0].name}.autocast")
+        return Region(node=call, call=call, api=api, device=None, dtype=dtype, enabled=enabled)
+
     def _context_region(self, expr: cst.BaseExpression, depth: int = 0) -> Optional[Region]:
         """The autocast region a `with` item's expression opens (None: not an autocast)."""
         if depth > MAX_DEPTH:
             return None
         if isinstance(expr, cst.Call):
-            direct = self._autocast_call_info(expr)
+            direct = self._autocast_call_info(expr) or self._framework_region(expr)
             if direct is not None:
                 return direct
             # a name bound to partial(torch.autocast, ...) (or to a region-returning value), called
