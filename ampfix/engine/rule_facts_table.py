@@ -2,7 +2,7 @@
 them before it analyses anything (see ampfix/engine/rulemeta.py). Do not edit; regenerate.
 """
 
-DIGEST = '57192f6448ff7973d3d6512c00f3b444d509a751aa28c153531e4fc4b927c6cf'
+DIGEST = '895fa3dfecd4277d14082f64f3225040c0ff5a723eb46d79fa0e9fca73eefa0d'
 
 RULES = [
     ('AMP001', 'backward-in-autocast', True, ('autocast',), (),
