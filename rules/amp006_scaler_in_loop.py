@@ -35,8 +35,8 @@ function whose name says it runs once per step or epoch (`optimize_parameters(se
 current_iter)`, `train_one_epoch`) and not called in the file. Not found: a scaler built once
 per run (in `main()`, in a function called once, in `__init__`, in a function that runs the
 epochs itself whatever its parameters say: `train(self, ..., epoch=0)` with its loop over epochs),
-lazily (`if self.scaler is None:`), in a loop that also builds the optimizer (a loop over folds, trials or runs: each is a
-new run), or disabled (`enabled=False`: a no-op whatever its age).
+lazily (`if self.scaler is None:`), in a loop that also builds the optimizer (a loop over folds,
+trials or runs: each is a new run), or disabled (`enabled=False`: a no-op whatever its age).
 
 With bfloat16 the mistake rarely shows (bfloat16 has float32's range: its gradients hardly
 ever overflow, so the scale hardly matters); with float16 it does, on CUDA and on the CPU alike.

@@ -38,10 +38,10 @@ Reported when the loss of a `backward()` followed by an optimizer step is comput
 region known to run float16 (its `dtype=`, the CUDA default, or a dtype chosen from
 configuration that is float16 on every path), also through helpers and other modules of the
 project, and nothing on that path scales it, also where the code holds a GradScaler that this
-path does not use (a method that trains a second network without the class's scaler). Not reported: bfloat16 (float32's range: it needs
-no scaling; CPU autocast defaults to it), a dtype that may be bfloat16, any GradScaler in the
-training step (`scaler.scale(loss)`, also through helpers; `GradScaler(enabled=use_fp16)`), a
-framework that scales (Accelerate `mixed_precision="fp16"` with `accelerator.backward`, Fabric
+path does not use (a method that trains a second network without the class's scaler). Not
+reported: bfloat16 (float32's range: it needs no scaling; CPU autocast defaults to it), a dtype
+that may be bfloat16, any GradScaler in the training step (`scaler.scale(loss)`, also through
+helpers; `GradScaler(enabled=use_fp16)`), a framework that scales (Accelerate `mixed_precision="fp16"` with `accelerator.backward`, Fabric
 and Lightning "16-mixed", DeepSpeed's `engine.backward(loss)`, apex's `amp.scale_loss`),
 evaluation under `torch.no_grad()` and inference without backward.
 

@@ -2,7 +2,7 @@
 them before it analyses anything (see ampfix/engine/rulemeta.py). Do not edit; regenerate.
 """
 
-DIGEST = '895fa3dfecd4277d14082f64f3225040c0ff5a723eb46d79fa0e9fca73eefa0d'
+DIGEST = 'b796b4eb9b453e8338be3840f8b8693600db77a0e4dad2ab3c7609f3a2596a84'
 
 RULES = [
     ('AMP001', 'backward-in-autocast', True, ('autocast',), (),

@@ -93,10 +93,11 @@ class Regions:
 
     def _framework_region(self, call: cst.Call) -> Optional[Region]:
         """`accelerator.autocast()` / `fabric.autocast()` (no arguments: an `autocast_handler`
-        may change the region) on an Accelerator or Fabric built in the code: a `torch.autocast` region in the framework's mixed-precision dtype, disabled
-        when it runs none, possibly enabled in a dtype not known ("dynamic") when its precision
-        is not known statically (a launch option). None for any other call (an object the code
-        does not show to be one of them: unknown)."""
+        may change the region) on an Accelerator or Fabric built in the code: a `torch.autocast`
+        region in the framework's mixed-precision dtype, disabled when it runs none, possibly
+        enabled in a dtype not known ("dynamic") when its precision is not known statically (a
+        launch option). None for any other call (an object the code does not show to be one of
+        them: unknown)."""
         func = call.func
         if not (isinstance(func, cst.Attribute) and func.attr.value == "autocast") or call.args:
             return None
