@@ -41,8 +41,9 @@ project, and nothing on that path scales it, also where the code holds a GradSca
 path does not use (a method that trains a second network without the class's scaler). Not
 reported: bfloat16 (float32's range: it needs no scaling; CPU autocast defaults to it), a dtype
 that may be bfloat16, any GradScaler in the training step (`scaler.scale(loss)`, also through
-helpers; `GradScaler(enabled=use_fp16)`), a framework that scales (Accelerate `mixed_precision="fp16"` with `accelerator.backward`, Fabric
-and Lightning "16-mixed", DeepSpeed's `engine.backward(loss)`, apex's `amp.scale_loss`),
+helpers; `GradScaler(enabled=use_fp16)`), a framework that scales (Accelerate
+`mixed_precision="fp16"` with `accelerator.backward`, Fabric and Lightning "16-mixed",
+DeepSpeed's `engine.backward(loss)`, apex's `amp.scale_loss`),
 evaluation under `torch.no_grad()` and inference without backward.
 
 The fix is unsafe (it changes training), and there is none where the code holds a GradScaler

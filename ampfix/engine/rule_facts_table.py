@@ -2,7 +2,7 @@
 them before it analyses anything (see ampfix/engine/rulemeta.py). Do not edit; regenerate.
 """
 
-DIGEST = 'b796b4eb9b453e8338be3840f8b8693600db77a0e4dad2ab3c7609f3a2596a84'
+DIGEST = 'fae6ee7f10655528d8602e5a12660780d3a3e100f6aa02f358832089237195cb'
 
 RULES = [
     ('AMP001', 'backward-in-autocast', True, ('autocast',), (),
