@@ -3,13 +3,14 @@ and which fixture bugs really change training here.
 
     python bench/bench_verify.py [--steps 200] [--reps 3] [--threads N] [--skip-bugs]
                                  [--large] [--all-bugs] [--jobs N] [--out DIR]
-                                 [--fixtures NAME...]
+                                 [--fixtures NAME...] [--bugs NAME...]
 
 On CUDA the fixtures train float16 with an enabled GradScaler, on the CPU bfloat16; the tables
 name the dtype each run used.  `--large` adds the fixtures at sizes where tensor cores pay
 (the seed's stack of Linear 4096 layers); `--all-bugs` verifies every buggy fixture (unsafe fixes
 applied where the fixture's rule has only an unsafe fix); `--jobs` runs the buggy fixtures'
-verifications side by side (they are not timed; the speed table always runs one at a time).
+verifications side by side (they are not timed; the speed table always runs one at a time);
+`--fixtures` and `--bugs` keep only the correct and the buggy fixtures of those names.
 
 Runs `python -m ampfix verify ... --json` (interleaved repetitions, pinned threads, fixed
 seeds) and prints Markdown tables; the raw JSON documents go to bench/.cache/verify/.
