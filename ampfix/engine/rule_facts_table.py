@@ -2,7 +2,7 @@
 them before it analyses anything (see ampfix/engine/rulemeta.py). Do not edit; regenerate.
 """
 
-DIGEST = 'fae6ee7f10655528d8602e5a12660780d3a3e100f6aa02f358832089237195cb'
+DIGEST = '72f122f556ccf6610bd9e53c8a1a7bfb5fa0037f64432a020e2a74955aea465a'
 
 RULES = [
     ('AMP001', 'backward-in-autocast', True, ('autocast',), (),
