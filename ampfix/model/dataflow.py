@@ -27,7 +27,7 @@ import libcst as cst
 
 from ampfix.model.facet import Facet
 from ampfix.model.syntax import call_name
-from ampfix.model.tree import child_nodes, target_names
+from ampfix.model.tree import nodes_under, target_names
 
 if TYPE_CHECKING:  # pragma: no cover
     from ampfix.model import AmpModel
@@ -271,7 +271,7 @@ class Dataflow(Facet):
     def reads_get_scale(self, expr: cst.CSTNode) -> bool:
         """`expr` contains `X.get_scale()` (any receiver) or reads a name of its function
         computed from one (`inv_scale = 1. / scaler.get_scale()`)."""
-        calls = [c for c in _nodes_under(expr, cst.Call) if call_name(c) in ("get_scale", "_get_scale_async")]
+        calls = [c for c in nodes_under(expr, cst.Call) if call_name(c) in ("get_scale", "_get_scale_async")]
         if calls:
             return True
         scope = self.model.scope_of(expr)
@@ -305,21 +305,8 @@ def _changes_gradients(model, call: cst.Call) -> bool:
     return any(n.startswith("torch._foreach_") or n.startswith("torch.nn.utils.clip_grad") for n in names)
 
 
-def _nodes_under(node: cst.CSTNode, kind: type) -> List[cst.CSTNode]:
-    out: List[cst.CSTNode] = []
-    stack = [node]
-    while stack:
-        n = stack.pop()
-        if isinstance(n, kind):
-            out.append(n)
-        if isinstance(n, (cst.Lambda, cst.FunctionDef, cst.ClassDef)):
-            continue
-        stack.extend(child_nodes(n))
-    return out
-
-
 def _names_under(node: cst.CSTNode) -> List[cst.Name]:
-    return _nodes_under(node, cst.Name)  # type: ignore[return-value]
+    return nodes_under(node, cst.Name)  # type: ignore[return-value]
 
 
 def _bound_under(target: cst.CSTNode) -> List[cst.Name]:

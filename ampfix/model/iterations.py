@@ -35,7 +35,7 @@ from ampfix.model.events import BACKWARD, EXIT, SCALER_STEP, UNSCALE, UPDATE, ZE
 from ampfix.model.parsing import parse_expression
 from ampfix.model.readwrite import reads_writes
 from ampfix.model.syntax import call_name, literal_bool
-from ampfix.model.tree import LOOP_TYPES, child_nodes, dotted
+from ampfix.model.tree import LOOP_TYPES, child_nodes, dotted, nodes_under
 
 Group = Hashable
 # a test that names gradient accumulation or "this micro-batch steps"
@@ -68,23 +68,6 @@ def _tokens(name: str) -> List[str]:
 
 
 EPOCH_TOKENS = {"epoch", "epochs"}
-
-
-def _names_in(node: cst.CSTNode) -> List[str]:
-    """The names an expression reads: each `Name`, and the last part of each `Attribute`
-    (`self.n_epochs`: "n_epochs")."""
-    out: List[str] = []
-    stack = [node]
-    while stack:
-        n = stack.pop()
-        if isinstance(n, cst.Name):
-            out.append(n.value)
-        elif isinstance(n, cst.Attribute):
-            out.append(n.attr.value)
-            stack.append(n.value)
-        else:
-            stack.extend(child_nodes(n))
-    return out
 
 
 class Iterations:
@@ -534,7 +517,9 @@ class Iterations:
             parts = [loop.test]
         else:
             return False
-        return any(EPOCH_TOKENS.intersection(_tokens(name)) for part in parts for name in _names_in(part))
+        # each Name under them: `self.n_epochs` holds "self" and "n_epochs"
+        return any(EPOCH_TOKENS.intersection(_tokens(name.value))  # type: ignore[attr-defined]
+                   for part in parts for name in nodes_under(part, cst.Name))
 
     def _loops_between(self, node: cst.CSTNode, stop: cst.CSTNode) -> List[cst.CSTNode]:
         """The loops whose bodies hold `node`, innermost first, up to (not including) `stop`

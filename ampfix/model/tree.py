@@ -175,6 +175,21 @@ def child_nodes(node: cst.CSTNode) -> List[cst.CSTNode]:
     return out
 
 
+def nodes_under(node: cst.CSTNode, kind: type) -> List[cst.CSTNode]:
+    """The nodes of type `kind` at or under `node`, not looking into lambdas, functions and
+    classes (their bodies run when called, not where they are written)."""
+    out: List[cst.CSTNode] = []
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        if isinstance(n, kind):
+            out.append(n)
+        if isinstance(n, (cst.Lambda, cst.FunctionDef, cst.ClassDef)):
+            continue
+        stack.extend(child_nodes(n))
+    return out
+
+
 _FIELDS: Dict[type, Tuple[Tuple[str, ...], Tuple[str, ...]]] = {}  # type -> (its other fields, its child fields)
 
 
