@@ -21,7 +21,7 @@ import hashlib
 import os
 import re
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
 from ampfix.project.layout import Layout, Target
 
@@ -58,6 +58,16 @@ def read_text(path: str) -> Optional[str]:
 _WORD = re.compile("import")
 
 
+def _line_starts_holding(text: str, word: "re.Pattern[str]") -> Iterator[int]:
+    """The offset where each line that holds what `word` finds starts, once per line, in order."""
+    last = -1
+    for found in word.finditer(text):
+        start = text.rfind("\n", 0, found.start()) + 1
+        if start != last:
+            last = start
+            yield start
+
+
 def import_statements(text: str) -> Tuple[List["re.Match[str]"], List["re.Match[str]"]]:
     """The `from ... import` statements of `text` (`_FROM_RE`: group 1 the module, group 2 the
     names) and the `import ...` statements (`_IMPORT_RE`: group 1 the modules), in order: the
@@ -65,12 +75,8 @@ def import_statements(text: str) -> Tuple[List["re.Match[str]"], List["re.Match[
     `import` (a scan of every line start costs ten times as much on a large tree)."""
     froms: List["re.Match[str]"] = []
     imports: List["re.Match[str]"] = []
-    done = last = -1  # the end of the last `from` statement (its names may span lines); the last line tried
-    for word in _WORD.finditer(text):
-        start = text.rfind("\n", 0, word.start()) + 1
-        if start == last:
-            continue
-        last = start
+    done = -1  # the end of the last `from` statement (its names may span lines)
+    for start in _line_starts_holding(text, _WORD):
         m = _FROM_RE.match(text, start) if start >= done else None
         if m is not None:
             froms.append(m)
@@ -90,12 +96,10 @@ def at_lines_holding(text: str, pattern: "re.Pattern[str]", word: "re.Pattern[st
     `finditer` skips). `re` would try `^` at every offset of the text (`module_imports`: 3.7
     times slower on the 17017 modules of the cached trees, bench/SPEED.md)."""
     out: List["re.Match[str]"] = []
-    done = last = -1  # the end of the last match; the last line tried
-    for found in word.finditer(text):
-        start = text.rfind("\n", 0, found.start()) + 1
-        if start == last or start < done:
+    done = -1  # the end of the last match
+    for start in _line_starts_holding(text, word):
+        if start < done:
             continue
-        last = start
         m = pattern.match(text, start)
         if m is not None:
             out.append(m)

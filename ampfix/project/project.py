@@ -1583,10 +1583,12 @@ def _top_level_code(text: str, spans: Dict[str, Tuple[int, int]]) -> str:
     return "".join(out)
 
 
-_TOP_RE = re.compile(r"^(?:async[ \t]+)?def[ \t]+(\w+)|^class[ \t]+(\w+)|^(\w+)[ \t]*(?::[^=\n]*)?=(?!=)", re.MULTILINE)
+# a top-level `def`, `class` or assignment, at the start of a line
+_TOP = r"(?:(?:async[ \t]+)?def[ \t]+(\w+)|class[ \t]+(\w+)|(\w+)[ \t]*(?::[^=\n]*)?=(?!=))"
+_TOP_RE = re.compile("^" + _TOP, re.MULTILINE)
 # `_TOP_RE` after a line break: `re` finds the line break first, where it would try `^` at every
 # offset (2.4 times slower on the 17017 modules of the cached trees, bench/SPEED.md)
-_TOP_AFTER_BREAK = re.compile(r"\n(?:(?:async[ \t]+)?def[ \t]+(\w+)|class[ \t]+(\w+)|(\w+)[ \t]*(?::[^=\n]*)?=(?!=))")
+_TOP_AFTER_BREAK = re.compile(r"\n" + _TOP)
 
 
 def top_level_names(text: str) -> List[Tuple[int, Tuple[Optional[str], ...]]]:
