@@ -1123,17 +1123,27 @@ def test_pool_workers_share_summaries_when_the_run_keeps_none(tmp_path):
         close_projects()
 
 
+def _helper_clip_jobs(folder):
+    """fixtures/projects/bad_helper_clip copied into `folder`, and the pool's jobs checking its
+    `train.py` (first) and `utils.py` for AMP003 with the project read."""
+    from ampfix.engine.results import Settings
+
+    for f in (Path(__file__).resolve().parent.parent / "fixtures" / "projects" / "bad_helper_clip").iterdir():
+        (folder / f.name).write_bytes(f.read_bytes())
+    settings = Settings(project=True)
+    return [(i, (str(folder / name), ("AMP003",), settings, False, (folder / name).read_bytes()))
+            for i, name in enumerate(["train.py", "utils.py"])]
+
+
 def _claimed_run(tmp_path, monkeypatch, n):
     """fixtures/projects/bad_helper_clip checked for AMP003 by a pool of `n` workers, `train.py`
     first (its analysis reads `utils.py`'s summary), every parse of the workers logged:
     (results, "file:why" of each parse). The job of `utils.py` starts only once `utils.py` is
     claimed (or after 10 s): another worker is then still busy with `train.py`."""
-    import shutil
     import time
 
     import ampfix.engine.analyze as analyze
     from ampfix.engine import share
-    from ampfix.engine.results import Settings
     from ampfix.engine.runner import _pool
 
     real_take = share.Claims.take
@@ -1147,8 +1157,7 @@ def _claimed_run(tmp_path, monkeypatch, n):
 
     monkeypatch.setattr(share.Claims, "take", held)
 
-    for f in (Path(__file__).resolve().parent.parent / "fixtures" / "projects" / "bad_helper_clip").iterdir():
-        shutil.copy(f, tmp_path / f.name)
+    jobs = _helper_clip_jobs(tmp_path)
     log = tmp_path / "parses.log"
     real = analyze.parse_module
 
@@ -1162,9 +1171,6 @@ def _claimed_run(tmp_path, monkeypatch, n):
         return real(text, *args, **kwargs)
 
     monkeypatch.setattr(analyze, "parse_module", logged)
-    settings = Settings(project=True)
-    jobs = [(i, (str(tmp_path / name), ("AMP003",), settings, False, (tmp_path / name).read_bytes()))
-            for i, name in enumerate(["train.py", "utils.py"])]
     results: dict = {}
     _pool(jobs, n, results)
     return results, sorted(log.read_text().split())
@@ -1217,16 +1223,12 @@ def test_a_pool_of_spawned_workers_checks_the_files_as_one_of_forks(tmp_path, mo
     import multiprocessing
 
     from ampfix.engine import runner
-    from ampfix.engine.results import Settings
 
     (tmp_path / "forked").mkdir()
     forked, _ = _claimed_run(tmp_path / "forked", monkeypatch, 2)
     monkeypatch.setattr(runner, "_mp_context", lambda: multiprocessing.get_context("spawn"))
     spawned: dict = {}
-    src = tmp_path / "forked"
-    jobs = [(i, (str(src / name), ("AMP003",), Settings(project=True), False, (src / name).read_bytes()))
-            for i, name in enumerate(["train.py", "utils.py"])]
-    runner._pool(jobs, 2, spawned)
+    runner._pool(_helper_clip_jobs(tmp_path / "forked"), 2, spawned)
     assert all(r.error is None for r in spawned.values())
     assert {i: [(d.code, d.line) for d in r.diagnostics] for i, r in spawned.items()} == \
         {i: [(d.code, d.line) for d in r.diagnostics] for i, r in forked.items()} == {0: [("AMP003", 12)], 1: []}
@@ -1236,18 +1238,13 @@ def test_a_pool_whose_flags_cannot_be_made_checks_the_files_without_claims(tmp_p
     # the pool's shared flags are a file of its folder (`share.Flags`); a folder that cannot
     # hold it (a full disk) costs the claims and the crash marks, not the check
     from ampfix.engine import runner, share
-    from ampfix.engine.results import Settings
 
     def refused(*args, **kwargs):
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(share, "Flags", refused)
-    for f in (Path(__file__).resolve().parent.parent / "fixtures" / "projects" / "bad_helper_clip").iterdir():
-        (tmp_path / f.name).write_bytes(f.read_bytes())
-    jobs = [(i, (str(tmp_path / name), ("AMP003",), Settings(project=True), False, (tmp_path / name).read_bytes()))
-            for i, name in enumerate(["train.py", "utils.py"])]
     results: dict = {}
-    runner._pool(jobs, 2, results)
+    runner._pool(_helper_clip_jobs(tmp_path), 2, results)
     assert all(r.error is None for r in results.values())
     assert {i: [(d.code, d.line) for d in r.diagnostics] for i, r in results.items()} == {0: [("AMP003", 12)], 1: []}
 
