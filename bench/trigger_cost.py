@@ -74,28 +74,28 @@ def in_order(tree: str, first: int, every: int = 1) -> None:
 
     jobs = _jobs(tree)[::every]
     analyze.close_projects()
-    stages: dict = {}
-    totals: dict = {}
-    for name in ("reach_bound", "reach_words", "reach_held"):
-        def timed(self, *a, _f=getattr(Project, name), _n=name, **k):
+    stages: dict = {}  # the current file's time per stage
+    totals: dict = {}  # name -> (time, calls) over the run
+
+    def timed(f, name, per_file):
+        def wrapper(*a, **k):
             t0 = time.process_time()
             try:
-                return _f(self, *a, **k)
+                return f(*a, **k)
             finally:
                 spent = time.process_time() - t0
-                stages[_n] = stages.get(_n, 0.0) + spent
-                totals[_n] = (totals.get(_n, (0.0, 0))[0] + spent, totals.get(_n, (0.0, 0))[1] + 1)
-        setattr(Project, name, timed)
-    real_tests = analyze._Tests
+                if per_file:
+                    stages[name] = stages.get(name, 0.0) + spent
+                t, c = totals.get(name, (0.0, 0))
+                totals[name] = (t + spent, c + 1)
+        return wrapper
 
-    def tests(*a, **k):  # the files' own trigger tests (their masks, and each rule's strings)
-        t0 = time.process_time()
-        try:
-            return real_tests(*a, **k)
-        finally:
-            got = totals.get("_Tests", (0.0, 0))
-            totals["_Tests"] = (got[0] + time.process_time() - t0, got[1] + 1)
-    analyze._Tests = tests
+    real = {name: getattr(Project, name) for name in ("reach_bound", "reach_words", "reach_held")}
+    for name, f in real.items():
+        setattr(Project, name, timed(f, name, True))
+    real_tests = analyze._Tests
+    # the files' own trigger tests (their masks, and each rule's strings)
+    analyze._Tests = timed(real_tests, "_Tests", False)
     times = []
     for k, (_, (path, codes, settings, _fix, data)) in enumerate(jobs):
         rules = [find_rule(c) for c in codes]
@@ -109,6 +109,8 @@ def in_order(tree: str, first: int, every: int = 1) -> None:
             print(f"  {k:4d} {spent:.3f} s {os.path.relpath(path, tree)} ({len(found)} rules) {detail}")
     analyze.close_projects()
     analyze._Tests = real_tests
+    for name, f in real.items():
+        setattr(Project, name, f)
     which = f" (one job in {every}, as one worker of {every} sees them)" if every > 1 else ""
     print(f"{os.path.basename(tree)}: {len(times)} files{which}, triggered {sum(times):.3f} s; the first {first} "
           f"{sum(times[:first]):.3f} s, the rest {sum(times[first:]):.3f} s")
