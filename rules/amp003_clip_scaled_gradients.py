@@ -6,7 +6,7 @@ from typing import Dict, Iterator, Optional, Tuple
 
 import libcst as cst
 
-from ampfix.fixes.edits import guarded, in_block, insert_before, statement
+from ampfix.fixes.edits import in_block, insert_where_bound
 from ampfix.model import AmpModel, TraceEvent
 from ampfix.model.events import BACKWARD, EXIT, Event, GRAD_READ, SCALER_STEP, UNSCALE, UPDATE, ZERO_GRAD
 from ampfix.rule import SAFE, FileContext, Fix, Rule, Violation
@@ -165,21 +165,15 @@ scaler.update()
             return None, None
         (opt,) = opts
         code = f"{bw.event.scaler}.unscale_({opt})"
-        new = [statement(model.module, code)]
-        problem = model.bound.insertion_problem(new, stmt)
         what = "clipping" if read.event.detail == "clip" else "reading the gradients"
         description = f"scaler.unscale_(optimizer) inserted before {what}"
+        # else under the test the scaled backward runs under (`if self.scaler is not None:`): the
+        # gradients are scaled exactly when it holds
+        edit, problem, tests = insert_where_bound(model, stmt, code, under=model.statement_of(bw.node))
+        if edit is None:
+            return None, f"{problem}: an `unscale_` there could raise"
         extra: dict = {}
-        if problem is not None:
-            # under the test the scaled backward runs under (`if self.scaler is not None:`): the
-            # gradients are scaled exactly when it holds
-            bw_stmt = model.statement_of(bw.node)
-            tests = model.bound.branch_tests(bw_stmt, stmt) if bw_stmt is not None else None
-            if not tests:
-                return None, f"{problem}: an `unscale_` there could raise"
-            new = [statement(model.module, guarded(model, tests, code))]
-            if model.bound.insertion_problem(new, stmt) is not None:
-                return None, f"{problem}: an `unscale_` there could raise"
+        if tests:
             description += ", under the test the scaled backward runs under"
             extra = {g: br for g, br in bw.ctx.items() if g not in read.ctx}
         # every path from the new `unscale_` updates the scaler before the iteration ends
@@ -196,4 +190,4 @@ scaler.update()
                    else "a path ends the iteration")
             return None, (f"{how} without `scaler.update()` after this point, so an `unscale_` here would make the next "
                           "`unscale_` raise RuntimeError; update the scaler on that path too, then unscale")
-        return Fix(insert_before(model.module, stmt, new), applicability=SAFE, description=description), None
+        return Fix(edit, applicability=SAFE, description=description), None

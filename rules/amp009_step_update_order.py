@@ -6,7 +6,7 @@ from typing import Iterator, List, Optional, Tuple
 
 import libcst as cst
 
-from ampfix.fixes.edits import guarded, in_block, insert_after, statement
+from ampfix.fixes.edits import in_block, insert_where_bound
 from ampfix.model import AmpModel, Trace, TraceEvent, group_loop, is_expression_statement_of
 from ampfix.model.events import SCALER_STEP, UNSCALE, UPDATE
 from ampfix.rule import SAFE, FileContext, Fix, Rule, Violation
@@ -210,19 +210,11 @@ for x, y in loader:
             return None, None
         receiver = model.code(ev.node.func.value)  # type: ignore[attr-defined]
         code = f"{receiver}.update()"
-        problem = model.bound.insertion_problem([statement(model.module, code)], stmt, after=True)
-        if problem is None:
-            return Fix(insert_after(model.module, stmt, [code]), applicability=SAFE,
-                       description="scaler.update() inserted after the last step"), None
-        step = model.statement_of(ev.node)
-        tests = model.bound.branch_tests(step, stmt) if step is not None and step is not stmt else None
-        if tests:
-            moved = guarded(model, tests, code)
-            if model.bound.insertion_problem([statement(model.module, moved)], stmt, after=True) is None:
-                return Fix(insert_after(model.module, stmt, [moved]), applicability=SAFE,
-                           description="scaler.update() inserted after the last step, under the test the step "
-                                       "runs under"), None
-        return None, f"{problem}: `update()` there could raise"
+        edit, problem, tests = insert_where_bound(model, stmt, code, after=True, under=model.statement_of(ev.node))
+        if edit is None:
+            return None, f"{problem}: `update()` there could raise"
+        under = ", under the test the step runs under" if tests else ""
+        return Fix(edit, applicability=SAFE, description="scaler.update() inserted after the last step" + under), None
 
     # ------------------------------------------------------------------ twice before update
     def _twice(self, model: AmpModel, trace: Trace, skip) -> Iterator[Violation]:

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Dict, Iterator, List, Optional, Tuple
+from typing import Dict, Iterator, Optional, Tuple
 
 import libcst as cst
 
-from ampfix.fixes.edits import guard_test, in_block, insert_after, statement, string
-from ampfix.model import AmpModel, literal_string, method_call
+from ampfix.fixes.edits import add_dict_entry, guard_test, in_block, insert_where_bound, string
+from ampfix.model import AmpModel, method_call
 from ampfix.model.checkpoints import SavedState
 from ampfix.rule import UNSAFE, FileContext, Fix, Rule, Violation
 
@@ -103,7 +103,7 @@ torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
         fixed when some checkpoint of the file saves the scaler (already, or by this group)."""
         fixes: Dict[int, Fix] = {}
         why: Dict[int, str] = {}
-        key = self._scaler_key(model)
+        key = model.checkpoints.scaler_key()
         saved = key is not None or bool(saves)
         key = key or "scaler"
         if not saved:
@@ -145,28 +145,6 @@ torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
         return fixes, why
 
     @staticmethod
-    def _scaler_key(model: AmpModel) -> Optional[str]:
-        """The key under which this file's checkpoints already save (or its resumes read) a
-        GradScaler's state, when there is exactly one."""
-        keys = set()
-        for state in model.checkpoints.saved_states():
-            if state.scaler_state and isinstance(state.dict_node, cst.Dict):
-                for el in state.dict_node.elements:
-                    k = literal_string(el.key) if isinstance(el, cst.DictElement) else None
-                    receiver = method_call(el.value, "state_dict") if isinstance(el, cst.DictElement) else None
-                    if k is not None and (receiver is not None and model.is_scaler(receiver) or "scaler" in k.lower()):
-                        keys.add(k)
-        for call in model.calls:
-            receiver = method_call(call, "load_state_dict")
-            if receiver is not None and model.is_scaler(receiver) and call.args:
-                arg = call.args[0].value
-                if isinstance(arg, cst.Subscript) and len(arg.slice) == 1 and isinstance(arg.slice[0].slice, cst.Index):
-                    k = literal_string(arg.slice[0].slice.value)
-                    if k is not None:
-                        keys.add(k)
-        return keys.pop() if len(keys) == 1 else None
-
-    @staticmethod
     def _save_edit(model: AmpModel, state: SavedState, scalers: list, key: str):
         """A `"scaler": scaler.state_dict()` entry after the dict's last one, in its layout, every
         comment staying on the line it was on."""
@@ -201,75 +179,20 @@ torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
         restore = f"{scaler}.load_state_dict({ckpt}[{q}{key}{q}])"
         indent = model.module.default_indent
         code = f"if {has}:\n{indent}{restore}"
-        problem = model.bound.insertion_problem([statement(model.module, code)], stmt, after=True)
-        if problem is None:
-            return insert_after(model.module, stmt, [code]), None
+        edit, problem, _ = insert_where_bound(model, stmt, code, after=True)
+        if edit is not None:
+            return edit, None
         # after the scaler is created, later in the same function, under the resume's own test
-        for place in _assignments_after(model, scaler, stmt):
+        for place in model.bound.later_assignments(scaler, stmt):
             tests = model.bound.branch_tests(stmt, place)
             if tests is None:
                 continue
             moved = f"if {guard_test(model, tests)} and {has}:\n{indent}{restore}" if tests else code
-            if model.bound.insertion_problem([statement(model.module, moved)], place, after=True) is None:
-                return insert_after(model.module, place, [moved]), None
+            edit, _, _ = insert_where_bound(model, place, moved, after=True)
+            if edit is not None:
+                return edit, None
         return None, f"{problem}, so restoring the scaler there would raise"
 
 
 LOAD_MESSAGE = ("the optimizer is restored from a checkpoint but the GradScaler is not: after a resume the "
                 "scale restarts at 65536; restore `scaler.load_state_dict(...)` too")
-
-
-def _assignments_after(model: AmpModel, key: str, stmt: cst.CSTNode) -> List[cst.CSTNode]:
-    """The statements of `stmt`'s function, after it and in no loop it is not in, that assign
-    `key` (where a restore of it can go)."""
-    func = model.scope_of(stmt)
-    loop = model.loop_of(stmt)
-    out = []
-    for node, _ in model.assignments_to(key):
-        line = model.statement_of(node)
-        if line is None or model.scope_of(line) is not func or not model.before(stmt, line) \
-                or not in_block(model, line) or model.loop_of(line) is not loop:
-            continue
-        out.append(line)
-    return out
-
-
-def add_dict_entry(node: cst.Dict, key: cst.BaseExpression, value: cst.BaseExpression) -> cst.Dict:
-    """`node` with `key: value` after its last entry, laid out like the entries before it: on a
-    line of its own when they are one a line. Every comment stays on the line it was on (a
-    trailing comment of the last entry stays on that entry, not on the new one)."""
-    elements = list(node.elements)
-    last = elements[-1]
-    prev = elements[-2].comma if len(elements) > 1 else None
-    # the whitespace that starts an entry's line (after the comma before it, or after `{`)
-    sep = prev.whitespace_after if isinstance(prev, cst.Comma) else node.lbrace.whitespace_after
-    entry = cst.DictElement(key=key, value=value)
-    rbrace = node.rbrace
-    trailing = isinstance(last.comma, cst.Comma)
-    no_space = cst.SimpleWhitespace("")
-    after_last = last.comma.whitespace_after if trailing else None  # type: ignore[union-attr]
-    closing = after_last if isinstance(after_last, cst.ParenthesizedWhitespace) else rbrace.whitespace_before
-    if isinstance(closing, cst.ParenthesizedWhitespace):
-        # the last entry ends its line (its comment with it); the new entry gets a line like it
-        line_start = sep if isinstance(sep, cst.ParenthesizedWhitespace) else closing
-        last_comma = last.comma if trailing else cst.Comma(whitespace_before=no_space)
-        last = last.with_changes(comma=last_comma.with_changes(whitespace_after=closing.with_changes(  # type: ignore[union-attr]
-            empty_lines=(), indent=line_start.indent, last_line=line_start.last_line)))
-        rest = closing.with_changes(first_line=cst.TrailingWhitespace(newline=closing.first_line.newline))
-        if closing is after_last:
-            entry = entry.with_changes(comma=cst.Comma(whitespace_before=no_space, whitespace_after=rest))
-        else:
-            entry = entry.with_changes(comma=cst.Comma(whitespace_before=no_space, whitespace_after=no_space)
-                                       if trailing else cst.MaybeSentinel.DEFAULT)
-            rbrace = rbrace.with_changes(whitespace_before=rest)
-    elif isinstance(sep, cst.ParenthesizedWhitespace):  # one a line, `}` right after the last
-        last = last.with_changes(comma=cst.Comma(whitespace_before=no_space, whitespace_after=sep.with_changes(
-            first_line=cst.TrailingWhitespace(newline=sep.first_line.newline), empty_lines=())))
-        if trailing:
-            entry = entry.with_changes(comma=last.comma.with_changes(whitespace_after=after_last))  # type: ignore[union-attr]
-    else:  # one line
-        space = sep if isinstance(sep, cst.SimpleWhitespace) and sep.value else cst.SimpleWhitespace(" ")
-        last = last.with_changes(comma=cst.Comma(whitespace_before=no_space, whitespace_after=space))
-        if trailing:
-            entry = entry.with_changes(comma=cst.Comma(whitespace_before=no_space, whitespace_after=after_last))
-    return node.with_changes(elements=[*elements[:-1], last, entry], rbrace=rbrace)

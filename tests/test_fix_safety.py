@@ -269,7 +269,7 @@ def test_cli_summary_agrees_with_a_fresh_check(tmp_path: Path):
     ('{  # head\n    "optimizer": o,  # only\n}', '{  # head\n    "optimizer": o,  # only\n    "scaler": s.state_dict(),\n}'),
 ], ids=["trailing-comma", "no-trailing-comma", "one-line", "aligned", "one-line-trailing", "closing-comment", "one-entry"])
 def test_amp013_dict_entry_keeps_the_layout_and_every_comment(before, after):
-    from ampfix.rules.amp013_checkpoint_without_scaler import add_dict_entry
+    from ampfix.fixes.edits import add_dict_entry
 
     node = cst.parse_expression(before)
     new = add_dict_entry(node, cst.SimpleString('"scaler"'), cst.parse_expression("s.state_dict()"))

@@ -10,7 +10,7 @@ do not carry become comment lines before them.
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence, Union
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import libcst as cst
 
@@ -232,6 +232,25 @@ def guarded(model, tests, code: str) -> str:
     return f"if {guard_test(model, tests)}:\n{indent}{code}"
 
 
+def insert_where_bound(model, stmt: cst.BaseStatement, code: str, after: bool = False,
+                       under: Optional[cst.CSTNode] = None) -> Tuple[Optional[Replacements], Optional[str], Optional[list]]:
+    """`code` (one statement) inserted before `stmt` (`after`: after it) where every name it
+    reads is bound, and not None where it calls a method, on every path that reaches it
+    (`bound.insertion_problem`); else under the test the statement `under` runs under
+    (`bound.branch_tests(under, stmt)`: `if self.scaler is not None:`) where that proves it.
+    Returns (edit, None, tests: () unguarded, else the guard's) or (None, why not, None)."""
+    place = insert_after if after else insert_before
+    problem = model.bound.insertion_problem([statement(model.module, code)], stmt, after=after)
+    if problem is None:
+        return place(model.module, stmt, [code]), None, ()
+    tests = model.bound.branch_tests(under, stmt) if under is not None and under is not stmt else None
+    if tests:
+        moved = guarded(model, tests, code)
+        if model.bound.insertion_problem([statement(model.module, moved)], stmt, after=after) is None:
+            return place(model.module, stmt, [moved]), None, tests
+    return None, problem, None
+
+
 # ----------------------------------------------------------------------------- arguments
 
 
@@ -367,3 +386,47 @@ def remove_statement_tidily(model, stmt: cst.BaseStatement) -> Replacements:
         return {stmt: cst.SimpleStatementLine(body=[cst.Pass()], leading_lines=stmt.leading_lines)}
     edit = remove_statement(model, stmt)
     return _without_blank_after(model, stmt, edit) if block is not None else edit
+
+
+# ----------------------------------------------------------------------------- literals
+
+
+def add_dict_entry(node: cst.Dict, key: cst.BaseExpression, value: cst.BaseExpression) -> cst.Dict:
+    """`node` with `key: value` after its last entry, laid out like the entries before it: on a
+    line of its own when they are one a line. Every comment stays on the line it was on (a
+    trailing comment of the last entry stays on that entry, not on the new one)."""
+    elements = list(node.elements)
+    last = elements[-1]
+    prev = elements[-2].comma if len(elements) > 1 else None
+    # the whitespace that starts an entry's line (after the comma before it, or after `{`)
+    sep = prev.whitespace_after if isinstance(prev, cst.Comma) else node.lbrace.whitespace_after
+    entry = cst.DictElement(key=key, value=value)
+    rbrace = node.rbrace
+    trailing = isinstance(last.comma, cst.Comma)
+    no_space = cst.SimpleWhitespace("")
+    after_last = last.comma.whitespace_after if trailing else None  # type: ignore[union-attr]
+    closing = after_last if isinstance(after_last, cst.ParenthesizedWhitespace) else rbrace.whitespace_before
+    if isinstance(closing, cst.ParenthesizedWhitespace):
+        # the last entry ends its line (its comment with it); the new entry gets a line like it
+        line_start = sep if isinstance(sep, cst.ParenthesizedWhitespace) else closing
+        last_comma = last.comma if trailing else cst.Comma(whitespace_before=no_space)
+        last = last.with_changes(comma=last_comma.with_changes(whitespace_after=closing.with_changes(  # type: ignore[union-attr]
+            empty_lines=(), indent=line_start.indent, last_line=line_start.last_line)))
+        rest = closing.with_changes(first_line=cst.TrailingWhitespace(newline=closing.first_line.newline))
+        if closing is after_last:
+            entry = entry.with_changes(comma=cst.Comma(whitespace_before=no_space, whitespace_after=rest))
+        else:
+            entry = entry.with_changes(comma=cst.Comma(whitespace_before=no_space, whitespace_after=no_space)
+                                       if trailing else cst.MaybeSentinel.DEFAULT)
+            rbrace = rbrace.with_changes(whitespace_before=rest)
+    elif isinstance(sep, cst.ParenthesizedWhitespace):  # one a line, `}` right after the last
+        last = last.with_changes(comma=cst.Comma(whitespace_before=no_space, whitespace_after=sep.with_changes(
+            first_line=cst.TrailingWhitespace(newline=sep.first_line.newline), empty_lines=())))
+        if trailing:
+            entry = entry.with_changes(comma=last.comma.with_changes(whitespace_after=after_last))  # type: ignore[union-attr]
+    else:  # one line
+        space = sep if isinstance(sep, cst.SimpleWhitespace) and sep.value else cst.SimpleWhitespace(" ")
+        last = last.with_changes(comma=cst.Comma(whitespace_before=no_space, whitespace_after=space))
+        if trailing:
+            entry = entry.with_changes(comma=cst.Comma(whitespace_before=no_space, whitespace_after=after_last))
+    return node.with_changes(elements=[*elements[:-1], last, entry], rbrace=rbrace)

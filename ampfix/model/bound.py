@@ -761,6 +761,21 @@ class Bound(Facet):
         else why not, in a sentence for a finding's message."""
         return self.insertion_problem([_expr_statement(key, deref)], stmt, after)
 
+    def later_assignments(self, key: str, stmt: cst.CSTNode) -> List[cst.CSTNode]:
+        """The statements of `stmt`'s function that assign `key` after it, directly in a block
+        and in the loop `stmt` is in (no other): where code that needs `key`, written for
+        `stmt`, can go instead (a restore after the object it restores is created)."""
+        func = self.model.scope_of(stmt)
+        loop = self.model.loop_of(stmt)
+        out = []
+        for node, _ in self.model.assignments_to(key):
+            line = self.model.statement_of(node)
+            if line is None or self.model.scope_of(line) is not func or not self.model.before(stmt, line) \
+                    or self.model.block_of(line) is None or self.model.loop_of(line) is not loop:
+                continue
+            out.append(line)
+        return out
+
     def _insertion_problem(self, new: Sequence[cst.BaseStatement], stmt: cst.CSTNode, after: bool = False,
                           ) -> Optional[str]:
         """Why the statements `new`, inserted before (or after) `stmt`, could fail on some path

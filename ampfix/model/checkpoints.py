@@ -227,6 +227,27 @@ class Checkpoints(Facet):
             out.append(key)
         return out
 
+    def scaler_key(self) -> Optional[str]:
+        """The key under which this file's checkpoints already save (or its resumes read) a
+        GradScaler's state, when there is exactly one."""
+        keys = set()
+        for state in self.saved_states():
+            if state.scaler_state and isinstance(state.dict_node, cst.Dict):
+                for el in state.dict_node.elements:
+                    k = literal_string(el.key) if isinstance(el, cst.DictElement) else None
+                    receiver = method_call(el.value, "state_dict") if isinstance(el, cst.DictElement) else None
+                    if k is not None and (receiver is not None and self.model.is_scaler(receiver) or "scaler" in k.lower()):
+                        keys.add(k)
+        for call in self.model.calls:
+            receiver = method_call(call, "load_state_dict")
+            if receiver is not None and self.model.is_scaler(receiver) and call.args:
+                arg = call.args[0].value
+                if isinstance(arg, cst.Subscript) and len(arg.slice) == 1 and isinstance(arg.slice[0].slice, cst.Index):
+                    k = literal_string(arg.slice[0].slice.value)
+                    if k is not None:
+                        keys.add(k)
+        return keys.pop() if len(keys) == 1 else None
+
     def _enabled_scaler(self, values: List[cst.BaseExpression]) -> bool:
         for v in values:
             for leaf in self.model.possible_values(v):
