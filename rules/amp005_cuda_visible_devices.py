@@ -9,82 +9,15 @@ Three mistakes with the `CUDA_VISIBLE_DEVICES` environment variable:
 
 from __future__ import annotations
 
-import re
 from typing import Iterator, List, Optional, Set
 
 import libcst as cst
 
-from ampfix.model import AmpModel, dotted, literal_string, names_bound, uses_only
-from ampfix.model.environ import EnvKey, EnvWrite
+from ampfix.fixes.edits import move_before_import
+from ampfix.model import AmpModel
+from ampfix.model.environ import TARGET, EnvKey, EnvWrite, is_misspelling, may_name_visible_devices, single_device_var
 from ampfix.model.events import CUDA_INIT
 from ampfix.rule import SAFE, UNSAFE, FileContext, Fix, Rule, Violation
-
-TARGET = "CUDA_VISIBLE_DEVICES"
-
-# Real variables that look like CUDA_VISIBLE_DEVICES (other vendors' equivalents, CUDA's own).
-LEGITIMATE = {
-    "NVIDIA_VISIBLE_DEVICES",
-    "HIP_VISIBLE_DEVICES",
-    "ROCR_VISIBLE_DEVICES",
-    "GPU_VISIBLE_DEVICES",
-    "MUSA_VISIBLE_DEVICES",
-    "MLU_VISIBLE_DEVICES",
-    "XPU_VISIBLE_DEVICES",
-    "NPU_VISIBLE_DEVICES",
-    "TPU_VISIBLE_DEVICES",
-    "DCU_VISIBLE_DEVICES",
-    "GCU_VISIBLE_DEVICES",
-    "MACA_VISIBLE_DEVICES",
-    "TOPS_VISIBLE_DEVICES",
-    "ASCEND_RT_VISIBLE_DEVICES",
-    "ASCEND_VISIBLE_DEVICES",
-    "HABANA_VISIBLE_DEVICES",
-    "CUDA_DEVICE_ORDER",
-    "CUDA_DEVICE_MAX_CONNECTIONS",
-}
-
-# --------------------------------------------------------------------------- misspellings
-
-
-def _osa_distance(a: str, b: str, limit: int = 3) -> int:
-    """Damerau-Levenshtein (optimal string alignment) distance, capped at `limit`."""
-    if abs(len(a) - len(b)) >= limit:
-        return limit
-    prev2: List[int] = []
-    prev = list(range(len(b) + 1))
-    for i in range(1, len(a) + 1):
-        cur = [i] + [0] * len(b)
-        for j in range(1, len(b) + 1):
-            cost = 0 if a[i - 1] == b[j - 1] else 1
-            cur[j] = min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + cost)
-            if i > 1 and j > 1 and a[i - 1] == b[j - 2] and a[i - 2] == b[j - 1]:
-                cur[j] = min(cur[j], prev2[j - 2] + 1)
-        if min(cur) >= limit:
-            return limit
-        prev2, prev = prev, cur
-    return min(prev[len(b)], limit)
-
-
-def is_misspelling(key: str) -> bool:
-    """True when `key` is a slip for CUDA_VISIBLE_DEVICES (case, letters, separators)."""
-    if key == TARGET:
-        return False
-    up = key.upper()
-    if up == TARGET or up.strip() == TARGET:
-        return True
-    if up in LEGITIMATE:
-        return False
-    if TARGET in up:
-        # "CUDA_VISIBLE_DEVICES_0", "OLD_CUDA_VISIBLE_DEVICES": a different variable
-        rest = up.replace(TARGET, "", 1)
-        if "_" in rest or len(rest) > 1:
-            return False
-    return _osa_distance(up, TARGET) <= 2
-
-
-_QUOTED = re.compile(r"(?=[\"']([^\"'\n]{14,28})[\"'])")  # overlapping: a closing quote may open the next
-_KEYWORD = re.compile(r"\b([A-Za-z_]{16,24})\s*=")
-
 
 # --------------------------------------------------------------------------- the rule
 
@@ -107,8 +40,7 @@ class CudaVisibleDevices(Rule):
         # variable's name or a slip of it
         if not super().triggered_by(text, lowered) or not any(w in lowered for w in ("cuda", "visib", "devic")):
             return False
-        candidates = set(_QUOTED.findall(text)) | set(_KEYWORD.findall(text))
-        return any(c == TARGET or is_misspelling(c) for c in candidates)
+        return may_name_visible_devices(text)
 
     docs = """
 `CUDA_VISIBLE_DEVICES` is read once, when CUDA initialises (cuInit). Three mistakes:
@@ -219,36 +151,20 @@ def worker(rank):
         return None
 
     def _move_fix(self, model: AmpModel, write: EnvWrite) -> Optional[Fix]:
+        """The module-level statement that only sets the variable, moved before `import torch`."""
         stmt = model.statement_of(write.node)
-        module = model.module
         if not isinstance(stmt, cst.SimpleStatementLine) or len(stmt.body) != 1:
-            return None
-        if not any(s is stmt for s in module.body):
             return None
         small = stmt.body[0]
         if not (small is write.node or (isinstance(small, cst.Expr) and small.value is write.node)):
             return None
-        torch_index = next((i for i, s in enumerate(module.body) if _imports_torch(s)), None)
-        if torch_index is None:
-            return None
-        stmt_index = next(i for i, s in enumerate(module.body) if s is stmt)
-        if stmt_index < torch_index:
-            return None
-        if not uses_only(stmt, names_bound(module.body[:torch_index])):
-            return None
-        torch_stmt = module.body[torch_index]
-        comments = [ln for ln in stmt.leading_lines if ln.comment is not None]
-        moved = stmt.with_changes(leading_lines=[*torch_stmt.leading_lines, *comments])
-        new_torch = torch_stmt.with_changes(leading_lines=[])
-        return Fix(
-            {stmt: cst.RemoveFromParent(), torch_stmt: cst.FlattenSentinel([moved, new_torch])},
-            applicability=UNSAFE,
-            description=f"{TARGET} assignment moved before import torch",
-        )
+        edit = move_before_import(model, stmt, "torch")
+        return None if edit is None else Fix(edit, applicability=UNSAFE,
+                                             description=f"{TARGET} assignment moved before import torch")
 
     # ------------------------------------------------------------------ (c)
     def _rank_index(self, model: AmpModel, write: EnvWrite) -> Iterator[Violation]:
-        var = _single_device_var(write.value)
+        var = single_device_var(write.value)
         if var is None:
             return
         scope = model.scope_of(write.node)
@@ -257,7 +173,7 @@ def worker(rank):
         for use in model.device_index_uses(scope, var):
             if not model.may_precede(trace, at, model.point(trace, use)):
                 continue
-            if _reassigned_between(model, var, scope, write.node, use):
+            if model.bound.assigned_between(var, scope, write.node, use):
                 continue
             msg = (
                 f"{TARGET} is set to the single GPU `{var}` on line {model.line(write.node)}, so this process "
@@ -265,69 +181,3 @@ def worker(rank):
                 f"visible and pick this process's GPU with `torch.cuda.set_device({var})`"
             )
             yield Violation(use, message=msg)
-
-
-# --------------------------------------------------------------------------- helpers
-
-
-def _imports_torch(stmt: cst.CSTNode) -> bool:
-    found = False
-
-    class V(cst.CSTVisitor):
-        def visit_Import(self, node: cst.Import) -> None:
-            nonlocal found
-            if any(dotted(a.name) is not None and (dotted(a.name) + ".").startswith("torch.") for a in node.names):
-                found = True
-
-        def visit_ImportFrom(self, node: cst.ImportFrom) -> None:
-            nonlocal found
-            mod = dotted(node.module) if node.module is not None else None
-            if not node.relative and mod is not None and (mod + ".").startswith("torch."):
-                found = True
-
-        def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
-            return False
-
-        def visit_ClassDef(self, node: cst.ClassDef) -> bool:
-            return False
-
-    stmt.visit(V())
-    return found
-
-
-def _single_device_var(value: Optional[cst.CSTNode]) -> Optional[str]:
-    """V when the value is one device derived from V: V, str(V), f"{V}", "%d" % V, "{}".format(V)."""
-    if value is None:
-        return None
-    if isinstance(value, (cst.Name, cst.Attribute)):
-        return dotted(value)
-    if isinstance(value, cst.Call):
-        if isinstance(value.func, cst.Name) and value.func.value == "str" and len(value.args) == 1:
-            arg = value.args[0]
-            return dotted(arg.value) if arg.keyword is None and not arg.star else None
-        if (
-            isinstance(value.func, cst.Attribute)
-            and value.func.attr.value == "format"
-            and literal_string(value.func.value) in ("{}", "{0}", "{:d}")
-            and len(value.args) == 1
-        ):
-            return dotted(value.args[0].value)
-        return None
-    if isinstance(value, cst.FormattedString):
-        parts = value.parts
-        if len(parts) == 1 and isinstance(parts[0], cst.FormattedStringExpression):
-            p = parts[0]
-            if p.conversion is None and p.format_spec is None:
-                return dotted(p.expression)
-        return None
-    if isinstance(value, cst.BinaryOperation) and isinstance(value.operator, cst.Modulo):
-        if literal_string(value.left) in ("%d", "%s", "%i"):
-            return dotted(value.right)
-    return None
-
-
-def _reassigned_between(model: AmpModel, var: str, scope: cst.CSTNode, a: cst.CSTNode, b: cst.CSTNode) -> bool:
-    for node, _ in model.assignments.get(var, []):
-        if model.scope_of(node) is scope and model.before(a, node) and model.before(node, b):
-            return True
-    return False

@@ -7,7 +7,7 @@ import pytest
 from ampfix.engine.analyze import Settings, check_text, fix_text
 from ampfix.engine.registry import select_rules
 
-from ampfix.rules.amp005_cuda_visible_devices import _osa_distance, is_misspelling
+from ampfix.model.environ import _osa_distance, is_misspelling
 
 RULES = select_rules(["AMP005"], [])
 

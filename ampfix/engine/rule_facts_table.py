@@ -2,7 +2,7 @@
 them before it analyses anything (see ampfix/engine/rulemeta.py). Do not edit; regenerate.
 """
 
-DIGEST = '72f122f556ccf6610bd9e53c8a1a7bfb5fa0037f64432a020e2a74955aea465a'
+DIGEST = 'b499fdb9ea8877e8b7ece20643890f558e4f23de4377d1ee24847c44d75670db'
 
 RULES = [
     ('AMP001', 'backward-in-autocast', True, ('autocast',), (),

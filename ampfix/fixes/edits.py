@@ -14,6 +14,8 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import libcst as cst
 
+from ampfix.model.tree import dotted
+
 
 Replacement = Union[cst.CSTNode, cst.RemovalSentinel, cst.FlattenSentinel]
 Replacements = Dict[cst.CSTNode, Replacement]
@@ -249,6 +251,50 @@ def insert_where_bound(model, stmt: cst.BaseStatement, code: str, after: bool = 
         if model.bound.insertion_problem([statement(model.module, moved)], stmt, after=after) is None:
             return place(model.module, stmt, [moved]), None, tests
     return None, problem, None
+
+
+def move_before_import(model, stmt: cst.BaseStatement, package: str) -> Optional[Replacements]:
+    """Move the module-level statement `stmt` to right before the file's first top-level
+    statement that imports `package` (`import torch`, `from torch.x import y`), when it comes
+    after that import and reads only names bound before it; None otherwise. It takes the
+    import's blank and comment lines, and keeps its own comment lines."""
+    from ampfix.model.readwrite import names_bound, uses_only
+
+    body = model.module.body
+    first = next((i for i, s in enumerate(body) if _imports(s, package)), None)
+    at = next((i for i, s in enumerate(body) if s is stmt), None)
+    if first is None or at is None or at < first or not uses_only(stmt, names_bound(body[:first])):
+        return None
+    anchor = body[first]
+    comments = [ln for ln in stmt.leading_lines if ln.comment is not None]
+    moved = stmt.with_changes(leading_lines=[*anchor.leading_lines, *comments])
+    return {stmt: cst.RemoveFromParent(), anchor: cst.FlattenSentinel([moved, anchor.with_changes(leading_lines=[])])}
+
+
+def _imports(stmt: cst.CSTNode, package: str) -> bool:
+    """`stmt` imports `package` or a module of it (not inside a def or class)."""
+    found = False
+
+    class V(cst.CSTVisitor):
+        def visit_Import(self, node: cst.Import) -> None:
+            nonlocal found
+            if any(dotted(a.name) is not None and (dotted(a.name) + ".").startswith(package + ".") for a in node.names):
+                found = True
+
+        def visit_ImportFrom(self, node: cst.ImportFrom) -> None:
+            nonlocal found
+            mod = dotted(node.module) if node.module is not None else None
+            if not node.relative and mod is not None and (mod + ".").startswith(package + "."):
+                found = True
+
+        def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+            return False
+
+        def visit_ClassDef(self, node: cst.ClassDef) -> bool:
+            return False
+
+    stmt.visit(V())
+    return found
 
 
 # ----------------------------------------------------------------------------- arguments

@@ -776,6 +776,11 @@ class Bound(Facet):
             out.append(line)
         return out
 
+    def assigned_between(self, key: str, scope: cst.CSTNode, a: cst.CSTNode, b: cst.CSTNode) -> bool:
+        """`key` is assigned in `scope` (its own binding scope) after `a` and before `b`."""
+        return any(self.model.scope_of(node) is scope and self.model.before(a, node) and self.model.before(node, b)
+                   for node, _ in self.model.assignments.get(key, []))
+
     def _insertion_problem(self, new: Sequence[cst.BaseStatement], stmt: cst.CSTNode, after: bool = False,
                           ) -> Optional[str]:
         """Why the statements `new`, inserted before (or after) `stmt`, could fail on some path

@@ -4,6 +4,7 @@ this process's environment, with their values."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import List, Optional, Set
 
@@ -183,3 +184,111 @@ class Environ:
         if env is None:
             env = self._environment = _EnvCollector(self).run()
         return env
+
+
+# --------------------------------------------------------------------------- the variable's name, and its slips
+
+
+TARGET = "CUDA_VISIBLE_DEVICES"
+
+# Real variables that look like CUDA_VISIBLE_DEVICES (other vendors' equivalents, CUDA's own).
+LEGITIMATE = {
+    "NVIDIA_VISIBLE_DEVICES",
+    "HIP_VISIBLE_DEVICES",
+    "ROCR_VISIBLE_DEVICES",
+    "GPU_VISIBLE_DEVICES",
+    "MUSA_VISIBLE_DEVICES",
+    "MLU_VISIBLE_DEVICES",
+    "XPU_VISIBLE_DEVICES",
+    "NPU_VISIBLE_DEVICES",
+    "TPU_VISIBLE_DEVICES",
+    "DCU_VISIBLE_DEVICES",
+    "GCU_VISIBLE_DEVICES",
+    "MACA_VISIBLE_DEVICES",
+    "TOPS_VISIBLE_DEVICES",
+    "ASCEND_RT_VISIBLE_DEVICES",
+    "ASCEND_VISIBLE_DEVICES",
+    "HABANA_VISIBLE_DEVICES",
+    "CUDA_DEVICE_ORDER",
+    "CUDA_DEVICE_MAX_CONNECTIONS",
+}
+
+# --------------------------------------------------------------------------- misspellings
+
+
+def _osa_distance(a: str, b: str, limit: int = 3) -> int:
+    """Damerau-Levenshtein (optimal string alignment) distance, capped at `limit`."""
+    if abs(len(a) - len(b)) >= limit:
+        return limit
+    prev2: List[int] = []
+    prev = list(range(len(b) + 1))
+    for i in range(1, len(a) + 1):
+        cur = [i] + [0] * len(b)
+        for j in range(1, len(b) + 1):
+            cost = 0 if a[i - 1] == b[j - 1] else 1
+            cur[j] = min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + cost)
+            if i > 1 and j > 1 and a[i - 1] == b[j - 2] and a[i - 2] == b[j - 1]:
+                cur[j] = min(cur[j], prev2[j - 2] + 1)
+        if min(cur) >= limit:
+            return limit
+        prev2, prev = prev, cur
+    return min(prev[len(b)], limit)
+
+
+def is_misspelling(key: str) -> bool:
+    """True when `key` is a slip for CUDA_VISIBLE_DEVICES (case, letters, separators)."""
+    if key == TARGET:
+        return False
+    up = key.upper()
+    if up == TARGET or up.strip() == TARGET:
+        return True
+    if up in LEGITIMATE:
+        return False
+    if TARGET in up:
+        # "CUDA_VISIBLE_DEVICES_0", "OLD_CUDA_VISIBLE_DEVICES": a different variable
+        rest = up.replace(TARGET, "", 1)
+        if "_" in rest or len(rest) > 1:
+            return False
+    return _osa_distance(up, TARGET) <= 2
+
+
+_QUOTED = re.compile(r"(?=[\"']([^\"'\n]{14,28})[\"'])")  # overlapping: a closing quote may open the next
+_KEYWORD = re.compile(r"\b([A-Za-z_]{16,24})\s*=")
+
+
+def may_name_visible_devices(text: str) -> bool:
+    """`text` holds CUDA_VISIBLE_DEVICES, or a slip of it, as a quoted string or a keyword
+    (`KEY=`): the test a file passes before its environment accesses are read (AMP005)."""
+    candidates = set(_QUOTED.findall(text)) | set(_KEYWORD.findall(text))
+    return any(c == TARGET or is_misspelling(c) for c in candidates)
+
+
+def single_device_var(value: Optional[cst.CSTNode]) -> Optional[str]:
+    """V when the value is one device derived from V: V, str(V), f"{V}", "%d" % V, "{}".format(V)."""
+    if value is None:
+        return None
+    if isinstance(value, (cst.Name, cst.Attribute)):
+        return dotted(value)
+    if isinstance(value, cst.Call):
+        if isinstance(value.func, cst.Name) and value.func.value == "str" and len(value.args) == 1:
+            arg = value.args[0]
+            return dotted(arg.value) if arg.keyword is None and not arg.star else None
+        if (
+            isinstance(value.func, cst.Attribute)
+            and value.func.attr.value == "format"
+            and literal_string(value.func.value) in ("{}", "{0}", "{:d}")
+            and len(value.args) == 1
+        ):
+            return dotted(value.args[0].value)
+        return None
+    if isinstance(value, cst.FormattedString):
+        parts = value.parts
+        if len(parts) == 1 and isinstance(parts[0], cst.FormattedStringExpression):
+            p = parts[0]
+            if p.conversion is None and p.format_spec is None:
+                return dotted(p.expression)
+        return None
+    if isinstance(value, cst.BinaryOperation) and isinstance(value.operator, cst.Modulo):
+        if literal_string(value.left) in ("%d", "%s", "%i"):
+            return dotted(value.right)
+    return None
