@@ -2,7 +2,7 @@
 them before it analyses anything (see ampfix/engine/rulemeta.py). Do not edit; regenerate.
 """
 
-DIGEST = 'b499fdb9ea8877e8b7ece20643890f558e4f23de4377d1ee24847c44d75670db'
+DIGEST = '01088ce189b24021314d296bb46c2d02509c469fab7d4e7cf5732fe499a63fe5'
 
 RULES = [
     ('AMP001', 'backward-in-autocast', True, ('autocast',), (),
