@@ -7,7 +7,7 @@ from typing import Iterator, List, Optional
 import libcst as cst
 
 from ampfix.fixes.edits import set_keyword
-from ampfix.model import AmpModel, Region, call_name, dotted, literal_bool, literal_string
+from ampfix.model import AmpModel, Region, dotted, literal_bool
 from ampfix.rule import UNSAFE, FileContext, Fix, Rule, Violation
 
 
@@ -110,7 +110,7 @@ scaler.update()
             if configured is None:
                 yield Violation(call, fix=self._fix(model, call, enabled, regions))
                 continue
-            if _built_under_dtype_test(model, call):
+            if model.precision.built_under_dtype_test(call):
                 continue  # `GradScaler() if dtype == torch.float16 else None`
             fix = self._fix(model, call, enabled, regions, tie_only=True)
             values = " or ".join(sorted(configured[1]))
@@ -128,7 +128,7 @@ scaler.update()
         (text,) = texts if len(texts) == 1 else (None,)
         node = regions[0].dtype_node
         if text is not None and node is not None and model.dtype_name(node) == "dynamic" \
-                and _readable(model, node, call):
+                and model.bound.reads_same_at(node, call):
             tie = f"{text} == {model.torch_alias() or 'torch'}.float16"
         if tie_only and (tie is None or not model.precision.torch_dtype_valued(node)):
             return None
@@ -141,24 +141,6 @@ scaler.update()
         new = set_keyword(call, "enabled", cst.parse_expression(value))
         return Fix({call: new}, applicability=UNSAFE,
                    description=f"GradScaler enabled only for float16 (`enabled={value}`)")
-
-
-def _readable(model: AmpModel, expr: cst.CSTNode, at: cst.CSTNode) -> bool:
-    """The name or attribute chain `expr` (read at a region) means the same at `at`, and is set
-    by then when `at`'s function (or the module) is where it is set."""
-    key = dotted(expr)
-    if key is None:
-        return False
-    root = key.split(".")[0]
-    if root == "self":
-        here, there = model.self_class(at), model.self_class(expr)
-        if here is None or there is None or here not in model.related_classes(there):
-            return False
-    elif model.binding_scope(root, model.scope_of(at)) is not model.binding_scope(root, model.scope_of(expr)) \
-            or model.binding_scope(root, model.scope_of(at)) is None:
-        return False
-    same = [n for n, _ in model.assignments_to(key) if model.scope_of(n) is model.scope_of(at)]
-    return not same or any(model.before(n, at) for n in same)
 
 
 def _configured_dtype(model: AmpModel, regions: List[Region]):
@@ -175,70 +157,9 @@ def _configured_dtype(model: AmpModel, regions: List[Region]):
     (dtypes,) = values
     if "bfloat16" not in dtypes or len(dtypes) < 2 or not dtypes <= {"bfloat16", "float16", "float32"}:
         return None
-    chosen = _default_choice(model, regions[0].dtype_node)
+    chosen = model.precision.default_choice(regions[0].dtype_node)
     if chosen is None or model.precision.dtype_values(chosen) != {"bfloat16"}:
         return None  # bfloat16 only when asked for (`--amp-dtype bfloat16`): the default run needs the scaler
     return texts.pop(), dtypes
 
 
-def _default_choice(model: AmpModel, expr: cst.CSTNode, depth: int = 0) -> Optional[cst.CSTNode]:
-    """What a dtype choice gives where nothing is asked for: on hardware that has bfloat16
-    (`torch.bfloat16 if torch.cuda.is_bf16_supported() else ...`), with the defaults of this
-    file's command-line options (a table read by one, a test of one); None when unknown."""
-    if depth > 4:
-        return None
-    api = model.api_of(expr)
-    if api is not None and api.kind.startswith("dtype."):
-        return expr
-    if isinstance(expr, (cst.Name, cst.Attribute)):
-        default = model.precision.option_default(expr)
-        if default is not None:
-            return default
-        values = [v for v in model.values_of(expr) if v is not expr]
-        return _default_choice(model, values[0], depth + 1) if len(values) == 1 \
-            and isinstance(values[0], cst.CSTNode) else None
-    if isinstance(expr, cst.IfExp):
-        test = _default_test(model, expr.test, depth)
-        return None if test is None else _default_choice(model, expr.body if test else expr.orelse, depth + 1)
-    if isinstance(expr, cst.Subscript) and isinstance(expr.value, cst.Dict) and len(expr.slice) == 1 \
-            and isinstance(expr.slice[0].slice, cst.Index):
-        key = _default_choice(model, expr.slice[0].slice.value, depth + 1)
-        name = literal_string(key) if key is not None else None
-        hit = [el.value for el in expr.value.elements if isinstance(el, cst.DictElement)
-               and name is not None and literal_string(el.key) == name]
-        return _default_choice(model, hit[0], depth + 1) if len(hit) == 1 else None
-    if isinstance(expr, cst.Call) and model.is_builtin(expr.func, "getattr") and len(expr.args) == 2 \
-            and dotted(expr.args[0].value) == model.torch_alias():
-        return _default_choice(model, expr.args[1].value, depth + 1)
-    return expr
-
-
-def _default_test(model: AmpModel, test: cst.BaseExpression, depth: int) -> Optional[bool]:
-    """A choice's test where nothing is asked for: `torch.cuda.is_bf16_supported()` (alone or
-    with `torch.cuda.is_available()`) is true on hardware that has bfloat16; `opt == "bf16"`
-    compares an option's default."""
-    if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.And):
-        left, right = _default_test(model, test.left, depth), _default_test(model, test.right, depth)
-        return None if left is None or right is None else left and right
-    if isinstance(test, cst.Call) and call_name(test) in ("is_bf16_supported", "is_available") \
-            and "cuda" in (dotted(test.func) or ""):
-        return True
-    if isinstance(test, cst.Comparison) and len(test.comparisons) == 1 \
-            and isinstance(test.comparisons[0].operator, (cst.Equal, cst.NotEqual)):
-        left = _default_choice(model, test.left, depth + 1)
-        right = test.comparisons[0].comparator
-        a, b = literal_string(left) if left is not None else None, literal_string(right)
-        if a is None or b is None:
-            return None
-        return (a == b) == isinstance(test.comparisons[0].operator, cst.Equal)
-    return None
-
-
-def _built_under_dtype_test(model: AmpModel, call: cst.Call) -> bool:
-    """The scaler is built (or enabled) under a condition on the dtype or the precision."""
-    child: cst.CSTNode = call
-    for anc in model.ancestors(call):
-        if isinstance(anc, (cst.If, cst.IfExp)) and child is not anc.test and model.precision.float16_gated(anc.test):
-            return True
-        child = anc
-    return False

@@ -87,7 +87,7 @@ with torch.autocast("cuda", dtype=amp_dtype):
                 continue  # `torch.autocast(**autocast_kwargs)`: the dict may hold `dtype`
             seen.add(id(region.call))
             func = region.node if isinstance(region.node, cst.FunctionDef) else model.function_of(region.node)
-            if func is not None and _called_in_region(model, func):
+            if func is not None and model.called_in_region(func):
                 continue  # it inherits the dtype of the region it is called in
             devices = model.precision.region_devices(region)
             if devices is not None and "cuda" not in devices:
@@ -155,8 +155,8 @@ with torch.autocast("cuda", dtype=amp_dtype):
             if AMP_DTYPE.match(n.attr.value) or (n.attr.value == "dtype" and options):
                 candidates.setdefault(key, options or [n])
         enabled = next((a.value for a in region.call.args if a.keyword and a.keyword.value == "enabled"), None)
-        region_gates = {dotted(g) for g in _gates_in(model, enabled)}  # enabled only for float16: fine
-        for gate in _float16_gates(model):  # `GradScaler(enabled=args.precision == "fp16")`: what it compares
+        region_gates = {dotted(g) for g in model.precision.float16_gates_in(enabled)}  # enabled only for float16: fine
+        for gate in model.precision.scaler_float16_gates():  # `GradScaler(enabled=args.precision == "fp16")`: what it compares
             key, values = dotted(gate), model.precision.option_values(gate) or [gate]
             root = (key or "").split(".")[0]
             visible = model.self_class(at) is not None if root == "self" else model.binding_scope(root, scope)
@@ -198,41 +198,3 @@ def _dtype_assignments(model: AmpModel) -> Dict[str, list]:
             if AMP_DTYPE.match(k.rpartition(".")[2]) or k == "dtype"}
 
 
-def _called_in_region(model: AmpModel, func: cst.FunctionDef, depth: int = 0) -> bool:
-    """Some call of this file runs `func` inside an autocast region (directly or through callers)."""
-    if depth > 4:
-        return False
-    callers = list(model.callers(func))
-    cls = model.class_of(func)
-    if func.name.value == "forward" and cls is not None and model.is_module_class(cls):  # module(x) runs forward
-        callers += [c for c in model.calls if isinstance(c.func, (cst.Name, cst.Attribute))
-                    and cls in model.classes_of(c.func)]
-    for call in callers:
-        if model.region_of(call) is not None:
-            return True
-        outer = model.function_of(call)
-        if outer is not None and outer is not func and _called_in_region(model, outer, depth + 1):
-            return True
-    return False
-
-
-def _float16_gates(model: AmpModel) -> List[cst.CSTNode]:
-    """What the file's GradScalers compare with float16 in their `enabled=` (`dtype == "float16"`)."""
-    return [g for c in model.calls if model.is_api(c, "GradScaler") for g in _gates_in(model, model.scaler_enabled(c))]
-
-
-def _gates_in(model: AmpModel, expr: Optional[cst.CSTNode]) -> List[cst.CSTNode]:
-    """The names and attributes `expr` compares with float16 (`X == torch.float16`, `X == "fp16"`)."""
-    out = []
-    stack = [expr] if expr is not None else []
-    while stack:
-        n = stack.pop()
-        if isinstance(n, cst.Comparison) and len(n.comparisons) == 1 \
-                and isinstance(n.comparisons[0].operator, cst.Equal):
-            for a, b in ((n.left, n.comparisons[0].comparator), (n.comparisons[0].comparator, n.left)):
-                api = model.api_of(b)
-                if dotted(a) is not None and (api is not None and api.kind == "dtype.float16" or
-                                              literal_string(b) is not None and model.precision.dtype_values(b) == {"float16"}):
-                    out.append(a)
-        stack.extend(n.children)
-    return out

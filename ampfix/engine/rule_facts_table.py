@@ -2,7 +2,7 @@
 them before it analyses anything (see ampfix/engine/rulemeta.py). Do not edit; regenerate.
 """
 
-DIGEST = '01088ce189b24021314d296bb46c2d02509c469fab7d4e7cf5732fe499a63fe5'
+DIGEST = 'b1a62dedae8abb58c54451f3f933a1cc02b6867e785071d26045602a940fdb83'
 
 RULES = [
     ('AMP001', 'backward-in-autocast', True, ('autocast',), (),

@@ -781,6 +781,25 @@ class Bound(Facet):
         return any(self.model.scope_of(node) is scope and self.model.before(a, node) and self.model.before(node, b)
                    for node, _ in self.model.assignments.get(key, []))
 
+    def reads_same_at(self, expr: cst.CSTNode, at: cst.CSTNode) -> bool:
+        """The name or attribute chain `expr` (read at a region) means the same at `at`, and is set
+        by then when `at`'s function (or the module) is where it is set."""
+        model = self.model
+        key = dotted(expr)
+        if key is None:
+            return False
+        root = key.split(".")[0]
+        if root == "self":
+            here, there = model.self_class(at), model.self_class(expr)
+            if here is None or there is None or here not in model.related_classes(there):
+                return False
+        else:
+            scope = model.binding_scope(root, model.scope_of(at))
+            if scope is None or scope is not model.binding_scope(root, model.scope_of(expr)):
+                return False
+        same = [n for n, _ in model.assignments_to(key) if model.scope_of(n) is model.scope_of(at)]
+        return not same or any(model.before(n, at) for n in same)
+
     def _insertion_problem(self, new: Sequence[cst.BaseStatement], stmt: cst.CSTNode, after: bool = False,
                           ) -> Optional[str]:
         """Why the statements `new`, inserted before (or after) `stmt`, could fail on some path

@@ -77,7 +77,7 @@ class CallGraph:
                 m = self.lookup_method(named, name)  # Class.method(obj, ...)
                 return [m] if m is not None else []
             if name in self._method_names():  # (no method of this file has the name: none to find)
-                for cls in self.classes_of(owner, depth + 1):
+                for cls in self._classes_of(owner, depth + 1):
                     m = self.lookup_method(cls, name)
                     if m is not None and m not in found:
                         found.append(m)
@@ -113,7 +113,7 @@ class CallGraph:
                     for f in self._resolve_callable(target, target, depth + 1):
                         if f not in out:
                             out.append(f)
-            for cls in self.classes_of(func, depth + 1) if "__call__" in self.functions else ():
+            for cls in self._classes_of(func, depth + 1) if "__call__" in self.functions else ():
                 m = self.lookup_method(cls, "__call__")  # an instance: obj(...) runs __call__
                 if m is not None and m not in out:
                     out.append(m)

@@ -98,7 +98,7 @@ class Checkpoints(Facet):
                     entries.append((literal_string(el.key), el.value))
                 else:
                     entries.append((None, None))
-        elif isinstance(node, cst.Call) and self.model.is_builtin(node.func, "dict"):
+        elif isinstance(node, cst.Call) and self.model._is_builtin(node.func, "dict"):
             entries = [(a.keyword.value if a.keyword else None, a.value if a.keyword else None) for a in node.args]
         elif depth < 2 and self._snapshot_source(node) is not None:
             # `dataclasses.asdict(state)`, `vars(state)`, `state.__dict__`: what `state` holds
@@ -143,7 +143,7 @@ class Checkpoints(Facet):
         if isinstance(node, cst.Attribute) and node.attr.value == "__dict__":
             return node.value
         if isinstance(node, cst.Call) and len(node.args) == 1 and node.args[0].keyword is None \
-                and not node.args[0].star and (self.model.is_builtin(node.func, "vars")
+                and not node.args[0].star and (self.model._is_builtin(node.func, "vars")
                                                 or "dataclasses.asdict" in self.model.qualnames(node.func)):
             return node.args[0].value
         return None

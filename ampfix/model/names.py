@@ -221,7 +221,7 @@ class Names:
         api = self.api_of(node)
         return api is not None and api.kind == kind
 
-    def is_builtin(self, node: cst.CSTNode, name: str) -> bool:
+    def _is_builtin(self, node: cst.CSTNode, name: str) -> bool:
         """`node` is the builtin `name` (not shadowed)."""
         return isinstance(node, cst.Name) and node.value == name and \
             self._resolve_scope(name, self.scope_of(node))[0] is None

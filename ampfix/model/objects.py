@@ -341,20 +341,20 @@ class Objects:
         return key in self._stepped_optimizers() or bool(OPTIMIZER_NAME.match(key.rpartition(".")[2]))
 
     # ---------------------------------------------------------------- modules
-    def is_module_class(self, cls: cst.ClassDef) -> bool:
+    def _is_module_class(self, cls: cst.ClassDef) -> bool:
         """A class of this file that subclasses `nn.Module` (directly or through this file)."""
         for b in cls.bases:
             name = dotted(b.value) or ""
             if name.rpartition(".")[2] == "Module" or any(q.startswith("torch.nn") for q in self.qualnames(b.value)):
                 return True
             base = self._class_named(b.value)
-            if base is not None and base is not cls and self.is_module_class(base):
+            if base is not None and base is not cls and self._is_module_class(base):
                 return True
         return False
 
     def module_classes(self, expr: cst.CSTNode) -> List[cst.ClassDef]:
         """The nn.Module classes of this file that `expr` may hold."""
-        return [c for c in self.classes_of(expr) if self.is_module_class(c)]
+        return [c for c in self._classes_of(expr) if self._is_module_class(c)]
 
     def optimizer_over(self, clip: cst.CSTNode) -> Optional[str]:
         """The optimizer built, in the clip's own function, over exactly the parameters clipped

@@ -85,7 +85,7 @@ class Precision(Facet):
             if all(literal_string(k) in table for k in keys):
                 return frozenset(d for k in keys for d in table[literal_string(k)])
             return frozenset(d for ds in table.values() for d in ds)
-        if isinstance(v, cst.Call) and self.model.is_builtin(v.func, "getattr") and len(v.args) >= 2 \
+        if isinstance(v, cst.Call) and self.model._is_builtin(v.func, "getattr") and len(v.args) >= 2 \
                 and dotted(v.args[0].value) == self.model.torch_alias():  # getattr(torch, name)
             return self.dtype_values(v.args[1].value, depth + 1)
         return None
@@ -312,3 +312,84 @@ class Precision(Facet):
             if isinstance(n, cst.CSTNode):
                 stack.extend(child_nodes(n))
         return False
+
+    def default_choice(self, expr: cst.CSTNode, depth: int = 0) -> Optional[cst.CSTNode]:
+        """What a dtype choice gives where nothing is asked for: on hardware that has bfloat16
+        (`torch.bfloat16 if torch.cuda.is_bf16_supported() else ...`), with the defaults of this
+        file's command-line options (a table read by one, a test of one); None when unknown."""
+        if depth > 4:
+            return None
+        api = self.model.api_of(expr)
+        if api is not None and api.kind.startswith("dtype."):
+            return expr
+        if isinstance(expr, (cst.Name, cst.Attribute)):
+            default = self.option_default(expr)
+            if default is not None:
+                return default
+            values = [v for v in self.model.values_of(expr) if v is not expr]
+            return self.default_choice(values[0], depth + 1) if len(values) == 1 \
+                and isinstance(values[0], cst.CSTNode) else None
+        if isinstance(expr, cst.IfExp):
+            test = self._default_test(expr.test, depth)
+            return None if test is None else self.default_choice(expr.body if test else expr.orelse, depth + 1)
+        if isinstance(expr, cst.Subscript) and isinstance(expr.value, cst.Dict) and len(expr.slice) == 1 \
+                and isinstance(expr.slice[0].slice, cst.Index):
+            key = self.default_choice(expr.slice[0].slice.value, depth + 1)
+            name = literal_string(key) if key is not None else None
+            hit = [el.value for el in expr.value.elements if isinstance(el, cst.DictElement)
+                   and name is not None and literal_string(el.key) == name]
+            return self.default_choice(hit[0], depth + 1) if len(hit) == 1 else None
+        if isinstance(expr, cst.Call) and self.model._is_builtin(expr.func, "getattr") and len(expr.args) == 2 \
+                and dotted(expr.args[0].value) == self.model.torch_alias():
+            return self.default_choice(expr.args[1].value, depth + 1)
+        return expr
+
+    def _default_test(self, test: cst.BaseExpression, depth: int) -> Optional[bool]:
+        """A choice's test where nothing is asked for: `torch.cuda.is_bf16_supported()` (alone or
+        with `torch.cuda.is_available()`) is true on hardware that has bfloat16; `opt == "bf16"`
+        compares an option's default."""
+        if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.And):
+            left, right = self._default_test(test.left, depth), self._default_test(test.right, depth)
+            return None if left is None or right is None else left and right
+        if isinstance(test, cst.Call) and call_name(test) in ("is_bf16_supported", "is_available") \
+                and "cuda" in (dotted(test.func) or ""):
+            return True
+        if isinstance(test, cst.Comparison) and len(test.comparisons) == 1 \
+                and isinstance(test.comparisons[0].operator, (cst.Equal, cst.NotEqual)):
+            left = self.default_choice(test.left, depth + 1)
+            right = test.comparisons[0].comparator
+            a, b = literal_string(left) if left is not None else None, literal_string(right)
+            if a is None or b is None:
+                return None
+            return (a == b) == isinstance(test.comparisons[0].operator, cst.Equal)
+        return None
+
+    def built_under_dtype_test(self, call: cst.Call) -> bool:
+        """The scaler is built (or enabled) under a condition on the dtype or the precision."""
+        child: cst.CSTNode = call
+        for anc in self.model.ancestors(call):
+            if isinstance(anc, (cst.If, cst.IfExp)) and child is not anc.test and self.float16_gated(anc.test):
+                return True
+            child = anc
+        return False
+
+    def scaler_float16_gates(self) -> List[cst.CSTNode]:
+        """What the file's GradScalers compare with float16 in their `enabled=` (`dtype == "float16"`)."""
+        model = self.model
+        return [g for c in model.calls if model.is_api(c, "GradScaler") for g in self.float16_gates_in(model.scaler_enabled(c))]
+
+    def float16_gates_in(self, expr: Optional[cst.CSTNode]) -> List[cst.CSTNode]:
+        """The names and attributes `expr` compares with float16 (`X == torch.float16`, `X == "fp16"`)."""
+        out = []
+        stack = [expr] if expr is not None else []
+        while stack:
+            n = stack.pop()
+            if isinstance(n, cst.Comparison) and len(n.comparisons) == 1 \
+                    and isinstance(n.comparisons[0].operator, cst.Equal):
+                for a, b in ((n.left, n.comparisons[0].comparator), (n.comparisons[0].comparator, n.left)):
+                    api = self.model.api_of(b)
+                    if dotted(a) is not None and (api is not None and api.kind == "dtype.float16" or
+                                                  literal_string(b) is not None and self.dtype_values(b) == {"float16"}):
+                        out.append(a)
+            stack.extend(n.children)
+        return out

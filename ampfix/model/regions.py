@@ -182,6 +182,23 @@ class Regions:
                 return replace(r, node=func)
         return None
 
+    def called_in_region(self, func: cst.FunctionDef, depth: int = 0) -> bool:
+        """Some call of this file runs `func` inside an autocast region (directly or through callers)."""
+        if depth > 4:
+            return False
+        callers = list(self.callers(func))
+        cls = self.class_of(func)
+        if func.name.value == "forward" and cls is not None and self._is_module_class(cls):  # module(x) runs forward
+            callers += [c for c in self.calls if isinstance(c.func, (cst.Name, cst.Attribute))
+                        and cls in self._classes_of(c.func)]
+        for call in callers:
+            if self.region_of(call) is not None:
+                return True
+            outer = self.function_of(call)
+            if outer is not None and outer is not func and self.called_in_region(outer, depth + 1):
+                return True
+        return False
+
     def region_of(self, node: cst.CSTNode) -> Optional[Region]:
         """The innermost autocast region that lexically runs `node` within its function, or None.
 

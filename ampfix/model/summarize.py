@@ -567,7 +567,7 @@ class Summarizer:
                 for owner, values in here.items():
                     by_class.setdefault(owner, []).append((name, values))  # type: ignore[arg-type]
             dynamic = {m.self_class(call) for call in m.calls
-                       if m.is_builtin(call.func, "setattr") or dotted(call.func) in ("self.__dict__.update",)}
+                       if m._is_builtin(call.func, "setattr") or dotted(call.func) in ("self.__dict__.update",)}
             found = self.__dict__["_class_assignments"] = (by_class, dynamic)
         return found
 

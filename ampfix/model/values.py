@@ -148,7 +148,7 @@ class Values:
                 if not values and rest:
                     head, _, last = key.rpartition(".")
                     head_expr = _parse_dotted(head, expr)
-                    for owner in self.classes_of(head_expr, depth + 1):
+                    for owner in self._classes_of(head_expr, depth + 1):
                         values.extend(self.attribute_values(owner, last))
                     if not values and head_expr is not None:
                         values.extend(self._foreign_instance_attribute(head_expr, last))
@@ -354,7 +354,7 @@ class Values:
                 out.extend(r.value for r in self._nodes_in_scope(method, cst.Return) if r.value is not None)
         return out
 
-    def classes_of(self, expr: Optional[cst.CSTNode], depth: int = 0) -> List[cst.ClassDef]:
+    def _classes_of(self, expr: Optional[cst.CSTNode], depth: int = 0) -> List[cst.ClassDef]:
         """Classes of this file whose instances `expr` may be (`Net(...)`, `Net().cuda()`,
         `self` in a method, a name bound to one of those)."""
         if expr is None or depth > MAX_DEPTH:
