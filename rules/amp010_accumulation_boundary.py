@@ -7,7 +7,7 @@ from typing import Dict, Iterator, List, Optional
 import libcst as cst
 
 from ampfix.fixes.edits import move_into_block
-from ampfix.model import AmpModel, Misplaced, Trace, call_name, group_loop, names_bound, reads_writes
+from ampfix.model import AmpModel, Misplaced, Trace, call_name, group_loop
 from ampfix.model.tree import child_nodes
 from ampfix.model.events import SCALER_STEP, UNSCALE
 from ampfix.rule import SAFE, UNSAFE, FileContext, Fix, Rule, Violation
@@ -165,7 +165,7 @@ def _move_fix(model: AmpModel, trace: Trace, ms: List[Misplaced]) -> Optional[Fi
     for m in ms:
         if depth is None or len(m.event.path) <= depth or m.event.path[:depth] != guarded.path[:depth]:
             return None  # in a helper, or in another call of the boundary's function
-        stmt = _statement_in(model, m.event.path[depth], block)
+        stmt = model.statement_in(m.event.path[depth], block)
         if stmt is None:
             return None
         if stmt not in stmts:
@@ -178,7 +178,7 @@ def _move_fix(model: AmpModel, trace: Trace, ms: List[Misplaced]) -> Optional[Fi
     if any(s not in stmts and not _only_scaler_or_clip(model, s) for s in (*before, *after)):
         return None  # other statements in between: their order would change
     stmts = [*before, *after]
-    if any(_has_backward(model, s) for s in stmts) or _bound_and_read_elsewhere(model, stmts, if_node):
+    if any(model.is_ancestor(s, b.call) for s in stmts for b in model.backward_calls) or model.bound.read_outside(stmts, if_node):
         return None
     replacements = move_into_block(before, if_node, after)
     # a clipping call moved under the boundary clips once per window instead of each
@@ -197,36 +197,6 @@ def _depth_of(model: AmpModel, ev, if_node) -> Optional[int]:
         if model.is_ancestor(if_node, node):
             return i
     return None
-
-
-def _statement_in(model: AmpModel, node: cst.CSTNode, block: cst.CSTNode) -> Optional[cst.BaseStatement]:
-    cur: Optional[cst.CSTNode] = node
-    while cur is not None:
-        parent = model.parent(cur)
-        if parent is block:
-            return cur  # type: ignore[return-value]
-        cur = parent
-    return None
-
-
-def _has_backward(model: AmpModel, stmt: cst.CSTNode) -> bool:
-    return any(model.is_ancestor(stmt, b.call) for b in model.backward_calls)
-
-
-def _bound_and_read_elsewhere(model: AmpModel, stmts, if_node) -> bool:
-    """A moved statement binds a name that code outside the boundary reads (`grad_norm` logged
-    after it): moved, the name would be missing or stale on the other micro-batches."""
-    bound = names_bound(stmts)
-    if not bound:
-        return False
-    scope = model.scope_of(if_node)
-    for line in model.nodes_of(cst.SimpleStatementLine):
-        if model.scope_of(line) is not scope or model.is_ancestor(if_node, line) \
-                or any(line is s or model.is_ancestor(s, line) for s in stmts):
-            continue
-        if reads_writes(line)[0] & bound:
-            return True
-    return False
 
 
 def _clips(model: AmpModel, stmt: cst.CSTNode) -> bool:

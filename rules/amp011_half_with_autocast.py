@@ -14,7 +14,6 @@ from ampfix.model.values import SAME_OBJECT_METHODS
 from ampfix.rule import UNSAFE, FileContext, Fix, Rule, Violation
 
 AMP_FLAG = re.compile(r"\bamp\b|use_amp|autocast|mixed", re.IGNORECASE)
-LOADER_DTYPE = ("torch_dtype", "dtype")  # `from_pretrained(..., torch_dtype=torch.float16)`
 # float16 written in the file: `.half()`, `torch.half`, or `float16` that is not part of `bfloat16`
 HALF_TEXT = re.compile(r"\.half\(\)|torch\.half|(?<!b)float16")
 
@@ -114,7 +113,7 @@ export = copy.deepcopy(model).half()
         if model.training.freezes_parameters():
             return  # which parameters are trained (float32 adapters on frozen float16 weights?) is unknown
         for call in model.calls:
-            dtype_arg = _half_cast(model, call)
+            dtype_arg = model.precision.float16_cast(call)
             if dtype_arg is False:
                 continue
             receiver = same_object_base(call.func.value)  # type: ignore[attr-defined]
@@ -129,36 +128,6 @@ export = copy.deepcopy(model).half()
                     or model.training.after_training(call) or model.training.rewrapped_after(call, key):
                 continue
             yield Violation(call.func.attr, fix=_fix(model, call, dtype_arg, top, target))  # type: ignore[attr-defined]
-
-
-def _half_cast(model: AmpModel, call: cst.Call):
-    """False when `call` is no float16 cast; else the dtype Arg (None for `.half()`)."""
-    name = call_name(call)
-    if not isinstance(call.func, cst.Attribute):
-        return False
-    if name == "half" and not call.args:
-        return None
-    if name == "from_pretrained":  # loaded as float16
-        for arg in call.args:
-            if arg.keyword is not None and arg.keyword.value in LOADER_DTYPE and _float16(model, arg.value):
-                return arg
-        return False
-    if name == "to":
-        for arg in call.args:
-            if arg.star or (arg.keyword is not None and arg.keyword.value != "dtype"):
-                continue
-            if _float16(model, arg.value):
-                return arg
-    return False
-
-
-def _float16(model: AmpModel, expr: cst.BaseExpression) -> bool:
-    """`expr` is `torch.float16` (or `torch.half`), directly or through names that hold only it."""
-    api = model.api_of(expr)
-    if api is not None:
-        return api.kind == "dtype.float16"
-    return isinstance(expr, (cst.Name, cst.Attribute)) and model.precision.torch_dtype_valued(expr) \
-        and model.precision.dtype_values(expr) == {"float16"}
 
 
 def _assigned(model: AmpModel, call: cst.Call):

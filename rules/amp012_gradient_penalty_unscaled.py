@@ -6,7 +6,7 @@ from typing import Iterator, List, Optional
 
 import libcst as cst
 
-from ampfix.model import AmpModel, Region, Trace, TraceEvent, get_arg, literal_bool
+from ampfix.model import AmpModel, Trace, TraceEvent, get_arg, literal_bool
 from ampfix.model.events import AUTOGRAD_GRAD, BACKWARD
 from ampfix.rule import FileContext, Rule, Violation
 
@@ -125,7 +125,7 @@ for x, y in loader:
     @staticmethod
     def _unscaled(model: AmpModel, trace: Trace, ev: TraceEvent, outputs: cst.Arg) -> Optional[str]:
         """`autograd.grad` on an unscaled float16 output whose penalty joins a scaled loss."""
-        regions = [r for r in ([ev.region] if ev.region else []) + model.value_regions(outputs.value) if _fp16(r)]
+        regions = [r for r in ([ev.region] if ev.region else []) + model.value_regions(outputs.value) if r.may_run_float16()]
         if not regions:
             return None
         reads = model.dataflow.value_reads(ev.node)
@@ -142,12 +142,3 @@ for x, y in loader:
                         f"underflow; pass `{scaler}.scale(...)` to `autograd.grad` and divide the result by "
                         f"`{scaler}.get_scale()`")
         return None
-
-
-def _fp16(region: Optional[Region]) -> bool:
-    """The region may run float16 (bfloat16 does not underflow like it)."""
-    if region is None or region.enabled is False:
-        return False
-    if region.dtype is None:
-        return region.effective_device not in ("cpu", "xpu", "mps") or region.effective_device is None
-    return region.dtype in ("float16", "dynamic")

@@ -2,7 +2,7 @@
 them before it analyses anything (see ampfix/engine/rulemeta.py). Do not edit; regenerate.
 """
 
-DIGEST = 'b1a62dedae8abb58c54451f3f933a1cc02b6867e785071d26045602a940fdb83'
+DIGEST = 'a6f061e5c51936a230b668e5f34ad62063d6f386ad2dabb44d224744343db24a'
 
 RULES = [
     ('AMP001', 'backward-in-autocast', True, ('autocast',), (),

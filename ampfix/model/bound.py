@@ -47,6 +47,7 @@ import libcst as cst
 
 from ampfix.model.facet import Facet
 from ampfix.model.parsing import parse_statement
+from ampfix.model.readwrite import names_bound, reads_writes
 from ampfix.model.syntax import literal_string
 from ampfix.model.tree import child_nodes, dotted, target_names
 
@@ -799,6 +800,22 @@ class Bound(Facet):
                 return False
         same = [n for n, _ in model.assignments_to(key) if model.scope_of(n) is model.scope_of(at)]
         return not same or any(model.before(n, at) for n in same)
+
+    def read_outside(self, stmts: Sequence[cst.CSTNode], block: cst.CSTNode) -> bool:
+        """Some statement of `stmts` binds a name that code of `block`'s scope reads outside
+        `block` and `stmts` (`grad_norm` logged after a boundary): moved into `block`, the name
+        would be missing or stale where `block` does not run."""
+        bound = names_bound(stmts)
+        if not bound:
+            return False
+        scope = self.model.scope_of(block)
+        for line in self.model.nodes_of(cst.SimpleStatementLine):
+            if self.model.scope_of(line) is not scope or self.model.is_ancestor(block, line) \
+                    or any(line is s or self.model.is_ancestor(s, line) for s in stmts):
+                continue
+            if reads_writes(line)[0] & bound:
+                return True
+        return False
 
     def _insertion_problem(self, new: Sequence[cst.BaseStatement], stmt: cst.CSTNode, after: bool = False,
                           ) -> Optional[str]:

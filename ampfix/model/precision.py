@@ -38,6 +38,8 @@ DETACHING = {"detach", "detach_", "item", "tolist", "numpy"}
 NO_GRAD = {"torch.no_grad", "torch.inference_mode", "torch.autograd.grad_mode.no_grad",
            "torch.autograd.grad_mode.inference_mode", "torch.autograd.no_grad"}
 
+LOADER_DTYPE = ("torch_dtype", "dtype")  # `from_pretrained(..., torch_dtype=torch.float16)`
+
 
 class ForeignRegion(NamedTuple):
     """An autocast region of another module in which a function computes what it returns."""
@@ -393,3 +395,32 @@ class Precision(Facet):
                         out.append(a)
             stack.extend(n.children)
         return out
+
+    def float16_cast(self, call: cst.Call):
+        """False when `call` is no float16 cast (`.half()`, `.to(torch.float16)`, `from_pretrained(...,
+        torch_dtype=torch.float16)`); else the dtype Arg (None for `.half()`)."""
+        name = call_name(call)
+        if not isinstance(call.func, cst.Attribute):
+            return False
+        if name == "half" and not call.args:
+            return None
+        if name == "from_pretrained":  # loaded as float16
+            for arg in call.args:
+                if arg.keyword is not None and arg.keyword.value in LOADER_DTYPE and self.is_float16(arg.value):
+                    return arg
+            return False
+        if name == "to":
+            for arg in call.args:
+                if arg.star or (arg.keyword is not None and arg.keyword.value != "dtype"):
+                    continue
+                if self.is_float16(arg.value):
+                    return arg
+        return False
+
+    def is_float16(self, expr: cst.BaseExpression) -> bool:
+        """`expr` is `torch.float16` (or `torch.half`), directly or through names that hold only it."""
+        api = self.model.api_of(expr)
+        if api is not None:
+            return api.kind == "dtype.float16"
+        return isinstance(expr, (cst.Name, cst.Attribute)) and self.torch_dtype_valued(expr) \
+            and self.dtype_values(expr) == {"float16"}

@@ -40,6 +40,15 @@ class Region:
     def effective_device(self) -> Optional[str]:
         return self.device or self.api.device
 
+    def may_run_float16(self) -> bool:
+        """The region may run float16 (bfloat16 does not underflow like it): enabled, and float16,
+        a dtype chosen at run time, or no dtype on a device whose default is float16 (or unknown)."""
+        if self.enabled is False:
+            return False
+        if self.dtype is None:
+            return self.effective_device not in ("cpu", "xpu", "mps") or self.effective_device is None
+        return self.dtype in ("float16", "dynamic")
+
 
 def _arg(args: Sequence[cst.Arg], position: Optional[int], keyword: str) -> Optional[cst.Arg]:
     pos = 0

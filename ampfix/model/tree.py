@@ -869,6 +869,16 @@ class Tree:
             return parent
         return None
 
+    def statement_in(self, node: cst.CSTNode, block: cst.CSTNode) -> Optional[cst.BaseStatement]:
+        """The statement of `block` (its direct child) that holds `node`, if any."""
+        cur: Optional[cst.CSTNode] = node
+        while cur is not None:
+            parent = self._parent(cur)
+            if parent is block:
+                return cur  # type: ignore[return-value]
+            cur = parent
+        return None
+
     def scope_of(self, node: cst.CSTNode) -> cst.CSTNode:
         """The innermost function, lambda, class body or module that runs `node`."""
         at = self._slot.get(id(node))  # (`Index.scope_of`, inlined: asked very often)
