@@ -34,7 +34,9 @@ optimizer. The load side that restores the optimizer but not the scaler is the s
 Only checkpoints that hold an optimizer's state count (a weights-only
 `torch.save(model.state_dict(), path)` is not a resume checkpoint), only where an enabled
 GradScaler is reachable or a run that saves also steps one, and the dict may be built where `torch.save` is called or by the caller
-of a `save_checkpoint(state, ...)` helper. An entry may be conditional (`None if final else
+of a `save_checkpoint(state, ...)` helper, or written whole by a function or method of another module that is handed the
+optimizer (`self.model.save_checkpoint(path, optimizer, epoch)`, with `model: LanguageModel` annotated with a class of the
+project; reported with that `torch.save` as a related location, not fixed). An entry may be conditional (`None if final else
 optimizer.state_dict()`: the resume path still holds the optimizer's state), and the checkpoint may be
 a snapshot object of a class of the file (`TrainState(model=..., optimizer=..., step=...)`, saved as
 it is or as `dataclasses.asdict(state)`; reported, not fixed: the class needs a field). The fix (unsafe: it changes the checkpoint format)
@@ -89,8 +91,11 @@ torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
                     loads.append((call, scalers))
         fixes, why = self._fixes(model, saves, loads)
         for state, _ in saves:
+            where = state.written_in
+            note = f"the checkpoint, saved by `{where[2]}` without the scaler's state" if where else ""
+            related = ((where[0], where[1], 1, note),) if where else ()
             yield Violation(state.dict_node, message=self._not_fixed(None, why.get(id(state.dict_node))),
-                            fix=fixes.get(id(state.dict_node)))
+                            fix=fixes.get(id(state.dict_node)), related=related)
         for call, _ in loads:
             yield Violation(call, message=self._not_fixed(LOAD_MESSAGE, why.get(id(call))), fix=fixes.get(id(call)))
 
@@ -154,6 +159,8 @@ torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
         if isinstance(node, cst.Call) and model.checkpoints.snapshot_class(node) is not None:
             return None, (f"the checkpoint is a `{model.checkpoints.snapshot_class(node).name.value}` object; give it a field for "
                           f"`{scalers[0]}.state_dict()`")
+        if state.written_in is not None:
+            return None, f"the checkpoint is written by `{state.written_in[2]}` in another module; save the scaler there"
         if not isinstance(node, cst.Dict) or not node.elements or key in state.keys:
             return None, "the checkpoint is not a dict literal ampfix can extend"
         new = add_dict_entry(node, string(key, model.quote()), cst.parse_expression(f"{scalers[0]}.state_dict()"))

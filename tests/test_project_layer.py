@@ -1743,3 +1743,53 @@ def test_an_autocast_aliased_at_a_helper_modules_top_reaches_the_file(tmp_path):
     found = run_ampfix("check", "-q", "--no-cache", "--select", "AMP001", "train.py", "twin.py",
                        cwd=tmp_path).stdout.decode()
     assert "train.py:8:9: AMP001" in found and "twin.py" not in found, found
+
+
+_ANNOTATED_LM = """
+    import torch
+
+
+    class LanguageModel(torch.nn.Module):
+        def save_checkpoint(self, file, optimizer, epoch):
+            state = {"state_dict": self.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch}
+            torch.save(state, file)
+"""
+_ANNOTATED_TRAINER = """
+    from typing import Optional
+
+    import torch
+    from torch import nn
+
+    from pkg.lm import LanguageModel
+
+
+    class Trainer:
+        def __init__(self, model: {ann}):
+            self.model = model
+
+        def train(self, loader, path):
+            optimizer = torch.optim.SGD(self.model.parameters(), lr=0.1)
+            scaler = torch.amp.GradScaler("cuda")
+            for x in loader:
+                with torch.autocast("cuda"):
+                    loss = self.model(x)
+                scaler.scale(loss).backward()
+                scaler.step(optimizer)
+                scaler.update()
+            self.model.save_checkpoint(path, optimizer, 0)
+"""
+
+
+@pytest.mark.parametrize("ann, found", [("LanguageModel", True), ("Optional[LanguageModel]", False),
+                                        ('"LanguageModel"', False), ("nn.Module", False)])
+def test_a_parameter_annotated_with_a_class_of_another_module_holds_an_instance_of_it(tmp_path, ann, found):
+    # flair's LanguageModelTrainer: `def __init__(self, model: LanguageModel)`, then
+    # `self.model.save_checkpoint(path, optimizer, ...)` runs the method of the annotated class,
+    # whose checkpoint leaves the scaler out. Any other annotation (optional, a string, a
+    # third-party class) says nothing ampfix can follow: unknown
+    root = tree(tmp_path, {"pyproject.toml": "", "pkg/__init__.py": "", "pkg/lm.py": _ANNOTATED_LM,
+                           "pkg/trainer.py": _ANNOTATED_TRAINER.format(ann=ann)})
+    model = model_of(Project(root), root / "pkg" / "trainer.py")
+    states = [s for s in model.checkpoints.saved_states() if s.written_in is not None]
+    got = [(os.path.basename(s.written_in[0]), s.written_in[1], s.written_in[2], len(s.optimizers)) for s in states]
+    assert got == ([("lm.py", 8, "LanguageModel.save_checkpoint", 1)] if found else [])

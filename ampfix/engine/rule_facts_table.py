@@ -2,7 +2,7 @@
 them before it analyses anything (see ampfix/engine/rulemeta.py). Do not edit; regenerate.
 """
 
-DIGEST = 'a6f061e5c51936a230b668e5f34ad62063d6f386ad2dabb44d224744343db24a'
+DIGEST = '79cf120f014dc33202905e7921d58876c2bbb0c493570a57d195b688c3982a96'
 
 RULES = [
     ('AMP001', 'backward-in-autocast', True, ('autocast',), (),

@@ -30,6 +30,9 @@ class SavedState:
     optimizers: List[cst.CSTNode] = field(default_factory=list)  # receivers of optimizer state_dict()
     scaler_state: bool = False  # a GradScaler's state (or a key named for one) is in it
     opaque: bool = False  # **spread or non-literal keys: it may hold anything
+    # written by a function of another module (`save_checkpoint(path, optimizer, ...)`): its
+    # path, the line of its `torch.save`, and its qualified name
+    written_in: Optional[Tuple[str, int, str]] = None
 
 
 class Checkpoints(Facet):
@@ -78,8 +81,10 @@ class Checkpoints(Facet):
                         if state is not None:
                             out.append(state)
                     continue
+                line = s.get("line")
                 state = SavedState(call, call, keys=[k for k in s.get("keys", []) if isinstance(k, str)],
-                                   scaler_state=bool(s.get("scaler_state")), opaque=bool(s.get("opaque")))
+                                   scaler_state=bool(s.get("scaler_state")), opaque=bool(s.get("opaque")),
+                                   written_in=(ff.path, line, ff.qual) if isinstance(line, int) and line > 0 else None)
                 for key, what in (s.get("state") or {}).items():
                     kind, _, receiver = str(what).partition("|")
                     arg = bound.get(receiver[len("__param__."):]) if receiver.startswith("__param__.") else None
