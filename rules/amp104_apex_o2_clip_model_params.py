@@ -8,21 +8,9 @@ from typing import Iterator, List, Optional, Set
 
 import libcst as cst
 
-from ampfix.model import AmpModel, dotted, get_arg, literal_string, method_call
+from ampfix.model import AmpModel, dotted, get_arg, method_call
 from ampfix.model.events import BACKWARD, GRAD_READ
 from ampfix.rule import SAFE, FileContext, Fix, Rule, Violation
-
-
-def keeps_master_weights(call: cst.Call) -> bool:
-    """amp.initialize with an fp16 model and fp32 master weights: O2 (unless
-    master_weights=False), or O3 with master_weights=True."""
-    level = get_arg(call, None, "opt_level")
-    level_s = literal_string(level.value) if level is not None else "O1"
-    mw = get_arg(call, None, "master_weights")
-    mw_code = mw.value.value if mw is not None and isinstance(mw.value, cst.Name) else None
-    if level_s == "O2":
-        return mw is None or mw_code == "True"
-    return level_s == "O3" and mw_code == "True"
 
 
 def _names(node: Optional[cst.CSTNode]) -> List[str]:
@@ -92,7 +80,7 @@ optimizer.step()
     def check(self, ctx: FileContext) -> Iterator[Violation]:
         model = ctx.model
         inits = [c for c in model.calls if "apex.amp.initialize" in model.qualnames(c.func)]
-        o2 = [c for c in inits if keeps_master_weights(c)]
+        o2 = [c for c in inits if model.apex.keeps_master_weights(c)]
         if not o2:
             return
         models: Set[str] = set()
@@ -135,7 +123,7 @@ optimizer.step()
                 break
             if isinstance(anc, (cst.If, cst.IfExp)) and child is not anc.test and anc.orelse is not None:
                 other = anc.orelse if child is anc.body else anc.body
-                if _uses_apex_amp(model, other) and not _uses_apex_amp(model, child):
+                if model.apex.amp_call_in(other) and not model.apex.amp_call_in(child):
                     return True
             child = anc
         seen = False
@@ -144,7 +132,7 @@ optimizer.step()
                 if read.node is not clip:
                     continue
                 backwards = [b for b in trace.before(read, BACKWARD) if model.may_precede(trace, b, read)]
-                if not backwards or any(_apex_backward(model, b.node) for b in backwards):
+                if not backwards or any(model.apex.in_scale_loss(b.node) for b in backwards):
                     return False
                 seen = True
         return seen
@@ -188,24 +176,6 @@ optimizer.step()
         if opt.startswith("self."):
             return model.class_of(model.function_of(init)) is model.class_of(model.function_of(clip)) is not None
         return isinstance(init_scope, cst.Module) and opt not in (model.code(p.name) for p in _params(clip_scope))
-
-
-def _uses_apex_amp(model: AmpModel, subtree: cst.CSTNode) -> bool:
-    """Some call in `subtree` is apex amp's (`amp.scale_loss`, `amp.master_params`, `amp.initialize`)."""
-    return any(model.is_ancestor(subtree, c) and any(q.startswith("apex.amp") for q in model.qualnames(c.func))
-               for c in model.calls)
-
-
-def _apex_backward(model: AmpModel, call: cst.CSTNode) -> bool:
-    """A backward inside `with amp.scale_loss(...)` (apex's scaled backward)."""
-    for anc in model.ancestors(call):
-        if isinstance(anc, (cst.FunctionDef, cst.Lambda)):
-            return False
-        if isinstance(anc, cst.With) and any(
-                isinstance(item.item, cst.Call) and "apex.amp.scale_loss" in model.qualnames(item.item.func)
-                for item in anc.items):
-            return True
-    return False
 
 
 def _params(scope: cst.CSTNode) -> List[cst.Param]:

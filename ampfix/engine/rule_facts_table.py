@@ -2,7 +2,7 @@
 them before it analyses anything (see ampfix/engine/rulemeta.py). Do not edit; regenerate.
 """
 
-DIGEST = '79cf120f014dc33202905e7921d58876c2bbb0c493570a57d195b688c3982a96'
+DIGEST = '57daf2f05f82b5bc107833582578c74000c4841122828995135f526edf9b3692'
 
 RULES = [
     ('AMP001', 'backward-in-autocast', True, ('autocast',), (),

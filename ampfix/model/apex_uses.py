@@ -36,6 +36,7 @@ from ampfix.knowledge.apex_api import actionable, canonical, category, is_apex_r
 from ampfix.model.facet import Facet
 from ampfix.model.names import ImportBinding
 from ampfix.model.readwrite import names_bound
+from ampfix.model.syntax import get_arg, literal_string
 
 
 class ApexRole(str, Enum):
@@ -292,6 +293,35 @@ class ApexUses(Facet):
         return out
 
     # ---------------------------------------------------------------- shapes
+    @staticmethod
+    def keeps_master_weights(call: cst.Call) -> bool:
+        """amp.initialize with an fp16 model and fp32 master weights: O2 (unless
+        master_weights=False), or O3 with master_weights=True."""
+        level = get_arg(call, None, "opt_level")
+        level_s = literal_string(level.value) if level is not None else "O1"
+        mw = get_arg(call, None, "master_weights")
+        mw_code = mw.value.value if mw is not None and isinstance(mw.value, cst.Name) else None
+        if level_s == "O2":
+            return mw is None or mw_code == "True"
+        return level_s == "O3" and mw_code == "True"
+
+    def amp_call_in(self, subtree: cst.CSTNode) -> bool:
+        """Some call in `subtree` is apex amp's (`amp.scale_loss`, `amp.master_params`, `amp.initialize`)."""
+        model = self.model
+        return any(model.is_ancestor(subtree, c) and any(q.startswith("apex.amp") for q in model.qualnames(c.func))
+                   for c in model.calls)
+
+    def in_scale_loss(self, call: cst.CSTNode) -> bool:
+        """A backward inside `with amp.scale_loss(...)` (apex's scaled backward)."""
+        for anc in self.model.ancestors(call):
+            if isinstance(anc, (cst.FunctionDef, cst.Lambda)):
+                return False
+            if isinstance(anc, cst.With) and any(
+                    isinstance(item.item, cst.Call) and "apex.amp.scale_loss" in self.model.qualnames(item.item.func)
+                    for item in anc.items):
+                return True
+        return False
+
     def outer_reference(self, ref: cst.CSTNode) -> cst.CSTNode:
         """`ref` with the attributes read through it (`apex.parallel.DistributedDataParallel` for `apex`)."""
         node = ref
