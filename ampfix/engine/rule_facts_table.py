@@ -2,7 +2,7 @@
 them before it analyses anything (see ampfix/engine/rulemeta.py). Do not edit; regenerate.
 """
 
-DIGEST = '57daf2f05f82b5bc107833582578c74000c4841122828995135f526edf9b3692'
+DIGEST = '1d072e5467a929f5ecdc6689f20f433b0ce8cad3a301cd0682c83539f9f1cc08'
 
 RULES = [
     ('AMP001', 'backward-in-autocast', True, ('autocast',), (),

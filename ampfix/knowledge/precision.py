@@ -50,7 +50,7 @@ MEASURED: Dict[str, Measured] = {
     "AMP005": Measured(2, 0, 0, "ecosystem check of 2026-11-27 (85 projects, check --select ALL --preview)"),
     "AMP006": Measured(2, 0, 0, "ecosystem check of 2026-11-27 (85 projects, check --select ALL --preview) (its one wrong finding, the resumable train() of flair, fixed since: Iterations.iterates_epochs)"),
     "AMP009": Measured(1, 0, 2, "ecosystem check of 2026-11-25 (42 projects, check --select ALL --preview) (its one wrong finding, allennlp's stage-guarded unscale_, fixed since: Guards.in_stage_test)"),
-    "AMP013": Measured(9, 0, 2, "ecosystem check of 2026-11-27 (85 projects, check --select ALL --preview)"),
+    "AMP013": Measured(11, 0, 2, "ecosystem check of 2026-11-27, nineteenth session (85 projects, check --select ALL --preview)"),
     "AMP101": Measured(227, 0, 6, "ecosystem check of 2026-11-27 (85 projects, check --select ALL --preview)"),
     "AMP102": Measured(5, 4, 32, "ecosystem check of 2026-11-25 (42 projects, check --select ALL --preview)"),
     "AMP103": Measured(4, 0, 2, "ecosystem check of 2026-11-25 (42 projects, check --select ALL --preview)"),
