@@ -144,7 +144,7 @@ for x, y in loader:
         bound = names_bound([outer])
         reads, _ = reads_writes(new.node)
         name = (dotted(_assigned(stmt, new.node)) or "").split(".")[0]
-        if reads & bound or _reads_before(model, outer, stmt, name):
+        if reads & bound or model.bound.touched_before(outer, stmt, name):
             return None
         applicability = SAFE if uses_only(new.node, reads) and not _calls_in_args(new.node) else UNSAFE
         body = list(model.block_of(outer).body)
@@ -211,11 +211,3 @@ def _calls_in_args(call: cst.Call) -> bool:
     return bool(found)
 
 
-def _reads_before(model: AmpModel, outer, stmt, name: str) -> bool:
-    """The loop reads or binds `name` before the construction (an older scaler is used)."""
-    for s in model.nodes_of(cst.SimpleStatementLine):
-        if s is not stmt and model.is_ancestor(outer, s) and model.before(s, stmt):
-            reads, writes = reads_writes(s)
-            if name in reads or name in writes:
-                return True
-    return False

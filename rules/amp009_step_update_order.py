@@ -121,8 +121,8 @@ for x, y in loader:
                 shown = model.anchor(ev, end)[0]
                 yield Violation(shown, message=self._once_per_loop(model, ev, later[0], group, shown))
                 continue
-            if not updates and not (self._never_updated(model, ev)
-                                    and (group is not None or self._built_here(model, ev))):
+            if not updates and not (model.updates.never_updated(ev)
+                                    and (group is not None or model.updates.scaler_built_here(ev))):
                 continue  # updated elsewhere, or a step method whose caller (elsewhere) hands in the scaler
             shown = model.anchor(ev, end)[0]
             fix, why = (None, None) if updates else self._fix(model, trace, ev, group)
@@ -161,27 +161,6 @@ for x, y in loader:
                 f"{model.line(update.node)}) only after that loop: the second `step()` raises RuntimeError (\"step() "
                 "has already been called since the last update()\"); update after every step, in the loop"
                 + model.where(ev, shown))
-
-    @staticmethod
-    def _built_here(model: AmpModel, ev: TraceEvent) -> bool:
-        """The scaler is a GradScaler built in this file (not one handed in by a caller)."""
-        if ev.event.foreign:
-            return False
-        receiver = ev.node.func.value  # type: ignore[attr-defined]
-        return any(model.constructs_scaler(v) and not model.is_synthetic(v) for v in model.values_of(receiver))
-
-    @staticmethod
-    def _never_updated(model: AmpModel, ev: TraceEvent) -> bool:
-        """Nothing in the file updates this scaler (by its name, or through a parameter)."""
-        last = (ev.event.scaler or "").rpartition(".")[2]
-        for scope in model.scopes:
-            for e in model.local_events(scope):
-                if e.kind != UPDATE or e.scaler is None:
-                    continue
-                root = e.scaler.split(".")[0]
-                if e.scaler.rpartition(".")[2] == last or model.is_parameter(scope, root):
-                    return False
-        return True
 
     @staticmethod
     def _fix(model: AmpModel, trace: Trace, ev: TraceEvent, group) -> Tuple[Optional[Fix], Optional[str]]:

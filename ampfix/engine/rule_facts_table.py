@@ -2,7 +2,7 @@
 them before it analyses anything (see ampfix/engine/rulemeta.py). Do not edit; regenerate.
 """
 
-DIGEST = '1d072e5467a929f5ecdc6689f20f433b0ce8cad3a301cd0682c83539f9f1cc08'
+DIGEST = '39bf8a5e112444e59d859269299c6edca043323b0c4770873b8b2a946624dc53'
 
 RULES = [
     ('AMP001', 'backward-in-autocast', True, ('autocast',), (),

@@ -817,6 +817,15 @@ class Bound(Facet):
                 return True
         return False
 
+    def touched_before(self, outer: cst.CSTNode, stmt: cst.CSTNode, name: str) -> bool:
+        """A simple statement inside `outer` (a loop), before `stmt`, reads or binds `name`."""
+        for s in self.model.nodes_of(cst.SimpleStatementLine):
+            if s is not stmt and self.model.is_ancestor(outer, s) and self.model.before(s, stmt):
+                reads, writes = reads_writes(s)
+                if name in reads or name in writes:
+                    return True
+        return False
+
     def _insertion_problem(self, new: Sequence[cst.BaseStatement], stmt: cst.CSTNode, after: bool = False,
                           ) -> Optional[str]:
         """Why the statements `new`, inserted before (or after) `stmt`, could fail on some path
@@ -1038,7 +1047,7 @@ class Bound(Facet):
         index = self.model._index
         declared = index.declared.get(scope, set())
         if isinstance(scope, (cst.FunctionDef, cst.Lambda)) and name not in declared:
-            if self.model.is_parameter(scope, name):
+            if self.model._is_param(scope, name):
                 return self._parameter_tags(scope, name)
             p = scope.params
             if any(isinstance(s, cst.Param) and s.name.value == name for s in (p.star_arg, p.star_kwarg)):
@@ -1055,7 +1064,7 @@ class Bound(Facet):
                 outer = index.scope_of(outer, self.model.module)
                 continue
             if name in index.local_names.get(outer, ()) or name in index.imports.get(outer, {}):
-                if isinstance(outer, (cst.FunctionDef, cst.Lambda)) and self.model.is_parameter(outer, name):
+                if isinstance(outer, (cst.FunctionDef, cst.Lambda)) and self.model._is_param(outer, name):
                     return self._parameter_tags(outer, name)
                 return self._global_tags(outer, name)
             if isinstance(outer, cst.Module):

@@ -1,7 +1,7 @@
 """AMP events and traces: the training step in the order it runs, through helpers.
 
 Each function (and the module body) has a summary: its own AMP events in evaluation order
-(`local_events`): backward calls, scaler scale/unscale_/step/update, gradient clipping and
+(`_events_in`): backward calls, scaler scale/unscale_/step/update, gradient clipping and
 `.grad` reads, direct optimizer steps, zero_grad, GradScaler construction, CUDA
 initialisation, `autograd.grad`, exits (continue/break/return/raise), and calls to functions of
 this file.
@@ -423,7 +423,7 @@ class Events:
             return True
         scope = self.scope_of(call)
         bscope = self.binding_scope(root, scope)
-        if isinstance(bscope, cst.FunctionDef) and self.is_parameter(bscope, root):
+        if isinstance(bscope, cst.FunctionDef) and self._is_param(bscope, root):
             return True
         return any(self.is_synthetic(v) for v in self.possible_values(func if "." not in text else func.value))
 
@@ -435,7 +435,7 @@ class Events:
             return True
         return any(_grad_expr(a.value) for a in call.args) and bool(self.qualnames(call) & NORM_FUNCS)
 
-    def local_events(self, scope: cst.CSTNode) -> List[Event]:
+    def _events_in(self, scope: cst.CSTNode) -> List[Event]:
         """The events of `scope`'s own body (not of nested functions), in evaluation order."""
         cached = self._local_events.get(scope)
         if cached is not None:
@@ -467,7 +467,7 @@ class Events:
         return by_scope.get(scope, [])
 
     @property
-    def scopes(self) -> List[cst.CSTNode]:
+    def _event_scopes(self) -> List[cst.CSTNode]:
         """Every scope that contains a call."""
         self.calls_in_scope(self.module)
         return list(self._calls_by_scope)
@@ -603,7 +603,7 @@ class Events:
                 ctx: Dict[Hashable, Hashable], subst: Dict[str, str], region: Optional[Region], depth: int,
                 stack: Tuple[Hashable, ...], external: bool = True) -> None:
         frame = tuple(id(p) for p in prefix)
-        for ev in self.local_events(func):
+        for ev in self._events_in(func):
             ev_ctx = dict(ctx)
             for group, branch in self._contexts(ev.node):
                 ev_ctx[self._qualify(group, frame, subst)] = branch
@@ -939,7 +939,7 @@ class Events:
         level = len(ev.via)
         while isinstance(expr, cst.Name) and level > 0:
             func = self.function_of(expr)
-            if func is None or not self.is_parameter(func, expr.value) \
+            if func is None or not self._is_param(func, expr.value) \
                     or self.binding_scope(expr.value, self.scope_of(expr)) is not func:
                 break
             call = ev.via[level - 1]

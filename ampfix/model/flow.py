@@ -138,7 +138,7 @@ class Flow:
             # a test on locals is this call's own decision; one on parameters, `self` and globals
             # is portable: through a call it is the caller's test on the arguments' names
             local = func is not None and any(
-                r != "self" and self.binding_scope(r, func) is func and not self.is_parameter(func, r) for r in roots)
+                r != "self" and self.binding_scope(r, func) is func and not self._is_param(func, r) for r in roots)
             version = tuple(sorted(id(a) for a in self._assignments_before(test, node)))
             result = (("cond", func if local else None, text, version, roots), positive)
         self._stable[node] = result

@@ -387,7 +387,7 @@ class Iterations:
         site = ev.path[len(frame)]
         if site is not ev.node:  # in a helper: its own optimizer (`self.optimizer`), or the caller's
             func = self.function_of(ev.node)  # type: ignore[attr-defined]
-            if func is None or any(self.is_parameter(func, n) and n not in ("self", "cls")  # type: ignore[attr-defined]
+            if func is None or any(self._is_param(func, n) and n not in ("self", "cls")  # type: ignore[attr-defined]
                                    for n in own):
                 own = reads_writes(site)[0]
             elif "self" not in own:

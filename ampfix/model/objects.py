@@ -190,7 +190,7 @@ class Objects:
                 continue
             name = func.value.value
             scope = self.function_of(call)
-            if scope is not None and self.is_parameter(scope, name) and \
+            if scope is not None and self._is_param(scope, name) and \
                     self.binding_scope(name, self.scope_of(call)) is scope and \
                     any(self.constructs_scaler(v) for v in self.foreign_argument_values(scope, name)):  # type: ignore[attr-defined]
                 out.add(name)
@@ -435,7 +435,7 @@ class Objects:
         local = [v for node, v, s in self._by_key.get(key, []) if s is scope and self.before(node, expr)]
         if local:
             return local
-        if self.is_parameter(scope, key.split(".")[0]):
+        if self._is_param(scope, key.split(".")[0]):
             return []  # a parameter: could be anything
         return [v for _, v, _ in self._by_key.get(key, [])]
 

@@ -236,7 +236,7 @@ class Canonical:
             return None
         if bscope is m.module:
             return f"{LOCAL}.{root}{tail}"
-        if isinstance(bscope, cst.FunctionDef) and m.is_parameter(bscope, root):
+        if isinstance(bscope, cst.FunctionDef) and m._is_param(bscope, root):
             return f"{PARAM}.{root}{tail}"
         if not rest and isinstance(expr, cst.Name):
             values = m.values_of(expr)
@@ -641,7 +641,7 @@ class Summarizer:
         tensor = m.argument_at(te, m.backward_tensor(te.node))
         if isinstance(tensor, cst.Name):
             scope = m.function_of(tensor)
-            if scope is not None and m.is_parameter(scope, tensor.value) and \
+            if scope is not None and m._is_param(scope, tensor.value) and \
                     m.binding_scope(tensor.value, m.scope_of(tensor)) is scope and scope is func:
                 if not m.argument_values(scope, tensor.value):
                     return f"param:{tensor.value}"
@@ -676,7 +676,7 @@ class Summarizer:
                         "opaque": state.opaque, "scaler_state": state.scaler_state})
         for call in m._nodes_in_scope(func, cst.Call):  # `torch.save(state, path)` of a dict the caller builds
             if m.is_api(call, "save") and call.args \
-                    and isinstance(call.args[0].value, cst.Name) and m.is_parameter(func, call.args[0].value.value):
+                    and isinstance(call.args[0].value, cst.Name) and m._is_param(func, call.args[0].value.value):
                 out.append({"param": call.args[0].value.value, "line": self.locate(call)[0]})
         return out
 

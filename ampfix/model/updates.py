@@ -56,6 +56,27 @@ def _same(kind: str, scaler: Optional[str]) -> Callable[[TraceEvent], bool]:
 class Updates(Facet):
     """Where a `scaler.update()` is misplaced (`model.updates`)."""
 
+    def scaler_built_here(self, ev: TraceEvent) -> bool:
+        """The scaler of `ev` (a step, unscale_ or update) is a GradScaler built in this file (not one
+        handed in by a caller)."""
+        if ev.event.foreign:
+            return False
+        model = self.model
+        receiver = ev.node.func.value  # type: ignore[attr-defined]
+        return any(model.constructs_scaler(v) and not model.is_synthetic(v) for v in model.values_of(receiver))
+
+    def never_updated(self, ev: TraceEvent) -> bool:
+        """Nothing in the file updates the scaler of `ev` (by its name, or through a parameter)."""
+        last = (ev.event.scaler or "").rpartition(".")[2]
+        for scope in self.model._event_scopes:
+            for e in self.model._events_in(scope):
+                if e.kind != UPDATE or e.scaler is None:
+                    continue
+                root = e.scaler.split(".")[0]
+                if e.scaler.rpartition(".")[2] == last or self.model._is_param(scope, root):
+                    return False
+        return True
+
     def update_misplaced(self, trace: Trace, upd: TraceEvent) -> Optional[UpdateMisplaced]:
         memo: Dict = self.__dict__.setdefault("_update_misplaced", {})
         key = (id(trace), id(upd))

@@ -86,7 +86,7 @@ class Values:
             return self.module
         return found
 
-    def is_parameter(self, func: cst.CSTNode, name: str) -> bool:
+    def _is_param(self, func: cst.CSTNode, name: str) -> bool:
         if not isinstance(func, (cst.FunctionDef, cst.Lambda)):
             return False
         p = func.params
@@ -141,7 +141,7 @@ class Values:
                         values.append(value)
                     elif rest and bscope is self.module and self.binding_scope(root, s) is self.module:
                         values.append(value)  # `cfg.amp = True` in a function, `cfg` a module global
-                if not rest and self.is_parameter(bscope, root):
+                if not rest and self._is_param(bscope, root):
                     values.extend(self.argument_values(bscope, root, depth + 1))  # type: ignore[attr-defined]
                     if not values and isinstance(bscope, cst.FunctionDef):
                         values.extend(self.foreign_argument_values(bscope, root))  # type: ignore[attr-defined]
