@@ -212,3 +212,32 @@ def test_import_torch_goes_after_a_future_import_sharing_its_line(tmp_path):
     assert text.startswith("from __future__ import annotations; import os\nimport torch\n"), text
     assert "amp.initialize" not in text and 'torch.amp.GradScaler("cuda")' in text
     compile(text, str(src), "exec")
+
+
+def test_a_comment_over_the_removed_apex_import_stays_when_the_next_statement_is_replaced(tmp_path):
+    # pytorch-ignite's EfficientNet notebook: a cell holds `try: from apex import amp ...` and then
+    # `model, optimizer = amp.initialize(...)`. The try's comment lines move to the next statement
+    # (`Rewrites.remove`), and that statement is replaced too: its replacement keeps them (they
+    # were dropped, and with them the cell's marker, so the notebook was not rewritten)
+    src = tmp_path / "train.py"
+    src.write_text(
+        "import torch\n"
+        "from mymodels import model, optimizer, batches\n"
+        "# set up mixed precision\n"
+        "try:\n"
+        "    from apex import amp\n"
+        "except ImportError:\n"
+        '    raise ImportError("install apex")\n\n'
+        "# Initialize Amp\n"
+        'model, optimizer = amp.initialize(model, optimizer, opt_level="O1")\n'
+        "for x in batches:\n"
+        "    loss = model(x).sum()\n"
+        "    with amp.scale_loss(loss, optimizer) as scaled_loss:\n"
+        "        scaled_loss.backward()\n"
+        "    optimizer.step()\n")
+    res = run_ampfix("rewrite", "--preview", "--select", "AMP1", "--unsafe-fixes", src)
+    assert res.returncode == 0, res.stdout + res.stderr
+    text = src.read_text()
+    assert "apex" not in text and 'torch.amp.GradScaler("cuda")' in text, text
+    assert "# set up mixed precision\n" in text and "# Initialize Amp\n" in text, text
+    assert text.index("# set up mixed precision") < text.index("# Initialize Amp") < text.index("GradScaler"), text

@@ -251,3 +251,26 @@ def test_a_notebook_is_read_with_its_project(tmp_path):
     assert res.returncode == 1, stdout + stderr
     assert stdout.splitlines()[0].startswith(f"{p}:cell 2:4:9: AMP001 "), stdout
     assert run_ampfix("check", "--no-cache", save(tmp_path, notebook([head, good]), "good.ipynb")).returncode == 0
+
+
+def test_an_apex_cell_that_starts_with_the_removed_import_is_rewritten(tmp_path):
+    # pytorch-ignite's EfficientNet notebook: a cell that starts with `try: from apex import amp`
+    # and then calls `amp.initialize`; the import goes, the call becomes a GradScaler. The cell's
+    # start stays where it was (it went with the import's comment lines, and the notebook was
+    # left as it was: "not rewritten: the fixes changed the cells' structure")
+    cells = [
+        new_code_cell(SETUP + "\nloader = [torch.randn(2, 4) for _ in range(3)]"),
+        new_code_cell('try:\n    from apex import amp\nexcept ImportError:\n    raise ImportError("install apex")\n\n\n'
+                      '# Initialize Amp\nmodel, optimizer = amp.initialize(model, optimizer, opt_level="O1")'),
+        new_code_cell("for x in loader:\n    loss = model(x).sum()\n"
+                      "    with amp.scale_loss(loss, optimizer) as scaled_loss:\n        scaled_loss.backward()\n"
+                      "    optimizer.step()"),
+    ]
+    p = save(tmp_path, notebook(cells))
+    res = run_ampfix("rewrite", "--preview", "--unsafe-fixes", "--select", "AMP102", p)
+    stdout, stderr = out(res)
+    assert res.returncode == 0 and "not rewritten" not in stderr, stdout + stderr
+    new = nbformat.read(p, as_version=4)
+    assert len(new.cells) == 3 and "apex" not in "".join(c.source for c in new.cells)
+    assert new.cells[1].source.endswith('# Initialize Amp\nscaler = torch.amp.GradScaler("cuda")'), new.cells[1].source
+    assert "scaler.scale(loss).backward()" in new.cells[2].source

@@ -38,6 +38,8 @@ class Rewrites:
         comment on its line stays on the line that replaces it, any other comment of it that
         the new statements do not carry becomes a comment line before them)."""
         def edit(cur, new=list(new)):
+            if isinstance(cur, list) and len(cur) == 1:
+                cur = cur[0]  # an earlier edit of the statement gave it comment lines (`remove` of the one before)
             out = list(new)
             if out and hasattr(cur, "leading_lines"):
                 out[0] = out[0].with_changes(leading_lines=cur.leading_lines)
