@@ -7,7 +7,7 @@ from typing import Dict, Iterator, List, Optional
 
 import libcst as cst
 
-from ampfix.fixes.edits import keyword_arg, with_args
+from ampfix.fixes.edits import region_dtype
 from ampfix.model import AmpModel, Region, dotted, literal_string
 from ampfix.rule import SAFE, UNSAFE, FileContext, Fix, Rule, Violation
 
@@ -180,11 +180,8 @@ with torch.autocast("cuda", dtype=amp_dtype):
 
     @staticmethod
     def _fix(region: Region, name: str, applicability) -> Optional[Fix]:
-        call = region.call
-        if call is None or any(a.star for a in call.args):
-            return None
-        new = with_args(call, [*call.args, keyword_arg("dtype", cst.parse_expression(name))])
-        return Fix({call: new}, applicability=applicability, description=f"`dtype={name}` passed")
+        edit = region_dtype(region, name) if region.dtype_node is None else None
+        return None if edit is None else Fix(edit, applicability=applicability, description=f"`dtype={name}` passed")
 
 
 def _has_choices(model: AmpModel, values: List[cst.CSTNode]) -> bool:

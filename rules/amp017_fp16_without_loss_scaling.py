@@ -7,7 +7,7 @@ from typing import Iterator, List, Optional
 
 import libcst as cst
 
-from ampfix.fixes.edits import in_block, insert_after, insert_before, replace_statement, set_keyword
+from ampfix.fixes.edits import in_block, insert_after, insert_before, region_dtype, replace_statement
 from ampfix.model import AmpModel, Region, Trace, TraceEvent, call_name, is_expression_statement_of
 from ampfix.model.events import BACKWARD, GRAD_READ, OPT_STEP, SCALE, SCALER_STEP, UNSCALE, UPDATE
 from ampfix.model.frameworks import frameworks
@@ -174,19 +174,14 @@ def _scaler_fix(model: AmpModel, trace: Trace, bw: TraceEvent, step: TraceEvent,
 def _bf16_fix(model: AmpModel, regions: List[Region]) -> Optional[Fix]:
     """The region switched to bfloat16 (needs no scaling; needs bfloat16 hardware)."""
     torch_name = model.torch_alias()
-    edits = {}
+    edits: dict = {}
     for r in regions:
-        call = r.call
-        if torch_name is None or not isinstance(r.node, cst.With) or call is None \
-                or not any(i.item is call for i in r.node.items) or any(a.star for a in call.args):
+        if torch_name is None or not isinstance(r.node, cst.With) or not any(i.item is r.call for i in r.node.items):
             return None
-        bf16 = cst.parse_expression(f"{torch_name}.bfloat16")
-        if r.dtype_node is not None and r.dtype == "float16":
-            edits[r.dtype_node] = bf16
-        elif r.dtype_node is None:
-            edits[call] = set_keyword(call, "dtype", bf16)
-        else:
+        edit = region_dtype(r, f"{torch_name}.bfloat16", replace_float16=True)
+        if edit is None:
             return None
+        edits.update(edit)
     return Fix(edits, applicability=UNSAFE, description=(
         "autocast switched to bfloat16 (float32's range: no loss scaling needed; needs bfloat16 hardware, Ampere "
         "or newer: elsewhere use a GradScaler)")) if edits else None

@@ -2,7 +2,7 @@
 them before it analyses anything (see ampfix/engine/rulemeta.py). Do not edit; regenerate.
 """
 
-DIGEST = '39bf8a5e112444e59d859269299c6edca043323b0c4770873b8b2a946624dc53'
+DIGEST = '7db14bb7f0f3e500725b10e69162a5092a9e8602035432a8151538b2f2c73905'
 
 RULES = [
     ('AMP001', 'backward-in-autocast', True, ('autocast',), (),

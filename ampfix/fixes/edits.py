@@ -349,6 +349,21 @@ def set_keyword(call: cst.Call, name: str, value: cst.BaseExpression) -> cst.Cal
     return with_args(call, [*args, keyword_arg(name, value)])
 
 
+def region_dtype(region, dtype: str, replace_float16: bool = False) -> Optional[Replacements]:
+    """`dtype=<dtype>` (source text) on the autocast call of `region` (a `model.Region`): added
+    where the call has none; with `replace_float16`, a literal float16 dtype is replaced by it.
+    None where it cannot be said in the call (no call, `*args`/`**kwargs`, another dtype)."""
+    call = region.call
+    if call is None or any(a.star for a in call.args):
+        return None
+    new = cst.parse_expression(dtype)
+    if region.dtype_node is None:
+        return {call: set_keyword(call, "dtype", new)}
+    if replace_float16 and region.dtype == "float16":
+        return {region.dtype_node: new}
+    return None
+
+
 def clean_commas(items: List[cst.CSTNode]) -> List[cst.CSTNode]:
     """Import aliases / elements with commas between them and none after the last."""
     out = []
