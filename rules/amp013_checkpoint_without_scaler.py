@@ -29,7 +29,9 @@ A GradScaler's scale adapts during training (it backs off after overflows and gr
 not `scaler.state_dict()` loses it: after a resume the scale restarts at its initial 65536, the
 next steps overflow in float16 and are skipped while it backs off again, and the growth
 interval starts over. The PyTorch AMP examples save and load the scaler with the model and
-optimizer. The load side that restores the optimizer but not the scaler is the same mistake.
+optimizer. The load side that restores the optimizer but not the scaler is the same mistake, also when a
+function of another module does the restore (`load_checkpoint(path, model, optimizer)`, reported at its call with
+that restore as a related location, not fixed; silent where the call hands it a scaler or the file restores one).
 
 Only checkpoints that hold an optimizer's state count (a weights-only
 `torch.save(model.state_dict(), path)` is not a resume checkpoint), only where an enabled
@@ -89,6 +91,11 @@ torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
                 scalers = model.checkpoints.scalers_at(call)
                 if receiver is not None and model.is_optimizer(receiver) and (scalers or model.runs_with_scaler(call)):
                     loads.append((call, scalers))
+        # resumes done by a function of another module: reported at its call, not fixed
+        restoring = any(model.is_scaler(method_call(c, "load_state_dict")) for c in model.calls)
+        helpers = [r for r in model.checkpoints.restored_through_helpers()
+                   if r.optimizers and not r.scaler and not restoring and not any(model.is_scaler(a.value) for a in r.call.args)
+                   and (model.checkpoints.scalers_at(r.call) or model.runs_with_scaler(r.call))]
         fixes, why = self._fixes(model, saves, loads)
         for state, _ in saves:
             where = state.written_in
@@ -98,6 +105,12 @@ torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
                             fix=fixes.get(id(state.dict_node)), related=related)
         for call, _ in loads:
             yield Violation(call, message=self._not_fixed(LOAD_MESSAGE, why.get(id(call))), fix=fixes.get(id(call)))
+        for r in helpers:
+            path, line, qual = r.written_in
+            note = f"the optimizer, restored by `{qual}` without the scaler"
+            yield Violation(r.call, message=self._not_fixed(LOAD_MESSAGE, f"the optimizer is restored by `{qual}` in "
+                                                            "another module; restore the scaler there"),
+                            related=((path, line, 1, note),) if line else ())
 
     def _not_fixed(self, message: Optional[str], why: Optional[str]) -> Optional[str]:
         return message if why is None else f"{message or self.message} (not fixed: {why})"

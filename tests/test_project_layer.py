@@ -1793,3 +1793,41 @@ def test_a_parameter_annotated_with_a_class_of_another_module_holds_an_instance_
     states = [s for s in model.checkpoints.saved_states() if s.written_in is not None]
     got = [(os.path.basename(s.written_in[0]), s.written_in[1], s.written_in[2], len(s.optimizers)) for s in states]
     assert got == ([("lm.py", 8, "LanguageModel.save_checkpoint", 1)] if found else [])
+
+
+def test_a_summary_says_what_a_function_restores_from_a_checkpoint(tmp_path):
+    # `FunctionSummary.loads`: each `X.load_state_dict(...)` of a `torch.load` result, X's kind and
+    # canonical text; a call of the function binds them to its arguments
+    # (`Checkpoints.restored_through_helpers`)
+    root = tree(tmp_path, {"pyproject.toml": "", "ckpt.py": """
+        import torch
+
+
+        def load(path, model, optimizer, scaler=None):
+            state = torch.load(path)
+            model.load_state_dict(state["model"])
+            optimizer.load_state_dict(state["optimizer"])
+            if scaler is not None:
+                scaler.load_state_dict(state["scaler"])
+            return state["epoch"]
+        """, "train.py": """
+        import torch
+        from ckpt import load
+
+
+        def run(model, path):
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+            scaler = torch.amp.GradScaler("cuda")
+            load(path, model, optimizer)
+            load(path, model, optimizer, scaler=scaler)
+        """})
+    project = Project(root)
+    loads = project.summary(str(root / "ckpt.py")).functions["load"].loads
+    assert [(e["kind"], e["receiver"], e["line"]) for e in loads] == [
+        ("other", "__param__.model", 7), ("optimizer", "__param__.optimizer", 8), ("scaler", "__param__.scaler", 10)]
+    model = model_of(project, root / "train.py")
+    got = [(model.code(r.call), [model.code(o) for o in r.optimizers], r.scaler, r.written_in[1:])
+           for r in model.checkpoints.restored_through_helpers()]
+    # what the summary says, whatever the arguments: the rule skips a call that hands a scaler over
+    assert got == [("load(path, model, optimizer)", ["optimizer"], True, (8, "load")),
+                   ("load(path, model, optimizer, scaler=scaler)", ["optimizer"], True, (8, "load"))]

@@ -2,7 +2,7 @@
 them before it analyses anything (see ampfix/engine/rulemeta.py). Do not edit; regenerate.
 """
 
-DIGEST = '7db14bb7f0f3e500725b10e69162a5092a9e8602035432a8151538b2f2c73905'
+DIGEST = '088e1417fc1d2a94b3f100b0205deba87f72b79b2d4375780dec2657f7c19bfb'
 
 RULES = [
     ('AMP001', 'backward-in-autocast', True, ('autocast',), (),

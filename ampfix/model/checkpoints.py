@@ -22,6 +22,16 @@ SCALER_KEYS = ("scaler", "amp", "grad_scaler", "loss_scaler")
 
 
 @dataclass
+class HelperRestore:
+    """A resume done by a function of another module that the file calls."""
+
+    call: cst.Call  # the call of the helper
+    optimizers: List[cst.BaseExpression]  # the arguments it restores as optimizers
+    scaler: bool  # it restores a GradScaler too
+    written_in: Tuple[str, int, str]  # its path, the line of its first optimizer restore, its qualified name
+
+
+@dataclass
 class SavedState:
     save: cst.Call  # the torch.save call
     dict_node: cst.CSTNode  # the dict literal, dict(...) call or snapshot object it saves
@@ -210,6 +220,34 @@ class Checkpoints(Facet):
                 arg = arg.func.value
             if any(isinstance(v, cst.Call) and self.model.is_api(v, "load") for v in self.model.possible_values(arg)):
                 out.append(call)
+        return out
+
+    def restored_through_helpers(self) -> List[HelperRestore]:
+        """The resumes the file hands to a function of another module (`load_checkpoint(path,
+        model, optimizer)`): the arguments its summary restores as optimizers from a
+        `torch.load`, and whether it restores a GradScaler too."""
+        if self.model.foreign is None:
+            return []
+        out = []
+        for call in self.model.calls:
+            name = (call_name(call) or "").lower()
+            if not any(w in name for w in ("load", "resume", "restore", "checkpoint")):
+                continue
+            ff = self.model._foreign_callee(call)
+            loads = ff.summary.loads if ff is not None else []
+            if not loads:
+                continue
+            bound = self.model._bind_foreign_arguments(call, ff)
+            optimizers, lines = [], []
+            for entry in loads:
+                receiver = entry.get("receiver") or ""
+                arg = bound.get(receiver[len("__param__."):]) if receiver.startswith("__param__.") else None
+                if entry.get("kind") == "optimizer" and arg is not None and self.model.is_optimizer(arg):
+                    optimizers.append(arg)
+                    lines.append(entry.get("line"))
+            line = next((n for n in lines if isinstance(n, int) and n > 0), 0)
+            out.append(HelperRestore(call, optimizers, any(e.get("kind") == "scaler" for e in loads),
+                                     (ff.path, line, ff.qual)))
         return out
 
     def scalers_at(self, node: cst.CSTNode) -> List[str]:

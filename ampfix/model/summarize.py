@@ -506,6 +506,7 @@ class Summarizer:
                     for fr in foreign:
                         summary.return_dtypes.setdefault(fr.dtype, m.line(r))
         summary.saves = self.saves(func)
+        summary.loads = self.loads(func)
         summary.options = self.options(func)
         return summary
 
@@ -678,6 +679,21 @@ class Summarizer:
             if m.is_api(call, "save") and call.args \
                     and isinstance(call.args[0].value, cst.Name) and m._is_param(func, call.args[0].value.value):
                 out.append({"param": call.args[0].value.value, "line": self.locate(call)[0]})
+        return out
+
+    def loads(self, func: cst.FunctionDef) -> List[Dict[str, Any]]:
+        """What the function restores from a `torch.load` (`Checkpoints.restores`): for each
+        `X.load_state_dict(...)`, X's kind ("scaler", "optimizer" or "other"; "scaler" for a
+        GradScaler or a name for one), X as canonical text (`__param__.optimizer`) and the line."""
+        m = self.model
+        out = []
+        for call in m.checkpoints.restores(func):
+            receiver = call.func.value  # type: ignore[attr-defined]  # (`restores`: X.load_state_dict calls)
+            # (a receiver named for a scaler counts as one: a caller that hands it one is then not told
+            # that nothing restores its scaler)
+            named = "scaler" in ((dotted(receiver) or "").rpartition(".")[2]).lower()
+            kind = "scaler" if named or m.is_scaler(receiver) else "optimizer" if m.is_optimizer(receiver) else "other"
+            out.append({"kind": kind, "receiver": self.canon.text(receiver, 0), "line": self.locate(call)[0]})
         return out
 
     def options(self, func: cst.FunctionDef) -> Dict[str, List[Value]]:

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field, fields
 from enum import Enum
 from typing import Any, Dict, List, Optional, Tuple
 
-SUMMARY_VERSION = 1
+SUMMARY_VERSION = 2  # 2: `FunctionSummary.loads` filled
 
 
 class Stored(Enum):
@@ -110,6 +110,8 @@ class FunctionSummary:
     # the checkpoints it writes: {"keys": [...], "state": {key: what}, "line": n} where what is
     # "optimizer"/"scaler"/"model"/"other"/"unknown" (the object whose state_dict() is stored)
     saves: List[Dict[str, Any]] = field(default_factory=list)
+    # what it restores from a `torch.load`: {"kind": "scaler"/"optimizer"/"other", "receiver":
+    # canonical text (`__param__.optimizer`) or None, "line": n} per `X.load_state_dict(...)`
     loads: List[Dict[str, Any]] = field(default_factory=list)
     # the command-line options of the parser whose parse_args() it returns: dest -> values
     options: Dict[str, List[Value]] = field(default_factory=dict)
