@@ -1764,8 +1764,8 @@ _ANNOTATED_TRAINER = """
 
 
     class Trainer:
-        def __init__(self, model: {ann}):
-            self.model = model
+        def __init__(self, model{ann}):
+            self.model{attr} = model
 
         def train(self, loader, path):
             optimizer = torch.optim.SGD(self.model.parameters(), lr=0.1)
@@ -1780,15 +1780,19 @@ _ANNOTATED_TRAINER = """
 """
 
 
-@pytest.mark.parametrize("ann, found", [("LanguageModel", True), ("Optional[LanguageModel]", False),
-                                        ('"LanguageModel"', False), ("nn.Module", False)])
-def test_a_parameter_annotated_with_a_class_of_another_module_holds_an_instance_of_it(tmp_path, ann, found):
+@pytest.mark.parametrize("ann, attr, found", [
+    (": LanguageModel", "", True), ("", ": LanguageModel", True), ("", "", False),
+    (": Optional[LanguageModel]", "", False), (': "LanguageModel"', "", False), (": nn.Module", "", False),
+    (": nn.Module", ": LanguageModel", False)])
+def test_a_parameter_annotated_with_a_class_of_another_module_holds_an_instance_of_it(tmp_path, ann, attr, found):
     # flair's LanguageModelTrainer: `def __init__(self, model: LanguageModel)`, then
     # `self.model.save_checkpoint(path, optimizer, ...)` runs the method of the annotated class,
     # whose checkpoint leaves the scaler out. Any other annotation (optional, a string, a
-    # third-party class) says nothing ampfix can follow: unknown
+    # third-party class) says nothing ampfix can follow: unknown. Where the parameter has no
+    # annotation, the attribute's (`self.model: LanguageModel = model`) says it; where the two
+    # disagree, the parameter's is what the caller passes
     root = tree(tmp_path, {"pyproject.toml": "", "pkg/__init__.py": "", "pkg/lm.py": _ANNOTATED_LM,
-                           "pkg/trainer.py": _ANNOTATED_TRAINER.format(ann=ann)})
+                           "pkg/trainer.py": _ANNOTATED_TRAINER.format(ann=ann, attr=attr)})
     model = model_of(Project(root), root / "pkg" / "trainer.py")
     states = [s for s in model.checkpoints.saved_states() if s.written_in is not None]
     got = [(os.path.basename(s.written_in[0]), s.written_in[1], s.written_in[2], len(s.optimizers)) for s in states]

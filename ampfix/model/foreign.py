@@ -510,16 +510,22 @@ class Foreign:
 
     def _annotated_class(self, name: cst.Name) -> Optional[ForeignClass]:
         """The class of another module that the annotation of the parameter `name` names
-        (`def __init__(self, model: LanguageModel)`), when the value is that parameter's (what a
-        caller passes in): an instance of that class, or of a subclass, which the annotation
-        promises acts like it. None for any other annotation (`Optional[...]`, a string, a
+        (`def __init__(self, model: LanguageModel)`), or, where it has none, the annotation of the
+        attribute it is assigned to (`self.model: LanguageModel = model`), when the value is that
+        parameter's (what a caller passes in): an instance of that class, or of a subclass, which
+        the annotation promises acts like it. None for any other annotation (`Optional[...]`, a string, a
         class of this file or of a third party): unknown."""
         func = self.binding_scope(name.value, self.scope_of(name))
         if type(func) is not cst.FunctionDef:
             return None
         p = func.params  # type: ignore[attr-defined]
         param = next((x for x in (*p.posonly_params, *p.params, *p.kwonly_params) if x.name.value == name.value), None)
-        ann = param.annotation.annotation if param is not None and param.annotation is not None else None
+        if param is None:
+            return None
+        ann = param.annotation.annotation if param.annotation is not None else None
+        holder = self.parent(name)
+        if ann is None and isinstance(holder, cst.AnnAssign) and holder.value is name:
+            ann = holder.annotation.annotation  # `self.model: LanguageModel = model`
         if not isinstance(ann, (cst.Name, cst.Attribute)):
             return None
         d = self._foreign_definition(ann)
