@@ -178,7 +178,8 @@ def _move_fix(model: AmpModel, trace: Trace, ms: List[Misplaced]) -> Optional[Fi
     if any(s not in stmts and not _only_scaler_or_clip(model, s) for s in (*before, *after)):
         return None  # other statements in between: their order would change
     stmts = [*before, *after]
-    if any(model.is_ancestor(s, b.call) for s in stmts for b in model.backward_calls) or model.bound.read_outside(stmts, if_node):
+    if any(model.is_ancestor(s, b.call) for s in stmts for b in model.backward_calls) \
+            or model.bound.read_outside(stmts, if_node):
         return None
     replacements = move_into_block(before, if_node, after)
     # a clipping call moved under the boundary clips once per window instead of each

@@ -125,7 +125,8 @@ for x, y in loader:
     @staticmethod
     def _unscaled(model: AmpModel, trace: Trace, ev: TraceEvent, outputs: cst.Arg) -> Optional[str]:
         """`autograd.grad` on an unscaled float16 output whose penalty joins a scaled loss."""
-        regions = [r for r in ([ev.region] if ev.region else []) + model.value_regions(outputs.value) if r.may_run_float16()]
+        regions = [r for r in ([ev.region] if ev.region else []) + model.value_regions(outputs.value)
+                   if r.may_run_float16()]
         if not regions:
             return None
         reads = model.dataflow.value_reads(ev.node)

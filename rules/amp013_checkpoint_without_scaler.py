@@ -94,7 +94,8 @@ torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
         # resumes done by a function of another module: reported at its call, not fixed
         restoring = any(model.is_scaler(method_call(c, "load_state_dict")) for c in model.calls)
         helpers = [r for r in model.checkpoints.restored_through_helpers()
-                   if r.optimizers and not r.scaler and not restoring and not any(model.is_scaler(a.value) for a in r.call.args)
+                   if r.optimizers and not r.scaler and not restoring
+                   and not any(model.is_scaler(a.value) for a in r.call.args)
                    and (model.checkpoints.scalers_at(r.call) or model.runs_with_scaler(r.call))]
         fixes, why = self._fixes(model, saves, loads)
         for state, _ in saves:

@@ -2,7 +2,7 @@
 them before it analyses anything (see ampfix/engine/rulemeta.py). Do not edit; regenerate.
 """
 
-DIGEST = '088e1417fc1d2a94b3f100b0205deba87f72b79b2d4375780dec2657f7c19bfb'
+DIGEST = 'f76e5135f9dd21fd39386e045dc3f7113abc82d07cc7cebc305f604ff2e02c44'
 
 RULES = [
     ('AMP001', 'backward-in-autocast', True, ('autocast',), (),

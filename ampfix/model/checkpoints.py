@@ -279,7 +279,8 @@ class Checkpoints(Facet):
                 for el in state.dict_node.elements:
                     k = literal_string(el.key) if isinstance(el, cst.DictElement) else None
                     receiver = method_call(el.value, "state_dict") if isinstance(el, cst.DictElement) else None
-                    if k is not None and (receiver is not None and self.model.is_scaler(receiver) or "scaler" in k.lower()):
+                    if k is not None and (receiver is not None and self.model.is_scaler(receiver)
+                                          or "scaler" in k.lower()):
                         keys.add(k)
         for call in self.model.calls:
             receiver = method_call(call, "load_state_dict")

@@ -378,7 +378,8 @@ class Precision(Facet):
     def scaler_float16_gates(self) -> List[cst.CSTNode]:
         """What the file's GradScalers compare with float16 in their `enabled=` (`dtype == "float16"`)."""
         model = self.model
-        return [g for c in model.calls if model.is_api(c, "GradScaler") for g in self.float16_gates_in(model.scaler_enabled(c))]
+        return [g for c in model.calls if model.is_api(c, "GradScaler")
+                for g in self.float16_gates_in(model.scaler_enabled(c))]
 
     def float16_gates_in(self, expr: Optional[cst.CSTNode]) -> List[cst.CSTNode]:
         """The names and attributes `expr` compares with float16 (`X == torch.float16`, `X == "fp16"`)."""
