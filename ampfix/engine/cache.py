@@ -47,7 +47,7 @@ from ampfix import __version__
 from ampfix.engine import entries as E
 from ampfix.engine.results import Diagnostic, FileError, FileResult, FixEdit, Settings, TextEdit, file_digest
 from ampfix.engine.rulemeta import fingerprint as _code_fingerprint, write_json
-from ampfix.project.graph import CACHE_TAG, CALLERS, GRAPH_DEPS, IMPORTERS, split_dep
+from ampfix.project.graph import CACHE_TAG, CALLERS, GRAPH_DEPS, IMPORTERS, SUBCLASSES, split_dep
 
 DIR_NAME = ".ampfix_cache"
 
@@ -234,8 +234,8 @@ class Cache:
         if folder not in roots:
             roots[folder] = str(find_root(Path(folder)))
         root = roots[folder]
-        if kind == CALLERS:
-            return self._callers_digest(root, key, path, qual or "")
+        if kind in (CALLERS, SUBCLASSES):
+            return self._callers_digest(root, key, path, qual or "", kind)
         found = self._graph_digests(root).get(key)
         if found is not None:
             return found
@@ -266,12 +266,14 @@ class Cache:
         graphs[root] = self._kept_graph(key, lambda: self.__dict__["_graph_objects"][root].digests())
         return graphs[root]
 
-    def _callers_digest(self, root: str, key: str, path: str, qual: str) -> str:
-        """The digest of a `callers:` dependency (`ImportGraph.callers_digest`: a scan of the
-        texts of the project), kept in an entry of its own under the graph's `stamp`."""
-        kept = self._kept_graph(self._graph_key(root, key), lambda: {
-            key: self.__dict__["_graph_objects"][root].callers_digest(path, qual)})
-        return kept.get(key, "")
+    def _callers_digest(self, root: str, key: str, path: str, qual: str, kind: str = CALLERS) -> str:
+        """The digest of a `callers:` (or `subclasses:`) dependency (`ImportGraph.callers_digest`,
+        `subclasses_digest`: a scan of the texts of the project), kept in an entry of its own
+        under the graph's `stamp`."""
+        def scan() -> Dict[str, str]:
+            graph = self.__dict__["_graph_objects"][root]
+            return {key: graph.callers_digest(path, qual) if kind == CALLERS else graph.subclasses_digest(path, qual)}
+        return self._kept_graph(self._graph_key(root, key), scan).get(key, "")
 
     def _kept_graph(self, key: str, compute: Callable[[], Dict[str, str]]) -> Dict[str, str]:
         entry = self.bucket / "graphs" / key[:2] / key

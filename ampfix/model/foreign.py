@@ -178,6 +178,10 @@ class ForeignFacts(Protocol):
         """Sure, from the texts, that no class `cls` may inherit from holds AMP code (False:
         not sure)."""
 
+    def overridden_below(self, cls: ForeignClass, name: str) -> bool:
+        """A class of the project that may derive from `cls` defines a method `name` (True:
+        not sure that none does)."""
+
 
 @dataclass
 class Synthetic:
@@ -583,6 +587,8 @@ class Foreign:
             fc = self._foreign_class_of(v)
             if fc is None:
                 return None  # some value is not an instance of a class of the project: unknown
+            if _annotated_value(v) and self.foreign.overridden_below(fc, name):  # type: ignore[union-attr]
+                return None  # an object of a subclass may run another `name`: unknown
             classes.append(fc)
         if relevant_only and all(self.foreign.lacks_relevant_method(c, name) for c in classes):  # type: ignore[union-attr]
             return None
@@ -710,6 +716,15 @@ def synthetic_leaf(expr: cst.CSTNode) -> bool:
     """A canonical name that stands for nothing more (`__unknown__`, an unbound parameter)."""
     text = dotted(expr)
     return text is not None and text.split(".")[0] in (UNKNOWN, PARAM)
+
+
+def _annotated_value(v: cst.CSTNode) -> bool:
+    """`v` is what a parameter holds (`_annotated_class`), or a `.cuda()`, `.to()`, `.train()`
+    or `.eval()` of it: its class is the annotation's, not a constructor's."""
+    while isinstance(v, cst.Call) and isinstance(v.func, cst.Attribute) \
+            and v.func.attr.value in ("cuda", "to", "train", "eval"):
+        v = v.func.value
+    return isinstance(v, cst.Name)
 
 
 __all__ = ["Definition", "Foreign", "ForeignClass", "ForeignConstant", "ForeignFacts", "ForeignFunction",

@@ -12,7 +12,9 @@ current files, before it believes a result. Three kinds of dependency (`FileResu
 * `imports:PATH` (`imports_dep`): what the import lines of PATH resolve to (a new file can make
   an unresolved import resolve, or shadow what it resolved to);
 * `callers:PATH:QUAL` (`callers_dep`): the files whose text may call function QUAL of PATH
-  (`caller_candidates`, the scan before any parse).
+  (`caller_candidates`, the scan before any parse);
+* `subclasses:PATH:NAME` (`subclasses_dep`): the files whose text may define a subclass of
+  class NAME of PATH (`subclass_candidates`).
 """
 
 from __future__ import annotations
@@ -35,7 +37,9 @@ IMPORTERS = "importers:"
 IMPORTS = "imports:"
 #: ... on the files that may call a function: this, its module's path, ":" and its (qualified) name
 CALLERS = "callers:"
-GRAPH_DEPS = (IMPORTERS, IMPORTS, CALLERS)
+#: ... on the files that may subclass a class: this, its module's path, ":" and its name
+SUBCLASSES = "subclasses:"
+GRAPH_DEPS = (IMPORTERS, IMPORTS, CALLERS, SUBCLASSES)
 
 _FROM_RE = re.compile(r"^[ \t]*from[ \t]+(\.*[\w.]*)[ \t]+import[ \t]+(\([^)]*\)|[^\n#;]+)", re.MULTILINE)
 _IMPORT_RE = re.compile(r"^[ \t]*import[ \t]+([^\n#;]+)", re.MULTILINE)
@@ -147,13 +151,19 @@ def callers_dep(path: str, qual: str) -> str:
     return f"{CALLERS}{path}:{qual}"
 
 
+def subclasses_dep(path: str, name: str) -> str:
+    """The key of "the files that may define a subclass of class `name` of the module at
+    `path`" (split at its last ':', as `callers_dep`)."""
+    return f"{SUBCLASSES}{path}:{name}"
+
+
 def split_dep(key: str) -> Optional[Tuple[str, str, Optional[str]]]:
     """(kind, path, function name or None) of a graph dependency's key; None for any other key
     (a module's content, its key its path)."""
     for kind in GRAPH_DEPS:
         if key.startswith(kind):
             rest = key[len(kind):]
-            if kind == CALLERS:
+            if kind in (CALLERS, SUBCLASSES):
                 path, _, qual = rest.rpartition(":")
                 return kind, path, qual
             return kind, rest, None
@@ -306,6 +316,22 @@ class ImportGraph:
     def callers_digest(self, path: str, qual: str) -> str:
         """The digest of the `callers_dep` of (`path`, `qual`), as the files are now."""
         return digest_of_paths(self.caller_candidates(path, qual))
+
+    def subclass_candidates(self, path: str, name: str) -> List[str]:
+        """The project's files whose text may define a subclass of class `name` of the module
+        at `path`: those that hold `name` (a subclass names its base, or the import of it,
+        whatever the alias), the module itself included. A text scan; memoised."""
+        path = os.path.abspath(path)
+        key = (path, "class " + name)  # (beside `caller_candidates`' keys in one memo: never a function's name)
+        cached = self._candidates.get(key)
+        if cached is None:
+            cached = [f for f in self.files() if name in (self._text(f) or "")]
+            self._candidates[key] = cached
+        return cached
+
+    def subclasses_digest(self, path: str, name: str) -> str:
+        """The digest of the `subclasses_dep` of (`path`, `name`), as the files are now."""
+        return digest_of_paths(self.subclass_candidates(path, name))
 
     def importers_of(self, path: str) -> List[str]:
         """The project's files that import the module at `path` (directly, or through a

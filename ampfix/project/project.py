@@ -32,7 +32,7 @@ from ampfix.model.summarize import AMP_TEXT, TRACE_TEXT, def_spans
 from ampfix.model.summary import IMPORTED, LOCAL, UNREADABLE, ClassSummary, ModuleSummary, OutgoingCall, Stored, Value
 from ampfix.model.tree import Index
 from ampfix.project.graph import (ImportGraph, at_lines_holding, callers_dep, digest_of_paths, import_statements,
-                                  importers_dep, imports_dep, read_text)
+                                  importers_dep, imports_dep, read_text, subclasses_dep)
 from ampfix.project.layout import Layout, Target, clear_caches
 
 MAX_RESOLVE_DEPTH = 8
@@ -177,6 +177,8 @@ class Project:
         self._asked: Optional[set] = None  # the modules whose importers were asked (`end`)
         self._read_imports: Optional[set] = None  # the files whose imports were resolved (`end`)
         self._called: Optional[set] = None  # the functions whose callers were asked (`end`)
+        self._subclassed: Optional[set] = None  # the classes whose subclasses were looked for (`end`)
+        self._overrides: Dict[Tuple[str, str], Tuple[bool, Tuple[Tuple[str, str], ...]]] = {}
         # path -> (digest, the parse made for its summary, the tree index the summary's model
         # built of it): the engine's model of that module takes both (`take_parsed`,
         # `handed_index`), neither parsing nor walking the tree again
@@ -215,6 +217,7 @@ class Project:
         self._asked = set()
         self._read_imports = set()
         self._called = set()
+        self._subclassed = set()
         del self._frames[:]  # (left over by an analysis cut short: `_close`)
         del self._text_log[:], self._import_log[:]
         changed = {p for p, key in self._stats.items() if _stat_key(p) != key}
@@ -300,14 +303,17 @@ class Project:
         file changes the result as much as a changed text): for each module whose importers it
         asked, that set (`importers_dep`); for each file whose imports it resolved, what they
         resolve to (`imports_dep`); for each function whose callers it asked, the files the
-        text scan selects (`callers_dep`)."""
+        text scan selects (`callers_dep`); for each class whose subclasses it looked for, the
+        same (`subclasses_dep`)."""
         touched, self._touched = self._touched or set(), None
         asked, self._asked = self._asked or set(), None
         read, self._read_imports = self._read_imports or set(), None
         called, self._called = self._called or set(), None
+        subclassed, self._subclassed = self._subclassed or set(), None
         deps = {importers_dep(p): digest_of_paths(self.graph.importers_of(p)) for p in sorted(asked)}
         deps.update((imports_dep(p), self.graph.imports_digest(p)) for p in sorted(read))
         deps.update((callers_dep(p, q), self.graph.callers_digest(p, q)) for p, q in sorted(called))
+        deps.update((subclasses_dep(p, n), self.graph.subclasses_digest(p, n)) for p, n in sorted(subclassed))
         return sorted(touched), deps
 
     def _resolving(self, path: str) -> None:
@@ -1350,6 +1356,47 @@ class Project:
         return self._memoised(self._callers, key, lambda: None if len(candidates) > MAX_CALLER_FILES
                               else self._calls_to(path, qual, candidates), placeholder=None)
 
+    def overridden_below(self, cls: ForeignClass, name: str) -> bool:
+        """Some class of the project that may derive from `cls` (a class whose bases name it, or
+        name such a class, a few levels down) defines a method `name`: an object annotated as a
+        `cls` may run that one instead (the annotation does not say which). Read from the
+        texts the graph's scan selects (`ImportGraph.subclass_candidates`); the scans and the
+        texts are dependencies of the result, recorded on every call (`end`). Memoised."""
+        key = (cls.path, f"{cls.qual}.{name}")
+        hit = self._overrides.get(key)
+        if hit is None:
+            hit = self._overrides[key] = self._overridden_below(cls, name)
+        for path, base in hit[1]:
+            if self._subclassed is not None:
+                self._subclassed.add((path, base))
+            for f in self.graph.subclass_candidates(path, base):
+                self._touch(f)
+        return hit[0]
+
+    def _overridden_below(self, cls: ForeignClass, name: str) -> Tuple[bool, Tuple[Tuple[str, str], ...]]:
+        """`overridden_below`'s answer, and the (path, class name) scans it made."""
+        scanned: List[Tuple[str, str]] = []
+        level = [(cls.path, cls.qual.rpartition(".")[2])]
+        for _ in range(MAX_REACH_DEPTH + 1):
+            below: List[Tuple[str, str]] = []
+            for path, base in level:
+                if (path, base) in scanned:
+                    continue
+                scanned.append((path, base))
+                names_base = re.compile(r"\b%s\b" % re.escape(base))
+                for f in self.graph.subclass_candidates(path, base):
+                    spans = self._def_spans(f)
+                    for m in _CLASS_HEADER.finditer(self.text(f) or ""):
+                        if (f, m.group(1)) == (path, base) or not names_base.search(m.group(2)):
+                            continue
+                        if any(q.rpartition(".")[2] == m.group(1) and f"{q}.{name}" in spans for q in spans):
+                            return True, tuple(scanned)
+                        below.append((f, m.group(1)))
+            if not below:
+                return False, tuple(scanned)
+            level = below
+        return True, tuple(scanned)  # deeper than followed: not sure
+
     def _calls_to(self, path: str, qual: str, candidates: List[str]) -> List[Tuple[ForeignModule, OutgoingCall]]:
         """`callers` without its memo."""
         found: List[Tuple[ForeignModule, OutgoingCall]] = []
@@ -1367,6 +1414,8 @@ class Project:
 
 
 MAX_REACH_DEPTH = 3  # definitions reached from what the file uses: what they call, and so on
+# a class statement: its name and what is written between the parentheses after it (its bases)
+_CLASS_HEADER = re.compile(r"^[ \t]*class[ \t]+(\w+)[ \t]*\(([^)]*)\)", re.MULTILINE)
 MAX_REACH_PARTS = 400
 _NAME_OR_DOT = re.compile(r"[\w.]")
 _WORD_CHAR = re.compile(r"\w")
@@ -1751,6 +1800,9 @@ class _NoFacts:
 
     def lacks_relevant_classes(self, cls):
         return False
+
+    def overridden_below(self, cls, name):
+        return True
 
 
 NO_FACTS = _NoFacts()
