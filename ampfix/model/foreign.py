@@ -517,9 +517,9 @@ class Foreign:
         (`def __init__(self, model: LanguageModel)`), or, where it has none, the annotation of the
         attribute it is assigned to (`self.model: LanguageModel = model`), when the value is that
         parameter's (what a caller passes in): an instance of that class, or of a subclass, which
-        the annotation promises acts like it (a subclass of the project that overrides the method
-        is not looked for). None for any other annotation (`Optional[...]`, a string, a class of
-        this file or of a third party): unknown."""
+        the annotation promises acts like it (a method that a subclass of the project overrides
+        is unknown: `_method_on_values`). None for any other annotation (`Optional[...]`, a
+        string, a class of this file or of a third party): unknown."""
         func = self.binding_scope(name.value, self.scope_of(name))
         if type(func) is not cst.FunctionDef:
             return None
