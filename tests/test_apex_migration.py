@@ -195,20 +195,9 @@ def test_gradients_are_unscaled_before_clipping():
 def test_import_torch_goes_after_a_future_import_sharing_its_line(tmp_path):
     # `from __future__ import ...; import os`: `import torch` cannot go before that line (a future
     # import must come first); it goes before the next import, and the file compiles
-    src = tmp_path / "train.py"
-    src.write_text(
-        "from __future__ import annotations; import os\n"
-        "from apex import amp\n"
-        "from mymodels import model, optimizer, batches\n\n"
-        'model, optimizer = amp.initialize(model, optimizer, opt_level="O1")\n'
-        "for x in batches:\n"
-        "    loss = model(x).sum()\n"
-        "    with amp.scale_loss(loss, optimizer) as scaled_loss:\n"
-        "        scaled_loss.backward()\n"
-        "    optimizer.step()\n")
-    res = run_ampfix("rewrite", "--preview", "--select", "AMP1", "--unsafe-fixes", src)
-    assert res.returncode == 0, res.stdout + res.stderr
-    text = src.read_text()
+    src, text = _migrated(tmp_path, "from __future__ import annotations; import os\n"
+                                    "from apex import amp\n"
+                                    "from mymodels import model, optimizer, batches\n\n")
     assert text.startswith("from __future__ import annotations; import os\nimport torch\n"), text
     assert "amp.initialize" not in text and 'torch.amp.GradScaler("cuda")' in text
     compile(text, str(src), "exec")
@@ -219,25 +208,29 @@ def test_a_comment_over_the_removed_apex_import_stays_when_the_next_statement_is
     # `model, optimizer = amp.initialize(...)`. The try's comment lines move to the next statement
     # (`Rewrites.remove`), and that statement is replaced too: its replacement keeps them (they
     # were dropped, and with them the cell's marker, so the notebook was not rewritten)
-    src = tmp_path / "train.py"
-    src.write_text(
-        "import torch\n"
-        "from mymodels import model, optimizer, batches\n"
-        "# set up mixed precision\n"
-        "try:\n"
-        "    from apex import amp\n"
-        "except ImportError:\n"
-        '    raise ImportError("install apex")\n\n'
-        "# Initialize Amp\n"
-        'model, optimizer = amp.initialize(model, optimizer, opt_level="O1")\n'
-        "for x in batches:\n"
-        "    loss = model(x).sum()\n"
-        "    with amp.scale_loss(loss, optimizer) as scaled_loss:\n"
-        "        scaled_loss.backward()\n"
-        "    optimizer.step()\n")
-    res = run_ampfix("rewrite", "--preview", "--select", "AMP1", "--unsafe-fixes", src)
-    assert res.returncode == 0, res.stdout + res.stderr
-    text = src.read_text()
+    _, text = _migrated(tmp_path, "import torch\n"
+                                  "from mymodels import model, optimizer, batches\n"
+                                  "# set up mixed precision\n"
+                                  "try:\n"
+                                  "    from apex import amp\n"
+                                  "except ImportError:\n"
+                                  '    raise ImportError("install apex")\n\n'
+                                  "# Initialize Amp\n")
     assert "apex" not in text and 'torch.amp.GradScaler("cuda")' in text, text
     assert "# set up mixed precision\n" in text and "# Initialize Amp\n" in text, text
     assert text.index("# set up mixed precision") < text.index("# Initialize Amp") < text.index("GradScaler"), text
+
+
+def _migrated(tmp_path, head: str):
+    """`head`, then an apex O1 training loop (`amp.initialize`, `amp.scale_loss`), rewritten with
+    the unsafe fixes: (the file, its text after)."""
+    src = tmp_path / "train.py"
+    src.write_text(head + 'model, optimizer = amp.initialize(model, optimizer, opt_level="O1")\n'
+                   "for x in batches:\n"
+                   "    loss = model(x).sum()\n"
+                   "    with amp.scale_loss(loss, optimizer) as scaled_loss:\n"
+                   "        scaled_loss.backward()\n"
+                   "    optimizer.step()\n")
+    res = run_ampfix("rewrite", "--preview", "--select", "AMP1", "--unsafe-fixes", src)
+    assert res.returncode == 0, res.stdout + res.stderr
+    return src, src.read_text()
