@@ -1414,8 +1414,9 @@ class Project:
 
 
 MAX_REACH_DEPTH = 3  # definitions reached from what the file uses: what they call, and so on
-# a class statement: its name and what is written between the parentheses after it (its bases)
-_CLASS_HEADER = re.compile(r"^[ \t]*class[ \t]+(\w+)[ \t]*\(([^)]*)\)", re.MULTILINE)
+# a class statement: its name and what is written between the parentheses after it (its bases,
+# to the `):` that ends the header: a base may hold parentheses of its own, `mixin(), Base`)
+_CLASS_HEADER = re.compile(r"^[ \t]*class[ \t]+(\w+)[ \t]*\((.*?)\)[ \t]*:", re.MULTILINE | re.DOTALL)
 MAX_REACH_PARTS = 400
 _NAME_OR_DOT = re.compile(r"[\w.]")
 _WORD_CHAR = re.compile(r"\w")
