@@ -10,13 +10,17 @@ the object whose `state_dict()` they hold: model, optimizer, GradScaler, or othe
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import List, Optional, Tuple
+from typing import TYPE_CHECKING, Iterator, List, Optional, Tuple
 
 import libcst as cst
 
 from ampfix.model.facet import Facet
+from ampfix.model.summary import PARAM
 from ampfix.model.syntax import call_name, literal_string, method_call
 from ampfix.model.tree import dotted
+
+if TYPE_CHECKING:
+    from ampfix.model.foreign import ForeignFunction
 
 SCALER_KEYS = ("scaler", "amp", "grad_scaler", "loss_scaler")
 
@@ -44,6 +48,13 @@ class SavedState:
     # path, the line of its `torch.save`, and its qualified name
     written_in: Optional[Tuple[str, int, str]] = None
 
+
+
+def _argument(bound: dict, receiver: str) -> Optional[cst.BaseExpression]:
+    """The argument bound to the parameter that a summary's canonical text names
+    (`__param__.optimizer`), if any."""
+    prefix = PARAM + "."
+    return bound.get(receiver[len(prefix):]) if receiver.startswith(prefix) else None
 
 class Checkpoints(Facet):
     """Checkpoint contents: what is saved, what a resume restores (`model.checkpoints`)."""
@@ -75,13 +86,7 @@ class Checkpoints(Facet):
         it is handed (built here), or what it saves of the objects it is handed (its summary):
         the state is the call's (`dict_node` is the call)."""
         out: List[SavedState] = []
-        for call in self.model.calls:
-            if "save" not in (call_name(call) or "").lower() and "checkpoint" not in (call_name(call) or "").lower():
-                continue
-            ff = self.model._foreign_callee(call)
-            if ff is None or not ff.summary.saves:
-                continue
-            bound = self.model._bind_foreign_arguments(call, ff)
+        for call, ff, bound in self._helper_calls(("save", "checkpoint"), "saves"):
             for s in ff.summary.saves:
                 param = s.get("param")
                 if isinstance(param, str):
@@ -97,13 +102,25 @@ class Checkpoints(Facet):
                                    written_in=(ff.path, line, ff.qual) if isinstance(line, int) and line > 0 else None)
                 for key, what in (s.get("state") or {}).items():
                     kind, _, receiver = str(what).partition("|")
-                    arg = bound.get(receiver[len("__param__."):]) if receiver.startswith("__param__.") else None
+                    arg = _argument(bound, receiver)
                     if arg is not None and self.model.scaler_key(arg) is not None:
                         state.scaler_state = True
                     elif kind == "optimizer" and (arg is None or self.model.is_optimizer(arg)):
                         state.optimizers.append(arg if arg is not None else call)
                 out.append(state)
         return out
+
+    def _helper_calls(self, words: Tuple[str, ...], entries: str) -> Iterator[Tuple[cst.Call, ForeignFunction, dict]]:
+        """(call, callee, the call's arguments by the callee's parameters) for each call of the
+        file whose name holds one of `words` (lower-cased) and that runs a function of another
+        module whose summary has `entries` (its `saves` or its `loads`)."""
+        for call in self.model.calls:
+            name = (call_name(call) or "").lower()
+            if not any(w in name for w in words):
+                continue
+            ff = self.model._foreign_callee(call)
+            if ff is not None and getattr(ff.summary, entries):
+                yield call, ff, self.model._bind_foreign_arguments(call, ff)
 
     def _state_of(self, save: cst.Call, node: cst.CSTNode, depth: int = 0) -> Optional[SavedState]:
         entries = []
@@ -229,19 +246,11 @@ class Checkpoints(Facet):
         if self.model.foreign is None:
             return []
         out = []
-        for call in self.model.calls:
-            name = (call_name(call) or "").lower()
-            if not any(w in name for w in ("load", "resume", "restore", "checkpoint")):
-                continue
-            ff = self.model._foreign_callee(call)
-            loads = ff.summary.loads if ff is not None else []
-            if not loads:
-                continue
-            bound = self.model._bind_foreign_arguments(call, ff)
+        for call, ff, bound in self._helper_calls(("load", "resume", "restore", "checkpoint"), "loads"):
+            loads = ff.summary.loads
             optimizers, lines = [], []
             for entry in loads:
-                receiver = entry.get("receiver") or ""
-                arg = bound.get(receiver[len("__param__."):]) if receiver.startswith("__param__.") else None
+                arg = _argument(bound, entry.get("receiver") or "")
                 if entry.get("kind") == "optimizer" and arg is not None and self.model.is_optimizer(arg):
                     optimizers.append(arg)
                     lines.append(entry.get("line"))
