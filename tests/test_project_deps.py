@@ -400,3 +400,27 @@ def test_a_save_keeps_the_summaries_of_the_modules_it_did_not_change(tmp_path):
         assert check(train) == [] and project.parsed == [api, api, api]
     finally:
         analyze._PROJECTS.clear()
+
+
+def test_a_long_lived_project_notices_a_subclass_saved_in_a_module_it_read(tmp_path):
+    # the language server's project: the trainer's `model: LanguageModel` runs the class's
+    # `save_checkpoint` (AMP013) until a module of the project gains a subclass that overrides it
+    # (`Project.overridden_below`, whose answers a changed text makes it forget)
+    from ampfix.engine import analyze
+
+    root = tmp_path / "p"
+    shutil.copytree(FIXTURE_PROJECTS / "bad_checkpoint_method_annotated", root)
+    extra = root / "lm" / "models" / "char_model.py"
+    _write(extra, "import torch\n\n\nclass CharModel(torch.nn.Module):\n    pass\n")
+    clear_caches()
+    analyze._PROJECTS.clear()
+    try:
+        trainer = "lm/trainers/trainer.py"
+        assert [d[0] for d in _analysed(root)[trainer]] == ["AMP013"]
+        _write(extra, "from lm.models.language_model import LanguageModel\n\n\nclass CharModel(LanguageModel):\n"
+                      "    def save_checkpoint(self, file, optimizer, epoch, loss):\n        pass\n")
+        warm = _analysed(root)
+        assert warm == _analysed(root, fresh=True)
+        assert warm[trainer] == []
+    finally:
+        analyze._PROJECTS.clear()

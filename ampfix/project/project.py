@@ -254,7 +254,7 @@ class Project:
                      self._callers, self._bound, self._uses_memo, self._used, self._names_for, self._reached,
                      self._text_mros, self._lacks_methods, self._imports_at, self._stats, self._indexes, self._spans, self._relevant,
                      self._closures, self._words, self._words_of_modules, self._words_of_texts, self._deps_pool, self._offered,
-                     self._reexports, self._masks, self._import_pieces, self._import_words_memo):
+                     self._reexports, self._masks, self._import_pieces, self._import_words_memo, self._overrides):
             memo.clear()
         self.graph = ImportGraph(Path(self.root), self._quiet_text, self.layout)
 
@@ -263,8 +263,9 @@ class Project:
         changed; the files and folders of the tree are the same): what is kept per module for
         them, every memoised answer whose computation read one of their texts or resolved their
         imports (the dependencies each answer keeps, `_Memo`), the callers of every function (a
-        changed module may call one now) and the import graph (their import lines). The
-        summaries and answers that read only other modules stay."""
+        changed module may call one now), the subclasses looked for (one may define one now) and
+        the import graph (their import lines). The summaries and answers that read only other
+        modules stay."""
         for per_module in (self._sources, self._summaries, self._modules, self._indexes, self._spans, self._bound, self._uses_memo,
                            self._imports_at, self._stats, self._kept, self.used, self._import_pieces):
             for p in changed:
@@ -285,6 +286,7 @@ class Project:
                 del memo[key]
                 memo.deps.pop(key, None)
         self._callers.clear()
+        self._overrides.clear()
         self.graph = ImportGraph(Path(self.root), self._quiet_text, self.layout)
 
     def close(self) -> None:
