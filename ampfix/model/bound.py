@@ -1211,27 +1211,6 @@ def _head_expressions(stmt: cst.CSTNode) -> List[cst.CSTNode]:
     return []
 
 
-def _all_expressions(stmt: cst.CSTNode) -> List[cst.CSTNode]:
-    """Every expression a statement (and the statements inside it) evaluates; of a `def` or
-    `class`, what runs when it is defined (decorators, defaults, bases)."""
-    if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):
-        return _definition_expressions(stmt)
-    out: List[cst.CSTNode] = []
-
-    class V(cst.CSTVisitor):
-        def on_visit(self, node: cst.CSTNode) -> bool:
-            if isinstance(node, cst.BaseExpression):
-                out.append(node)
-                return False
-            if isinstance(node, (cst.FunctionDef, cst.ClassDef)):
-                out.extend(_definition_expressions(node))
-                return False
-            return True
-
-    stmt.visit(V())
-    return out
-
-
 def _definition_expressions(node: cst.CSTNode) -> List[cst.CSTNode]:
     out: List[cst.CSTNode] = [d.decorator for d in node.decorators]
     if isinstance(node, cst.FunctionDef):

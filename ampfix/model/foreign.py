@@ -212,9 +212,6 @@ class Foreign:
         """A value materialised from another module (not part of this file)."""
         return node in self._synthetic
 
-    def _synthetic_origin(self, node: cst.CSTNode) -> Optional[Synthetic]:
-        return self._synthetic.get(node)
-
     def _materialize(self, value: Value, origin: Synthetic) -> Optional[cst.BaseExpression]:
         """The canonical expression `value` as an expression node of this model (cached)."""
         if value.unknown or origin.depth > MAX_FOREIGN_DEPTH:

@@ -35,7 +35,7 @@ from ampfix.model.events import BACKWARD, EXIT, SCALER_STEP, UNSCALE, UPDATE, ZE
 from ampfix.model.parsing import parse_expression
 from ampfix.model.readwrite import reads_writes
 from ampfix.model.syntax import call_name, literal_bool
-from ampfix.model.tree import LOOP_TYPES, child_nodes, dotted, nodes_under
+from ampfix.model.tree import child_nodes, dotted, nodes_under
 
 Group = Hashable
 # a test that names gradient accumulation or "this micro-batch steps"
@@ -520,20 +520,6 @@ class Iterations:
         # each Name under them: `self.n_epochs` holds "self" and "n_epochs"
         return any(EPOCH_TOKENS.intersection(_tokens(name.value))  # type: ignore[attr-defined]
                    for part in parts for name in nodes_under(part, cst.Name))
-
-    def _loops_between(self, node: cst.CSTNode, stop: cst.CSTNode) -> List[cst.CSTNode]:
-        """The loops whose bodies hold `node`, innermost first, up to (not including) `stop`
-        (an ancestor) or the function."""
-        out = []
-        child = node
-        for anc in self.ancestors(node):
-            if anc is stop or isinstance(anc, (cst.FunctionDef, cst.Lambda, cst.ClassDef)):
-                break
-            if isinstance(anc, LOOP_TYPES) and child is anc.body:
-                out.append(anc)
-            child = anc
-        return out
-
 
 _OTHER = object()
 _SPACE = re.compile(r"\s+")

@@ -816,11 +816,6 @@ class Tree:
         """True when `a` starts before `b` in the text (an ancestor comes before its children)."""
         return self._index.order_of(a) < self._index.order_of(b)
 
-    def _finishes_before(self, a: cst.CSTNode, b: cst.CSTNode) -> bool:
-        """True when `a` is evaluated before `b` within one statement (post-order: in
-        `scaler.scale(loss).backward()` the `scale` call finishes first)."""
-        return self._index.post_of(a) < self._index.post_of(b)
-
     def nodes_of(self, *types: type) -> List[cst.CSTNode]:
         """Every node of these exact types, in text order (from the one indexing pass)."""
         found = [n for t in types for n in self._index.by_type.get(t, [])]
