@@ -520,8 +520,7 @@ class Foreign:
         func = self.binding_scope(name.value, self.scope_of(name))
         if type(func) is not cst.FunctionDef:
             return None
-        p = func.params  # type: ignore[attr-defined]
-        param = next((x for x in (*p.posonly_params, *p.params, *p.kwonly_params) if x.name.value == name.value), None)
+        param = self._param_of(func, name.value)  # type: ignore[attr-defined]
         if param is None:
             return None
         ann = param.annotation.annotation if param.annotation is not None else None

@@ -87,10 +87,15 @@ class Values:
         return found
 
     def _is_param(self, func: cst.CSTNode, name: str) -> bool:
+        return self._param_of(func, name) is not None
+
+    @staticmethod
+    def _param_of(func: cst.CSTNode, name: str) -> Optional[cst.Param]:
+        """The parameter `name` of the function or lambda `func` (not `*args`/`**kwargs`), if any."""
         if not isinstance(func, (cst.FunctionDef, cst.Lambda)):
-            return False
+            return None
         p = func.params
-        return any(x.name.value == name for x in (*p.posonly_params, *p.params, *p.kwonly_params))
+        return next((x for x in (*p.posonly_params, *p.params, *p.kwonly_params) if x.name.value == name), None)
 
     def self_class(self, node: cst.CSTNode) -> Optional[cst.ClassDef]:
         """The class `self` means at `node`: the class of the method (or a function nested in a
