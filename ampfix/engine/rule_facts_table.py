@@ -2,7 +2,7 @@
 them before it analyses anything (see ampfix/engine/rulemeta.py). Do not edit; regenerate.
 """
 
-DIGEST = 'f76e5135f9dd21fd39386e045dc3f7113abc82d07cc7cebc305f604ff2e02c44'
+DIGEST = '999db6b7cbefe9f614c4b150d18152e91755b161efd481c02c2f131606177398'
 
 RULES = [
     ('AMP001', 'backward-in-autocast', True, ('autocast',), (),
