@@ -71,6 +71,40 @@ def test_deep_parentheses_are_a_syntax_error_not_a_crash(tmp_path, jobs):
     assert sum("AMP007" in line for line in out) == 6
 
 
+def test_valid_python_libcst_cannot_read_is_named_as_such(tmp_path):
+    """funasr 1.4.16's `fsmn_kws/model.py`: a method body indented with two tabs and four spaces
+    under a `def` indented with four spaces. CPython accepts it (tabs to 8 columns and to 1 agree
+    on the nesting); LibCST's tokenizer does not, and put its error on line 1. It is not a
+    syntax error: the message says so and names the mixed line; the other files are checked, in
+    every output format."""
+    _tree(tmp_path, n_good=2)
+    mixed = TRAINER + "class Net:\n    def f(self):\n\t\t    return 1\n\n    def g(self):\n\t\t    return 2\n"
+    compile(mixed, "mixed.py", "exec")  # (Python reads it)
+    (tmp_path / "mixed.py").write_text(mixed)
+    res = run_ampfix("check", ".", "-j", "1", cwd=tmp_path)
+    out, err = _lines(res)
+    assert res.returncode == 2 and "Traceback" not in res.stderr.decode()
+    assert err == ["mixed.py:13:1: error: not analysed: Python accepts this file, but LibCST, the parser ampfix reads "
+                   "code with, does not (tokenizer error: no matching outer block for dedent; this line indents "
+                   "with tabs and spaces mixed: indent it with spaces only)"]
+    assert sorted(line.split(":")[0] for line in out if "AMP007" in line) == ["train_0.py", "train_1.py"]
+    res = run_ampfix("check", ".", "-j", "1", "--output-format", "json", cwd=tmp_path)
+    import json
+    errors = [e for e in json.loads(res.stdout) if e["type"] == "error"]
+    assert [(e["filename"], e["code"], e["location"]["row"]) for e in errors] == [("mixed.py", "invalid-input", 13)]
+
+
+def test_mixed_indentation_names_the_first_mixed_line():
+    from ampfix.engine.analyze import mixed_indentation
+
+    assert mixed_indentation("def f():\n    return 1\n") is None
+    assert mixed_indentation("def f():\n\treturn 1\n") is None
+    assert mixed_indentation("def f():\n\t    return 1\n") == 2  # both in one line
+    assert mixed_indentation("def f():\n    x = 1\n\n\tif x:\n\t\treturn 1\n") == 4  # tabs after spaces
+    assert mixed_indentation("def f():\n\tx = 1\n        return x\n") == 3  # spaces after tabs
+    assert mixed_indentation("x = 1\n   \t\n") is None  # a blank line's whitespace
+
+
 NESTED_320 = {
     "unary": lambda n: "x = " + "-" * n + "y",
     "not": lambda n: "x = " + "not " * n + "y",

@@ -61,10 +61,43 @@ def parse(text: str, path: str) -> cst.Module:
             raise InputError(FileError(path, py_exc.lineno, py_exc.offset, f"syntax error: {py_exc.msg}")) from None
         except (ValueError, RecursionError, MemoryError):
             pass
+        else:  # Python reads it: a limit of LibCST's, not a mistake of the file
+            raise InputError(_unreadable_valid(path, text, exc)) from None
         msg = exc.message.strip().splitlines()[0] if exc.message else "invalid syntax"
         raise InputError(FileError(path, exc.raw_line, exc.raw_column + 1, f"syntax error: {msg}")) from None
     except Exception as exc:  # libcst raises a few other errors on odd input
         raise InputError(FileError(path, None, None, f"cannot parse: {type(exc).__name__}: {exc}")) from None
+
+
+def _unreadable_valid(path: str, text: str, exc: cst.ParserSyntaxError) -> FileError:
+    """The error for a file that Python compiles and LibCST cannot parse (its tokenizer rejects
+    indentation that mixes tabs and spaces in ways CPython accepts): not analysed, where the
+    mixed indentation starts when that is the cause (LibCST's own position is then the file's
+    first line, which says nothing)."""
+    msg = exc.message.strip().splitlines()[0] if exc.message else "invalid syntax"
+    line, column = exc.raw_line, exc.raw_column + 1
+    mixed = mixed_indentation(text)
+    hint = ""
+    if mixed is not None:
+        line, column = mixed, 1
+        hint = "; this line indents with tabs and spaces mixed: indent it with spaces only"
+    return FileError(path, line, column, f"not analysed: Python accepts this file, but LibCST, the parser ampfix "
+                                         f"reads code with, does not ({msg}{hint})")
+
+
+def mixed_indentation(text: str) -> Optional[int]:
+    """The first line (1-based) whose indentation mixes tabs and spaces, or indents with one
+    after an earlier line indented with the other; None when every line keeps to one."""
+    seen = 0
+    for number, line in enumerate(text.splitlines(), 1):
+        indent = line[:len(line) - len(line.lstrip(" \t"))]
+        if not indent or len(indent) == len(line):
+            continue  # not indented, or a blank line
+        kinds = ("\t" in indent) + 2 * (" " in indent)  # 1 tabs, 2 spaces, 3 both
+        if kinds == 3 or (seen and kinds != seen):
+            return number
+        seen = seen or kinds
+    return None
 
 
 # ----------------------------------------------------------------------------- noqa

@@ -358,7 +358,8 @@ def cacheable(result: FileResult) -> bool:
     if result.error is None:
         return True
     return result.error.message.startswith(("syntax error", "cannot decode", "file contains a NUL",
-                                            "cannot determine the encoding", "not analysed: the code is nested"))
+                                            "cannot determine the encoding", "not analysed: the code is nested",
+                                            "not analysed: Python accepts this file"))
 
 
 def _encode_summary(summary) -> dict:
