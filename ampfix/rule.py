@@ -79,6 +79,9 @@ class FileContext:
     #: where min_torch_version comes from: "--min-torch-version", "min-torch-version in
     #: pyproject.toml", "`torch>=1.13` in setup.py" (the project's metadata), "" (the default)
     min_torch_source: str = ""
+    #: where the project declares it supports a Lightning before 2.0 ("`pytorch-lightning<2.0` in
+    #: requirements.txt", read from its metadata); "" when it does not
+    lightning_before_2: str = ""
     unsafe_fixes: bool = False
     #: set by the engine: (node, code) -> suppressed by `# noqa` on its line
     suppression: Optional[Callable[[cst.CSTNode, str], bool]] = None

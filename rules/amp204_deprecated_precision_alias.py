@@ -31,7 +31,10 @@ warning that they are discouraged; "16" reads as if it might be "16-true". The r
 explicit name changes nothing at run time (lightning 2.6.6 maps the alias to exactly that
 value; the explicit names need lightning >= 2.0). `32`/`64` are accepted without a warning and
 are left alone. Only literals written in the call are rewritten (a value passed through a
-name may be used elsewhere too).
+name may be used elsewhere too). A project whose requirements declare a Lightning before 2.0
+(`pytorch-lightning>1.7,<2.0`, `lightning>=1.9`: in `pyproject.toml`, `setup.cfg`, `setup.py` or
+`requirements*.txt`, read as for the oldest torch) is not reported: 1.x does not warn about the
+aliases, and has no explicit names to rewrite them to.
 
 Bad:
 ```python
@@ -49,6 +52,8 @@ fabric = Fabric(accelerator="cuda", precision="16-mixed")
 """
 
     def check(self, ctx: FileContext) -> Iterator[Violation]:
+        if ctx.lightning_before_2:
+            return  # the aliases are the supported version's own names there
         model = ctx.model
         facts = frameworks(model)
         for call in facts.constructions("fabric", "trainer"):

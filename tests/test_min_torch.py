@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from ampfix.engine.requirements import infer_min_torch, lower_bound, requirement_bound
+from ampfix.engine.requirements import declares_lightning_before, infer_min_torch, lower_bound, requirement_bound
 from ampfix.knowledge.torch_versions import DEFAULT_MIN_TORCH
 
 from conftest import run_ampfix
@@ -140,3 +140,47 @@ def test_default_without_metadata(tmp_path):
     (tmp_path / "fn.py").write_text(CODE)
     res = run_ampfix("check", "--no-cache", "--select", "AMP101", tmp_path / "fn.py")
     assert res.stdout.decode().count("AMP101 [*]") == 2 and DEFAULT_MIN_TORCH == (2, 4)
+
+
+# ---------------------------------------------------------------------- Lightning before 2.0 (AMP204)
+
+LIGHTNING_CALL = "from pytorch_lightning import Trainer\n\ntrainer = Trainer(precision=16)\n"
+
+
+@pytest.mark.parametrize("files,where", [
+    # lightning-bolts 0.7.0's pin (its four AMP204 findings were wrong: 1.x has no "16-mixed")
+    ({"requirements/base.txt": "pytorch-lightning >1.7.0, <2.0.0  # strict\n", "setup.py": "setup()\n"},
+     "`pytorch-lightning >1.7.0, <2.0.0  # strict` in base.txt"),
+    ({"pyproject.toml": '[project]\nname = "a"\ndependencies = ["lightning>=1.9"]\n'}, "`lightning>=1.9` in pyproject.toml"),
+    ({"setup.cfg": "[options]\ninstall_requires =\n    Pytorch_Lightning<=1.9.5\n"},
+     "`Pytorch_Lightning<=1.9.5` in setup.cfg"),
+    ({"pyproject.toml": '[tool.poetry.dependencies]\npytorch-lightning = "^1.8"\n'},
+     "`pytorch-lightning^1.8` in pyproject.toml"),
+    ({"setup.py": 'setup(install_requires=["pytorch_lightning<2"])\n'}, "`pytorch_lightning<2` in setup.py"),
+])
+def test_a_declared_lightning_before_2(tmp_path, files, where):
+    src = _project(tmp_path, files)
+    assert declares_lightning_before(src, (2, 0)) == where
+
+
+@pytest.mark.parametrize("files", [
+    {"requirements.txt": "lightning>=2.1\n"}, {"requirements.txt": "lightning\n"},  # no bound says nothing
+    {"requirements.txt": "lightning<3\n"}, {"requirements.txt": "lightning-bolts>=0.7\ntorch>=1.13\n"},
+    {"pyproject.toml": '[project]\nname = "a"\ndependencies = ["pytorch-lightning>=2.0,<3"]\n'},
+])
+def test_no_declared_lightning_before_2(tmp_path, files):
+    assert declares_lightning_before(_project(tmp_path, files), (2, 0)) is None
+
+
+def test_precision_alias_left_alone_where_lightning_1_is_supported(tmp_path):
+    src = _project(tmp_path, {"requirements.txt": "pytorch-lightning>1.7.0,<2.0.0\n", "src/train.py": LIGHTNING_CALL})
+    res = run_ampfix("check", "--no-cache", "--select", "AMP204", src)
+    assert res.returncode == 0, res.stdout.decode()
+    res = run_ampfix("rewrite", "--select", "AMP204", src)
+    assert (src / "train.py").read_text() == LIGHTNING_CALL  # nothing 1.x would reject was written
+    res = run_ampfix("check", "--no-cache", "--show-settings", "--output-format", "json", src)
+    import json
+    assert json.loads(res.stdout)["lightning-before-2"] == "`pytorch-lightning>1.7.0,<2.0.0` in requirements.txt"
+    (tmp_path / "requirements.txt").write_text("lightning>=2.0\n")
+    res = run_ampfix("check", "--no-cache", "--select", "AMP204", src)
+    assert res.returncode == 1 and "AMP204 [*]" in res.stdout.decode()

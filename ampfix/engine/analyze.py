@@ -408,7 +408,8 @@ def _analyze(
         model.top_shifts = top_shifts  # type: ignore[attr-defined]  # (see `Tree._statement_positions`)
     suppression = _Suppression(text, model)
     ctx = FileContext(path=path, source=text, model=model, min_torch_version=settings.min_torch_version,
-                      min_torch_source=settings.min_torch_source, unsafe_fixes=settings.unsafe_fixes,
+                      min_torch_source=settings.min_torch_source, lightning_before_2=settings.lightning_before_2,
+                      unsafe_fixes=settings.unsafe_fixes,
                       suppression=suppression)
     # how many fix passes of this rewrite changed the text already (0: the text as it was): a
     # migration's follow-up edits (an import its fixed uses left unused) exist only after one

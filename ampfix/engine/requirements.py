@@ -29,8 +29,20 @@ from typing import Iterable, List, Optional, Tuple
 
 PROJECT_FILES = ("pyproject.toml", "setup.py", "setup.cfg")
 MAX_BYTES = 1024 * 1024  # metadata larger than this is not read
-# a requirement on torch: the name (PEP 503 normalised: case-insensitive), extras, then specifiers
-_REQ = re.compile(r"^\s*torch\s*(?:\[[^\]]*\])?\s*(?P<spec>(?:[<>=!~^][^;#]*)?)\s*(?:[;#].*)?$", re.IGNORECASE)
+TORCH = ("torch",)
+LIGHTNING = ("lightning", "pytorch-lightning")  # Lightning 2.x's package, and the 1.x one (still published)
+
+
+def _requirement_re(names: Tuple[str, ...]) -> "re.Pattern[str]":
+    """A requirement on one of `names`: the name (PEP 503 normalised: case-insensitive, `-`,
+    `_` and `.` alike), extras, then specifiers."""
+    spelled = "|".join("[-_.]".join(map(re.escape, re.split(r"[-_.]", n))) for n in names)
+    return re.compile(r"^\s*(?:%s)\s*(?:\[[^\]]*\])?\s*(?P<spec>(?:[<>=!~^][^;#]*)?)\s*(?:[;#].*)?$" % spelled,
+                      re.IGNORECASE)
+
+
+_REQ = _requirement_re(TORCH)
+_LIGHTNING_REQ = _requirement_re(LIGHTNING)
 _CLAUSE = re.compile(r"^\s*(?P<op>===|==|~=|>=|<=|!=|>|<|\^|~)?\s*(?P<ver>[0-9][0-9a-zA-Z.*+!_-]*)\s*$")
 
 
@@ -69,14 +81,32 @@ def lower_bound(spec: str) -> Optional[Tuple[int, ...]]:
     return best
 
 
-def requirement_bound(text: str) -> Optional[Tuple[Tuple[int, ...], str]]:
-    """For a requirement string on torch: (its lower bound or (), the requirement as written);
-    None when it is not a requirement on torch."""
-    m = _REQ.match(text)
+def below(spec: str, version: Tuple[int, ...]) -> bool:
+    """A specifier set with no lower bound (`lower_bound`) declares a version before `version`
+    all the same: one of its clauses (`<2.0`, `<=1.9.5`) admits nothing from `version` on."""
+    for clause in spec.split(","):
+        m = _CLAUSE.match(clause)
+        if m is None or m.group("op") not in ("<", "<="):
+            continue
+        nums = tuple(int(p) for p in re.findall(r"\d+", m.group("ver"))[:2])
+        if nums and (nums <= version if m.group("op") == "<" else nums < version):
+            return True
+    return False
+
+
+def requirement_bound(text: str, pattern: "re.Pattern[str]" = _REQ) -> Optional[Tuple[Tuple[int, ...], str]]:
+    """For a requirement string on torch (on what `pattern` names): (its lower bound or (), the
+    requirement as written); None when it is not a requirement on torch."""
+    m = pattern.match(text)
     if m is None:
         return None
     bound = lower_bound(m.group("spec")) if m.group("spec").strip() else None
     return (bound or (), text.strip())
+
+
+def _spec_of(text: str, pattern: "re.Pattern[str]") -> Optional[str]:
+    m = pattern.match(text)
+    return m.group("spec") if m is not None else None
 
 
 def _read(path: Path) -> Optional[str]:
@@ -88,7 +118,7 @@ def _read(path: Path) -> Optional[str]:
         return None
 
 
-def _from_pyproject(path: Path) -> Iterable[str]:
+def _from_pyproject(path: Path, names: Tuple[str, ...] = TORCH) -> Iterable[str]:
     text = _read(path)
     if text is None:
         return []
@@ -119,12 +149,12 @@ def _from_pyproject(path: Path) -> Iterable[str]:
         if not isinstance(table, dict):
             continue
         for name, value in table.items():
-            if name.lower() != "torch":
+            if re.sub(r"[-_.]+", "-", name.lower()) not in names:
                 continue
             for v in (value if isinstance(value, list) else [value]):
                 version = v.get("version") if isinstance(v, dict) else v
                 if isinstance(version, str):
-                    out.append(f"torch{version}" if version[:1] in "<>=!~^" else f"torch=={version}")
+                    out.append(f"{name}{version}" if version[:1] in "<>=!~^" else f"{name}=={version}")
     return out
 
 
@@ -148,7 +178,7 @@ def _from_setup_cfg(path: Path) -> Iterable[str]:
     return out
 
 
-def _from_setup_py(path: Path) -> Iterable[str]:
+def _from_setup_py(path: Path, names: Tuple[str, ...] = TORCH) -> Iterable[str]:
     import ast  # here: most runs never read a setup.py
 
     text = _read(path)
@@ -158,8 +188,9 @@ def _from_setup_py(path: Path) -> Iterable[str]:
         tree = ast.parse(text)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return []
+    pattern = _REQ if names == TORCH else _requirement_re(names)
     return [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)
-            and _REQ.match(n.value)]
+            and pattern.match(n.value)]
 
 
 def _from_requirements(path: Path) -> Iterable[str]:
@@ -189,8 +220,9 @@ def _project_folder(start: Path) -> Optional[Path]:
     return None
 
 
-def infer_min_torch(start: Path) -> Optional[Found]:
-    """The oldest torch the project around `start` declares it supports, or None."""
+def _requirements(start: Path, names: Tuple[str, ...]) -> Iterable[Tuple[str, str]]:
+    """(requirement line, file name) of every line of the metadata of the project around
+    `start` that its readers give for `names` (the others' lines are filtered by the caller)."""
     try:
         start = start.resolve()
     except (OSError, RuntimeError):
@@ -199,19 +231,39 @@ def infer_min_torch(start: Path) -> Optional[Found]:
         start = start.parent
     folder = _project_folder(start)
     if folder is None:
-        return None
-    sources = [(folder / "pyproject.toml", _from_pyproject), (folder / "setup.cfg", _from_setup_cfg),
-               (folder / "setup.py", _from_setup_py)]
+        return
+    sources = [(folder / "pyproject.toml", lambda p: _from_pyproject(p, names)), (folder / "setup.cfg", _from_setup_cfg),
+               (folder / "setup.py", lambda p: _from_setup_py(p, names))]
     sources += [(f, _from_requirements) for f in _requirement_files(folder)]
-    best: Optional[Found] = None
     for path, reader in sources:
-        if not path.is_file():
+        if path.is_file():
+            for line in reader(path):
+                yield line, path.name
+
+
+def infer_min_torch(start: Path) -> Optional[Found]:
+    """The oldest torch the project around `start` declares it supports, or None."""
+    best: Optional[Found] = None
+    for line, where in _requirements(start, TORCH):
+        hit = requirement_bound(line)
+        if hit is None or not hit[0]:
             continue
-        for line in reader(path):
-            hit = requirement_bound(line)
-            if hit is None or not hit[0]:
-                continue
-            version, written = hit
-            if best is None or version < best.version:
-                best = Found(version, f"`{written}` in {path.name}")
+        version, written = hit
+        if best is None or version < best.version:
+            best = Found(version, f"`{written}` in {where}")
     return best
+
+
+def declares_lightning_before(start: Path, version: Tuple[int, ...]) -> Optional[str]:
+    """Where the project around `start` declares it supports a Lightning (`lightning` or
+    `pytorch-lightning`) before `version` (a lower bound below it, `>1.7`, or only an upper
+    bound up to it, `<2.0`): "`pytorch-lightning<2.0` in requirements.txt"; None when it does
+    not (no requirement on Lightning, or none with such a bound)."""
+    for line, where in _requirements(start, LIGHTNING):
+        spec = _spec_of(line, _LIGHTNING_REQ)
+        if not spec or not spec.strip():
+            continue
+        bound = lower_bound(spec)
+        if (bound is not None and bound < version) or (bound is None and below(spec, version)):
+            return f"`{line.strip()}` in {where}"
+    return None

@@ -222,6 +222,8 @@ class Settings:
     min_torch_version: Tuple[int, ...] = DEFAULT_MIN_TORCH
     #: where min_torch_version comes from, for messages ("" = the default)
     min_torch_source: str = ""
+    #: where the project declares it supports a Lightning before 2.0 (`requirements.py`; "": it does not)
+    lightning_before_2: str = ""
     unsafe_fixes: bool = False
     details: bool = False  # checking: attach each finding's fix as edits and a diff (FixEdit)
     add_noqa: bool = False  # "fixing" adds `# noqa: CODE` for each finding instead

@@ -2,7 +2,7 @@
 them before it analyses anything (see ampfix/engine/rulemeta.py). Do not edit; regenerate.
 """
 
-DIGEST = '999db6b7cbefe9f614c4b150d18152e91755b161efd481c02c2f131606177398'
+DIGEST = '39b1afeb8f8a05ef7daa5ab773fc450eaedaef7b94095c0853ae9d863c3b5f33'
 
 RULES = [
     ('AMP001', 'backward-in-autocast', True, ('autocast',), (),

@@ -146,6 +146,7 @@ def make_plan(options: Options) -> Plan:
             validate_selectors(codes, f"{config.path}: per-file-ignores {glob!r}")
         in_config = False
         min_version, min_source = _min_torch(options, config, paths)
+        lightning_before_2 = _lightning_before_2(options, paths)
         max_size = (parse_size(options.max_file_size, "--max-file-size", "--max-file-size")
                     if options.max_file_size else config.max_file_size)
         max_memory = (parse_size(options.max_file_memory, "max_file_memory", "max-file-memory")
@@ -184,7 +185,8 @@ def make_plan(options: Options) -> Plan:
         from ampfix.engine.cache import cache_dir
 
         summaries = str(cache_dir(config.root))
-    settings = Settings(min_torch_version=min_version, min_torch_source=min_source, unsafe_fixes=options.unsafe_fixes,
+    settings = Settings(min_torch_version=min_version, min_torch_source=min_source,
+                        lightning_before_2=lightning_before_2, unsafe_fixes=options.unsafe_fixes,
                         details=options.details, add_noqa=options.add_noqa, cache_folder=summaries,
                         max_file_memory=max_memory,
                         # AMPFIX_NO_PROJECT=1: each file alone (bench/bench_project.py measures the layer's cost)
@@ -247,17 +249,30 @@ def _min_torch(options: Options, config: Config, paths: Sequence[str]) -> Tuple[
         return config.min_torch_version, f"min-torch-version in {config.path.name if config.path else 'the config'}"
     from ampfix.engine.requirements import infer_min_torch
 
+    found = infer_min_torch(_project_start(options, paths))
+    if found is not None:
+        return found.version, found.where
+    return config.min_torch_version, ""
+
+
+def _lightning_before_2(options: Options, paths: Sequence[str]) -> str:
+    """Where the checked project declares it supports a Lightning before 2.0 (its requirements:
+    `ampfix/engine/requirements.py`), "" when it does not: the explicit precision names of
+    Lightning 2 (AMP204) do not exist there."""
+    from ampfix.engine.requirements import declares_lightning_before
+
+    return declares_lightning_before(_project_start(options, paths), (2, 0)) or ""
+
+
+def _project_start(options: Options, paths: Sequence[str]) -> Path:
+    """Where the metadata of the checked project is looked for from: the checked paths' common folder."""
     real = [p for p in paths if p != "-"]
     if options.stdin_filename and not real:
         real = [options.stdin_filename]
     try:
-        start = Path(os.path.commonpath([os.path.abspath(p) for p in real])) if real else Path.cwd()
+        return Path(os.path.commonpath([os.path.abspath(p) for p in real])) if real else Path.cwd()
     except ValueError:
-        start = Path.cwd()
-    found = infer_min_torch(start)
-    if found is not None:
-        return found.version, found.where
-    return config.min_torch_version, ""
+        return Path.cwd()
 
 
 def _rule_facts() -> Dict[str, rulemeta.RuleInfo]:

@@ -332,6 +332,8 @@ def _settings_text(plan: runner.Plan, fmt: str) -> str:
         "exclude": cfg.exclude,
         "force-exclude": bool(options.force_exclude),
         "min-torch-version": ".".join(map(str, plan.settings.min_torch_version)),
+        # where the project declares a Lightning before 2.0 (AMP204 is silent then); null: it does not
+        "lightning-before-2": plan.settings.lightning_before_2 or None,
         "max-file-size": plan.max_file_size,
         "unsafe-fixes": bool(options.unsafe_fixes),
         "cache-dir": cache,
