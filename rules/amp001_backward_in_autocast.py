@@ -79,12 +79,27 @@ scaler.update()
                     continue
                 shown = model.shown_in_region(bw)
                 if shown is bw.node:
-                    yield Violation(bw.node, fix=self._fix(model, bw.node, bw.region.node))
+                    yield Violation(bw.node, message=self._shared_with(model, bw.region.node),
+                                    fix=self._fix(model, bw.node, bw.region.node))
                 else:
                     yield Violation(shown, message=(
                         f"`{model.code(shown.func) if isinstance(shown, cst.Call) else model.code(shown)}()` runs "
                         f"`backward()` (line {model.line(bw.node)}) inside this autocast region; call it after the "
                         "`with` block, or leave the region inside it before `backward()`"))
+
+    def _shared_with(self, model: AmpModel, region_node: cst.CSTNode) -> Optional[str]:
+        """The message when the region's `with` also enters other context managers (DDP's
+        `no_sync()`, a profiler), which `backward()` may need to stay inside: only the autocast
+        is to be left. None: the rule's own message."""
+        if not isinstance(region_node, cst.With) or len(region_node.items) < 2:
+            return None
+        others = model.items_outside_region(region_node)
+        if not others or len(others) == len(region_node.items):
+            return None
+        shown = ", ".join(f"`{model.code(i.item)}`" for i in others)
+        return (f"`backward()` runs inside an autocast region; the `with` on line {model.line(region_node)} also enters "
+                f"{shown}: give the autocast a `with` of its own around the forward pass and call `backward()` after "
+                "it (custom autograd Functions without custom_bwd and compiled autograd see other dtypes)")
 
     def _fix(self, model: AmpModel, call: cst.Call, region_node: cst.CSTNode) -> Optional[Fix]:
         if not isinstance(region_node, cst.With) or len(region_node.items) != 1 or region_node.asynchronous:

@@ -922,3 +922,49 @@ def test_a_traces_groups_are_the_same_asked_one_by_one_or_all_at_once():
     assert all_at_once.single_branch(("cond", None, "none", ()))
     all_at_once.events.append(TraceEvent(Event(BACKWARD, node), (node,), 200, {groups[0]: True}, None))
     assert all_at_once.members(groups[0])[-1].order == 200  # asked again once events were added
+
+
+# ---------------------------------------------------------------------- regions: the other items of a `with`
+
+
+def test_items_outside_region_are_what_stays_entered():
+    m = model("""
+        import torch
+        from accelerate import Accelerator
+
+        accelerator = Accelerator(mixed_precision="fp16")
+
+        def step(model, x, context, lock):
+            with accelerator.autocast(), context():
+                loss = model(x)
+            with lock, torch.autocast("cuda", dtype=torch.float16), torch.no_grad():
+                model(x)
+            amp = torch.autocast("cuda")
+            with amp:
+                model(x)
+    """)
+    withs = m.nodes_of(cst.With)
+    assert [[m.code(i.item) for i in m.items_outside_region(w)] for w in withs] == \
+        [["context()"], ["lock", "torch.no_grad()"], []]
+
+
+def test_backward_in_a_shared_with_names_the_other_context():
+    """lucidrains' trainers (voicebox-pytorch, magvit2-pytorch): `with self.accelerator.autocast(),
+    context():` holds `accelerator.backward(loss)`; DDP's `no_sync()` (`context`) must stay around
+    the backward, so the message asks for the autocast alone to be taken out."""
+    from ampfix.api import check_source
+
+    src = textwrap.dedent("""
+        import torch
+
+        def step(model, x, optimizer, context):
+            with torch.autocast("cuda"), context():
+                loss = model(x).sum()
+                loss.backward()
+            optimizer.step()
+    """)
+    [d] = [d for d in check_source(src, select=["AMP001"])]
+    assert "the `with` on line 5 also enters `context()`: give the autocast a `with` of its own" in d.message
+    plain = src.replace(', context():', ':')
+    [d] = check_source(plain, select=["AMP001"])
+    assert "leave the `with` block first" in d.message

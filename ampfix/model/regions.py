@@ -184,6 +184,11 @@ class Regions:
                 return replace(r, node=node)
         return None
 
+    def items_outside_region(self, node: cst.With) -> List[cst.WithItem]:
+        """The items of a `with` statement that open no autocast region (DDP's `no_sync()`, a
+        profiler, `torch.no_grad()`): what stays entered when the autocast is left."""
+        return [item for item in node.items if self._context_region(item.item) is None]
+
     def _decorator_region(self, func: cst.FunctionDef) -> Optional[Region]:
         for dec in func.decorators:
             r = self._context_region(dec.decorator) if isinstance(dec.decorator, cst.Call) else None
