@@ -2,7 +2,7 @@
 them before it analyses anything (see ampfix/engine/rulemeta.py). Do not edit; regenerate.
 """
 
-DIGEST = '39b1afeb8f8a05ef7daa5ab773fc450eaedaef7b94095c0853ae9d863c3b5f33'
+DIGEST = 'c40beef8cfb0e0ec619ca41570abce942b23a41fb7aea9f132a127fb2338f81e'
 
 RULES = [
     ('AMP001', 'backward-in-autocast', True, ('autocast',), (),
@@ -54,7 +54,7 @@ RULES = [
     ('AMP203', 'amp-stacked-on-framework', True, ('GradScaler', 'autocast'), (),
      (('Fabric(', 'Accelerator('), ('.setup(', '.setup_module(', '.setup_optimizers(', '.prepare(', '.prepare_model(', '.prepare_optimizer(')), None, False),
     ('AMP204', 'deprecated-precision-alias', True, ('precision=',), (),
-     (('Fabric(', 'Trainer('),), None, False),
+     (('Fabric(', 'Trainer('),), None, True),
     ('AMP205', 'invalid-precision-value', True, ('precision=', 'fp16='), (),
      (('Fabric(', 'Trainer(', 'Accelerator('),), None, False),
     ('AMP251', 'ms-fixed-scale-optimizer', True, ('FixedLossScaleManager',), (),
