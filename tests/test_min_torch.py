@@ -174,13 +174,13 @@ def test_no_declared_lightning_before_2(tmp_path, files):
 
 def test_precision_alias_left_alone_where_lightning_1_is_supported(tmp_path):
     src = _project(tmp_path, {"requirements.txt": "pytorch-lightning>1.7.0,<2.0.0\n", "src/train.py": LIGHTNING_CALL})
-    res = run_ampfix("check", "--no-cache", "--select", "AMP204", src)
+    res = run_ampfix("check", "--no-cache", "--preview", "--select", "AMP204", src)
     assert res.returncode == 0, res.stdout.decode()
-    res = run_ampfix("rewrite", "--select", "AMP204", src)
+    res = run_ampfix("rewrite", "--preview", "--select", "AMP204", src)
     assert (src / "train.py").read_text() == LIGHTNING_CALL  # nothing 1.x would reject was written
     res = run_ampfix("check", "--no-cache", "--show-settings", "--output-format", "json", src)
     import json
     assert json.loads(res.stdout)["lightning-before-2"] == "`pytorch-lightning>1.7.0,<2.0.0` in requirements.txt"
     (tmp_path / "requirements.txt").write_text("lightning>=2.0\n")
-    res = run_ampfix("check", "--no-cache", "--select", "AMP204", src)
+    res = run_ampfix("check", "--no-cache", "--preview", "--select", "AMP204", src)
     assert res.returncode == 1 and "AMP204 [*]" in res.stdout.decode()
