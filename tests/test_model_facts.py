@@ -968,3 +968,29 @@ def test_backward_in_a_shared_with_names_the_other_context():
     plain = src.replace(', context():', ':')
     [d] = check_source(plain, select=["AMP001"])
     assert "leave the `with` block first" in d.message
+
+
+# ---------------------------------------------------------------------- objects: a scaler of another framework
+
+
+def test_an_object_used_like_a_gradscaler_is_not_torchs_in_a_paddle_file():
+    """fastNLP's paddle driver: `self.grad_scaler.scale(loss).backward()`, `.step(opt)`,
+    `.update()` on paddle's GradScaler. Duck typing takes such an object for torch's scaler only
+    where the file imports no other framework copying torch's AMP API."""
+    src = """
+        {imports}
+        class Driver:
+            def __init__(self, make):
+                self.grad_scaler = make()
+
+            def backward(self, loss):
+                self.grad_scaler.scale(loss).backward()
+
+            def step(self, optimizer):
+                self.grad_scaler.step(optimizer)
+                self.grad_scaler.update()
+    """
+    plain = model(src.format(imports="import torch"))
+    assert plain.other_frameworks() == set() and "self.grad_scaler" in plain.scalers
+    paddle = model(src.format(imports="import torch; from paddle.amp import GradScaler"))
+    assert paddle.other_frameworks() == {"paddle"} and "self.grad_scaler" not in paddle.scalers

@@ -29,6 +29,10 @@ class Api:
     qualname: str = ""
 
 
+# frameworks whose AMP objects look like torch's (a `GradScaler` with `scale`/`step`/`update`) and
+# are not (`Names.other_frameworks`)
+OTHER_FRAMEWORKS = frozenset({"paddle", "oneflow", "jittor", "mindspore", "megengine", "mxnet", "tensorflow", "jax"})
+
 def _api_table() -> Dict[str, Api]:
     table: Dict[str, Api] = {}
 
@@ -299,6 +303,18 @@ class Names:
     def module_binds(self, name: str) -> bool:
         """True when a module-level import binds `name` (new module-level code may use it)."""
         return bool(self._index.imports.get(self.module, {}).get(name))
+
+    def other_frameworks(self) -> Set[str]:
+        """The deep-learning frameworks other than PyTorch the file imports (`OTHER_FRAMEWORKS`,
+        any scope): their objects copy torch's AMP API (`paddle.amp.GradScaler().scale(loss)
+        .backward()`) with other semantics, so an object used like a GradScaler there is not
+        taken for torch's."""
+        found = self.__dict__.get("_other_frameworks")
+        if found is None:
+            found = self.__dict__["_other_frameworks"] = {
+                q.partition(".")[0] for names in self._index.imports.values() for entries in names.values()
+                for q, _, _ in entries if q.partition(".")[0] in OTHER_FRAMEWORKS}
+        return found
 
     def torch_alias(self) -> Optional[str]:
         """The name `import torch [as T]` binds at module level, if any."""

@@ -158,7 +158,7 @@ class Objects:
                     base = dotted(call.func.value)
                     if base is not None:
                         used.setdefault(base, set()).add(call.func.attr.value)
-            for base, methods in used.items():
+            for base, methods in used.items() if not self.other_frameworks() else ():
                 if "scale" in methods and methods & {"update", "unscale_"} and "step" in methods:
                     if any(self._scaled_backward_base(c) == base for c in self.calls):
                         keys.add(base)
