@@ -180,11 +180,15 @@ scaler.update()
         point = TraceEvent(Event(UNSCALE, shown, scaler=bw.event.scaler, target=opt), bw.path[:-1] + (shown,),
                            read.order - 0.5, {**read.ctx, **extra}, read.region, scaler=bw.scaler, target=opt,
                            frame=read.frame, subst=read.subst)
-        end = model.leaves_iteration_without(trace, point, model.iteration_of(trace, read),
-                                             lambda e: e.kind == UPDATE and e.scaler == bw.scaler)
+        def updates(e: TraceEvent) -> bool:
+            return e.kind == UPDATE and e.scaler == bw.scaler
+
+        end = model.leaves_iteration_without(trace, point, model.iteration_of(trace, read), updates)
         if end is not None:
+            # the exit named is one of the function that clips (not a helper's own `return`, which
+            # goes back to it), reached from here without an update
             exits = [e for e in trace.of(EXIT) if e.order > point.order and e.event.detail in ("return", "continue", "break")
-                     and model.may_precede(trace, point, e)]
+                     and e.frame == point.frame and model.path_avoiding(trace, point, e, updates)]
             leaving = end if end.kind == EXIT else (exits[0] if exits else None)
             how = (f"the `{leaving.event.detail}` on line {model.line(leaving.node)} leaves" if leaving is not None
                    else "a path ends the iteration")

@@ -994,3 +994,43 @@ def test_an_object_used_like_a_gradscaler_is_not_torchs_in_a_paddle_file():
     assert plain.other_frameworks() == set() and "self.grad_scaler" in plain.scalers
     paddle = model(src.format(imports="import torch; from paddle.amp import GradScaler"))
     assert paddle.other_frameworks() == {"paddle"} and "self.grad_scaler" not in paddle.scalers
+
+
+def test_clip_not_fixed_names_the_exit_of_the_clipping_function_not_a_helpers():
+    """tez 0.7.2's `train_one_step`: with gradient accumulation the function returns (its last
+    line) without `scaler.update()` on micro-batches; a helper it calls after the update
+    (`name_to_metric`) has early `return`s of its own, which go back to the step, not out of it.
+    AMP003's "not fixed" reason names the step's own exit."""
+    from ampfix.api import check_source
+
+    src = textwrap.dedent("""
+        import torch
+
+        class Model(torch.nn.Module):
+            def __init__(self, optimizer, scheduler):
+                super().__init__()
+                self.optimizer, self.scheduler = optimizer, scheduler
+                self.scaler = torch.amp.GradScaler("cuda")
+
+            def name_to_metric(self, name):
+                if name == "epoch":
+                    return self.epoch
+                return self.metrics[name]
+
+            def train_one_step(self, data):
+                loss = self.model_fn(data) / self.accumulation_steps
+                self.scaler.scale(loss).backward()
+                torch.nn.utils.clip_grad_norm_(self.parameters(), 1.0)
+                if (self.batch_index + 1) % self.accumulation_steps == 0:
+                    self.scaler.step(self.optimizer)
+                    self.scaler.update()
+                    self.scheduler.step(self.name_to_metric("loss"))
+                return loss
+
+            def fit(self, loader):
+                for self.batch_index, data in enumerate(loader):
+                    self.train_one_step(data)
+    """)
+    [d] = check_source(src, select=["AMP003"])
+    last = src.splitlines().index("        return loss") + 1
+    assert f"the `return` on line {last} leaves without `scaler.update()`" in d.message, d.message
