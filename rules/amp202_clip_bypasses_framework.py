@@ -92,7 +92,7 @@ optimizer.step()
                 continue
             fw = p.frameworks[0]
             method = "clip_gradients" if fw.kind == "fabric" else kind
-            yield Violation(call, message=self.message.format(fw=fw.name, prec=fw.describe(), call=f"{key}.{method}(...)"),
+            yield Violation(call, message=self.message.format(fw=fw.name, prec=fw.describe(scaling_only=True), call=f"{key}.{method}(...)"),
                             fix=self._fix(model, facts, call, kind, key, p, owner))
 
     @staticmethod

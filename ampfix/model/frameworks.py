@@ -77,10 +77,16 @@ class Framework:
             return None
         return tuple(MIXED_DTYPE[p] for p in self.precisions if p in MIXED_DTYPE)
 
-    def describe(self) -> str:
+    def describe(self, scaling_only: bool = False) -> str:
+        """`Accelerator(mixed_precision='fp16'/'bf16')`: the precisions it may be built with.
+        `scaling_only`: those that use a GradScaler, the others said apart (`... (it may also
+        be built with 'bf16'/'no')`)."""
         arg = "precision" if self.kind == "fabric" else "mixed_precision"
         cls = "Fabric" if self.kind == "fabric" else "Accelerator"
-        return f"{cls}({arg}={'/'.join(repr(p) for p in self.precisions or ())})"
+        chosen = [p for p in self.precisions or () if not scaling_only or p in ("16-mixed", "fp16")]
+        others = [p for p in self.precisions or () if p not in chosen]
+        also = f" (it may also be built with {'/'.join(repr(p) for p in others)})" if others else ""
+        return f"{cls}({arg}={'/'.join(repr(p) for p in chosen)}){also}"
 
 
 @dataclass(frozen=True)
