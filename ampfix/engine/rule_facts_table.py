@@ -2,7 +2,7 @@
 them before it analyses anything (see ampfix/engine/rulemeta.py). Do not edit; regenerate.
 """
 
-DIGEST = 'c40beef8cfb0e0ec619ca41570abce942b23a41fb7aea9f132a127fb2338f81e'
+DIGEST = 'e4041c0da3108044f62c1b176c2b28443b5eb62013e7facfcf1728f7ee28eae1'
 
 RULES = [
     ('AMP001', 'backward-in-autocast', True, ('autocast',), (),
@@ -39,6 +39,8 @@ RULES = [
      (('dtype', 'GradScaler'),), (('autocast',),), False),
     ('AMP017', 'fp16-without-loss-scaling', True, ('autocast',), (),
      (('backward',),), (('autocast', '.backward('),), False),
+    ('AMP018', 'autocast-joined-by-and', True, ('autocast',), (),
+     ((' and ', ' or '),), None, False),
     ('AMP101', 'deprecated-amp-api', True, ('cuda.amp', 'cpu.amp', 'torch.cuda import', 'torch.cpu import'), (),
      (), None, False),
     ('AMP102', 'apex-amp', True, ('apex',), (),

@@ -184,6 +184,11 @@ class Regions:
                 return replace(r, node=node)
         return None
 
+    def opens_region(self, expr: cst.BaseExpression) -> bool:
+        """`expr`, entered by a `with`, would open an autocast region (enabled or not), any
+        spelling: torch's, a framework's, a partial or a helper returning one."""
+        return self._context_region(expr) is not None
+
     def items_outside_region(self, node: cst.With) -> List[cst.WithItem]:
         """The items of a `with` statement that open no autocast region (DDP's `no_sync()`, a
         profiler, `torch.no_grad()`): what stays entered when the autocast is left."""
