@@ -29,14 +29,25 @@ class Guards(Facet):
     """Old-torch fallbacks, stage and version branches (`model.guards`)."""
 
     def in_fallback(self, node: cst.CSTNode) -> bool:
-        """Inside `except ImportError/AttributeError/TypeError:` (a fallback for an old torch)."""
+        """Inside `except ImportError/AttributeError/TypeError:` (a fallback for an old torch), or
+        inside a bare `except:` (or `except Exception:`) of a `try` whose body spells `torch.amp`
+        (megatron-core's shim: `try: if is_torch_min_version("2.4"): custom_fwd =
+        partial(torch.amp.custom_fwd, ...) ... except: custom_fwd = torch.cuda.amp.custom_fwd`)."""
         for anc in self.model.ancestors(node):
-            if isinstance(anc, cst.ExceptHandler) and anc.type is not None:
-                types = anc.type.elements if isinstance(anc.type, cst.Tuple) else [anc.type]
-                names = {dotted(t.value if isinstance(t, cst.Element) else t) for t in types}
-                if names & FALLBACK_ERRORS:
-                    return True
+            if not isinstance(anc, cst.ExceptHandler):
+                continue
+            types = [] if anc.type is None else anc.type.elements if isinstance(anc.type, cst.Tuple) else [anc.type]
+            names = {dotted(t.value if isinstance(t, cst.Element) else t) for t in types}
+            if names & FALLBACK_ERRORS:
+                return True
+            if (anc.type is None or names <= {"Exception", "BaseException"}) and self._try_prefers_torch_amp(anc):
+                return True
         return False
+
+    def _try_prefers_torch_amp(self, handler: cst.ExceptHandler) -> bool:
+        """The `try` that `handler` belongs to spells `torch.amp` in its body."""
+        owner = self.model.parent(handler)
+        return isinstance(owner, cst.Try) and "torch.amp" in self.model.code(owner.body)
 
     def in_stage_test(self, node: cst.CSTNode) -> bool:
         """`node` runs under a test of the GradScaler's per-optimizer stage (`if
