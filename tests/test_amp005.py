@@ -9,7 +9,7 @@ from ampfix.engine.registry import select_rules
 
 from ampfix.model.environ import _osa_distance, is_misspelling
 
-RULES = select_rules(["AMP005"], [])
+RULES = select_rules(["AMP005"], [], preview=True)  # a preview rule since its measure (precision.py)
 
 
 def findings(src):

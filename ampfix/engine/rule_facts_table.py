@@ -2,7 +2,7 @@
 them before it analyses anything (see ampfix/engine/rulemeta.py). Do not edit; regenerate.
 """
 
-DIGEST = 'e4041c0da3108044f62c1b176c2b28443b5eb62013e7facfcf1728f7ee28eae1'
+DIGEST = 'c7837a569a525ac21970fe80901ec1f292ee8aceb9df4a22677b5283d8b9ca3a'
 
 RULES = [
     ('AMP001', 'backward-in-autocast', True, ('autocast',), (),
@@ -14,7 +14,7 @@ RULES = [
     ('AMP004', 'update-per-optimizer', True, ('GradScaler', '.scale('), (),
      (('.update(',), ('.step(',)), None, True),
     ('AMP005', 'cuda-visible-devices', True, ('environ', 'getenv', 'putenv'), (),
-     (), None, False),
+     (), None, True),
     ('AMP006', 'scaler-in-loop', True, ('GradScaler',), (),
      (('.step(', '.update('),), None, False),
     ('AMP007', 'step-bypasses-scaler', True, ('.scale(',), (),
