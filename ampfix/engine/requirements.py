@@ -17,6 +17,10 @@ The oldest supported torch is the lowest lower bound among them (`>=1.13`, `==2.
 `min-torch-version` in the configuration, and `--min-torch-version`, win over it; without any,
 the default applies (`ampfix.knowledge.torch_versions.DEFAULT_MIN_TORCH`).
 
+The requirements on Lightning (`lightning`, `pytorch-lightning`) are read the same way, for
+whether the project declares a Lightning before 2.0 (`declares_lightning_before`: AMP204's
+explicit precision names do not exist there).
+
 Only the standard library is used: `check` needs nothing more.
 """
 
@@ -94,10 +98,10 @@ def below(spec: str, version: Tuple[int, ...]) -> bool:
     return False
 
 
-def requirement_bound(text: str, pattern: "re.Pattern[str]" = _REQ) -> Optional[Tuple[Tuple[int, ...], str]]:
-    """For a requirement string on torch (on what `pattern` names): (its lower bound or (), the
-    requirement as written); None when it is not a requirement on torch."""
-    m = pattern.match(text)
+def requirement_bound(text: str) -> Optional[Tuple[Tuple[int, ...], str]]:
+    """For a requirement string on torch: (its lower bound or (), the requirement as written);
+    None when it is not a requirement on torch."""
+    m = _REQ.match(text)
     if m is None:
         return None
     bound = lower_bound(m.group("spec")) if m.group("spec").strip() else None

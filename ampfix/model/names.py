@@ -33,6 +33,7 @@ class Api:
 # are not (`Names.other_frameworks`)
 OTHER_FRAMEWORKS = frozenset({"paddle", "oneflow", "jittor", "mindspore", "megengine", "mxnet", "tensorflow", "jax"})
 
+
 def _api_table() -> Dict[str, Api]:
     table: Dict[str, Api] = {}
 
