@@ -73,10 +73,10 @@ def validate(model, batch):
                     which="its last operand" if op == "and" else "its first operand",
                     dropped=_names(model, dropped) + (" is" if len(dropped) == 1 else " are"), harm=harm,
                     items=", ".join(model.code(p) for p in parts))
-                yield Violation(expr, message=message, fix=self._fix(model, node, item, parts))
+                yield Violation(expr, message=message, fix=self._fix(node, item, parts))
 
     @staticmethod
-    def _fix(model: AmpModel, node: cst.With, item: cst.WithItem, parts: List[cst.BaseExpression]) -> Optional[Fix]:
+    def _fix(node: cst.With, item: cst.WithItem, parts: List[cst.BaseExpression]) -> Optional[Fix]:
         """Each joined manager an item of the `with`, in their order."""
         if node.asynchronous is not None:
             return None

@@ -245,29 +245,51 @@ def _requirements(start: Path, names: Tuple[str, ...]) -> Iterable[Tuple[str, st
                 yield line, path.name
 
 
+class ProjectRequirements:
+    """The requirement lines of the project around `start` on torch and on Lightning, read once
+    (on the first question) for both of the questions below."""
+
+    def __init__(self, start: Path):
+        self.start = start
+        self._lines: Optional[List[Tuple[str, str]]] = None
+
+    def _read(self) -> List[Tuple[str, str]]:
+        if self._lines is None:
+            self._lines = list(_requirements(self.start, TORCH + LIGHTNING))
+        return self._lines
+
+    def min_torch(self) -> Optional[Found]:
+        """The oldest torch the project declares it supports, or None."""
+        best: Optional[Found] = None
+        for line, where in self._read():
+            hit = requirement_bound(line)
+            if hit is None or not hit[0]:
+                continue
+            version, written = hit
+            if best is None or version < best.version:
+                best = Found(version, f"`{written}` in {where}")
+        return best
+
+    def lightning_before(self, version: Tuple[int, ...]) -> Optional[str]:
+        """Where the project declares it supports a Lightning (`lightning` or
+        `pytorch-lightning`) before `version` (a lower bound below it, `>1.7`, or only an upper
+        bound up to it, `<2.0`): "`pytorch-lightning<2.0` in requirements.txt"; None when it
+        does not (no requirement on Lightning, or none with such a bound)."""
+        for line, where in self._read():
+            spec = _spec_of(line, _LIGHTNING_REQ)
+            if not spec or not spec.strip():
+                continue
+            bound = lower_bound(spec)
+            if (bound is not None and bound < version) or (bound is None and below(spec, version)):
+                return f"`{line.strip()}` in {where}"
+        return None
+
+
 def infer_min_torch(start: Path) -> Optional[Found]:
     """The oldest torch the project around `start` declares it supports, or None."""
-    best: Optional[Found] = None
-    for line, where in _requirements(start, TORCH):
-        hit = requirement_bound(line)
-        if hit is None or not hit[0]:
-            continue
-        version, written = hit
-        if best is None or version < best.version:
-            best = Found(version, f"`{written}` in {where}")
-    return best
+    return ProjectRequirements(start).min_torch()
 
 
 def declares_lightning_before(start: Path, version: Tuple[int, ...]) -> Optional[str]:
-    """Where the project around `start` declares it supports a Lightning (`lightning` or
-    `pytorch-lightning`) before `version` (a lower bound below it, `>1.7`, or only an upper
-    bound up to it, `<2.0`): "`pytorch-lightning<2.0` in requirements.txt"; None when it does
-    not (no requirement on Lightning, or none with such a bound)."""
-    for line, where in _requirements(start, LIGHTNING):
-        spec = _spec_of(line, _LIGHTNING_REQ)
-        if not spec or not spec.strip():
-            continue
-        bound = lower_bound(spec)
-        if (bound is not None and bound < version) or (bound is None and below(spec, version)):
-            return f"`{line.strip()}` in {where}"
-    return None
+    """`ProjectRequirements.lightning_before` of the project around `start`."""
+    return ProjectRequirements(start).lightning_before(version)

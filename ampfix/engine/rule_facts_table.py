@@ -2,7 +2,7 @@
 them before it analyses anything (see ampfix/engine/rulemeta.py). Do not edit; regenerate.
 """
 
-DIGEST = 'c7837a569a525ac21970fe80901ec1f292ee8aceb9df4a22677b5283d8b9ca3a'
+DIGEST = 'af371b2b7ffd52a644bec9b49d21d1e951f87df7bb2151d91c3a5eaba9dd4569'
 
 RULES = [
     ('AMP001', 'backward-in-autocast', True, ('autocast',), (),

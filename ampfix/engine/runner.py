@@ -9,7 +9,7 @@ import os
 import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import BinaryIO, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, BinaryIO, Dict, List, Optional, Sequence, Tuple
 
 from ampfix.engine import fileio
 from ampfix.engine.config import Config, ConfigError, parse_size, parse_version, resolve_config
@@ -18,6 +18,9 @@ from ampfix.engine import collector, guard, signals
 from ampfix.engine import rulemeta
 from ampfix.engine.results import FileError, FileResult, InputError, Settings, decode_source, error_objects
 from ampfix.engine.rulemeta import SelectionError
+
+if TYPE_CHECKING:
+    from ampfix.engine.requirements import ProjectRequirements
 
 # LibCST, the engine and the rules are imported only when a file must really be analysed (or
 # fixed): a warm run, every file a cache hit, never needs them (see ampfix/engine/rulemeta.py)
@@ -145,8 +148,13 @@ def make_plan(options: Options) -> Plan:
         for glob, codes in config.per_file_ignores.items():
             validate_selectors(codes, f"{config.path}: per-file-ignores {glob!r}")
         in_config = False
-        min_version, min_source = _min_torch(options, config, paths)
-        lightning_before_2 = _lightning_before_2(options, paths)
+        from ampfix.engine.requirements import ProjectRequirements
+
+        requirements = ProjectRequirements(_project_start(options, paths))  # read once, if asked
+        min_version, min_source = _min_torch(options, config, requirements)
+        # where the project declares a Lightning before 2.0: Lightning 2's explicit precision
+        # names (AMP204) do not exist there
+        lightning_before_2 = requirements.lightning_before((2, 0)) or ""
         max_size = (parse_size(options.max_file_size, "--max-file-size", "--max-file-size")
                     if options.max_file_size else config.max_file_size)
         max_memory = (parse_size(options.max_file_memory, "max_file_memory", "max-file-memory")
@@ -239,7 +247,7 @@ def _empty_folders(paths: Sequence[str], files: Sequence[str]) -> List[str]:
     return out
 
 
-def _min_torch(options: Options, config: Config, paths: Sequence[str]) -> Tuple[Tuple[int, ...], str]:
+def _min_torch(options: Options, config: Config, requirements: "ProjectRequirements") -> Tuple[Tuple[int, ...], str]:
     """The oldest torch the checked code supports, and where that comes from: `--min-torch-version`,
     else `min-torch-version` in the configuration, else the project's own requirements on torch
     (`ampfix/engine/requirements.py`), else the default."""
@@ -247,21 +255,10 @@ def _min_torch(options: Options, config: Config, paths: Sequence[str]) -> Tuple[
         return parse_version(options.min_torch_version, "--min-torch-version"), "--min-torch-version"
     if config.min_torch_configured:
         return config.min_torch_version, f"min-torch-version in {config.path.name if config.path else 'the config'}"
-    from ampfix.engine.requirements import infer_min_torch
-
-    found = infer_min_torch(_project_start(options, paths))
+    found = requirements.min_torch()
     if found is not None:
         return found.version, found.where
     return config.min_torch_version, ""
-
-
-def _lightning_before_2(options: Options, paths: Sequence[str]) -> str:
-    """Where the checked project declares it supports a Lightning before 2.0 (its requirements:
-    `ampfix/engine/requirements.py`), "" when it does not: the explicit precision names of
-    Lightning 2 (AMP204) do not exist there."""
-    from ampfix.engine.requirements import declares_lightning_before
-
-    return declares_lightning_before(_project_start(options, paths), (2, 0)) or ""
 
 
 def _project_start(options: Options, paths: Sequence[str]) -> Path:

@@ -49,12 +49,12 @@ class SavedState:
     written_in: Optional[Tuple[str, int, str]] = None
 
 
-
 def _argument(bound: dict, receiver: str) -> Optional[cst.BaseExpression]:
     """The argument bound to the parameter that a summary's canonical text names
     (`__param__.optimizer`), if any."""
     prefix = PARAM + "."
     return bound.get(receiver[len(prefix):]) if receiver.startswith(prefix) else None
+
 
 class Checkpoints(Facet):
     """Checkpoint contents: what is saved, what a resume restores (`model.checkpoints`)."""

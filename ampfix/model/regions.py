@@ -192,7 +192,7 @@ class Regions:
     def items_outside_region(self, node: cst.With) -> List[cst.WithItem]:
         """The items of a `with` statement that open no autocast region (DDP's `no_sync()`, a
         profiler, `torch.no_grad()`): what stays entered when the autocast is left."""
-        return [item for item in node.items if self._context_region(item.item) is None]
+        return [item for item in node.items if not self.opens_region(item.item)]
 
     def _decorator_region(self, func: cst.FunctionDef) -> Optional[Region]:
         for dec in func.decorators:
