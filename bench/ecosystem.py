@@ -374,6 +374,18 @@ def parse_rewrite_summary(text: str) -> Tuple[int, Dict[str, int]]:
     return remaining, fixed
 
 
+def _metadata(root: Path) -> Dict[str, bytes]:
+    """The project's own metadata, which `check` reads beside the code: its configuration
+    (`pyproject.toml`, `setup.cfg`) and its requirements (`requirements*.txt`,
+    `requirements/*.txt`: the oldest torch, a Lightning before 2.0). A scratch copy holds them
+    too, so its rewrite sees the project the check saw (lightning-bolts' `requirements/base.txt`
+    pins Lightning 1.x: without it the scratch rewrite applied AMP204's fix that `check` of the
+    tree does not report)."""
+    found = [root / "pyproject.toml", root / "setup.cfg", *root.glob("requirements*.txt"),
+             *(root / "requirements").glob("*.txt")]
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in found if p.is_file()}
+
+
 def _snapshot(root: Path) -> Dict[str, bytes]:
     from ampfix.engine.discovery import PY_SUFFIXES
 
@@ -416,7 +428,7 @@ def rewrite_tree(pkg: Package, root: Path, original: Dict[str, bytes], unsafe: b
     scratch = WORK / "scratch" / pkg.key / mode
     shutil.rmtree(scratch, ignore_errors=True)
     scratch.mkdir(parents=True)
-    for rel, data in original.items():
+    for rel, data in {**_metadata(root), **original}.items():
         p = scratch / rel
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_bytes(data)
