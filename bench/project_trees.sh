@@ -13,6 +13,13 @@ NEW=${NEW:-ampfix}; OLD=${OLD:-}; ROUNDS=${ROUNDS:-3}; BARE_PYTHON=${BARE_PYTHON
 declare -A TREES=([timm]=$C/sdist-timm-1.0.31/timm-1.0.31 [accelerate]=$C/sdist-accelerate-1.15.0/accelerate-1.15.0
                   [peft]=$C/sdist-peft-0.21.2/peft-0.21.2)
 load() { cut -d' ' -f1 /proc/loadavg; }
+# Each checkout's bytecode brought up to date first, as an installed ampfix has it (pip compiles
+# at install): with PYTHONDONTWRITEBYTECODE set, an edited module's stale .pyc is never
+# rewritten, and every run (and every worker of its pool) compiles that module again.
+for exe in "$NEW" $OLD; do
+  src=$("$(dirname "$(command -v "$exe")")/python" -c 'import ampfix, os; print(os.path.dirname(os.path.dirname(ampfix.__file__)))')
+  "$(dirname "$(command -v "$exe")")/python" -m compileall -q "$src/ampfix" "$src/rules" > /dev/null
+done
 for rep in $(seq "$ROUNDS"); do
   for t in timm accelerate peft; do
     T=${TREES[$t]}
