@@ -344,6 +344,72 @@ def test_an_iteration_is_a_loop_group_read_through_its_accessors():
     assert group_loop(None) is None and group_frame(None) == ()
 
 
+EARLY_RETURN_STEP = """
+    import torch
+
+    def step(scaler, opt, model):
+        scaler.unscale_(opt)
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        if not torch.isfinite(norm):
+            scaler.update()
+            return False
+        scaler.step(opt)
+        scaler.update()
+        return True
+
+    def train(model, opt, loader):
+        scaler = torch.amp.GradScaler("cuda")
+        for x in loader:
+            scaler.scale(model(x).sum()).backward()
+            step(scaler, opt, model)
+"""
+
+
+def test_an_early_return_and_the_code_after_it_are_the_two_arms_of_one_decision():
+    # an `update()` in the early-return branch and one after the `if`: every path updates, in
+    # the step function alone (its end is past the early return) and inlined in the loop
+    m = model(EARLY_RETURN_STEP)
+    for root in ("step", "train"):
+        trace = m.trace(m.functions[root][0])
+        (unscale,) = trace.of(UNSCALE)
+        group = m.iteration_of(trace, unscale)
+
+        def updates(e):
+            return e.kind == UPDATE
+
+        assert m.leaves_iteration_without(trace, unscale, group, updates) is None, root
+    # without the update on the early path, that path is found
+    m = model(EARLY_RETURN_STEP.replace("            scaler.update()\n            return False",
+                                        "            return False"))
+    trace = m.trace(m.functions["train"][0])
+    (unscale,) = trace.of(UNSCALE)
+    assert m.leaves_iteration_without(trace, unscale, m.iteration_of(trace, unscale),
+                                      lambda e: e.kind == UPDATE) is not None
+
+
+def test_a_finite_test_of_the_gradients_is_not_one_of_the_loss():
+    m = model("""
+        import math
+        import torch
+
+        def f(norm, grad_norm, total_norm, loss, p):
+            if not torch.isfinite(grad_norm):
+                pass
+            if math.isnan(total_norm) or math.isinf(total_norm):
+                pass
+            if norm == float("inf"):
+                pass
+            if torch.isnan(loss):
+                pass
+            if grad_norm > 1.0:
+                pass
+            if not torch.isfinite(p.grad).all():
+                pass
+    """)
+    tests = sorted(m.nodes_of(cst.If), key=m.line)
+    assert [m.gradient_finite_test(m._decision(t, True)[0]) for t in tests] == [True, True, True, False, False, True]
+
+
 def test_a_frameworks_autocast_is_a_region_in_its_mixed_precision_dtype():
     m = model("""
         from accelerate import Accelerator

@@ -2,7 +2,7 @@
 them before it analyses anything (see ampfix/engine/rulemeta.py). Do not edit; regenerate.
 """
 
-DIGEST = 'af371b2b7ffd52a644bec9b49d21d1e951f87df7bb2151d91c3a5eaba9dd4569'
+DIGEST = 'dfe143349f1a6db8e954d6e16efb268282602bc7315c15fa6c03c014a82cdab2'
 
 RULES = [
     ('AMP001', 'backward-in-autocast', True, ('autocast',), (),
@@ -41,6 +41,8 @@ RULES = [
      (('backward',),), (('autocast', '.backward('),), False),
     ('AMP018', 'autocast-joined-by-and', True, ('autocast',), (),
      ((' and ', ' or '),), None, False),
+    ('AMP019', 'overflow-skips-update', True, ('.scale(',), (),
+     (('.update(',), ('isfinite', 'isnan', 'isinf', 'inf', 'nan')), (('.scale(', '.update(', 'backward'), ('isfinite', 'isnan', 'isinf', 'inf', 'nan')), True),
     ('AMP101', 'deprecated-amp-api', True, ('cuda.amp', 'cpu.amp', 'torch.cuda import', 'torch.cpu import'), (),
      (), None, False),
     ('AMP102', 'apex-amp', True, ('apex',), (),

@@ -353,9 +353,13 @@ class Events:
         bw = self._backward_call(call)
         if bw is not None:
             loss = call.func.value if isinstance(call.func, cst.Attribute) else None
+            scaler = bw.scaler
+            if bw.kind == "scaled" and isinstance(loss, cst.Call) and isinstance(loss.func, cst.Attribute):
+                # keyed as the scaler's own calls are (through a local alias: `scaler = self.scaler`)
+                scaler = self.key(loss.func.value)
             if bw.kind == "scaled" and isinstance(loss, cst.Call) and loss.args:
                 loss = loss.args[0].value
-            return Event(BACKWARD, call, scaler=bw.scaler, detail=bw.kind,
+            return Event(BACKWARD, call, scaler=scaler, detail=bw.kind,
                          target=self.code(loss) if loss is not None else None)
         dp = self.parallel.forward_kind(call)  # type: ignore[attr-defined]
         if dp is not None:
@@ -800,7 +804,7 @@ class Events:
             return ("cond", None, text, ())
         if kind in ("loop", "comp"):
             return (fframe, (kind, (ff.path, ff.qual, g[1])))
-        return (fframe, ("foreign", ff.path, ff.qual, kind, g[1]))
+        return (fframe, ("foreign", ff.path, ff.qual, kind, *g[1:]))
 
     def _effect_callee(self, e, ff, self_cls, bindings=None):
         """What a CALL effect of a summary runs: a function of another module, or a method of

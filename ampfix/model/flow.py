@@ -105,6 +105,18 @@ class Flow:
             self._fall[block] = cached
         return cached
 
+    def _fallthrough_at_end(self, block: cst.CSTNode) -> Contexts:
+        """The early-`return` guards of `block` (an `IndentedBlock`) that a path reaching its end
+        has fallen through (`_fallthrough` after its last statement): a path that took one of
+        them left the function before the end."""
+        if not isinstance(block, cst.IndentedBlock) or not block.body:
+            return ()
+        last = block.body[-1]
+        acc = self._fallthrough(block)[last]
+        if isinstance(last, cst.If) and self._returns(last):
+            acc = acc + ((("fallthrough", last), True),)
+        return acc
+
     @staticmethod
     def _returns(stmt: cst.If) -> bool:
         """Some branch of this `if` always ends in `return`/`raise`."""

@@ -31,6 +31,7 @@ from typing import Callable, Dict, Hashable, List, Optional, Tuple
 
 import libcst as cst
 
+from ampfix.model.flow import _ends
 from ampfix.model.events import BACKWARD, EXIT, SCALER_STEP, UNSCALE, UPDATE, ZERO_GRAD, Event, Trace, TraceEvent
 from ampfix.model.parsing import parse_expression
 from ampfix.model.readwrite import reads_writes
@@ -43,6 +44,10 @@ Group = Hashable
 LAST_TEST = re.compile(r"\bis_last|last_batch|last_micro|last_iter_in|end_of_accum", re.IGNORECASE)
 ACCUM_TEST = re.compile(r"accum|grad_acc|acc_step|accu_step|should_step|do_step|update_grad|need_update|"
                         r"sync_grad|optimizer_step|is_last_micro|boundary|update_freq", re.IGNORECASE)
+# a test of whether the gradients (or their norm) are finite: `not torch.isfinite(grad_norm)`,
+# `math.isnan(total_norm)`, `grad_norm == float("inf")` (a test of the loss alone is not one)
+NONFINITE_WORD = re.compile(r"\b(?:isfinite|isnan|isinf|isposinf|isneginf|inf|nan)\b", re.IGNORECASE)
+GRADIENT_WORD = re.compile(r"grad|norm", re.IGNORECASE)
 FACTORY_EXCLUDE = re.compile(r"step|zero|load|state|sched|param|wrap|close|restore", re.IGNORECASE)
 PER_STEP_TOKENS = {"step", "iter", "iteration", "batch", "epoch", "optimize"}
 NOT_PER_STEP_TOKENS = {"setup", "init", "build", "create", "make", "configure", "prepare", "get", "test", "main",
@@ -106,7 +111,10 @@ class Iterations:
         if not trace.events:
             return []
         if group is None:
-            end = TraceEvent(Event("end", trace.root), (trace.root,), len(trace.events) - 0.5, {}, None)
+            # the end of the root's body: past its early returns (`if overflow: ...; return`)
+            body = getattr(trace.root, "body", None)
+            ctx = {self._qualify(g, ()): br for g, br in self._fallthrough_at_end(body)}
+            end = TraceEvent(Event("end", trace.root), (trace.root,), len(trace.events) - 0.5, ctx, None)
             exits = [e for e in trace.of(EXIT) if e.event.detail == "return" and not e.frame]
             return [end, *exits]
         frame, (_, loop) = group
@@ -171,8 +179,14 @@ class Iterations:
                 domains.setdefault(g, [])
                 if br not in domains[g]:
                     domains[g].append(br)
+        links = _fallthrough_links(domains)
+        falls = {ft for ft, _ in links.values()}
         for g, values in domains.items():
-            if not (_is_binary(g) and set(values) == {True, False}):
+            if g in links:  # an early-return `if`: both branches; the fall-through after it follows
+                domains[g] = [links[g][1], not links[g][1]]
+            elif g in falls:
+                domains[g] = [True, _OTHER]
+            elif not (_is_binary(g) and set(values) == {True, False}):
                 values.append(_OTHER)  # a branch none of them takes (not entered, another case)
         groups = list(domains)
         total = 1
@@ -180,7 +194,9 @@ class Iterations:
             total *= len(domains[g])
             if total > 4096:
                 return False
-        return any(all(any(choice[groups.index(g)] != br for g, br in c.items()) for c in constraints)
+        pairs = [(groups.index(g), groups.index(ft), through) for g, (ft, through) in links.items()]
+        return any(all((choice[i] == through) == (choice[j] is True) for i, j, through in pairs)
+                   and all(any(choice[groups.index(g)] != br for g, br in c.items()) for c in constraints)
                    for choice in itertools.product(*(domains[g] for g in groups)))
 
     def in_iteration(self, ev: TraceEvent, group: Optional[Group]) -> bool:
@@ -249,6 +265,13 @@ class Iterations:
         if local[0] == "cond" and len(local) >= 4 and isinstance(local[2], str):
             return local[2]
         return None
+
+    def gradient_finite_test(self, group: Group) -> bool:
+        """The decision `group` tests whether the gradients or their norm are finite
+        (`if not torch.isfinite(grad_norm):`, `if math.isnan(total_norm):`): after a scaled
+        backward, the overflow the GradScaler exists to see."""
+        text = self._decision_test(group)
+        return text is not None and bool(NONFINITE_WORD.search(text)) and bool(GRADIENT_WORD.search(text))
 
     def _is_accumulation_test(self, group: Group) -> bool:
         """The decision is "this micro-batch steps": a modulo test (`(i + 1) % accum == 0`,
@@ -522,6 +545,32 @@ class Iterations:
                    for part in parts for name in nodes_under(part, cst.Name))
 
 _OTHER = object()
+
+
+def _fallthrough_links(domains: Dict[Group, List[Hashable]]) -> Dict[Group, Tuple[Group, bool]]:
+    """For each `if` of `domains` whose one branch always returns and whose fall-through
+    group (`Flow._fallthrough`, the statements after it) is in `domains` too: the `if`'s
+    group -> (that fall-through group, the branch that falls through). A path takes the
+    fall-through exactly when it takes that branch: the early return's branch never reaches
+    the statements after the `if`."""
+    out: Dict[Group, Tuple[Group, bool]] = {}
+    for ft in domains:
+        local = _local(ft)
+        if not isinstance(local, tuple) or not isinstance(ft, tuple) or len(ft) != 2:
+            continue
+        if len(local) == 2 and local[0] == "fallthrough":  # this module's `if`
+            node = local[1]
+            body, orelse = _ends(node.body), _ends(node.orelse)
+            test, through = (ft[0], ("if", node)), not body
+            if body == orelse:
+                continue
+        elif len(local) == 7 and local[0] == "foreign" and local[3] == "fallthrough":  # a summary's (`_Groups`)
+            test, through = (ft[0], ("foreign", local[1], local[2], "if", local[5])), local[6]
+        else:
+            continue
+        if test in domains:
+            out[test] = (ft, through)
+    return out
 _SPACE = re.compile(r"\s+")
 _NEGATED = ((cst.IsNot, " is not ", " is "), (cst.NotEqual, " != ", " == "), (cst.NotIn, " not in ", " in "))
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field, fields
 from enum import Enum
 from typing import Any, Dict, List, Optional, Tuple
 
-SUMMARY_VERSION = 2  # 2: `FunctionSummary.loads` filled
+SUMMARY_VERSION = 3  # 2: `FunctionSummary.loads` filled; 3: a fall-through group names its `if`
 
 
 class Stored(Enum):
