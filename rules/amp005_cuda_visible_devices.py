@@ -17,6 +17,7 @@ from ampfix.fixes.edits import move_before_import
 from ampfix.model import AmpModel
 from ampfix.model.environ import TARGET, EnvKey, EnvWrite, is_misspelling, may_name_visible_devices, single_device_var
 from ampfix.model.events import CUDA_INIT
+from ampfix.model.tree import nodes_under
 from ampfix.rule import SAFE, UNSAFE, FileContext, Fix, Rule, Violation
 
 # --------------------------------------------------------------------------- the rule
@@ -52,7 +53,9 @@ class CudaVisibleDevices(Rule):
   (it calls cuInit), `set_device`, `current_device`, `get_device_name`, `synchronize`, `.cuda()`, a tensor
   or module created on or moved to "cuda" ... The assignment then has no effect. `import torch`,
   `torch.device("cuda")`, `torch.cuda.device_count()` (NVML based) and `torch.cuda.manual_seed_all`
-  (deferred) do not initialise CUDA: setting the variable after them is fine. Fix (unsafe, it reorders
+  (deferred) do not initialise CUDA: setting the variable after them is fine. Nor is a process that
+  picks its own GPU first, with `torch.cuda.set_device(local_rank)` on every path, and then writes a value
+  naming the same variable (`str(devices[local_rank])`): that is for the processes it launches. Fix (unsafe, it reorders
   code; only for a module-level assignment whose value is known before `import torch`): move the
   assignment before the first `import torch`.
 * **One GPU per process, then indexed with the rank**: after `CUDA_VISIBLE_DEVICES = str(rank)` the
@@ -94,8 +97,9 @@ def worker(rank):
         writes = [w for w in env.writes if w.key == TARGET]
         for write in writes:
             v = self._after_init(model, write)
+            if v is not None or self._for_children(model, write):
+                late.add(id(write.node))  # (a write for the launched processes is not this one's either)
             if v is not None:
-                late.add(id(write.node))
                 yield v
         for write in writes:
             if id(write.node) not in late:
@@ -138,7 +142,7 @@ def worker(rank):
         # the message names an initialisation that runs on every path to the write where there is one
         always = next((i for i in inits if model.mandatory_between(i, None, point)), None)
         init = always or (inits[0] if inits else None)
-        if init is not None:
+        if init is not None and not self._for_children(model, write):
             shown = init.path[0]
             via = "" if shown is init.node else f" inside `{model.code(shown)}` (line {model.line(shown)})"
             msg = (
@@ -149,6 +153,25 @@ def worker(rank):
             )
             return Violation(write.node, message=msg, fix=self._move_fix(model, write) if shown is init.node else None)
         return None
+
+    @staticmethod
+    def _for_children(model: AmpModel, write: EnvWrite) -> bool:
+        """This process picked its GPU itself before the write, with `torch.cuda.set_device(x)`
+        on every path, and the value written names `x` too (`set_device(local_rank)`, then
+        `CUDA_VISIBLE_DEVICES = str(devices[local_rank])`): the variable can only be meant for
+        the processes it launches, which read it when they start."""
+        written = {n.value for n in nodes_under(write.value, cst.Name)} if write.value is not None else set()
+        if not written:
+            return False
+        trace = model.trace(model.function_of(write.node) or model.module)
+        point = model.point(trace, write.node)
+        for i in trace.before(point, CUDA_INIT):
+            if i.event.detail == "torch.cuda.set_device()" and isinstance(i.node, cst.Call) and i.node.args \
+                    and model.mandatory_between(i, None, point):
+                chosen = {n.value for a in i.node.args for n in nodes_under(a.value, cst.Name)}
+                if chosen & written:
+                    return True
+        return False
 
     def _move_fix(self, model: AmpModel, write: EnvWrite) -> Optional[Fix]:
         """The module-level statement that only sets the variable, moved before `import torch`."""

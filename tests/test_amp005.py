@@ -44,20 +44,37 @@ def test_osa_transposition():
     assert _osa_distance("CUDA_VISBILE_DEVICES", "CUDA_VISIBLE_DEVICES") == 1
 
 
-def test_set_after_set_device_is_late_not_rank_index():
+def test_set_after_init_is_late_not_rank_index():
     got = findings(
         """
         import os
         import torch
 
         def setup(rank):
-            torch.cuda.set_device(rank)
+            assert torch.cuda.is_available()
             os.environ["CUDA_VISIBLE_DEVICES"] = str(rank)
             x = torch.zeros(1, device=f"cuda:{rank}")
         """
     )
     assert [line for line, _ in got] == [7]
     assert "after CUDA was initialised" in got[0][1]
+
+
+def test_set_after_set_device_of_the_same_rank_is_for_the_children():
+    # the process picked its GPU itself; the variable, naming the same rank, is for the processes
+    # it launches (nequip's conftest): neither late nor a rank index for this process
+    src = """
+        import os
+        import torch
+
+        def setup(rank):
+            torch.cuda.set_device(rank)
+            os.environ["CUDA_VISIBLE_DEVICES"] = {value}
+            x = torch.zeros(1, device=f"cuda:{{rank}}")
+        """
+    assert findings(src.format(value="str(rank)")) == []
+    late = findings(src.format(value='"0,1"'))  # a value that does not name it: late
+    assert [line for line, _ in late] == [7] and "set_device" in late[0][1]
 
 
 def test_device_parameter_is_unknown():

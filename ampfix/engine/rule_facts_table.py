@@ -2,7 +2,7 @@
 them before it analyses anything (see ampfix/engine/rulemeta.py). Do not edit; regenerate.
 """
 
-DIGEST = 'dfe143349f1a6db8e954d6e16efb268282602bc7315c15fa6c03c014a82cdab2'
+DIGEST = 'd7a5dba9b58f349d74e9caafdac6cbdbe77fb8a2039bc669228c76a12ba0f0fd'
 
 RULES = [
     ('AMP001', 'backward-in-autocast', True, ('autocast',), (),

@@ -49,7 +49,7 @@ MEASURED: Dict[str, Measured] = {
     "AMP004": Measured(3, 5, 2, "ecosystem check of 2026-11-25 (42 projects: 2/4/2, its false findings fixed since by "
                                "reading them) and of the twentieth session's 31 unseen projects (1/1/0, its false "
                                "finding, a paddle scaler, fixed since by reading it)"),
-    "AMP005": Measured(2, 1, 0, "ecosystem check of 2026-11-27, twentieth session (116 projects, check --select ALL --preview); its false finding, a variable set for child processes (nequip), not fixed"),
+    "AMP005": Measured(2, 1, 0, "ecosystem check of 2026-11-27, twentieth session (116 projects, check --select ALL --preview); its false finding, a variable set for child processes after this process's own set_device (nequip), fixed since by reading it (not a measure on unseen code)"),
     "AMP006": Measured(2, 0, 0, "ecosystem check of 2026-11-27 (85 projects, check --select ALL --preview) (its one wrong finding, the resumable train() of flair, fixed since: Iterations.iterates_epochs)"),
     "AMP009": Measured(1, 0, 2, "ecosystem check of 2026-11-27 (85 projects, check --select ALL --preview) (its one wrong finding of 2026-11-25, allennlp's stage-guarded unscale_, fixed since: Guards.in_stage_test)"),
     "AMP013": Measured(11, 0, 3, "ecosystem check of 2026-11-27, twentieth session (116 projects, check --select ALL --preview)"),
@@ -59,6 +59,10 @@ MEASURED: Dict[str, Measured] = {
     "AMP204": Measured(0, 4, 0, "ecosystem check of 2026-11-27, twentieth session (104 projects, check --select ALL --preview); "
                                "its four findings, on a project pinned to pytorch-lightning<2.0, are fixed since by reading "
                                "them (not a measure on unseen code)"),
+    "AMP019": Measured(0, 1, 0, "ecosystem check of 2026-11-28, twenty-first session (116 projects, check --select ALL --preview); "
+                               "its one finding on code it was not written from, espnet's overflow branch that steps and "
+                               "updates in a loop over the optimizers, is fixed since by reading it (not a measure on unseen "
+                               "code); funasr's two, its source, are TRUE and not counted"),
     "AMP202": Measured(1, 0, 0, "ecosystem check of 2026-11-27, twentieth session (116 projects, check --select ALL --preview)"),
     "AMP201": Measured(0, 1, 0, "ecosystem check of 2026-11-25 (42 projects, check --select ALL --preview); its "
                                "false finding, fixed since by reading it, is not a measure on unseen code, and the "
