@@ -17,7 +17,6 @@ class OverflowSkipsUpdate(Rule):
                "skip the step (it does when the gradients hold inf or NaN) and call `scaler.update()` on this path too")
     triggers = (".scale(",)
     requires = ((".update(",), ("isfinite", "isnan", "isinf", "inf", "nan"))
-    project_requires = ((".scale(", ".update(", "backward"), ("isfinite", "isnan", "isinf", "inf", "nan"))
     preview = True
     docs = """
 A GradScaler finds out that its scale is too large by looking: `scaler.step(optimizer)`
@@ -118,8 +117,14 @@ for x, y in loader:
         for u in updates:
             test = finite_test(u)
             node = model.decision_node(trace, u, test) if test is not None and not u.event.foreign else None
-            if node is not None and not any(blocks(e) and test in e.ctx and e.ctx[test] != u.ctx[test]
-                                            for e in trace.events):
+            if node is None:
+                continue
+            arm = u.ctx[test]
+            # the update's branch does not leave the iteration (that is a skip path that updates),
+            # and no scaler call that may follow the backward runs outside it
+            if any(x.ctx.get(test) == arm for x in trace.of(EXIT) if x.order > bw.order):
+                continue
+            if all(e.ctx.get(test) == arm for e in trace.events if blocks(e) and model.may_precede(trace, bw, e)):
                 yield node.test, "`scaler.update()` runs only when this test passes, not"
 
 

@@ -46,7 +46,12 @@ clip_value)`).
 The fix (safe) calls the framework's method with the same arguments; for Fabric it needs the one
 optimizer set up with the model, and passes `error_if_nonfinite=False` (torch's default; Fabric's
 is True) unless the call names it. Arguments the framework's method lacks (`foreach=`) leave it
-unfixed.
+unfixed. So does gradient accumulation (`Accelerator(gradient_accumulation_steps=n)`,
+`accelerator.accumulate(model)`, Fabric's `no_backward_sync`) with no `if` on `sync_gradients`
+around the clip: the framework's clip unscales on every micro-batch, but the optimizer steps and
+the scaler updates only on the last one, so the second micro-batch's unscale would raise
+RuntimeError; the message asks for the clip under `if accelerator.sync_gradients:`, as
+Accelerate's docs write it.
 
 Bad:
 ```python
@@ -92,8 +97,30 @@ optimizer.step()
                 continue
             fw = p.frameworks[0]
             method = "clip_gradients" if fw.kind == "fabric" else kind
-            yield Violation(call, message=self.message.format(fw=fw.name, prec=fw.describe(scaling_only=True), call=f"{key}.{method}(...)"),
-                            fix=self._fix(model, facts, call, kind, key, p, owner))
+            message = self.message.format(fw=fw.name, prec=fw.describe(scaling_only=True), call=f"{key}.{method}(...)")
+            if self._accumulating(model, ctx.source, fw, call):
+                guard = f"`{key}.sync_gradients`" if fw.kind == "accelerate" else "the micro-batch that steps"
+                yield Violation(call, message=(
+                    f"{message}, under a test of {guard} (not fixed: with gradient accumulation the framework's clip "
+                    "unscales on every micro-batch, and the second unscale before the optimizer steps raises RuntimeError)"))
+                continue
+            yield Violation(call, message=message, fix=self._fix(model, facts, call, kind, key, p, owner))
+
+    @staticmethod
+    def _accumulating(model, source: str, fw, call: cst.Call) -> bool:
+        """The framework accumulates gradients (`Accelerator(gradient_accumulation_steps=n)` with n
+        not a literal 1, `accelerator.accumulate(...)`, Fabric's `no_backward_sync(...)`) and no
+        `if` around the clip tests `sync_gradients`: the framework's clip would unscale on
+        micro-batches whose step it skips (Accelerate's `unscale_gradients` unscales whatever
+        `sync_gradients` says, its optimizer steps and updates the scaler only when it holds)."""
+        for anc in model.ancestors(call):
+            if isinstance(anc, cst.If) and "sync_gradients" in model.code(anc.test):
+                return False
+        for arg in fw.call.args:
+            if arg.keyword is not None and arg.keyword.value in ("gradient_accumulation_steps", "gradient_accumulation_plugin") \
+                    and not (isinstance(arg.value, cst.Integer) and arg.value.value == "1"):
+                return True
+        return ".accumulate(" in source or "no_backward_sync(" in source
 
     @staticmethod
     def _unscaled_before(model, call: cst.Call) -> bool:

@@ -410,6 +410,25 @@ def test_a_finite_test_of_the_gradients_is_not_one_of_the_loss():
     assert [m.gradient_finite_test(m._decision(t, True)[0]) for t in tests] == [True, True, True, False, False, True]
 
 
+def test_a_finite_test_is_followed_through_the_names_it_reads():
+    m = model("""
+        import torch
+
+        def f(model, loss):
+            gn = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            skip = not torch.isfinite(gn)
+            bad = not torch.isfinite(loss)
+            if not torch.isfinite(gn):
+                pass
+            if skip:
+                pass
+            if bad:
+                pass
+    """)
+    tests = sorted(m.nodes_of(cst.If), key=m.line)
+    assert [m.gradient_finite_test(m._decision(t, True)[0]) for t in tests] == [True, True, False]
+
+
 def test_a_frameworks_autocast_is_a_region_in_its_mixed_precision_dtype():
     m = model("""
         from accelerate import Accelerator

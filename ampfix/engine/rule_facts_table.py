@@ -2,7 +2,7 @@
 them before it analyses anything (see ampfix/engine/rulemeta.py). Do not edit; regenerate.
 """
 
-DIGEST = 'd7a5dba9b58f349d74e9caafdac6cbdbe77fb8a2039bc669228c76a12ba0f0fd'
+DIGEST = '69d86553a36603448ce1e9fb14769f87fd519a5e79076375a720f7475c6b11cc'
 
 RULES = [
     ('AMP001', 'backward-in-autocast', True, ('autocast',), (),
@@ -42,7 +42,7 @@ RULES = [
     ('AMP018', 'autocast-joined-by-and', True, ('autocast',), (),
      ((' and ', ' or '),), None, False),
     ('AMP019', 'overflow-skips-update', True, ('.scale(',), (),
-     (('.update(',), ('isfinite', 'isnan', 'isinf', 'inf', 'nan')), (('.scale(', '.update(', 'backward'), ('isfinite', 'isnan', 'isinf', 'inf', 'nan')), True),
+     (('.update(',), ('isfinite', 'isnan', 'isinf', 'inf', 'nan')), None, True),
     ('AMP101', 'deprecated-amp-api', True, ('cuda.amp', 'cpu.amp', 'torch.cuda import', 'torch.cpu import'), (),
      (), None, False),
     ('AMP102', 'apex-amp', True, ('apex',), (),

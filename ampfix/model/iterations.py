@@ -48,6 +48,7 @@ ACCUM_TEST = re.compile(r"accum|grad_acc|acc_step|accu_step|should_step|do_step|
 # `math.isnan(total_norm)`, `grad_norm == float("inf")` (a test of the loss alone is not one)
 NONFINITE_WORD = re.compile(r"\b(?:isfinite|isnan|isinf|isposinf|isneginf|inf|nan)\b", re.IGNORECASE)
 GRADIENT_WORD = re.compile(r"grad|norm", re.IGNORECASE)
+_NAME = re.compile(r"(?<![\w.])[A-Za-z_]\w*")
 FACTORY_EXCLUDE = re.compile(r"step|zero|load|state|sched|param|wrap|close|restore", re.IGNORECASE)
 PER_STEP_TOKENS = {"step", "iter", "iteration", "batch", "epoch", "optimize"}
 NOT_PER_STEP_TOKENS = {"setup", "init", "build", "create", "make", "configure", "prepare", "get", "test", "main",
@@ -269,9 +270,28 @@ class Iterations:
     def gradient_finite_test(self, group: Group) -> bool:
         """The decision `group` tests whether the gradients or their norm are finite
         (`if not torch.isfinite(grad_norm):`, `if math.isnan(total_norm):`): after a scaled
-        backward, the overflow the GradScaler exists to see."""
+        backward, the overflow the GradScaler exists to see. A name the test reads is followed
+        through its assignments in the test's function, two steps deep: `gn = clip_grad_norm_(...)`
+        is a norm of the gradients, `skip = not torch.isfinite(gn)` a finite test of it."""
         text = self._decision_test(group)
-        return text is not None and bool(NONFINITE_WORD.search(text)) and bool(GRADIENT_WORD.search(text))
+        if text is None:
+            return False
+        if NONFINITE_WORD.search(text) and GRADIENT_WORD.search(text):
+            return True
+        local = _local(group)
+        where = local[1] if isinstance(local, tuple) and len(local) >= 2 else None  # the `if`, or a stable test's function
+        if not isinstance(where, cst.CSTNode):
+            return False
+        func = where if isinstance(where, cst.FunctionDef) else self.function_of(where)
+
+        def values_of(code: str) -> List[str]:
+            return [self.code(v) for name in set(_NAME.findall(code)) for _, v in self.assignments_to(name)
+                    if v is not None and self.function_of(v) is func]
+
+        values = values_of(text)
+        values += [w for v in values for w in values_of(v)]  # `skip = not isfinite(gn)`, `gn = clip_grad_norm_(...)`
+        finite = bool(NONFINITE_WORD.search(text)) or any(NONFINITE_WORD.search(v) for v in values)
+        return finite and any(GRADIENT_WORD.search(v) for v in values)
 
     def _is_accumulation_test(self, group: Group) -> bool:
         """The decision is "this micro-batch steps": a modulo test (`(i + 1) % accum == 0`,
