@@ -17,8 +17,10 @@ load() { cut -d' ' -f1 /proc/loadavg; }
 # at install): with PYTHONDONTWRITEBYTECODE set, an edited module's stale .pyc is never
 # rewritten, and every run (and every worker of its pool) compiles that module again.
 for exe in "$NEW" $OLD; do
-  src=$("$(dirname "$(command -v "$exe")")/python" -c 'import ampfix, os; print(os.path.dirname(os.path.dirname(ampfix.__file__)))')
-  "$(dirname "$(command -v "$exe")")/python" -m compileall -q "$src/ampfix" "$src/rules" > /dev/null
+  py=$(cd "$(dirname "$(command -v "$exe")")" && pwd)/python
+  # (from / : in a checkout, `python -c` would import that checkout's ampfix, not the venv's)
+  src=$(cd / && "$py" -c 'import ampfix, os; print(os.path.dirname(os.path.dirname(ampfix.__file__)))')
+  "$py" -m compileall -q "$src/ampfix" "$src/rules" > /dev/null
 done
 for rep in $(seq "$ROUNDS"); do
   for t in timm accelerate peft; do
