@@ -418,15 +418,21 @@ def test_a_finite_test_is_followed_through_the_names_it_reads():
             gn = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             skip = not torch.isfinite(gn)
             bad = not torch.isfinite(loss)
+            valid = True
+            for p in model.parameters():
+                if not torch.isfinite(p.grad).all():
+                    valid = False
             if not torch.isfinite(gn):
                 pass
             if skip:
                 pass
             if bad:
                 pass
+            if not valid:
+                pass
     """)
-    tests = sorted(m.nodes_of(cst.If), key=m.line)
-    assert [m.gradient_finite_test(m._decision(t, True)[0]) for t in tests] == [True, True, False]
+    tests = sorted(m.nodes_of(cst.If), key=m.line)[1:]  # (not the per-parameter test itself)
+    assert [m.gradient_finite_test(m._decision(t, True)[0]) for t in tests] == [True, True, False, True]
 
 
 def test_a_frameworks_autocast_is_a_region_in_its_mixed_precision_dtype():

@@ -271,8 +271,10 @@ class Iterations:
         """The decision `group` tests whether the gradients or their norm are finite
         (`if not torch.isfinite(grad_norm):`, `if math.isnan(total_norm):`): after a scaled
         backward, the overflow the GradScaler exists to see. A name the test reads is followed
-        through its assignments in the test's function, two steps deep: `gn = clip_grad_norm_(...)`
-        is a norm of the gradients, `skip = not torch.isfinite(gn)` a finite test of it."""
+        through its assignments in the test's function, two steps deep, with the tests of the
+        `if`s an assignment runs under: `gn = clip_grad_norm_(...)` is a norm of the gradients,
+        `skip = not torch.isfinite(gn)` a finite test of it, and so is `valid = False` under
+        `if not torch.isfinite(p.grad).all():`."""
         text = self._decision_test(group)
         if text is None:
             return False
@@ -285,8 +287,16 @@ class Iterations:
         func = where if isinstance(where, cst.FunctionDef) else self.function_of(where)
 
         def values_of(code: str) -> List[str]:
-            return [self.code(v) for name in set(_NAME.findall(code)) for _, v in self.assignments_to(name)
-                    if v is not None and self.function_of(v) is func]
+            """What the names of `code` are assigned in the function, and the tests of the `if`s
+            an assignment runs under (`valid = False` under `if not torch.isfinite(p.grad).all():`)."""
+            out: List[str] = []
+            for name in set(_NAME.findall(code)):
+                for _, v in self.assignments_to(name):
+                    if v is None or self.function_of(v) is not func:
+                        continue
+                    out.append(self.code(v))
+                    out.extend(self.code(a.test) for a in self.ancestors(v) if isinstance(a, cst.If))
+            return out
 
         values = values_of(text)
         values += [w for v in values for w in values_of(v)]  # `skip = not isfinite(gn)`, `gn = clip_grad_norm_(...)`
