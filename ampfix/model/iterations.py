@@ -281,10 +281,12 @@ class Iterations:
         if NONFINITE_WORD.search(text) and GRADIENT_WORD.search(text):
             return True
         local = _local(group)
-        where = local[1] if isinstance(local, tuple) and len(local) >= 2 else None  # the `if`, or a stable test's function
-        if not isinstance(where, cst.CSTNode):
+        # the `if`, or a stable test's function (None: a test on globals, parameters or `self`,
+        # followed through the module's top-level assignments)
+        where = local[1] if isinstance(local, tuple) and len(local) >= 2 else None
+        if where is not None and not isinstance(where, cst.CSTNode):
             return False
-        func = where if isinstance(where, cst.FunctionDef) else self.function_of(where)
+        func = where if isinstance(where, cst.FunctionDef) or where is None else self.function_of(where)
 
         def values_of(code: str) -> List[str]:
             """What the names of `code` are assigned in the function, and the tests of the `if`s
