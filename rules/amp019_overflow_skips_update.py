@@ -33,7 +33,11 @@ and methods: after a scaled backward, a `continue` (or a step function's `return
 of whether the gradients or their norm are finite, where no `scaler.step()`, `unscale_()` or
 `update()` of that scaler can run on the way; or an `update()` that runs only when such a test
 says the gradients are finite, with none of them in the other branch (a loop over the
-optimizers that steps and updates each in that branch is taken to update). A path that calls `unscale_` and then skips `update()` is AMP009
+optimizers that steps and updates each in that branch is taken to update). The test may name
+the norm under any name (`gn = clip_grad_norm_(...)`) or read a flag (`skip = not
+torch.isfinite(gn)`; `valid = False` under `if not torch.isfinite(p.grad).all():` in a loop over
+the parameters). A test inside a helper function (`if not grads_finite(model):`), or a skip in a
+helper of another module, is not followed: silent. A path that calls `unscale_` and then skips `update()` is AMP009
 (the next `unscale_` raises). A test of the loss alone (a NaN loss skipped before or after the
 backward) is not reported: the scale does not cause it. Not fixed: what the path should do
 (let `step()` skip, or update and skip) is the author's choice.

@@ -2,7 +2,7 @@
 them before it analyses anything (see ampfix/engine/rulemeta.py). Do not edit; regenerate.
 """
 
-DIGEST = '69d86553a36603448ce1e9fb14769f87fd519a5e79076375a720f7475c6b11cc'
+DIGEST = '151cc21647316444872444d5cb76f4eaf2a475a83c89269aeb40deefe84b2783'
 
 RULES = [
     ('AMP001', 'backward-in-autocast', True, ('autocast',), (),
