@@ -34,6 +34,7 @@ import libcst as cst
 from ampfix.knowledge.apex_api import actionable, canonical, category, is_apex_rest, lookup, map_args, \
     star_actionable
 from ampfix.model.facet import Facet
+from ampfix.model.flow import ends_in_exit
 from ampfix.model.names import ImportBinding
 from ampfix.model.readwrite import names_bound
 from ampfix.model.syntax import get_arg, literal_string
@@ -341,7 +342,7 @@ class ApexUses(Facet):
             if isinstance(anc, (cst.FunctionDef, cst.Lambda, cst.ClassDef)):
                 return False
             if isinstance(anc, cst.If) and self.model.is_ancestor(anc.body, first) \
-                    and not self.model.is_ancestor(anc, second) and _ends_in_exit(anc.body):
+                    and not self.model.is_ancestor(anc, second) and ends_in_exit(anc.body):
                 return True
         return False
 
@@ -430,11 +431,3 @@ class ApexUses(Facet):
                     continue
                 return st
         return None
-
-
-def _ends_in_exit(block: cst.BaseSuite) -> bool:
-    body = getattr(block, "body", None)
-    if not isinstance(body, (list, tuple)) or not body:
-        return False
-    last = body[-1]
-    return isinstance(last, cst.SimpleStatementLine) and isinstance(last.body[-1], (cst.Return, cst.Raise))

@@ -120,7 +120,7 @@ class Flow:
     @staticmethod
     def _returns(stmt: cst.If) -> bool:
         """Some branch of this `if` always ends in `return`/`raise`."""
-        return _ends(stmt.body) or _ends(stmt.orelse)
+        return ends_in_exit(stmt.body) or ends_in_exit(stmt.orelse)
 
     def _decision(self, node: cst.CSTNode, polarity: bool) -> Tuple[Group, Hashable]:
         stable = self._stable_test(node)
@@ -228,13 +228,13 @@ def _comp_iter(comp: cst.CSTNode) -> Optional[cst.CSTNode]:
 __all__ = ["Flow", "Contexts"]
 
 
-def _ends(block: Optional[cst.CSTNode]) -> bool:
+def ends_in_exit(block: Optional[cst.CSTNode]) -> bool:
     """The block (a branch of an `if`) ends in `return`/`raise` (`Flow._returns`; a module
     function, not a closure: a recursive closure is a reference cycle per call)."""
     if isinstance(block, cst.Else):
         block = block.body
     if isinstance(block, cst.If):
-        return _ends(block.body) or _ends(block.orelse)
+        return ends_in_exit(block.body) or ends_in_exit(block.orelse)
     body = getattr(block, "body", None)
     if not isinstance(body, (list, tuple)) or not body:
         return False

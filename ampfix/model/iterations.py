@@ -31,8 +31,8 @@ from typing import Callable, Dict, Hashable, List, Optional, Tuple
 
 import libcst as cst
 
-from ampfix.model.flow import _ends
 from ampfix.model.events import BACKWARD, EXIT, SCALER_STEP, UNSCALE, UPDATE, ZERO_GRAD, Event, Trace, TraceEvent
+from ampfix.model.flow import ends_in_exit
 from ampfix.model.parsing import parse_expression
 from ampfix.model.readwrite import reads_writes
 from ampfix.model.syntax import call_name, literal_bool
@@ -592,7 +592,7 @@ def _fallthrough_links(domains: Dict[Group, List[Hashable]]) -> Dict[Group, Tupl
             continue
         if len(local) == 2 and local[0] == "fallthrough":  # this module's `if`
             node = local[1]
-            body, orelse = _ends(node.body), _ends(node.orelse)
+            body, orelse = ends_in_exit(node.body), ends_in_exit(node.orelse)
             test, through = (ft[0], ("if", node)), not body
             if body == orelse:
                 continue
@@ -603,6 +603,8 @@ def _fallthrough_links(domains: Dict[Group, List[Hashable]]) -> Dict[Group, Tupl
         if test in domains:
             out[test] = (ft, through)
     return out
+
+
 _SPACE = re.compile(r"\s+")
 _NEGATED = ((cst.IsNot, " is not ", " is "), (cst.NotEqual, " != ", " == "), (cst.NotIn, " not in ", " in "))
 

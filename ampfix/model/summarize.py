@@ -18,7 +18,7 @@ import libcst as cst
 
 from ampfix.lexemes import LEXEMES
 from ampfix.model.events import BACKWARD, EXIT, EXTERNAL, TraceEvent
-from ampfix.model.flow import _ends
+from ampfix.model.flow import ends_in_exit
 from ampfix.model.summary import (IMPORTED, LOCAL, PARAM, SELF, UNKNOWN, ClassSummary, Effect, FunctionSummary,
                                   ModuleSummary, OutgoingCall, Param, Value)
 from ampfix.model.syntax import call_name, literal_string
@@ -284,7 +284,7 @@ class _Groups:
             # the `if` whose early return it falls through, and the branch that falls through
             # (`iterations._fallthrough_links`): its number as the `if`'s own group would get it
             node = inner[1]
-            body, orelse = _ends(node.body), _ends(node.orelse)
+            body, orelse = ends_in_exit(node.body), ends_in_exit(node.orelse)
             if body != orelse:
                 return ("fallthrough", n, self.ids.setdefault((g[0], ("if", node)), len(self.ids)), not body)
         return (kind if kind in ("loop", "comp", "loop-else", "fallthrough", "except", "bool", "if", "match") else "g", n)
