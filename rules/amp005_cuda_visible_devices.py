@@ -53,11 +53,11 @@ class CudaVisibleDevices(Rule):
   (it calls cuInit), `set_device`, `current_device`, `get_device_name`, `synchronize`, `.cuda()`, a tensor
   or module created on or moved to "cuda" ... The assignment then has no effect. `import torch`,
   `torch.device("cuda")`, `torch.cuda.device_count()` (NVML based) and `torch.cuda.manual_seed_all`
-  (deferred) do not initialise CUDA: setting the variable after them is fine. Nor is a process that
-  picks its own GPU first, with `torch.cuda.set_device(local_rank)` on every path, and then writes a value
-  naming the same variable (`str(devices[local_rank])`): that is for the processes it launches. Fix (unsafe, it reorders
-  code; only for a module-level assignment whose value is known before `import torch`): move the
-  assignment before the first `import torch`.
+  (deferred) do not initialise CUDA: setting the variable after them is fine. Nor is a process
+  that picks its own GPU first, with `torch.cuda.set_device(local_rank)` on every path, and then
+  writes a value naming the same variable (`str(devices[local_rank])`): that is for the processes
+  it launches. Fix (unsafe, it reorders code; only for a module-level assignment whose value is
+  known before `import torch`): move the assignment before the first `import torch`.
 * **One GPU per process, then indexed with the rank**: after `CUDA_VISIBLE_DEVICES = str(rank)` the
   process sees only `cuda:0`, so `cuda:{rank}`, `set_device(rank)`, `device_ids=[rank]` fail for every
   rank but 0. Leave the variable alone and call `torch.cuda.set_device(rank)`. No fix.
@@ -96,10 +96,12 @@ def worker(rank):
         late: Set[int] = set()
         writes = [w for w in env.writes if w.key == TARGET]
         for write in writes:
+            if self._for_children(model, write):
+                late.add(id(write.node))  # for the processes it launches: neither late nor this one's devices
+                continue
             v = self._after_init(model, write)
-            if v is not None or self._for_children(model, write):
-                late.add(id(write.node))  # (a write for the launched processes is not this one's either)
             if v is not None:
+                late.add(id(write.node))
                 yield v
         for write in writes:
             if id(write.node) not in late:
@@ -142,7 +144,7 @@ def worker(rank):
         # the message names an initialisation that runs on every path to the write where there is one
         always = next((i for i in inits if model.mandatory_between(i, None, point)), None)
         init = always or (inits[0] if inits else None)
-        if init is not None and not self._for_children(model, write):
+        if init is not None:
             shown = init.path[0]
             via = "" if shown is init.node else f" inside `{model.code(shown)}` (line {model.line(shown)})"
             msg = (

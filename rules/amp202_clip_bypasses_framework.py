@@ -99,9 +99,10 @@ optimizer.step()
             method = "clip_gradients" if fw.kind == "fabric" else kind
             message = self.message.format(fw=fw.name, prec=fw.describe(scaling_only=True), call=f"{key}.{method}(...)")
             if self._accumulating(model, ctx.source, fw, call):
-                guard = f"`{key}.sync_gradients`" if fw.kind == "accelerate" else "the micro-batch that steps"
+                when = (f"where `{key}.sync_gradients` is True" if fw.kind == "accelerate"
+                        else "on the micro-batches that step")
                 yield Violation(call, message=(
-                    f"{message}, under a test of {guard} (not fixed: with gradient accumulation the framework's clip "
+                    f"{message}, and only {when} (not fixed: with gradient accumulation the framework's clip "
                     "unscales on every micro-batch, and the second unscale before the optimizer steps raises RuntimeError)"))
                 continue
             yield Violation(call, message=message, fix=self._fix(model, facts, call, kind, key, p, owner))

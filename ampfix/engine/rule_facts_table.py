@@ -2,7 +2,7 @@
 them before it analyses anything (see ampfix/engine/rulemeta.py). Do not edit; regenerate.
 """
 
-DIGEST = '151cc21647316444872444d5cb76f4eaf2a475a83c89269aeb40deefe84b2783'
+DIGEST = '2257604fae0cf8bd24a29935cedcec46ff71144799f07e057088f44c740a975b'
 
 RULES = [
     ('AMP001', 'backward-in-autocast', True, ('autocast',), (),
