@@ -80,7 +80,7 @@ scaler.update()
                 if read.event.detail == "read" and not self._decides(model, read.node):
                     continue  # `.grad` read to be printed or logged: no training decision sees it
                 bw = model.last_before(trace, read, lambda e: e.kind == BACKWARD and e.event.detail == "scaled")
-                if bw is None or model.scaler_always_disabled(bw.event.scaler):
+                if bw is None or model.scaler_always_disabled(bw.event.scaler, trace.root):
                     continue  # (a GradScaler built with `enabled=False` scales nothing)
                 scaler = bw.scaler
                 steps = [s for s in trace.after(read, SCALER_STEP) if s.scaler == scaler

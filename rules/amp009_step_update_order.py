@@ -94,13 +94,13 @@ for x, y in loader:
                     yield v
 
     @staticmethod
-    def _disabled(model: AmpModel, ev: TraceEvent) -> bool:
-        return model.scaler_always_disabled(ev.event.scaler)
+    def _disabled(model: AmpModel, trace: Trace, ev: TraceEvent) -> bool:
+        return model.scaler_always_disabled(ev.event.scaler, trace.root)
 
     # ------------------------------------------------------------------ no update after step/unscale_
     def _missing(self, model: AmpModel, trace: Trace, skip, theirs: List[TraceEvent]) -> Iterator[Violation]:
         for ev in trace.of(SCALER_STEP, UNSCALE):
-            if id(ev) in skip or self._disabled(model, ev):
+            if id(ev) in skip or self._disabled(model, trace, ev):
                 continue
             scaler = ev.scaler
             if any(model.may_precede(trace, ev, u) for u in theirs):
@@ -213,7 +213,7 @@ for x, y in loader:
                         continue
                 if second.kind == UNSCALE and not second.event.foreign and model.guards.in_stage_test(second.node):
                     break  # it unscales only an optimizer not unscaled yet
-                if self._disabled(model, second) or model.within_one_call(first, second) or not model.path_avoiding(
+                if self._disabled(model, trace, second) or model.within_one_call(first, second) or not model.path_avoiding(
                         trace, first, second, lambda e: e.kind == UPDATE and e.scaler == first.scaler):
                     continue
                 shown = model.anchor(first, second)[1]
@@ -228,7 +228,7 @@ for x, y in loader:
     # ------------------------------------------------------------------ update before step
     def _update_first(self, model: AmpModel, trace: Trace, theirs: List[TraceEvent]) -> Iterator[Violation]:
         for upd in trace.of(UPDATE):
-            if any(upd is t for t in theirs) or self._disabled(model, upd) \
+            if any(upd is t for t in theirs) or self._disabled(model, trace, upd) \
                     or upd.node.args:  # type: ignore[attr-defined]
                 continue  # update(new_scale) sets the scale: no step needed
             group = model.iteration_of(trace, upd)

@@ -99,7 +99,7 @@ for i, (x, y) in enumerate(loader):
         shown_at = set()
         for trace in model.traces():
             found = [m for m in model.accumulation_misplaced(trace)
-                     if not model.scaler_always_disabled(m.event.event.scaler)
+                     if not model.scaler_always_disabled(m.event.event.scaler, trace.root)
                      and not model.within_one_call(m.event, m.guarded)]
             fixes = self._fixes(model, trace, found)
             for m in found:
@@ -187,7 +187,7 @@ def _move_fix(model: AmpModel, trace: Trace, ms: List[Misplaced]) -> Optional[Fi
     # the original raised at the second micro-batch, so nothing that ran changes)
     clip_moves = any(_clips(model, s) for s in stmts)
     safe = all(_only_scaler_or_clip(model, s) for s in stmts) and (
-        not clip_moves or all(model.scaler_always_enabled(m.event.event.scaler) for m in ms))
+        not clip_moves or all(model.scaler_always_enabled(m.event.event.scaler, trace.root) for m in ms))
     return Fix(replacements, applicability=SAFE if safe else UNSAFE,
                description="scaler calls moved under the accumulation boundary")
 

@@ -82,7 +82,7 @@ for x, y in loader:
         shown = set()
         for trace in model.traces():
             for bw in trace.of(BACKWARD):
-                if bw.event.detail != "scaled" or model.scaler_always_disabled(bw.event.scaler):
+                if bw.event.detail != "scaled" or model.scaler_always_disabled(bw.event.scaler, trace.root):
                     continue
                 for node, how in self._skips(model, trace, bw):
                     if id(node) not in shown:

@@ -633,6 +633,50 @@ def test_a_scaler_that_cannot_be_off():
         assert m.scaler_always_enabled(key) is enabled, key
 
 
+def test_a_scaler_is_judged_by_the_assignments_its_trace_sees():
+    m = model("""
+        import torch
+
+        class Reference:
+            def __init__(self):
+                self.scaler = torch.amp.GradScaler("cuda", enabled=False)
+
+            def step(self):
+                self.scaler.update()
+
+        class Mixed:
+            def __init__(self):
+                self.scaler = torch.amp.GradScaler("cuda")
+
+            def step(self):
+                self.scaler.update()
+
+        def off():
+            scaler = torch.amp.GradScaler("cuda", enabled=False)
+            scaler.update()
+
+        def on():
+            scaler = torch.amp.GradScaler("cuda")
+            scaler.update()
+
+        def passed(scaler):
+            scaler.update()
+        """)
+    roots = {}
+    for f in m.nodes_of(cst.FunctionDef):
+        cls = m.class_of(f)
+        roots[(cls.name.value + "." if cls is not None else "") + f.name.value] = f
+    for root, key, disabled, enabled in (("Reference.step", "self.scaler", True, False),
+                                         ("Mixed.step", "self.scaler", False, True),
+                                         ("off", "scaler", True, False), ("on", "scaler", False, True),
+                                         # a parameter: what callers pass, every `scaler` of the file
+                                         ("passed", "scaler", False, False)):
+        assert m.scaler_always_disabled(key, roots[root]) is disabled, root
+        assert m.scaler_always_enabled(key, roots[root]) is enabled, root
+    # without a root, the file's every assignment to the key: neither
+    assert not m.scaler_always_disabled("scaler") and not m.scaler_always_enabled("scaler")
+
+
 # ---------------------------------------------------------------------- apex outside apex.amp
 
 

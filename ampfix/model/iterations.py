@@ -519,18 +519,41 @@ class Iterations:
             child = anc
         return False
 
-    def scaler_always_disabled(self, key: Optional[str]) -> bool:
-        """Every GradScaler assigned to `key` in this file is built with a literal
-        `enabled=False` (a no-op scaler), and there is at least one."""
+    def _scaler_values(self, key: str, root: Optional[cst.CSTNode] = None) -> List[cst.BaseExpression]:
+        """The values assigned to the scaler `key` that a trace rooted at `root` (a function or
+        the module) sees: a plain name's assignments in the scope whose binding `root` reads,
+        `self.x`'s in the classes of `root`'s method (`attribute_values`). Every assignment to
+        `key` in the file where that is not known, or holds none: `root` None, a name that is a
+        parameter there (what its callers pass), `self` outside a method, a longer dotted key."""
+        every = [v for _, v in self.assignments_to(key)]
+        if root is None:
+            return every
+        inside = root.body if isinstance(root, cst.FunctionDef) else root  # (a node `root` runs)
+        first, _, rest = key.partition(".")
+        seen: List[cst.BaseExpression] = []
+        if first == "self" and rest and "." not in rest:
+            cls = self.self_class(inside)
+            seen = self.attribute_values(cls, rest) if cls is not None else []
+        elif not rest:
+            scope = self.binding_scope(first, root if isinstance(root, cst.FunctionDef) else self.module)
+            if scope is not None and not self._is_param(scope, first):
+                seen = [v for _, v, s in self._by_key.get(key, []) if s is scope]
+        return seen or every
+
+    def scaler_always_disabled(self, key: Optional[str], root: Optional[cst.CSTNode] = None) -> bool:
+        """Every GradScaler assigned to `key` that a trace rooted at `root` sees
+        (`_scaler_values`) is built with a literal `enabled=False` (a no-op scaler), and there
+        is at least one."""
         if key is None:
             return False
-        calls = [v for _, v in self.assignments_to(key) if isinstance(v, cst.Call) and self.is_api(v, "GradScaler")]
+        calls = [v for v in self._scaler_values(key, root) if isinstance(v, cst.Call) and self.is_api(v, "GradScaler")]
         return bool(calls) and all(self.built_disabled(c) for c in calls)  # type: ignore[attr-defined]
 
-    def scaler_always_enabled(self, key: Optional[str]) -> bool:
-        """Every value assigned to `key` in this file is a GradScaler built enabled (no
-        `enabled` argument, or a literal True), and there is at least one: the scaler cannot be
-        off. A parameter, a `None`, `enabled=use_amp` or a project's own class: not known."""
+    def scaler_always_enabled(self, key: Optional[str], root: Optional[cst.CSTNode] = None) -> bool:
+        """Every value assigned to `key` that a trace rooted at `root` sees (`_scaler_values`) is
+        a GradScaler built enabled (no `enabled` argument, or a literal True), and there is at
+        least one: the scaler cannot be off. A parameter, a `None`, `enabled=use_amp` or a
+        project's own class: not known."""
         if key is None:
             return False
         def on(v: cst.CSTNode) -> bool:
@@ -539,7 +562,7 @@ class Iterations:
             enabled = self.scaler_enabled(v)  # type: ignore[attr-defined]
             return enabled is None or literal_bool(enabled) is True
 
-        values = [v for _, v in self.assignments_to(key)]
+        values = self._scaler_values(key, root)
         return bool(values) and all(on(v) for v in values)
 
     def per_step_name(self, func: cst.CSTNode) -> Optional[str]:
