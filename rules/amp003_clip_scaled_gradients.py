@@ -30,7 +30,11 @@ too small, so nearly every step is clipped hard and training stalls; reading `.g
 for a decision (a gradient-norm threshold that skips steps, a clipping coefficient computed by
 hand) sees scaled values. Unscale first: `scaler.step()` knows the gradients were unscaled
 already. A `.grad` value that is only printed, logged, stored or returned is not reported: it
-decides nothing in training (the logged number is scaled, the training is not affected).
+decides nothing in training (the logged number is scaled, the training is not affected); nor
+is a test of whether the gradients are finite (`torch.isfinite(p.grad)`, `g.isnan().any()`,
+`torch.isfinite(p.grad.norm())`): a scaled gradient is finite exactly when the true one is. A
+clip with an infinite threshold (`clip_grad_norm_(params, float("inf"))`) changes nothing and only
+measures the norm: it is reported as a read is, where the norm decides something.
 
 The check follows the step through helpers and methods (`self.clip_gradients(...)`, a loss
 scaler's `__call__`), and through branches: an `unscale_` that runs only when logging is on
@@ -77,8 +81,9 @@ scaler.update()
         for trace in model.traces():
             shared: Dict[int, Tuple[Optional[Fix], Optional[str]]] = {}  # one unscale_ serves every read after the same backward
             for read in trace.of(GRAD_READ):
-                if read.event.detail == "read" and not self._decides(model, read.node):
-                    continue  # `.grad` read to be printed or logged: no training decision sees it
+                if (read.event.detail == "read" or model.dataflow.measures_only(read.node)) \
+                        and not self._decides(model, read.node):
+                    continue  # `.grad` read (or its norm measured) to be printed or logged: no training decision sees it
                 bw = model.last_before(trace, read, lambda e: e.kind == BACKWARD and e.event.detail == "scaled")
                 if bw is None or model.scaler_always_disabled(bw.event.scaler, trace.root):
                     continue  # (a GradScaler built with `enabled=False` scales nothing)

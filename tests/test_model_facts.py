@@ -677,6 +677,39 @@ def test_a_scaler_is_judged_by_the_assignments_its_trace_sees():
     assert not m.scaler_always_disabled("scaler") and not m.scaler_always_enabled("scaler")
 
 
+def test_a_finiteness_test_of_scaled_gradients_decides_nothing_the_scale_changes():
+    m = model("""
+        import math
+        import torch
+
+        def step(model, scaler, loss, opt):
+            scaler.scale(loss).backward()
+            if not torch.isfinite(model.w.grad).all():
+                pass
+            if model.w.grad.isnan().any():
+                pass
+            if model.w.grad.norm() > 10.0:
+                pass
+            gn = torch.nn.utils.clip_grad_norm_(model.parameters(), float("inf"))
+            if not math.isfinite(gn.item()):
+                pass
+            total = torch.nn.utils.clip_grad_norm_(model.parameters(), math.inf)
+            if total > 10.0:
+                pass
+            clipped = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        """)
+    df = m.dataflow
+    assert not df.feeds_decision(call_named(m, "torch.isfinite(model.w.grad)"))
+    assert not df.feeds_decision(call_named(m, "model.w.grad.isnan()"))
+    assert df.feeds_decision(call_named(m, "model.w.grad.norm()"))
+    inf_clip = call_named(m, 'torch.nn.utils.clip_grad_norm_(model.parameters(), float("inf"))')
+    math_clip = call_named(m, "torch.nn.utils.clip_grad_norm_(model.parameters(), math.inf)")
+    real_clip = call_named(m, "torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)")
+    assert df.measures_only(inf_clip) and df.measures_only(math_clip) and not df.measures_only(real_clip)
+    assert not df.feeds_decision(inf_clip)  # only `math.isfinite` reads the norm
+    assert df.feeds_decision(math_clip)  # compared with a threshold: scaled, it is 65536x too large
+
+
 # ---------------------------------------------------------------------- apex outside apex.amp
 
 

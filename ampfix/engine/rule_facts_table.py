@@ -2,7 +2,7 @@
 them before it analyses anything (see ampfix/engine/rulemeta.py). Do not edit; regenerate.
 """
 
-DIGEST = '2257604fae0cf8bd24a29935cedcec46ff71144799f07e057088f44c740a975b'
+DIGEST = 'd936aa4161254b5f3cd2b528adf295f1ec90cd98465c43a87cf100c5313ba6ca'
 
 RULES = [
     ('AMP001', 'backward-in-autocast', True, ('autocast',), (),

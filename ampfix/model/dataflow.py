@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Set, Tuple
 import libcst as cst
 
 from ampfix.model.facet import Facet
-from ampfix.model.syntax import call_name
+from ampfix.model.syntax import call_name, get_arg, literal_string
 from ampfix.model.tree import nodes_under, target_names
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -34,6 +34,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 Site = Tuple[cst.CSTNode, Tuple[str, ...], Tuple[cst.CSTNode, ...]]  # (node, names bound, value expressions)
 SCALE_INVARIANT = {"sign", "sgn", "isfinite", "isnan", "isinf", "ne", "eq"}
+_INVARIANT_FUNCS = {f"{m}.{f}" for m in ("torch", "math", "numpy") for f in SCALE_INVARIANT}
 MUL_DIV_METHODS = {"mul", "mul_", "div", "div_", "true_divide", "true_divide_", "multiply", "divide"}
 MUL_DIV_FUNCS = {"torch.mul", "torch.div", "torch.true_divide", "torch.multiply", "torch.divide",
                  "torch._foreach_mul", "torch._foreach_mul_", "torch._foreach_div", "torch._foreach_div_"}
@@ -100,6 +101,25 @@ class Dataflow(Facet):
             return isinstance(call, cst.Call) and bool(
                 self.model.qualnames(call.func) & {f"torch.{m}" for m in SCALE_INVARIANT})
         return False
+
+    def measures_only(self, clip: cst.Call) -> bool:
+        """The clip call `clip` has an infinite threshold (`clip_grad_norm_(params,
+        float("inf"))`, `max_norm=math.inf`): it changes no gradient that a GradScaler would not
+        skip anyway, and only measures their norm."""
+        arg = get_arg(clip, 1, "clip_value" if call_name(clip) == "clip_grad_value_" else "max_norm")
+        if arg is None:
+            return False
+        v = arg.value
+        if isinstance(v, cst.Call) and call_name(v) == "float" and len(v.args) == 1:
+            text = literal_string(v.args[0].value)
+            return text is not None and text.strip().lower() in ("inf", "+inf", "infinity")
+        return bool(self.model.qualnames(v) & {"math.inf", "torch.inf", "numpy.inf"})
+
+    def _invariant_call(self, call: cst.Call) -> bool:
+        """`call` is itself scale-invariant (`g.isfinite()`, `torch.isnan(g)`, `math.isinf(x)`)."""
+        if isinstance(call.func, cst.Attribute) and call.func.attr.value in SCALE_INVARIANT:
+            return True
+        return bool(self.model.qualnames(call.func) & _INVARIANT_FUNCS)
 
     def _is_read(self, name: cst.Name) -> bool:
         parent = self.model.parent(name)
@@ -228,8 +248,14 @@ class Dataflow(Facet):
         the test of an `if`/`while`/conditional expression/`assert`, in a comparison, or in the
         arguments of a call that changes gradients (`p.grad.mul_(coef)`, `torch._foreach_mul_`,
         a clip). A value that is only printed, logged, stored or returned decides nothing this
-        file shows."""
+        file shows; nor does a scale-invariant one (`torch.isfinite(p.grad)`, `g.isnan()`), or one
+        only such a call reads (`torch.isfinite(p.grad.norm())`): it is the same whatever the
+        GradScaler's scale (the names derived from `source` are tested so in `value_reads`)."""
+        if isinstance(source, cst.Call) and self._invariant_call(source):
+            return False
         for r in self.value_reads(source):
+            if r is source and self._invariant_use(r):
+                continue
             child = r
             for anc in self.model.ancestors(r):
                 if isinstance(anc, (cst.SimpleStatementLine, cst.FunctionDef, cst.ClassDef, cst.Lambda)):
@@ -240,6 +266,8 @@ class Dataflow(Facet):
                     break
                 if isinstance(anc, cst.Comparison):
                     return True
+                if isinstance(anc, cst.Call) and self._invariant_call(anc):
+                    break  # `math.isfinite(norm.item())`: the same whatever the scale
                 if isinstance(anc, cst.Call) and child is not anc.func and _changes_gradients(self.model, anc):
                     return True
                 child = anc
