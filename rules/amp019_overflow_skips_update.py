@@ -36,9 +36,10 @@ says the gradients are finite, with none of them in the other branch (a loop ove
 optimizers that steps and updates each in that branch is taken to update). The test may name
 the norm under any name (`gn = clip_grad_norm_(...)`) or read a flag (`skip = not
 torch.isfinite(gn)`; `valid = False` under `if not torch.isfinite(p.grad).all():` in a loop over
-the parameters). A test inside a helper function (`if not grads_finite(model):`), or a skip in a
-helper of another module, is not followed: silent. A path that calls `unscale_` and then skips `update()` is AMP009
-(the next `unscale_` raises). A test of the loss alone (a NaN loss skipped before or after the
+the parameters), or call a function or method of the same file that answers it (`if not
+grads_finite(model):`, read through its `return`s and the tests they run under). A test answered
+in another module, or a skip in a helper of another module, is not followed: silent. A path that
+calls `unscale_` and then skips `update()` is AMP009 (the next `unscale_` raises). A test of the loss alone (a NaN loss skipped before or after the
 backward) is not reported: the scale does not cause it. Not fixed: what the path should do
 (let `step()` skip, or update and skip) is the author's choice.
 

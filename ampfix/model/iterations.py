@@ -49,6 +49,7 @@ ACCUM_TEST = re.compile(r"accum|grad_acc|acc_step|accu_step|should_step|do_step|
 NONFINITE_WORD = re.compile(r"\b(?:isfinite|isnan|isinf|isposinf|isneginf|inf|nan)\b", re.IGNORECASE)
 GRADIENT_WORD = re.compile(r"grad|norm", re.IGNORECASE)
 _NAME = re.compile(r"(?<![\w.])[A-Za-z_]\w*")
+_CALLED = re.compile(r"(?<![\w])([A-Za-z_]\w*)\s*\(")  # a called name, a method's too (`self.f(`)
 FACTORY_EXCLUDE = re.compile(r"step|zero|load|state|sched|param|wrap|close|restore", re.IGNORECASE)
 PER_STEP_TOKENS = {"step", "iter", "iteration", "batch", "epoch", "optimize"}
 NOT_PER_STEP_TOKENS = {"setup", "init", "build", "create", "make", "configure", "prepare", "get", "test", "main",
@@ -300,8 +301,21 @@ class Iterations:
                     out.extend(self.code(a.test) for a in self.ancestors(v) if isinstance(a, cst.If))
             return out
 
+        def answers_of(code: str) -> List[str]:
+            """What the functions of this file that `code` calls return, and the tests of the `if`s
+            a `return` runs under (`if not torch.isfinite(p.grad).all(): return False`)."""
+            out: List[str] = []
+            for name in set(_CALLED.findall(code)):
+                for f in self.functions.get(name, ()):
+                    for ret in self._nodes_in_scope(f, cst.Return):  # type: ignore[attr-defined]
+                        if ret.value is not None:
+                            out.append(self.code(ret.value))
+                        out.extend(self.code(a.test) for a in self.ancestors(ret) if isinstance(a, cst.If))
+            return out
+
         values = values_of(text)
         values += [w for v in values for w in values_of(v)]  # `skip = not isfinite(gn)`, `gn = clip_grad_norm_(...)`
+        values += [w for v in (text, *values) for w in answers_of(v)]  # `if not grads_finite(model):`
         finite = bool(NONFINITE_WORD.search(text)) or any(NONFINITE_WORD.search(v) for v in values)
         return finite and any(GRADIENT_WORD.search(v) for v in values)
 
