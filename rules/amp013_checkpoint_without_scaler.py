@@ -18,7 +18,7 @@ class CheckpointWithoutScaler(Rule):
     message = ("this resume checkpoint saves the optimizer but not the GradScaler's state: after a resume the "
                "scale restarts at 65536 and the first steps overflow and are skipped; save `scaler.state_dict()`")
     triggers = ("state_dict",)
-    requires = (("GradScaler", ".scale("), ("torch.save", "torch.load", "save(", "load("))
+    requires = (("GradScaler", ".scale("), ("torch.save", "torch.load", "save(", "load(", "def load_state_dict"))
     project_requires = (("save", "checkpoint", "state_dict"),)
     fixable = "unsafe"
     fix_note = ("unsafe (a `scaler` entry saved, restored when present: every save and load of the file, or none; a load "
@@ -48,6 +48,11 @@ one side only breaks resuming). A load is fixed only when a checkpoint of the fi
 scaler; where the scaler is created after the restore, its restore goes after it, under the
 resume's own test.
 
+A project's optimizer wrapper that owns the GradScaler (`self._scaler.scale(loss).backward()`,
+`self._scaler.step(self._optimizer)`) makes the same mistake in its own `state_dict()`, which is
+what the checkpoints save of it, when that returns the optimizer's state and not the scaler's:
+reported there, not fixed, unless some module of the project reads the scaler's state through the
+attribute (`optim._scaler.state_dict()`), or the project is not read.
 With bfloat16 the mistake rarely shows (its gradients hardly ever overflow, so the scale hardly
 matters); with float16 a resume shows as skipped steps.
 
@@ -106,6 +111,8 @@ torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
                             fix=fixes.get(id(state.dict_node)), related=related)
         for call, _ in loads:
             yield Violation(call, message=self._not_fixed(LOAD_MESSAGE, why.get(id(call))), fix=fixes.get(id(call)))
+        for w in model.checkpoints.wrapper_states():
+            yield Violation(w.dict_node, message=WRAPPER_MESSAGE.format(cls=w.cls.name.value, scaler=w.scaler))
         for r in helpers:
             path, line, qual = r.written_in
             note = f"the optimizer, restored by `{qual}` without the scaler"
@@ -217,3 +224,7 @@ torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
 
 LOAD_MESSAGE = ("the optimizer is restored from a checkpoint but the GradScaler is not: after a resume the "
                 "scale restarts at 65536; restore `scaler.load_state_dict(...)` too")
+WRAPPER_MESSAGE = ("this `state_dict()` of `{cls}`, what a checkpoint saves of it, holds the optimizer's state but not "
+                   "that of the GradScaler it steps through (`self.{scaler}`): after a resume the scale restarts at "
+                   "65536 and the first steps overflow and are skipped; add `self.{scaler}.state_dict()` (when it is "
+                   "not None) and restore it in `load_state_dict`")

@@ -2,7 +2,7 @@
 them before it analyses anything (see ampfix/engine/rulemeta.py). Do not edit; regenerate.
 """
 
-DIGEST = 'd936aa4161254b5f3cd2b528adf295f1ec90cd98465c43a87cf100c5313ba6ca'
+DIGEST = '491be3c6d8fcd442be9ec67e9f80d4a3d31ea5e1862f594bfc2eacdb70c8eca9'
 
 RULES = [
     ('AMP001', 'backward-in-autocast', True, ('autocast',), (),
@@ -30,7 +30,7 @@ RULES = [
     ('AMP012', 'gradient-penalty-unscaled', True, ('autograd.grad', 'autograd import grad'), (),
      (('create_graph',), ('.scale(',)), None, False),
     ('AMP013', 'checkpoint-without-scaler', True, ('state_dict',), (),
-     (('GradScaler', '.scale('), ('torch.save', 'torch.load', 'save(', 'load(')), (('save', 'checkpoint', 'state_dict'),), False),
+     (('GradScaler', '.scale('), ('torch.save', 'torch.load', 'save(', 'load(', 'def load_state_dict')), (('save', 'checkpoint', 'state_dict'),), False),
     ('AMP014', 'custom-fwd-without-custom-bwd', True, ('custom_fwd',), (),
      (('Function',),), None, False),
     ('AMP015', 'scaler-with-bfloat16', True, ('GradScaler',), (),

@@ -5,6 +5,7 @@ built by the caller of a `save_checkpoint(state, ...)` helper) and classifies th
 the object whose `state_dict()` they hold: model, optimizer, GradScaler, or other.
 `restores` finds the `X.load_state_dict(...)` calls of a function that restore from a
 `torch.load` result. `scalers_at` names the GradScalers code at a place can reach.
+`wrapper_states` finds the optimizer wrappers whose own `state_dict()` leaves out their scaler.
 """
 
 from __future__ import annotations
@@ -47,6 +48,18 @@ class SavedState:
     # written by a function of another module (`save_checkpoint(path, optimizer, ...)`): its
     # path, the line of its `torch.save`, and its qualified name
     written_in: Optional[Tuple[str, int, str]] = None
+
+
+@dataclass
+class WrapperState:
+    """A class that steps an optimizer through a GradScaler it holds (`self._scaler.step(
+    self._optimizer)`), and whose `state_dict()`, the state a checkpoint saves of it, holds the
+    optimizer's state and not the scaler's."""
+
+    dict_node: cst.Dict  # the dict its `state_dict()` returns
+    cls: cst.ClassDef
+    scaler: str  # the attribute that holds the scaler (`_scaler`)
+    optimizer: str  # the attribute that holds the optimizer (`_optimizer`)
 
 
 def _argument(bound: dict, receiver: str) -> Optional[cst.BaseExpression]:
@@ -258,6 +271,68 @@ class Checkpoints(Facet):
             out.append(HelperRestore(call, optimizers, any(e.get("kind") == "scaler" for e in loads),
                                      (ff.path, line, ff.qual)))
         return out
+
+    def wrapper_states(self) -> List[WrapperState]:
+        """The optimizer wrappers of the file whose `state_dict()` leaves out the GradScaler
+        they step through (`WrapperState`): the class defines `state_dict` and
+        `load_state_dict`, scales a loss and steps (or unscales) its optimizer with the scaler,
+        returns a dict literal with `self.<optimizer>.state_dict()` and nothing of the scaler,
+        reads neither `state_dict()` nor `load_state_dict` of the scaler, and the file builds a
+        GradScaler, not built disabled, for that attribute. None where some file of the project
+        reads the scaler's state through the attribute (`optim._scaler.state_dict()` beside
+        `optim.state_dict()`), or where the project is not read (unknown)."""
+        m = self.model
+        out: List[WrapperState] = []
+        for cls in m.classes.values():
+            method = m.method(cls, "state_dict")
+            if method is None or m.method(cls, "load_state_dict") is None:
+                continue
+            calls = [c for c in m.calls if m.is_ancestor(cls, c) and isinstance(c.func, cst.Attribute)]
+            receivers = {(dotted(c.func.value), c.func.attr.value) for c in calls}
+            for c in calls:
+                s_key, o_key = dotted(c.func.value), dotted(c.args[0].value) if len(c.args) == 1 else None
+                if c.func.attr.value not in ("step", "unscale_") or not s_key or not o_key \
+                        or not s_key.startswith("self.") or not o_key.startswith("self.") \
+                        or (s_key, "scale") not in receivers \
+                        or (s_key, "state_dict") in receivers or (s_key, "load_state_dict") in receivers:
+                    continue
+                scaler, optimizer = s_key[5:], o_key[5:]
+                state = self._wrapper_dict(method, o_key, s_key)
+                if state is None or any(w.dict_node is state for w in out) or not self._builds_scaler(scaler):
+                    continue
+                if m.foreign is None:
+                    continue
+                holders = m.foreign.holders(m.path, f".{scaler}.state_dict(")
+                if holders is None or holders:
+                    continue
+                out.append(WrapperState(state, cls, scaler, optimizer))
+        return out
+
+    def _wrapper_dict(self, method: cst.FunctionDef, optimizer: str, scaler: str) -> Optional[cst.Dict]:
+        """The dict literal `method` returns, when it holds `<optimizer>.state_dict()` and no
+        entry of the scaler (no `<scaler>` in the method, no key that names a scaler)."""
+        m = self.model
+        if scaler in m.code(method):
+            return None
+        for ret in m._nodes_in_scope(method, cst.Return):  # type: ignore[attr-defined]
+            if not isinstance(ret.value, cst.Dict):
+                continue
+            elements = ret.value.elements
+            if any(not isinstance(e, cst.DictElement) for e in elements):
+                return None  # `**other`: it may hold anything
+            keys = [literal_string(e.key) or "" for e in elements]  # type: ignore[union-attr]
+            if any(k in SCALER_KEYS or "scaler" in k.lower() for k in keys):
+                return None
+            if any(dotted(method_call(e.value, "state_dict")) == optimizer for e in elements):  # type: ignore[union-attr]
+                return ret.value
+        return None
+
+    def _builds_scaler(self, attr: str) -> bool:
+        """Some assignment of the file to `<x>.<attr>` builds a GradScaler not built disabled
+        (`self._scaler = GradScaler()`, `optimizer._scaler = GradScaler()` in a factory)."""
+        m = self.model
+        return any(self._enabled_scaler([v for _, v in m.assignments_to(key)])
+                   for key in m.assigned_keys() if key.endswith("." + attr))
 
     def scalers_at(self, node: cst.CSTNode) -> List[str]:
         """The scaler keys code at `node` can reach: its function's names and the module's,

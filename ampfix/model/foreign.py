@@ -182,6 +182,10 @@ class ForeignFacts(Protocol):
         """A class of the project that may derive from `cls` defines a method `name` (True:
         not sure that none does)."""
 
+    def holders(self, path: str, word: str) -> Optional[List[str]]:
+        """The project's files (`path`'s own included) whose text holds `word`; None: not known
+        (no project is read)."""
+
 
 @dataclass
 class Synthetic:

@@ -1375,6 +1375,17 @@ class Project:
                 self._touch(f)
         return hit[0]
 
+    def holders(self, path: str, word: str) -> List[str]:
+        """The project's files whose text holds `word` (`ImportGraph.subclass_candidates`, the
+        same text scan): the scan and the texts are dependencies of the result (`end`)."""
+        path = os.path.abspath(path)
+        if self._subclassed is not None:
+            self._subclassed.add((path, word))
+        found = self.graph.subclass_candidates(path, word)
+        for f in found:
+            self._touch(f)
+        return found
+
     def _overridden_below(self, cls: ForeignClass, name: str) -> Tuple[bool, Tuple[Tuple[str, str], ...]]:
         """`overridden_below`'s answer, and the (path, class name) scans it made."""
         scanned: List[Tuple[str, str]] = []
@@ -1806,6 +1817,9 @@ class _NoFacts:
 
     def overridden_below(self, cls, name):
         return True
+
+    def holders(self, path, word):
+        return None
 
 
 NO_FACTS = _NoFacts()
