@@ -210,6 +210,23 @@ PACKAGES: Tuple[Package, ...] = (
     Package("stable-audio-tools", "0.0.19"),
     Package("tez", "0.7.2"),
     Package("torchbearer", "0.5.5"),
+    # added 2026-11-28 (twenty-second session): 15 projects nobody here had read, checked once
+    # with 308ec8f (the session's start) and with the session's code, and their findings read
+    Package("modelscope", "1.40.2"),
+    Package("colbert-ai", "0.2.22"),
+    Package("classy-vision", "0.7.0"),
+    Package("FlagEmbedding", "1.4.2"),
+    Package("opacus", "1.6.0"),
+    Package("torch-geometric", "2.8.1"),
+    Package("neuralforecast", "3.3.0"),
+    Package("x-transformers", "2.31.10"),
+    Package("mmyolo", "0.6.0"),
+    Package("mmagic", "1.2.0"),
+    Package("fairseq2", "0.8.1", kind="wheel", note="no sdist on PyPI"),
+    Package("deepchem", "2.8.0"),
+    Package("pytorch-widedeep", "1.7.0"),
+    Package("autogluon.multimodal", "1.6.3"),
+    Package("vissl", "0.1.6", kind="wheel", note="no sdist on PyPI"),
     # known AMP bugs, at the release before their fix
     Package("pytorch-lightning", "1.4.8",
             note="gradient clipping before GradScaler.unscale_ (Lightning-AI/pytorch-lightning#9330, fixed in 1.4.9)"),
