@@ -53,6 +53,8 @@ A project's optimizer wrapper that owns the GradScaler (`self._scaler.scale(loss
 what the checkpoints save of it, when that returns the optimizer's state and not the scaler's:
 reported there, not fixed, unless some module of the project reads the scaler's state through the
 attribute (`optim._scaler.state_dict()`), or the project is not read.
+A GradScaler the file never updates (a fixed loss scale: `scale(loss)` only, nerfacc's recipe)
+keeps the state it is built with, and is not asked for.
 With bfloat16 the mistake rarely shows (its gradients hardly ever overflow, so the scale hardly
 matters); with float16 a resume shows as skipped steps.
 

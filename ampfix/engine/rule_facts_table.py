@@ -2,7 +2,7 @@
 them before it analyses anything (see ampfix/engine/rulemeta.py). Do not edit; regenerate.
 """
 
-DIGEST = '491be3c6d8fcd442be9ec67e9f80d4a3d31ea5e1862f594bfc2eacdb70c8eca9'
+DIGEST = '6921a8e732e4e6f9ed107016cfdea5c17dd75a9ceb2a4f3e8e9d426f838caad0'
 
 RULES = [
     ('AMP001', 'backward-in-autocast', True, ('autocast',), (),

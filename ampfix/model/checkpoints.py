@@ -10,6 +10,7 @@ the object whose `state_dict()` they hold: model, optimizer, GradScaler, or othe
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Iterator, List, Optional, Tuple
 
@@ -24,6 +25,11 @@ if TYPE_CHECKING:
     from ampfix.model.foreign import ForeignFunction
 
 SCALER_KEYS = ("scaler", "amp", "grad_scaler", "loss_scaler")
+# what may follow a scaler's name in a file where its state never changes: an assignment to it,
+# or a call of a method that leaves the scale and its counters as they were
+_SCALER_USE = re.compile(r"[ \t]*(?:=(?!=)|\.(\w+)[ \t]*\()")
+_STATE_KEEPING = {"scale", "unscale_", "get_scale", "is_enabled", "get_growth_factor", "get_backoff_factor",
+                  "get_growth_interval", "state_dict"}
 
 
 @dataclass
@@ -351,8 +357,35 @@ class Checkpoints(Facet):
             elif not self._enabled_scaler([v for n, v, s in self.model._by_key.get(key, [])
                                            if s is self.model.binding_scope(root, scope)]):
                 continue
+            if self._never_updated(key):
+                continue
             out.append(key)
         return out
+
+    def _never_updated(self, key: str) -> bool:
+        """The file scales losses with the scaler `key`, and every use of it is an assignment to
+        it or a call of a method that leaves its state as built (`scale`, `unscale_`,
+        `get_scale`, ...): no `update()` runs on it (nor `step()`), it is handed to nothing, and
+        for an attribute no module of the project calls `.<attr>.update(`. Its state never
+        changes, so a checkpoint has nothing of it to keep (nerfacc's fixed loss scale,
+        `GradScaler(2**10)` used for `scale(loss)` only)."""
+        code = self.model.code(self.model.module)
+        scales = False
+        for m in re.finditer(r"(?<![\w.])" + re.escape(key) + r"(?![\w])", code):
+            use = _SCALER_USE.match(code, m.end())
+            if use is None or (use.group(1) is not None and use.group(1) not in _STATE_KEEPING):
+                return False
+            scales = scales or use.group(1) == "scale"
+        if not scales:
+            return False  # built here, used elsewhere: not known
+        if "." not in key:
+            return True
+        # an attribute: no module of the project updates it through that attribute (unknown
+        # without the project)
+        foreign = self.model.foreign
+        holders = foreign.holders(self.model.path, "." + key.rpartition(".")[2] + ".update(") \
+            if foreign is not None else None
+        return holders is not None and not holders
 
     def scaler_key(self) -> Optional[str]:
         """The key under which this file's checkpoints already save (or its resumes read) a
