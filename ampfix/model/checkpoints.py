@@ -289,6 +289,8 @@ class Checkpoints(Facet):
         `optim.state_dict()`), or where the project is not read (unknown)."""
         m = self.model
         out: List[WrapperState] = []
+        if m.foreign is None:
+            return out  # no project: who saves the scaler is not known
         for cls in m.classes.values():
             method = m.method(cls, "state_dict")
             if method is None or m.method(cls, "load_state_dict") is None:
@@ -305,8 +307,6 @@ class Checkpoints(Facet):
                 scaler, optimizer = s_key[5:], o_key[5:]
                 state = self._wrapper_dict(method, o_key, s_key)
                 if state is None or any(w.dict_node is state for w in out) or not self._builds_scaler(scaler):
-                    continue
-                if m.foreign is None:
                     continue
                 holders = m.foreign.holders(m.path, f".{scaler}.state_dict(")
                 if holders is None or holders:
@@ -369,7 +369,7 @@ class Checkpoints(Facet):
         for an attribute no module of the project calls `.<attr>.update(`. Its state never
         changes, so a checkpoint has nothing of it to keep (nerfacc's fixed loss scale,
         `GradScaler(2**10)` used for `scale(loss)` only)."""
-        code = self.model.code(self.model.module)
+        code = self.model.__dict__.get("source_text") or self.model.module.code  # (the engine's text: no codegen)
         scales = False
         for m in re.finditer(r"(?<![\w.])" + re.escape(key) + r"(?![\w])", code):
             use = _SCALER_USE.match(code, m.end())
