@@ -11,7 +11,7 @@ import libcst as cst
 import pytest
 
 from ampfix.model import AmpModel
-from ampfix.model.events import BACKWARD, SCALER_STEP, UNSCALE, UPDATE
+from ampfix.model.events import BACKWARD, GRAD_READ, SCALER_STEP, UNSCALE, UPDATE
 
 
 def model(src: str) -> AmpModel:
@@ -300,6 +300,38 @@ def test_exclusive_branches_and_one_stable_decision():
         """)
     step, plain, printed = (call_named(m, t) for t in ("scaler.step(opt)", "opt.step()", 'print("fp32")'))
     assert m.exclusive(step, plain) and m.exclusive(step, printed) and not m.exclusive(plain, printed)
+
+
+def test_the_operands_of_a_conjunction_are_the_decisions_they_name():
+    m = model("""
+        import torch
+
+        def f(use_amp, clip, opt, loss, params):
+            scaler = torch.amp.GradScaler("cuda", enabled=use_amp)
+            if use_amp:
+                scaler.scale(loss).backward()
+            if use_amp and clip > 0:
+                scaler.unscale_(opt)
+            if clip > 0:
+                torch.nn.utils.clip_grad_norm_(params, clip)
+            if not use_amp and clip > 0:
+                print("fp32 clip")
+            if use_amp and clip > 0:
+                log("unscaled")
+            else:
+                log("not unscaled")
+        """)
+    backward, unscale, clip, fp32, logged, not_logged = (call_named(m, t) for t in (
+        "scaler.scale(loss).backward()", "scaler.unscale_(opt)", "torch.nn.utils.clip_grad_norm_(params, clip)",
+        'print("fp32 clip")', 'log("unscaled")', 'log("not unscaled")'))
+    # `unscale_` runs on every path where the scaled backward and the clip both run
+    assert m.exclusive(backward, fp32) and m.exclusive(unscale, fp32) and not m.exclusive(unscale, clip)
+    trace = next(t for t in m.traces() if getattr(t.root, "name", None) is not None and t.root.name.value == "f")
+    bw = next(e for e in trace.events if e.kind == BACKWARD)
+    read = next(e for e in trace.events if e.kind == GRAD_READ)
+    assert not m.path_without(trace, bw, read, lambda e: e.kind == UNSCALE)
+    # with an `else`, the whole test stays one decision: its two branches exclude each other
+    assert m.exclusive(logged, not_logged)
 
 
 # ---------------------------------------------------------------------- traces

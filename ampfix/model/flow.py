@@ -67,7 +67,11 @@ class Flow:
                 break
             if kind in _IFS:
                 if child is anc.body or child is anc.orelse:  # type: ignore[attr-defined]
-                    out.append(self._decision(anc, child is anc.body))  # type: ignore[attr-defined]
+                    parts = self._conjuncts(anc) if child is anc.body else None  # type: ignore[attr-defined]
+                    if parts is not None:
+                        out.extend(reversed(parts))
+                    else:
+                        out.append(self._decision(anc, child is anc.body))  # type: ignore[attr-defined]
             elif kind in _LOOPS:
                 if child is anc.body:  # type: ignore[attr-defined]
                     out.append((("loop", anc), True))
@@ -129,11 +133,44 @@ class Flow:
         group, positive = stable
         return (group, polarity if positive else not polarity)
 
+    def _conjuncts(self, node: cst.CSTNode) -> Optional[List[Tuple[Group, Hashable]]]:
+        """The body of `if X and Y:` runs where X and where Y: one context per operand, when
+        every operand is a stable test, the `if` has no `else` and no branch of it exits (the
+        decision of a whole test is kept where its false branch matters: an `else`, the code an
+        early `return` falls through to). So `if use_amp and clip:` after `if use_amp:` is the
+        same decision on `use_amp` (`scaler.unscale_` there runs wherever the scaled backward
+        and the clip both run)."""
+        if type(node) is not cst.If or node.orelse is not None or self._returns(node):  # type: ignore[arg-type]
+            return None
+        operands: List[cst.BaseExpression] = []
+        stack = [node.test]  # type: ignore[attr-defined]
+        while stack:
+            t = stack.pop()
+            if isinstance(t, cst.BooleanOperation) and isinstance(t.operator, cst.And):
+                stack.extend((t.right, t.left))
+            else:
+                operands.append(t)
+        if len(operands) < 2:
+            return None
+        out = []
+        for t in operands:
+            stable = self._stable_expr(t, node)
+            if stable is None:
+                return None
+            group, positive = stable
+            out.append((group, positive))
+        return out
+
     def _stable_test(self, node: cst.CSTNode) -> Optional[Tuple[Hashable, bool]]:
         """For an `if` whose test is stable: (group, whether the text is the positive form)."""
         if node in self._stable:
             return self._stable[node]
-        test = node.test  # type: ignore[attr-defined]
+        result = self._stable_expr(node.test, node)  # type: ignore[attr-defined]
+        self._stable[node] = result
+        return result
+
+    def _stable_expr(self, test: cst.CSTNode, node: cst.CSTNode) -> Optional[Tuple[Hashable, bool]]:
+        """`_stable_test` of the test expression `test` of the `if` (or operand of its test) `node`."""
         positive = True
         while isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
             test, positive = test.expression, not positive
@@ -153,7 +190,6 @@ class Flow:
                 r != "self" and self.binding_scope(r, func) is func and not self._is_param(func, r) for r in roots)
             version = tuple(sorted(id(a) for a in self._assignments_before(test, node)))
             result = (("cond", func if local else None, text, version, roots), positive)
-        self._stable[node] = result
         return result
 
     def _is_stable(self, test: cst.CSTNode) -> bool:
