@@ -56,7 +56,7 @@ MORE_BUGS = [
     ("buggy_token_boundary.py", None, []),
     ("buggy_step_bypasses_scaler.py", None, ["--unsafe-fixes"]),
     ("buggy_gradient_penalty.py", "fixed_gradient_penalty.py", []),
-    ("buggy_checkpoint_no_scaler.py", None, ["--unsafe-fixes"]),
+    ("buggy_checkpoint_no_scaler.py", None, ["--unsafe-fixes", "--preview"]),
     ("buggy_half_with_scaler.py", None, ["--unsafe-fixes"]),
     ("buggy_fp16_no_scaler.py", None, ["--unsafe-fixes"]),
     ("scaler_with_bf16.py", None, ["--unsafe-fixes"]),

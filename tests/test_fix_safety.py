@@ -148,7 +148,7 @@ def test_a_fix_that_moves_a_comment_off_its_line_is_refused():
 
 def test_amp013_keeps_each_comment_on_its_entry():
     path = FIXTURES / "rules" / "AMP013" / "bad_fix_comments.py"
-    new, fixed, _ = fix_text(path.read_text(), str(path), select_rules(["AMP013"], []), Settings(unsafe_fixes=True))
+    new, fixed, _ = fix_text(path.read_text(), str(path), select_rules(["AMP013"], [], preview=True), Settings(unsafe_fixes=True))
     assert fixed
     assert ('            "saved_at": datetime.datetime.now(),  # noqa: DTZ005\n'
             '            "scaler": self.scaler.state_dict(),\n        }\n') in new

@@ -2,7 +2,7 @@
 own `pyproject.toml`) whose mistake, or whose correctness, is only visible across modules.
 `bad_*` projects mark every expected finding with `# expect: CODE@column` in the module it is
 reported in; `good_*` projects are their correct twins and must produce nothing. Every project
-is checked whole, and every module of a `bad_*` project is also checked alone (as pre-commit
+is checked whole (every rule, preview rules included), and every module of a `bad_*` project is also checked alone (as pre-commit
 passes only changed files): the findings of a module do not depend on which other files were
 named on the command line."""
 
@@ -31,7 +31,7 @@ def markers(project: Path) -> Counter:
 
 
 def found(project: Path, paths=None) -> Counter:
-    run = api.check_paths([str(p) for p in (paths or [project])], select=["ALL"], no_cache=True)
+    run = api.check_paths([str(p) for p in (paths or [project])], select=["ALL"], preview=True, no_cache=True)
     assert not run.errors, run.errors
     return Counter((str(Path(d.path).resolve().relative_to(project.resolve())), d.line, d.column, d.code)
                    for d in run.diagnostics)

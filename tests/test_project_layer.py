@@ -1873,12 +1873,12 @@ def test_a_subclass_that_appears_later_silences_the_cached_finding(tmp_path):
     tree(tmp_path, {"pyproject.toml": "", "pkg/__init__.py": "", "pkg/lm.py": _ANNOTATED_LM,
                     "pkg/trainer.py": _ANNOTATED_TRAINER.format(ann=": LanguageModel", attr="")})
     env = {"AMPFIX_CACHE_DIR": str(tmp_path / "cache")}
-    first = run_ampfix("check", "-q", "--select", "AMP013", ".", cwd=tmp_path, env=env)
+    first = run_ampfix("check", "-q", "--preview", "--select", "AMP013", ".", cwd=tmp_path, env=env)
     assert "AMP013" in first.stdout.decode(), first.stdout.decode() + first.stderr.decode()
     (tmp_path / "pkg" / "char.py").write_text(
         "from pkg.lm import LanguageModel\n\n\nclass Char(LanguageModel):\n"
         "    def save_checkpoint(self, file, optimizer, epoch):\n        pass\n")
-    again = run_ampfix("check", "-q", "--select", "AMP013", ".", cwd=tmp_path, env=env)
-    fresh = run_ampfix("check", "-q", "--select", "AMP013", "--no-cache", ".", cwd=tmp_path)
+    again = run_ampfix("check", "-q", "--preview", "--select", "AMP013", ".", cwd=tmp_path, env=env)
+    fresh = run_ampfix("check", "-q", "--preview", "--select", "AMP013", "--no-cache", ".", cwd=tmp_path)
     assert fresh.returncode == 0 and b"AMP013" not in fresh.stdout, fresh.stdout
     assert (again.returncode, again.stdout) == (fresh.returncode, fresh.stdout)

@@ -19,7 +19,7 @@ def torch_available():
 
 def test_resume_without_scaler_state_fails_and_rewrite_passes(torch_available):
     before = open(SCRIPT).read()
-    p = subprocess.run([sys.executable, "-m", "ampfix", "verify", SCRIPT, "--json", "--unsafe-fixes", "--steps", "100",
+    p = subprocess.run([sys.executable, "-m", "ampfix", "verify", SCRIPT, "--json", "--unsafe-fixes", "--preview", "--steps", "100",
                         "--warmup", "10", "--reps", "1", "--threads", "1"],
                        cwd=ROOT, capture_output=True, text=True, timeout=400)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]

@@ -2,7 +2,7 @@
 them before it analyses anything (see ampfix/engine/rulemeta.py). Do not edit; regenerate.
 """
 
-DIGEST = '6921a8e732e4e6f9ed107016cfdea5c17dd75a9ceb2a4f3e8e9d426f838caad0'
+DIGEST = '755528f6ed2116fc673507b59c15398be70a38cd8f0e572b9c44109ecb805ab3'
 
 RULES = [
     ('AMP001', 'backward-in-autocast', True, ('autocast',), (),
@@ -30,7 +30,7 @@ RULES = [
     ('AMP012', 'gradient-penalty-unscaled', True, ('autograd.grad', 'autograd import grad'), (),
      (('create_graph',), ('.scale(',)), None, False),
     ('AMP013', 'checkpoint-without-scaler', True, ('state_dict',), (),
-     (('GradScaler', '.scale('), ('torch.save', 'torch.load', 'save(', 'load(', 'def load_state_dict')), (('save', 'checkpoint', 'state_dict'),), False),
+     (('GradScaler', '.scale('), ('torch.save', 'torch.load', 'save(', 'load(', 'def load_state_dict')), (('save', 'checkpoint', 'state_dict'),), True),
     ('AMP014', 'custom-fwd-without-custom-bwd', True, ('custom_fwd',), (),
      (('Function',),), None, False),
     ('AMP015', 'scaler-with-bfloat16', True, ('GradScaler',), (),
