@@ -82,6 +82,9 @@ class FileContext:
     #: where the project declares it supports a Lightning before 2.0 ("`pytorch-lightning<2.0` in
     #: requirements.txt", read from its metadata); "" when it does not
     lightning_before_2: str = ""
+    #: where the project's requirements admit only a torch before 2.4, the first to deprecate
+    #: `torch.cuda.amp` ("`torch>=2.1,<2.3` in setup.py"); "" when they do not
+    torch_before_2_4: str = ""
     unsafe_fixes: bool = False
     #: set by the engine: (node, code) -> suppressed by `# noqa` on its line
     suppression: Optional[Callable[[cst.CSTNode, str], bool]] = None

@@ -2,7 +2,8 @@
 version from `requires-python`): `[project] dependencies` and optional dependencies, Poetry,
 setup.cfg, setup.py, requirements files; `min-torch-version` in the configuration and
 `--min-torch-version` win; without any, the default. AMP101's `custom_fwd(device_type=...)`
-rewrite (torch >= 2.4) is then held back for a project that declares an older torch."""
+rewrite (torch >= 2.4) is then held back for a project that declares an older torch, and
+AMP101 is silent where the project admits only a torch before 2.4 (nothing it runs warns)."""
 
 import textwrap
 
@@ -184,3 +185,51 @@ def test_precision_alias_left_alone_where_lightning_1_is_supported(tmp_path):
     (tmp_path / "requirements.txt").write_text("lightning>=2.0\n")
     res = run_ampfix("check", "--no-cache", "--preview", "--select", "AMP204", src)
     assert res.returncode == 1 and "AMP204 [*]" in res.stdout.decode()
+
+
+# ---------------------------------------------------------------------- only a torch before 2.4 (AMP101)
+
+@pytest.mark.parametrize("spec,before", [
+    ("<2.3", True), (">=2.1,<2.3", True), ("<=2.3.1", True), ("==1.9.1", True), ("==2.1.*", True),
+    ("<2.4", True), ("<2.5", False), ("<=2.4", False), (">=2.1", False), ("~=2.1", False), ("==2.4.0", False),
+    ("", False), ("!=2.4", False),
+])
+def test_only_before(spec, before):
+    from ampfix.engine.requirements import only_before
+
+    assert only_before(spec, (2, 4)) is before
+
+
+@pytest.mark.parametrize("files,where", [
+    # OpenNMT-py 3.5.1's pin, and allennlp 2.10.1's (their AMP101 findings were labelled DEBATABLE)
+    ({"setup.py": 'setup(install_requires=["torch>=2.1,<2.3", "numpy"])\n'}, "`torch>=2.1,<2.3` in setup.py"),
+    ({"requirements.txt": "torch>=1.10.0,<1.13.0\ntorchvision\n"}, "`torch>=1.10.0,<1.13.0` in requirements.txt"),
+    ({"requirements.txt": "torch==1.9.1\n", "requirements/dev.txt": "torch<2\n"}, "`torch==1.9.1` in requirements.txt"),
+])
+def test_a_project_that_admits_only_torch_before_2_4(tmp_path, files, where):
+    from ampfix.engine.requirements import ProjectRequirements
+
+    assert ProjectRequirements(_project(tmp_path, files)).torch_only_before((2, 4)) == where
+
+
+@pytest.mark.parametrize("files", [
+    {"requirements.txt": "torch<2.3\n", "requirements/gpu.txt": "torch>=2.1\n"},  # one requirement is open
+    {"requirements.txt": "torch\n"}, {"requirements.txt": "numpy\n"}, {"setup.py": "setup()\n"},
+    {"pyproject.toml": '[project]\nname = "a"\ndependencies = ["torch>=2.0,<3"]\n'},
+])
+def test_a_project_that_admits_a_torch_from_2_4_on(tmp_path, files):
+    from ampfix.engine.requirements import ProjectRequirements
+
+    assert ProjectRequirements(_project(tmp_path, files)).torch_only_before((2, 4)) is None
+
+
+def test_deprecations_left_alone_where_no_admitted_torch_warns(tmp_path):
+    src = _project(tmp_path, {"setup.py": 'setup(install_requires=["torch>=2.1,<2.3"])\n', "src/fn.py": CODE})
+    res = run_ampfix("check", "--no-cache", "--select", "AMP101", src)
+    assert res.returncode == 0, res.stdout.decode()
+    res = run_ampfix("check", "--no-cache", "--show-settings", "--output-format", "json", src)
+    import json
+    assert json.loads(res.stdout)["torch-before-2-4"] == "`torch>=2.1,<2.3` in setup.py"
+    (tmp_path / "setup.py").write_text('setup(install_requires=["torch>=2.1"])\n')
+    res = run_ampfix("check", "--no-cache", "--select", "AMP101", src)
+    assert res.returncode == 1 and res.stdout.decode().count("AMP101") == 2, res.stdout.decode()

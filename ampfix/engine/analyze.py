@@ -409,6 +409,7 @@ def _analyze(
     suppression = _Suppression(text, model)
     ctx = FileContext(path=path, source=text, model=model, min_torch_version=settings.min_torch_version,
                       min_torch_source=settings.min_torch_source, lightning_before_2=settings.lightning_before_2,
+                      torch_before_2_4=settings.torch_before_2_4,
                       unsafe_fixes=settings.unsafe_fixes,
                       suppression=suppression)
     # how many fix passes of this rewrite changed the text already (0: the text as it was): a

@@ -98,6 +98,24 @@ def below(spec: str, version: Tuple[int, ...]) -> bool:
     return False
 
 
+def only_before(spec: str, version: Tuple[int, ...]) -> bool:
+    """A specifier set admits no version from `version` on: an upper clause below it (`<2.3`,
+    `<=2.2.1`; `below`), or an exact version before it (`==1.9.1`, `==2.1.*`)."""
+    if below(spec, version):
+        return True
+    exact = False
+    for clause in spec.split(","):
+        m = _CLAUSE.match(clause)
+        if m is None:
+            return False
+        if m.group("op") in ("==", "==="):
+            nums = tuple(int(p) for p in re.findall(r"\d+", m.group("ver"))[:2])
+            if not nums or nums >= version:
+                return False
+            exact = True
+    return exact
+
+
 def requirement_bound(text: str) -> Optional[Tuple[Tuple[int, ...], str]]:
     """For a requirement string on torch: (its lower bound or (), the requirement as written);
     None when it is not a requirement on torch."""
@@ -269,6 +287,23 @@ class ProjectRequirements:
             if best is None or version < best.version:
                 best = Found(version, f"`{written}` in {where}")
         return best
+
+    def torch_only_before(self, version: Tuple[int, ...]) -> Optional[str]:
+        """Where the project's requirements on torch admit only versions before `version`
+        (every one of them has a bound, `only_before`: `torch>=2.1,<2.3` in setup.py): that
+        requirement as written ("`torch>=2.1,<2.3` in setup.py"); None when one does not (a plain
+        `torch`, `torch>=1.13`), or when none is declared."""
+        where = None
+        for line, _ in self._read():
+            spec = _spec_of(line, _REQ)
+            if spec is None:
+                continue
+            if not spec.strip() or not only_before(spec, version):
+                return None
+            where = where or line
+        if where is None:
+            return None
+        return next(f"`{line.strip()}` in {w}" for line, w in self._read() if line == where)
 
     def lightning_before(self, version: Tuple[int, ...]) -> Optional[str]:
         """Where the project declares it supports a Lightning (`lightning` or

@@ -224,6 +224,8 @@ class Settings:
     min_torch_source: str = ""
     #: where the project declares it supports a Lightning before 2.0 (`requirements.py`; "": it does not)
     lightning_before_2: str = ""
+    #: where the project's requirements admit only a torch before 2.4 (`requirements.py`; "": they do not)
+    torch_before_2_4: str = ""
     unsafe_fixes: bool = False
     details: bool = False  # checking: attach each finding's fix as edits and a diff (FixEdit)
     add_noqa: bool = False  # "fixing" adds `# noqa: CODE` for each finding instead

@@ -2,7 +2,7 @@
 them before it analyses anything (see ampfix/engine/rulemeta.py). Do not edit; regenerate.
 """
 
-DIGEST = '755528f6ed2116fc673507b59c15398be70a38cd8f0e572b9c44109ecb805ab3'
+DIGEST = '4853cef7f434fa3bdce50de30671f660656fcd6690796048d5d70d1812343c66'
 
 RULES = [
     ('AMP001', 'backward-in-autocast', True, ('autocast',), (),

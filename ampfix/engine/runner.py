@@ -155,6 +155,8 @@ def make_plan(options: Options) -> Plan:
         # where the project declares a Lightning before 2.0: Lightning 2's explicit precision
         # names (AMP204) do not exist there
         lightning_before_2 = requirements.lightning_before((2, 0)) or ""
+        # where the project admits only a torch before 2.4: nothing it runs deprecates torch.cuda.amp (AMP101)
+        torch_before_2_4 = requirements.torch_only_before((2, 4)) or ""
         max_size = (parse_size(options.max_file_size, "--max-file-size", "--max-file-size")
                     if options.max_file_size else config.max_file_size)
         max_memory = (parse_size(options.max_file_memory, "max_file_memory", "max-file-memory")
@@ -194,7 +196,8 @@ def make_plan(options: Options) -> Plan:
 
         summaries = str(cache_dir(config.root))
     settings = Settings(min_torch_version=min_version, min_torch_source=min_source,
-                        lightning_before_2=lightning_before_2, unsafe_fixes=options.unsafe_fixes,
+                        lightning_before_2=lightning_before_2, torch_before_2_4=torch_before_2_4,
+                        unsafe_fixes=options.unsafe_fixes,
                         details=options.details, add_noqa=options.add_noqa, cache_folder=summaries,
                         max_file_memory=max_memory,
                         # AMPFIX_NO_PROJECT=1: each file alone (bench/bench_project.py measures the layer's cost)

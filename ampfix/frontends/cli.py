@@ -334,6 +334,8 @@ def _settings_text(plan: runner.Plan, fmt: str) -> str:
         "min-torch-version": ".".join(map(str, plan.settings.min_torch_version)),
         # where the project declares a Lightning before 2.0 (AMP204 is silent then); null: it does not
         "lightning-before-2": plan.settings.lightning_before_2 or None,
+        # where the project admits only a torch before 2.4 (AMP101 is silent then); null: it does not
+        "torch-before-2-4": plan.settings.torch_before_2_4 or None,
         "max-file-size": plan.max_file_size,
         "unsafe-fixes": bool(options.unsafe_fixes),
         "cache-dir": cache,
