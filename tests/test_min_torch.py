@@ -201,7 +201,8 @@ def test_only_before(spec, before):
 
 
 @pytest.mark.parametrize("files,where", [
-    # OpenNMT-py 3.5.1's pin, and allennlp 2.10.1's (their AMP101 findings were labelled DEBATABLE)
+    # OpenNMT-py 3.5.1's pin (its AMP101 findings were labelled DEBATABLE), and allennlp 2.10.1's
+    # (declared there only in its egg-info's requires.txt, which is not read)
     ({"setup.py": 'setup(install_requires=["torch>=2.1,<2.3", "numpy"])\n'}, "`torch>=2.1,<2.3` in setup.py"),
     ({"requirements.txt": "torch>=1.10.0,<1.13.0\ntorchvision\n"}, "`torch>=1.10.0,<1.13.0` in requirements.txt"),
     ({"requirements.txt": "torch==1.9.1\n", "requirements/dev.txt": "torch<2\n"}, "`torch==1.9.1` in requirements.txt"),

@@ -2,7 +2,7 @@
 them before it analyses anything (see ampfix/engine/rulemeta.py). Do not edit; regenerate.
 """
 
-DIGEST = '4853cef7f434fa3bdce50de30671f660656fcd6690796048d5d70d1812343c66'
+DIGEST = 'f912308a5c58f98e9f94e8ac53243f077b3f34a3265e06c4e89667e2794c43db'
 
 RULES = [
     ('AMP001', 'backward-in-autocast', True, ('autocast',), (),
