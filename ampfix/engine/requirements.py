@@ -293,17 +293,15 @@ class ProjectRequirements:
         (every one of them has a bound, `only_before`: `torch>=2.1,<2.3` in setup.py): that
         requirement as written ("`torch>=2.1,<2.3` in setup.py"); None when one does not (a plain
         `torch`, `torch>=1.13`), or when none is declared."""
-        where = None
-        for line, _ in self._read():
+        found = None
+        for line, where in self._read():
             spec = _spec_of(line, _REQ)
             if spec is None:
                 continue
             if not spec.strip() or not only_before(spec, version):
                 return None
-            where = where or line
-        if where is None:
-            return None
-        return next(f"`{line.strip()}` in {w}" for line, w in self._read() if line == where)
+            found = found or f"`{line.strip()}` in {where}"
+        return found
 
     def lightning_before(self, version: Tuple[int, ...]) -> Optional[str]:
         """Where the project declares it supports a Lightning (`lightning` or

@@ -154,11 +154,10 @@ class Flow:
             return None
         out = []
         for t in operands:
-            stable = self._stable_expr(t, node)
+            stable = self._stable_expr(t, node)  # (group, positive): the body runs where it holds
             if stable is None:
                 return None
-            group, positive = stable
-            out.append((group, positive))
+            out.append(stable)
         return out
 
     def _stable_test(self, node: cst.CSTNode) -> Optional[Tuple[Hashable, bool]]:
