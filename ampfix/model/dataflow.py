@@ -27,7 +27,7 @@ import libcst as cst
 
 from ampfix.model.facet import Facet
 from ampfix.model.syntax import call_name, get_arg, literal_string
-from ampfix.model.tree import nodes_under, target_names
+from ampfix.model.tree import dotted, nodes_under, target_names
 
 if TYPE_CHECKING:  # pragma: no cover
     from ampfix.model import AmpModel
@@ -35,6 +35,7 @@ if TYPE_CHECKING:  # pragma: no cover
 Site = Tuple[cst.CSTNode, Tuple[str, ...], Tuple[cst.CSTNode, ...]]  # (node, names bound, value expressions)
 SCALE_INVARIANT = {"sign", "sgn", "isfinite", "isnan", "isinf", "ne", "eq"}
 _INVARIANT_FUNCS = {f"{m}.{f}" for m in ("torch", "math", "numpy") for f in SCALE_INVARIANT}
+_VALUE_KEEPING = {"item", "float", "double", "detach", "cpu", "clone"}
 MUL_DIV_METHODS = {"mul", "mul_", "div", "div_", "true_divide", "true_divide_", "multiply", "divide"}
 MUL_DIV_FUNCS = {"torch.mul", "torch.div", "torch.true_divide", "torch.multiply", "torch.divide",
                  "torch._foreach_mul", "torch._foreach_mul_", "torch._foreach_div", "torch._foreach_div_"}
@@ -92,15 +93,33 @@ class Dataflow(Facet):
                    if n not in self._bound_names and self._is_read(n))
 
     def _invariant_use(self, node: cst.CSTNode) -> bool:
-        """`node` is consumed by a scale-invariant function (`g.sign()`, `torch.sign(g)`)."""
+        """`node` is consumed by a scale-invariant function (`g.sign()`, `torch.sign(g)`,
+        `math.isfinite(norm)`), also through conversions that keep its value (`norm.item()`,
+        `float(norm)`)."""
+        node = self._converted(node)
         parent = self.model.parent(node)
         if isinstance(parent, cst.Attribute) and parent.value is node and parent.attr.value in SCALE_INVARIANT:
             return isinstance(self.model.parent(parent), cst.Call)
         if isinstance(parent, cst.Arg):
             call = self.model.parent(parent)
-            return isinstance(call, cst.Call) and bool(
-                self.model.qualnames(call.func) & {f"torch.{m}" for m in SCALE_INVARIANT})
+            return isinstance(call, cst.Call) and bool(self.model.qualnames(call.func) & _INVARIANT_FUNCS)
         return False
+
+    def _converted(self, node: cst.CSTNode) -> cst.CSTNode:
+        """The outermost conversion of `node` that keeps its value: `node.item()`, `.float()`,
+        `.detach()`, `.cpu()`, `float(node)` (else `node` itself)."""
+        while True:
+            parent = self.model.parent(node)
+            if isinstance(parent, cst.Attribute) and parent.value is node and parent.attr.value in _VALUE_KEEPING:
+                call = self.model.parent(parent)
+                if not (isinstance(call, cst.Call) and call.func is parent and not call.args):
+                    return node
+                node = call
+            elif isinstance(parent, cst.Arg) and isinstance(self.model.parent(parent), cst.Call) \
+                    and dotted(self.model.parent(parent).func) == "float" and len(self.model.parent(parent).args) == 1:
+                node = self.model.parent(parent)
+            else:
+                return node
 
     def measures_only(self, clip: cst.Call) -> bool:
         """The clip call `clip` has an infinite threshold (`clip_grad_norm_(params,
