@@ -357,7 +357,10 @@ class Checkpoints(Facet):
             elif not self._enabled_scaler([v for n, v, s in self.model._by_key.get(key, [])
                                            if s is self.model.binding_scope(root, scope)]):
                 continue
-            if self._never_updated(key):
+            static = self.__dict__.setdefault("_static_scalers", {})  # (asked per checkpoint and restore)
+            if key not in static:
+                static[key] = self._never_updated(key)
+            if static[key]:
                 continue
             out.append(key)
         return out

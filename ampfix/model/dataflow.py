@@ -115,9 +115,11 @@ class Dataflow(Facet):
                 if not (isinstance(call, cst.Call) and call.func is parent and not call.args):
                     return node
                 node = call
-            elif isinstance(parent, cst.Arg) and isinstance(self.model.parent(parent), cst.Call) \
-                    and dotted(self.model.parent(parent).func) == "float" and len(self.model.parent(parent).args) == 1:
-                node = self.model.parent(parent)
+            elif isinstance(parent, cst.Arg):
+                call = self.model.parent(parent)
+                if not (isinstance(call, cst.Call) and dotted(call.func) == "float" and len(call.args) == 1):
+                    return node
+                node = call
             else:
                 return node
 
@@ -273,10 +275,10 @@ class Dataflow(Facet):
         if isinstance(source, cst.Call) and self._invariant_call(source):
             return False
         for r in self.value_reads(source):
-            if r is source and self._invariant_use(r):
-                continue
             child = r
             for anc in self.model.ancestors(r):
+                if self._invariant_use(child):
+                    break  # `math.isfinite(norm.item())`, `g.isnan()`: the same whatever the scale
                 if isinstance(anc, (cst.SimpleStatementLine, cst.FunctionDef, cst.ClassDef, cst.Lambda)):
                     break
                 if isinstance(anc, (cst.If, cst.While, cst.IfExp, cst.Assert)) and child is anc.test:
@@ -285,8 +287,6 @@ class Dataflow(Facet):
                     break
                 if isinstance(anc, cst.Comparison):
                     return True
-                if isinstance(anc, cst.Call) and self._invariant_call(anc):
-                    break  # `math.isfinite(norm.item())`: the same whatever the scale
                 if isinstance(anc, cst.Call) and child is not anc.func and _changes_gradients(self.model, anc):
                     return True
                 child = anc
