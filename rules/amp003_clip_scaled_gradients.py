@@ -38,7 +38,10 @@ measures the norm: it is reported as a read is, where the norm decides something
 
 The check follows the step through helpers and methods (`self.clip_gradients(...)`, a loss
 scaler's `__call__`), and through branches: an `unscale_` that runs only when logging is on
-(`if log_grad_norm: scaler.unscale_(opt)`) does not cover a clip under `if clip > 0:`. With
+(`if log_grad_norm: scaler.unscale_(opt)`) does not cover a clip under `if clip > 0:`; one
+under a test of the flag the scaler is built with (`GradScaler("cuda", enabled=use_amp)`, then
+`if use_amp and clip > 0: scaler.unscale_(opt)`) does: where the flag is false the scaler
+scales nothing. With
 several optimizers, an `unscale_` for one of them is taken as enough unless the clipped
 parameters are those an optimizer of the same function was built over
 (`clip(model1.parameters())` with `opt1 = torch.optim.Adam(model1.parameters())`) and `opt1`
@@ -100,7 +103,7 @@ scaler.update()
                         return True
                     return e.kind == UNSCALE and e.scaler == scaler and (owner is None or e.target in (owner, None))
 
-                if not model.path_without(trace, bw, read, covers, not_none=scaler) \
+                if not model.path_without(trace, bw, read, covers, acting=scaler) \
                         or model.within_one_call(bw, read, *steps):
                     continue  # (`if scaler: scaler.unscale_(opt)` after `scaler.scale(loss)` runs: it is not None)
                 shown = model.anchor(bw, read)[1]

@@ -709,6 +709,55 @@ def test_a_scaler_is_judged_by_the_assignments_its_trace_sees():
     assert not m.scaler_always_disabled("scaler") and not m.scaler_always_enabled("scaler")
 
 
+def test_the_flag_a_scaler_is_switched_by():
+    m = model("""
+        import torch
+
+        AMP = True
+        shared = torch.amp.GradScaler("cuda", enabled=AMP)
+
+        class Trainer:
+            def __init__(self, args, use_amp):
+                self.use_amp = args.amp
+                self.scaler = torch.amp.GradScaler("cuda", enabled=self.use_amp)
+                self.local = torch.amp.GradScaler("cuda", enabled=use_amp)
+
+            def step(self):
+                self.scaler.update()
+                self.local.update()
+
+        def train(use_amp, args):
+            scaler = torch.amp.GradScaler("cuda", enabled=use_amp)
+            other = torch.amp.GradScaler("cuda", enabled=args.amp)
+            plain = torch.amp.GradScaler("cuda")
+            scaler.update()
+
+        def rebound(use_amp):
+            scaler = torch.amp.GradScaler("cuda", enabled=use_amp)
+            use_amp = False
+            scaler.update()
+
+        def uses_shared(x):
+            shared.update()
+
+        def shadows(AMP):
+            shared.update()
+        """)
+    roots = {}
+    for f in m.nodes_of(cst.FunctionDef):
+        cls = m.class_of(f)
+        roots[(cls.name.value + "." if cls is not None else "") + f.name.value] = f
+    for root, key, flag in (("Trainer.step", "self.scaler", "self.use_amp"),
+                            ("Trainer.step", "self.local", None),  # `__init__`'s parameter, not the method's names
+                            ("train", "scaler", "use_amp"), ("train", "other", "args.amp"),
+                            ("train", "plain", None),  # always on: no flag
+                            ("rebound", "scaler", None),  # the flag is rebound after the scaler is built
+                            ("uses_shared", "shared", "AMP"),
+                            ("shadows", "shared", None)):  # a parameter hides the module's flag
+        assert m.scaler_enabled_flag(key, roots[root]) == flag, (root, key)
+    assert m.scaler_enabled_flag("scaler") is None  # without a root: not known
+
+
 def test_a_finiteness_test_of_scaled_gradients_decides_nothing_the_scale_changes():
     m = model("""
         import math

@@ -2,7 +2,7 @@
 them before it analyses anything (see ampfix/engine/rulemeta.py). Do not edit; regenerate.
 """
 
-DIGEST = 'f912308a5c58f98e9f94e8ac53243f077b3f34a3265e06c4e89667e2794c43db'
+DIGEST = '5b2e1d3303f0ca2967ed1cc4428c0443abc411b189e5090ebe295ada23a84d29'
 
 RULES = [
     ('AMP001', 'backward-in-autocast', True, ('autocast',), (),

@@ -1038,6 +1038,16 @@ class Events:
                 return none_when
         return None
 
+    def _flag_branch(self, ev: TraceEvent, group: Hashable, flag: str) -> Optional[bool]:
+        """When `group` (a decision `ev` runs in) is a truth test of `flag` (`if use_amp:`, `if
+        not use_amp:`, an operand of `if clip > 0 and use_amp:`): the branch value on which
+        `flag` is true; else None."""
+        cond = _cond_of(group)
+        if cond is None:
+            return None
+        text, frame, func = cond
+        return True if self._names_key(ev, text, frame, func, flag) else None
+
     def _names_key(self, ev: TraceEvent, name: str, frame: Tuple[int, ...], func: Optional[cst.CSTNode],
                    key: str) -> bool:
         """`name`, written in a decision of `ev`'s trace, is the object `key` of the root's names."""
@@ -1073,18 +1083,22 @@ class Events:
         return False
 
     def mandatory_between(self, c: TraceEvent, a: Optional[TraceEvent], b: TraceEvent,
-                          not_none: Optional[str] = None) -> bool:
+                          not_none: Optional[str] = None, flag: Optional[str] = None) -> bool:
         """Every path that runs `a` (None: the start of the trace) and then `b` runs `c` between.
         A loop body is taken to run at least once: a loop over the optimizers or parameters that
         runs zero times is not a training step anyone writes on purpose. `not_none`: an object
         known not to be None on these paths (a scaler whose `scale()` ran): a decision on it
-        (`if scaler:`, `if scaler is not None:`) takes its not-None branch."""
+        (`if scaler:`, `if scaler is not None:`) takes its not-None branch. `flag`: a name known
+        to be true on the paths that matter (the flag a scaler is enabled by, where only an
+        acting scaler matters): a decision on it takes its true branch."""
         if (a is not None and c.order <= a.order) or c.order >= b.order:
             return False
         for g, br in c.ctx.items():
             if b.ctx.get(g) != br and (a is None or a.ctx.get(g) != br) and not _loop_group(g):
                 if not_none is not None and self._none_branch(c, g, not_none) is (not br):
                     continue  # `if scaler:` after `scaler.scale(loss)`: taken
+                if flag is not None and self._flag_branch(c, g, flag) is br:
+                    continue  # `if use_amp:` for a scaler built `enabled=use_amp`: taken where it acts
                 return False
         return not self.exclusive(c, b) and (a is None or not self.exclusive(c, a))
 
@@ -1136,12 +1150,15 @@ class Events:
         return loop is not None and (e.frame, ("loop", loop)) in b.ctx
 
     def path_without(self, trace: Trace, a: Optional[TraceEvent], b: TraceEvent,
-                     blocks: Callable[[TraceEvent], bool], not_none: Optional[str] = None) -> bool:
+                     blocks: Callable[[TraceEvent], bool], acting: Optional[str] = None) -> bool:
         """Some path runs `a` (None: from the start) then `b` with no event `blocks` accepts
-        in between (`not_none`: see `mandatory_between`)."""
+        in between. `acting`: a scaler that only matters where it acts (its `scale()` ran): the
+        paths where it is None or switched off by the flag it is built with
+        (`scaler_enabled_flag`) do not count (see `mandatory_between`)."""
         if a is not None and not self.may_precede(trace, a, b):
             return False
-        return not any(blocks(e) and self.mandatory_between(e, a, b, not_none) for e in trace.span(a, b))
+        flag = self.scaler_enabled_flag(acting, trace.root) if acting is not None else None  # type: ignore[attr-defined]
+        return not any(blocks(e) and self.mandatory_between(e, a, b, acting, flag) for e in trace.span(a, b))
 
     def first_after(self, trace: Trace, a: TraceEvent, match: Callable[[TraceEvent], bool]) -> Optional[TraceEvent]:
         """The nearest event after `a` that `match` accepts and that `a` may precede."""

@@ -581,6 +581,41 @@ class Iterations:
         values = self._scaler_values(key, root)
         return bool(values) and all(on(v) for v in values)
 
+    def scaler_enabled_flag(self, key: Optional[str], root: Optional[cst.CSTNode] = None) -> Optional[str]:
+        """The flag the scaler `key` is switched by, in the names of a trace rooted at `root`:
+        `use_amp` for `scaler = GradScaler("cuda", enabled=use_amp)` in `root` itself (or at
+        module level, when `root` does not bind the name again), `self.use_amp` for
+        `self.scaler = GradScaler(enabled=self.use_amp)` in a method of the class. Every value
+        of `key` the trace sees must be a GradScaler built with that same flag; else None. Where
+        the flag is false the scaler scales nothing (`scaler.scale(loss)` returns the loss)."""
+        if key is None or root is None:
+            return None
+        flags = set()
+        for v in self._scaler_values(key, root):
+            if not (isinstance(v, cst.Call) and self.is_api(v, "GradScaler")):  # type: ignore[attr-defined]
+                return None
+            flag = dotted(self.scaler_enabled(v))  # type: ignore[attr-defined]
+            if flag is None or not self._flag_in_root(flag, key, v, root):
+                return None
+            flags.add(flag)
+        return flags.pop() if len(flags) == 1 else None
+
+    def _flag_in_root(self, flag: str, key: str, built: cst.CSTNode, root: cst.CSTNode) -> bool:
+        """The flag written at the construction `built` names the same value in `root`, and is
+        bound once (a parameter or one assignment: not switched between the two)."""
+        where = self.function_of(built)  # type: ignore[attr-defined]
+        first = flag.partition(".")[0]
+        scope = where if where is not None else self.module  # type: ignore[attr-defined]
+        bindings = [s for _, _, s in self._by_key.get(flag, [])]  # type: ignore[attr-defined]
+        if key.startswith("self."):  # one object's attributes, in `__init__` and the method alike
+            return flag.startswith("self.") and len(bindings) <= 1
+        if "." in key or len([s for s in bindings if s is scope]) + self._is_param(scope, first) > 1:
+            return False
+        if where is root:
+            return True
+        return where is None and isinstance(root, cst.FunctionDef) \
+            and self.binding_scope(first, root) in (self.module, None)  # type: ignore[attr-defined]
+
     def per_step_name(self, func: cst.CSTNode) -> Optional[str]:
         """"step"/"epoch" when a function's name or parameters say one call is one training step
         (`optimize_parameters(self, current_iter)`, `train_step`, `training_step`) or one epoch
