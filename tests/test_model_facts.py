@@ -334,6 +334,33 @@ def test_the_operands_of_a_conjunction_are_the_decisions_they_name():
     assert m.exclusive(logged, not_logged)
 
 
+def test_a_conjunction_with_an_else_also_runs_under_its_operands():
+    m = model("""
+        import torch
+
+        def f(cfg, opt, loss, params):
+            scaler = torch.amp.GradScaler("cuda")
+            if cfg.amp and cfg.dtype == "float16":
+                scaler.scale(loss).backward()
+            else:
+                loss.backward()
+            if cfg.amp and cfg.dtype == "float16":
+                scaler.unscale_(opt)
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            if not cfg.amp:
+                print("fp32")
+        """)
+    backward, plain, unscale, fp32 = (call_named(m, t) for t in (
+        "scaler.scale(loss).backward()", "loss.backward()", "scaler.unscale_(opt)", 'print("fp32")'))
+    # the `if`'s own decision stays (its `else` excludes its body), and each operand holds there
+    assert m.exclusive(backward, plain) and m.exclusive(backward, fp32) and not m.exclusive(plain, fp32)
+    trace = next(t for t in m.traces() if getattr(t.root, "name", None) is not None and t.root.name.value == "f")
+    bw = next(e for e in trace.events if e.kind == BACKWARD)
+    read = next(e for e in trace.events if e.kind == GRAD_READ)
+    # the `unscale_` under the same conjunction, without an `else`, runs wherever the backward did
+    assert not m.path_without(trace, bw, read, lambda e: e.kind == UNSCALE)
+
+
 # ---------------------------------------------------------------------- traces
 
 

@@ -72,6 +72,8 @@ class Flow:
                         out.extend(reversed(parts))
                     else:
                         out.append(self._decision(anc, child is anc.body))  # type: ignore[attr-defined]
+                        if child is anc.body and kind is cst.If:  # (innermost: the `if`'s own decision)
+                            out.extend(reversed(self._operands(anc) or ()))
             elif kind in _LOOPS:
                 if child is anc.body:  # type: ignore[attr-defined]
                     out.append((("loop", anc), True))
@@ -142,6 +144,18 @@ class Flow:
         and the clip both run)."""
         if type(node) is not cst.If or node.orelse is not None or self._returns(node):  # type: ignore[arg-type]
             return None
+        return self._operands(node)
+
+    def _operands(self, node: cst.If) -> Optional[List[Tuple[Group, Hashable]]]:
+        """The decisions of the operands of `node`'s test `X and Y`, when every operand is a
+        stable test; None otherwise. Where the whole test is the decision (`_conjuncts`: an
+        `else`, an exit), its body also runs under each of them: `if use_amp and fp16:
+        scaler.scale(loss).backward() else: loss.backward()` and a later `if use_amp and fp16:
+        scaler.unscale_(opt)` run on the same paths."""
+        memo = self.__dict__.setdefault("_operands_memo", {})
+        if node in memo:
+            return memo[node]
+        memo[node] = None
         operands: List[cst.BaseExpression] = []
         stack = [node.test]  # type: ignore[attr-defined]
         while stack:
@@ -158,6 +172,7 @@ class Flow:
             if stable is None:
                 return None
             out.append(stable)
+        memo[node] = out
         return out
 
     def _stable_test(self, node: cst.CSTNode) -> Optional[Tuple[Hashable, bool]]:
