@@ -65,7 +65,8 @@ Positional arguments of `autocast` become keywords: the old order is
 `(enabled, dtype, cache_enabled)`, the new one `(device_type, dtype, enabled, cache_enabled)`.
 Uses inside `except ImportError/AttributeError/TypeError:` are fallbacks for an old torch
 (`try: torch.amp.GradScaler("cuda") except AttributeError: torch.cuda.amp.GradScaler()`) and are
-left alone, and so are uses in a branch that picks between torch versions (`x = torch.amp.GradScaler("cuda")
+left alone (a name imported from torch.cuda.amp that such a fallback uses is not migrated: its
+other uses are reported without a fix), and so are uses in a branch that picks between torch versions (`x = torch.amp.GradScaler("cuda")
 if TORCH_2_4 else torch.cuda.amp.GradScaler()`, or an `if` whose test names a version). A name whose uses cannot all be migrated (passed around as a value, `*args`, a `# noqa` on one
 use, or a replacement newer than the oldest torch the project supports: torch.amp.GradScaler
 needs 2.3, `device_type=` on custom_fwd/custom_bwd 2.4) is reported without a fix. The oldest
@@ -112,6 +113,9 @@ with autocast("cuda", dtype=torch.float16):
         for b in bindings:
             for ref in b.refs:
                 use = binding_use(model, b, ref, ctx, q)
+                use.fallback = model.guards.in_fallback(ref)
+                if use.fallback and use.blocked is None:  # (its import must stay what the fallback needs)
+                    use.blocked = "it is a fallback for a torch without torch.amp (in an `except`)"
                 uses.append(use)
                 seen.add(id(use.node))
         # fully qualified uses: torch.cuda.amp.X / T.cuda.amp.X
@@ -132,8 +136,8 @@ with autocast("cuda", dtype=torch.float16):
         settle(ctx, self.code, bindings, uses)
 
         for use in sorted(uses, key=lambda u: model.start(u.node)):
-            if use.done:
-                continue
+            if use.done or use.fallback:
+                continue  # (a use in `except ImportError:` runs only on a torch without torch.amp's)
             blocked = use.blocked or (use.binding.blocked if use.binding is not None else None)
             new = new_spelling(use.kind, use.device, '"')
             msg = (f"`torch.{use.device}.amp.{use.kind}` is deprecated (FutureWarning since torch 2.4): "

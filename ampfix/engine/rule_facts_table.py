@@ -2,7 +2,7 @@
 them before it analyses anything (see ampfix/engine/rulemeta.py). Do not edit; regenerate.
 """
 
-DIGEST = '5b2e1d3303f0ca2967ed1cc4428c0443abc411b189e5090ebe295ada23a84d29'
+DIGEST = 'b78d17e087bd0cd87ac0c657a5d3c5a359c70e979f9c00a5397f93f7629e2492'
 
 RULES = [
     ('AMP001', 'backward-in-autocast', True, ('autocast',), (),
