@@ -227,6 +227,15 @@ PACKAGES: Tuple[Package, ...] = (
     Package("pytorch-widedeep", "1.7.0"),
     Package("autogluon.multimodal", "1.6.3"),
     Package("vissl", "0.1.6", kind="wheel", note="no sdist on PyPI"),
+    # the twenty-third session's projects nobody here had read
+    Package("torchrl", "0.14.1", kind="wheel", note="no sdist on PyPI"),
+    Package("torchtnt", "0.2.4"),
+    Package("ai2-olmo", "0.6.0"),
+    Package("fairchem-core", "2.24.0"),
+    Package("hivemind", "1.1.12"),
+    Package("llama-recipes", "0.0.5.post2"),
+    Package("mmdet3d", "1.4.0"),
+    Package("alphafold3-pytorch", "0.8.3"),
     # known AMP bugs, at the release before their fix
     Package("pytorch-lightning", "1.4.8",
             note="gradient clipping before GradScaler.unscale_ (Lightning-AI/pytorch-lightning#9330, fixed in 1.4.9)"),
