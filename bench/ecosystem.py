@@ -236,6 +236,11 @@ PACKAGES: Tuple[Package, ...] = (
     Package("llama-recipes", "0.0.5.post2"),
     Package("mmdet3d", "1.4.0"),
     Package("alphafold3-pytorch", "0.8.3"),
+    Package("determined", "0.38.1", kind="wheel", note="no sdist on PyPI"),
+    Package("pytorch-pfn-extras", "0.9.0"),
+    Package("s3prl", "0.4.18"),
+    Package("deepmd-kit", "3.2.0"),
+    Package("mattersim", "1.2.3"),
     # known AMP bugs, at the release before their fix
     Package("pytorch-lightning", "1.4.8",
             note="gradient clipping before GradScaler.unscale_ (Lightning-AI/pytorch-lightning#9330, fixed in 1.4.9)"),
