@@ -11,7 +11,7 @@ import libcst as cst
 import pytest
 
 from ampfix.model import AmpModel
-from ampfix.model.events import BACKWARD, GRAD_READ, SCALER_STEP, UNSCALE, UPDATE
+from ampfix.model.events import BACKWARD, GRAD_READ, GRAD_SANITIZE, SCALER_STEP, UNSCALE, UPDATE
 
 
 def model(src: str) -> AmpModel:
@@ -734,6 +734,32 @@ def test_a_scaler_is_judged_by_the_assignments_its_trace_sees():
         assert m.scaler_always_enabled(key, roots[root]) is enabled, root
     # without a root, the file's every assignment to the key: neither
     assert not m.scaler_always_disabled("scaler") and not m.scaler_always_enabled("scaler")
+
+
+def test_replacing_non_finite_gradients_in_place():
+    m = model("""
+        import torch
+
+        def f(model, scaler, loss):
+            scaler.scale(loss).backward()
+            for p in model.parameters():
+                p.grad.nan_to_num_()
+                p.grad.masked_fill_(torch.isnan(p.grad), 0)
+                p.grad.masked_fill_(p.grad > 1, 1)
+                torch.nan_to_num(p.grad, out=p.grad)
+                p.grad = torch.nan_to_num(p.grad, nan=0.0)
+                p.grad[torch.isnan(p.grad)] = 0.0
+                p.grad[~torch.isfinite(p.grad)] = 0.0
+                bad = torch.isnan(p.grad).any()
+                fresh = torch.nan_to_num(p.grad)
+        """)
+    trace = next(t for t in m.traces() if getattr(t.root, "name", None) is not None and t.root.name.value == "f")
+    assert [m.code(e.node) for e in trace.of(GRAD_SANITIZE)] == [
+        "p.grad.nan_to_num_()", "p.grad.masked_fill_(torch.isnan(p.grad), 0)", "torch.nan_to_num(p.grad, out=p.grad)",
+        "torch.nan_to_num(p.grad, nan=0.0)", "torch.isnan(p.grad)", "torch.isfinite(p.grad)"]
+    # the mask handed to `masked_fill_` and a test that only reads (`.any()`) are reads; a copy that is not
+    # written back (`fresh`) and a fill by another test replace nothing
+    assert [m.code(e.node) for e in trace.of(GRAD_READ)] == ["torch.isnan(p.grad)", "torch.isnan(p.grad)"]
 
 
 def test_the_flag_a_scaler_is_switched_by():

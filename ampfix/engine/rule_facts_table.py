@@ -2,7 +2,7 @@
 them before it analyses anything (see ampfix/engine/rulemeta.py). Do not edit; regenerate.
 """
 
-DIGEST = 'b78d17e087bd0cd87ac0c657a5d3c5a359c70e979f9c00a5397f93f7629e2492'
+DIGEST = 'cf334abaf2931ecac337244b4b042fd3148b9042579d1158022e9c5b25d4a703'
 
 RULES = [
     ('AMP001', 'backward-in-autocast', True, ('autocast',), (),
@@ -43,6 +43,8 @@ RULES = [
      ((' and ', ' or '),), None, False),
     ('AMP019', 'overflow-skips-update', True, ('.scale(',), (),
      (('.update(',), ('isfinite', 'isnan', 'isinf', 'inf', 'nan')), None, True),
+    ('AMP020', 'grads-sanitized-before-unscale', True, ('.scale(',), (),
+     (('nan_to_num', 'isnan', 'isinf', 'isfinite'),), (('.scale(',),), True),
     ('AMP101', 'deprecated-amp-api', True, ('cuda.amp', 'cpu.amp', 'torch.cuda import', 'torch.cpu import'), (),
      (), None, False),
     ('AMP102', 'apex-amp', True, ('apex',), (),

@@ -41,6 +41,7 @@ class EventKind(StrEnum):
     SCALE = "scale"  # scaler.scale(x) whose result is not `.backward()`-ed on the spot
     UNSCALE = "unscale"  # scaler; target: optimizer
     GRAD_READ = "grad_read"  # detail: "clip" | "read"
+    GRAD_SANITIZE = "grad_sanitize"  # the non-finite values of a `.grad` replaced in place (`nan_to_num_`)
     SCALER_STEP = "scaler_step"  # scaler; target: optimizer
     OPT_STEP = "opt_step"  # target: optimizer (a direct optimizer.step())
     UPDATE = "update"  # scaler
@@ -63,6 +64,7 @@ BACKWARD = EventKind.BACKWARD
 SCALE = EventKind.SCALE
 UNSCALE = EventKind.UNSCALE
 GRAD_READ = EventKind.GRAD_READ
+GRAD_SANITIZE = EventKind.GRAD_SANITIZE
 SCALER_STEP = EventKind.SCALER_STEP
 OPT_STEP = EventKind.OPT_STEP
 UPDATE = EventKind.UPDATE
@@ -302,6 +304,9 @@ def _cond_of(group: Hashable) -> Optional[Tuple[str, Tuple[int, ...], Optional[c
     return None
 
 
+_NONFINITE_TEST = re.compile(r"\bis(?:nan|inf|finite)\b")
+
+
 def _grad_expr(expr: cst.CSTNode) -> bool:
     """`p.grad`, `p.grad.data`, `p.grad.detach()`."""
     while True:
@@ -399,6 +404,8 @@ class Events:
                 return Event(SCALER_NEW, call)
             if api.kind == "autograd.grad":
                 return Event(AUTOGRAD_GRAD, call)
+        if self._sanitizes_grad(call):
+            return Event(GRAD_SANITIZE, call)
         if self._reads_grad(call):
             return Event(GRAD_READ, call, detail="read")
         reason = self._cuda_init_reason(call)
@@ -430,6 +437,37 @@ class Events:
         if isinstance(bscope, cst.FunctionDef) and self._is_param(bscope, root):
             return True
         return any(self.is_synthetic(v) for v in self.possible_values(func if "." not in text else func.value))
+
+    def _sanitizes_grad(self, call: cst.Call) -> bool:
+        """The call replaces the non-finite values of a `.grad` in place: `p.grad.nan_to_num_()`,
+        `torch.nan_to_num(p.grad, out=p.grad)`, `p.grad = torch.nan_to_num(p.grad)`,
+        `p.grad.masked_fill_(torch.isnan(p.grad), 0)`, or the test that indexes an assignment to
+        the gradient (`p.grad[torch.isnan(p.grad)] = 0`, `g[~torch.isfinite(g)] = 0` on `p.grad`)."""
+        func = call.func
+        method = func.attr.value if isinstance(func, cst.Attribute) else None
+        if method in ("nan_to_num_", "masked_fill_") and _grad_expr(func.value):  # type: ignore[union-attr]
+            return method == "nan_to_num_" or (bool(call.args) and _NONFINITE_TEST.search(self.code(call.args[0])) is not None)
+        names = self.qualnames(call)
+        if "torch.nan_to_num" in names and call.args and _grad_expr(call.args[0].value):
+            out = get_arg(call, 99, "out")
+            if out is not None:
+                return _grad_expr(out.value)
+            parent = self.parent(call)
+            return isinstance(parent, cst.Assign) and any(_grad_expr(t.target) for t in parent.targets)
+        if not (names & {"torch.isnan", "torch.isinf", "torch.isfinite"} or method in ("isnan", "isinf", "isfinite")):
+            return False
+        node: cst.CSTNode = call  # up through `~` / `not` to the index of a subscript assigned to
+        parent = self.parent(node)
+        while isinstance(parent, cst.UnaryOperation):
+            node, parent = parent, self.parent(parent)
+        if not isinstance(parent, cst.Index):
+            return False
+        sub = self.parent(self.parent(parent))
+        if not (isinstance(sub, cst.Subscript) and _grad_expr(sub.value)):
+            return False
+        target = self.parent(sub)
+        return (isinstance(target, cst.AssignTarget) and target.target is sub) \
+            or (isinstance(target, cst.AugAssign) and target.target is sub)
 
     def _reads_grad(self, call: cst.Call) -> bool:
         """The call's result depends on the magnitude of some `.grad` (`p.grad.norm()`,
@@ -1183,6 +1221,6 @@ class Events:
         return None
 
 
-__all__ = ["Event", "Events", "Trace", "TraceEvent", "anchor", "BACKWARD", "SCALE", "UNSCALE", "GRAD_READ",
+__all__ = ["Event", "Events", "Trace", "TraceEvent", "anchor", "BACKWARD", "SCALE", "UNSCALE", "GRAD_READ", "GRAD_SANITIZE",
            "SCALER_STEP", "OPT_STEP", "UPDATE", "ZERO_GRAD", "SCALER_NEW", "OPT_NEW", "CUDA_INIT", "AUTOGRAD_GRAD", "EXIT",
            "CALL", "DP_FORWARD", "THREAD_RUN"]
