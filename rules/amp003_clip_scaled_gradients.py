@@ -12,6 +12,9 @@ from ampfix.model.events import BACKWARD, EXIT, Event, GRAD_READ, SCALER_STEP, U
 from ampfix.rule import SAFE, FileContext, Fix, Rule, Violation
 
 
+GRAD_ATTR = tuple(".grad" + c for c in " .)],:;=[}\n\t\r")
+
+
 class ClipScaledGradients(Rule):
     code = "AMP003"
     name = "clip-scaled-gradients"
@@ -19,7 +22,8 @@ class ClipScaledGradients(Rule):
                "call `scaler.unscale_(optimizer)` first")
     triggers = (".scale(",)
     requires = (("clip_grad", ".grad"), ("backward",))
-    project_requires = (("backward", "clip_grad", ".grad", "unscale_", "scaler", "Scaler"),)
+    # `.grad` as a whole attribute (`p.grad.norm()`, `p.grad)`), not `self.grad_checkpointing` of every timm model
+    project_requires = (("backward", "clip_grad", "unscale_", "scaler", "Scaler", *GRAD_ATTR),)
     fixable = "sometimes"
     fix_note = ("safe (`scaler.unscale_(opt)` before the clip; under the scaled backward's test where the scaler may be "
                 "None) when the optimizer is unambiguous and every path after it updates the scaler")

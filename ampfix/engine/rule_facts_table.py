@@ -2,7 +2,7 @@
 them before it analyses anything (see ampfix/engine/rulemeta.py). Do not edit; regenerate.
 """
 
-DIGEST = 'cf334abaf2931ecac337244b4b042fd3148b9042579d1158022e9c5b25d4a703'
+DIGEST = '18333e83fab39b942e6ce3ef53340b4936a48c7879666c0d15003c9d96e1a874'
 
 RULES = [
     ('AMP001', 'backward-in-autocast', True, ('autocast',), (),
@@ -10,7 +10,7 @@ RULES = [
     ('AMP002', 'autocast-outside-dataparallel', True, ('DataParallel', 'parallel_apply', 'data_parallel', 'Thread'), (),
      (('autocast',),), (('DataParallel', 'parallel_apply', 'data_parallel', 'Thread'),), False),
     ('AMP003', 'clip-scaled-gradients', True, ('.scale(',), (),
-     (('clip_grad', '.grad'), ('backward',)), (('backward', 'clip_grad', '.grad', 'unscale_', 'scaler', 'Scaler'),), False),
+     (('clip_grad', '.grad'), ('backward',)), (('backward', 'clip_grad', 'unscale_', 'scaler', 'Scaler', '.grad ', '.grad.', '.grad)', '.grad]', '.grad,', '.grad:', '.grad;', '.grad=', '.grad[', '.grad}', '.grad\n', '.grad\t', '.grad\r'),), False),
     ('AMP004', 'update-per-optimizer', True, ('GradScaler', '.scale('), (),
      (('.update(',), ('.step(',)), None, True),
     ('AMP005', 'cuda-visible-devices', True, ('environ', 'getenv', 'putenv'), (),
