@@ -442,32 +442,38 @@ class Events:
         """The call replaces the non-finite values of a `.grad` in place: `p.grad.nan_to_num_()`,
         `torch.nan_to_num(p.grad, out=p.grad)`, `p.grad = torch.nan_to_num(p.grad)`,
         `p.grad.masked_fill_(torch.isnan(p.grad), 0)`, or the test that indexes an assignment to
-        the gradient (`p.grad[torch.isnan(p.grad)] = 0`, `g[~torch.isfinite(g)] = 0` on `p.grad`)."""
+        the gradient (`p.grad[torch.isnan(p.grad)] = 0`, `p.grad[~p.grad.isfinite()] = 0`). Only
+        a call on a gradient, or with one as its first argument, asks for its qualified names."""
         func = call.func
-        method = func.attr.value if isinstance(func, cst.Attribute) else None
-        if method in ("nan_to_num_", "masked_fill_") and _grad_expr(func.value):  # type: ignore[union-attr]
-            return method == "nan_to_num_" or (bool(call.args) and _NONFINITE_TEST.search(self.code(call.args[0])) is not None)
+        if isinstance(func, cst.Attribute) and _grad_expr(func.value):
+            method = func.attr.value
+            if method == "masked_fill_":
+                return bool(call.args) and _NONFINITE_TEST.search(self.code(call.args[0])) is not None
+            return method == "nan_to_num_" or (method in ("isnan", "isinf", "isfinite") and self._indexes_grad_write(call))
+        if not call.args or not _grad_expr(call.args[0].value):
+            return False
         names = self.qualnames(call)
-        if "torch.nan_to_num" in names and call.args and _grad_expr(call.args[0].value):
+        if "torch.nan_to_num" in names:
             out = get_arg(call, 99, "out")
             if out is not None:
                 return _grad_expr(out.value)
             parent = self.parent(call)
             return isinstance(parent, cst.Assign) and any(_grad_expr(t.target) for t in parent.targets)
-        if not (names & {"torch.isnan", "torch.isinf", "torch.isfinite"} or method in ("isnan", "isinf", "isfinite")):
-            return False
-        node: cst.CSTNode = call  # up through `~` / `not` to the index of a subscript assigned to
-        parent = self.parent(node)
+        return bool(names & {"torch.isnan", "torch.isinf", "torch.isfinite"}) and self._indexes_grad_write(call)
+
+    def _indexes_grad_write(self, test: cst.Call) -> bool:
+        """`test` (through `~` or `not`) is the index of an assignment to a gradient:
+        `p.grad[torch.isnan(p.grad)] = 0`."""
+        parent = self.parent(test)
         while isinstance(parent, cst.UnaryOperation):
-            node, parent = parent, self.parent(parent)
+            parent = self.parent(parent)
         if not isinstance(parent, cst.Index):
             return False
         sub = self.parent(self.parent(parent))
         if not (isinstance(sub, cst.Subscript) and _grad_expr(sub.value)):
             return False
         target = self.parent(sub)
-        return (isinstance(target, cst.AssignTarget) and target.target is sub) \
-            or (isinstance(target, cst.AugAssign) and target.target is sub)
+        return isinstance(target, (cst.AssignTarget, cst.AugAssign)) and target.target is sub
 
     def _reads_grad(self, call: cst.Call) -> bool:
         """The call's result depends on the magnitude of some `.grad` (`p.grad.norm()`,
