@@ -1,6 +1,6 @@
 """The oldest supported torch, read from the project's own metadata (as ruff infers its target
 version from `requires-python`): `[project] dependencies` and optional dependencies, Poetry,
-setup.cfg, setup.py, requirements files; `min-torch-version` in the configuration and
+setup.cfg, setup.py, requirements files, an sdist's PKG-INFO and egg-info; `min-torch-version` in the configuration and
 `--min-torch-version` win; without any, the default. AMP101's `custom_fwd(device_type=...)`
 rewrite (torch >= 2.4) is then held back for a project that declares an older torch, and
 AMP101 is silent where the project admits only a torch before 2.4 (nothing it runs warns)."""
@@ -202,7 +202,7 @@ def test_only_before(spec, before):
 
 @pytest.mark.parametrize("files,where", [
     # OpenNMT-py 3.5.1's pin (its AMP101 findings were labelled DEBATABLE), and allennlp 2.10.1's
-    # (declared there only in its egg-info's requires.txt, which is not read)
+    # (its sdist declares it only in its egg-info's requires.txt: see the packaging metadata below)
     ({"setup.py": 'setup(install_requires=["torch>=2.1,<2.3", "numpy"])\n'}, "`torch>=2.1,<2.3` in setup.py"),
     ({"requirements.txt": "torch>=1.10.0,<1.13.0\ntorchvision\n"}, "`torch>=1.10.0,<1.13.0` in requirements.txt"),
     ({"requirements.txt": "torch==1.9.1\n", "requirements/dev.txt": "torch<2\n"}, "`torch==1.9.1` in requirements.txt"),
@@ -234,3 +234,94 @@ def test_deprecations_left_alone_where_no_admitted_torch_warns(tmp_path):
     (tmp_path / "setup.py").write_text('setup(install_requires=["torch>=2.1"])\n')
     res = run_ampfix("check", "--no-cache", "--select", "AMP101", src)
     assert res.returncode == 1 and res.stdout.decode().count("AMP101") == 2, res.stdout.decode()
+
+
+# ---------------------------------------------------------------------- packaging metadata (PKG-INFO, egg-info)
+
+PKG_INFO = """\
+Metadata-Version: 2.1
+Name: demo
+Version: 1.0
+Requires-Dist: numpy (>=1.21)
+Requires-Dist: torch (<1.13,>=1.10)
+Requires-Dist: torch<2.3,>=1.11; python_version > "3"
+Requires-Dist: torch (==1.8.*) ; extra == "legacy"
+Provides-Extra: legacy
+
+Install it with:
+
+Requires-Dist: torch>=1.2
+"""
+
+# allennlp 2.10.1's sdist, shortened: the pin is in the egg-info only (its setup.py computes it)
+EGG_REQUIRES = """\
+torch<1.13.0,>=1.10.0
+torchvision<0.14.0,>=0.8.1
+
+[:python_version < "3.7"]
+dataclasses
+
+[dev]
+torch<1.12,>=1.9
+pytest
+"""
+
+
+def test_pkg_info_requirements(tmp_path):
+    from ampfix.engine.requirements import _from_pkg_info
+
+    (tmp_path / "PKG-INFO").write_text(PKG_INFO)
+    # the parenthesised form written as the others are; the body's line (after the blank one) not read
+    assert list(_from_pkg_info(tmp_path / "PKG-INFO")) == [
+        "numpy>=1.21", "torch<1.13,>=1.10", 'torch<2.3,>=1.11; python_version > "3"',
+        'torch==1.8.* ; extra == "legacy"']
+
+
+@pytest.mark.parametrize("files,version,where", [
+    ({"PKG-INFO": PKG_INFO}, (1, 8), '`torch==1.8.* ; extra == "legacy"` in PKG-INFO'),  # an extra counts
+    ({"PKG-INFO": PKG_INFO.replace('Requires-Dist: torch (==1.8.*) ; extra == "legacy"\n', "")},
+     (1, 10), "`torch<1.13,>=1.10` in PKG-INFO"),  # not the body's torch>=1.2
+    ({"setup.py": "setup()\n", "demo.egg-info/requires.txt": EGG_REQUIRES},
+     (1, 9), "`torch<1.12,>=1.9` in demo.egg-info/requires.txt"),  # under the [dev] section
+    ({"pyproject.toml": '[project]\nname = "demo"\n', "src/demo.egg-info/requires.txt": "torch>=2.1\n"},
+     (2, 1), "`torch>=2.1` in demo.egg-info/requires.txt"),  # a src layout's
+])
+def test_min_torch_from_packaging_metadata(tmp_path, files, version, where):
+    found = infer_min_torch(_project(tmp_path, files))
+    assert found is not None and (found.version, found.where) == (version, where)
+
+
+@pytest.mark.parametrize("files,where", [
+    ({"PKG-INFO": "Metadata-Version: 2.1\nName: demo\nRequires-Dist: torch (<2.3)\n\ntorch>=2.4\n"},
+     "`torch<2.3` in PKG-INFO"),
+    ({"PKG-INFO": "Metadata-Version: 2.1\nName: demo\n\nRequires-Dist: torch>=2.4\n",
+      "setup.py": "setup()\n", "demo.egg-info/requires.txt": EGG_REQUIRES},
+     "`torch<1.13.0,>=1.10.0` in demo.egg-info/requires.txt"),
+])
+def test_only_torch_before_2_4_from_packaging_metadata(tmp_path, files, where):
+    from ampfix.engine.requirements import ProjectRequirements
+
+    assert ProjectRequirements(_project(tmp_path, files)).torch_only_before((2, 4)) == where
+
+
+def test_packaging_metadata_merged_with_the_other_sources(tmp_path):
+    from ampfix.engine.requirements import ProjectRequirements
+
+    # one open requirement elsewhere: not only before 2.4; the lowest bound of them all wins
+    src = _project(tmp_path, {"PKG-INFO": "Name: demo\nRequires-Dist: torch (<2.3,>=2.0)\n",
+                              "requirements.txt": "torch>=1.13\n"})
+    assert ProjectRequirements(src).torch_only_before((2, 4)) is None
+    assert infer_min_torch(src).where == "`torch>=1.13` in requirements.txt"
+    # a folder with only a PKG-INFO is a project folder (the search does not go on above it)
+    (tmp_path / "requirements.txt").unlink()
+    (tmp_path / "inner").mkdir()
+    (tmp_path / "inner" / "PKG-INFO").write_text("Name: inner\nRequires-Dist: torch (>=2.2)\n")
+    found = infer_min_torch(tmp_path / "inner")
+    assert found is not None and (found.version, found.where) == ((2, 2), "`torch>=2.2` in PKG-INFO")
+
+
+def test_deprecations_left_alone_where_the_sdist_admits_only_torch_before_2_4(tmp_path):
+    src = _project(tmp_path, {"setup.py": "setup()\n", "demo.egg-info/requires.txt": EGG_REQUIRES,
+                              "src/fn.py": CODE})
+    res = run_ampfix("check", "--no-cache", "--select", "AMP101", src)
+    assert res.returncode == 0, res.stdout.decode()

@@ -2,15 +2,20 @@
 Python version from `requires-python`.
 
 Looked up from the folder being checked upwards, in the nearest project folder (one that holds
-a `pyproject.toml`, `setup.py`, `setup.cfg` or `requirements*.txt`; the search stops at the
-repository root, a folder with `.git`). There, every requirement on `torch` is read from:
+a `pyproject.toml`, `setup.py`, `setup.cfg`, `PKG-INFO` or `requirements*.txt`; the search stops
+at the repository root, a folder with `.git`). There, every requirement on `torch` is read from:
 
 * `pyproject.toml`: `[project] dependencies` and `[project.optional-dependencies]`, Poetry's
   `[tool.poetry.dependencies]` (and its groups' dependencies);
 * `setup.cfg`: `[options] install_requires` and `[options.extras_require]`;
 * `setup.py`: the string literals that are requirements on torch (`"torch>=1.13"`), wherever
   they are (an `install_requires=[...]` list, a `REQUIRED = [...]` constant);
-* `requirements*.txt` and `requirements/*.txt`.
+* `requirements*.txt` and `requirements/*.txt`;
+* packaging metadata, where an sdist (allennlp 2.10.1's) declares what its `setup.py` computes:
+  `PKG-INFO`'s `Requires-Dist:` headers (the header only, never the long description after the
+  first blank line; `torch (>=1.10,<1.13) ; extra == "x"` and `torch>=1.10; python_version>"3"`)
+  and `*.egg-info/requires.txt` (in the project folder or its `src/`), every line, those under a
+  section (`[dev]`, `[:python_version < "3.8"]`) as well, as extras are read above.
 
 The oldest supported torch is the lowest lower bound among them (`>=1.13`, `==2.1.*`, `~=2.0`,
 `>2.0`, Poetry's `^1.13`); requirements without a lower bound (`torch`, `torch<3`) say nothing.
@@ -31,7 +36,7 @@ import sys
 from pathlib import Path
 from typing import Iterable, List, Optional, Tuple
 
-PROJECT_FILES = ("pyproject.toml", "setup.py", "setup.cfg")
+PROJECT_FILES = ("pyproject.toml", "setup.py", "setup.cfg", "PKG-INFO")
 MAX_BYTES = 1024 * 1024  # metadata larger than this is not read
 TORCH = ("torch",)
 LIGHTNING = ("lightning", "pytorch-lightning")  # Lightning 2.x's package, and the 1.x one (still published)
@@ -220,6 +225,48 @@ def _from_requirements(path: Path) -> Iterable[str]:
     return text.splitlines() if text is not None else []
 
 
+_REQUIRES_DIST = re.compile(r"^Requires-Dist:\s*(?P<req>.*)$", re.IGNORECASE)
+_PARENTHESISED = re.compile(r"^(?P<name>[^;(]*?)\s*\((?P<spec>[^)]*)\)\s*(?P<rest>.*)$")
+
+
+def _from_pkg_info(path: Path) -> Iterable[str]:
+    """The `Requires-Dist:` requirements of a `PKG-INFO`'s header (up to the first blank line:
+    the body is the long description, whose examples are not requirements), the older
+    parenthesised spelling (`torch (<1.13,>=1.10)`) written as the others are (`torch<1.13,>=1.10`)."""
+    text = _read(path)
+    if text is None:
+        return []
+    out: List[str] = []
+    for line in text.splitlines():
+        if not line.strip():
+            break
+        m = _REQUIRES_DIST.match(line)
+        if m is None:
+            continue
+        req = m.group("req").strip()
+        p = _PARENTHESISED.match(req)
+        if p is not None:
+            req = p.group("name") + p.group("spec").strip() + (" " + p.group("rest") if p.group("rest") else "")
+        out.append(req)
+    return out
+
+
+def _from_egg_requires(path: Path) -> Iterable[str]:
+    """The requirement lines of an egg-info's `requires.txt`; its section headers (`[dev]`,
+    `[:sys_platform != "win32"]`) are skipped and the requirements under them kept, as extras."""
+    text = _read(path)
+    if text is None:
+        return []
+    return [line for line in text.splitlines() if not line.lstrip().startswith("[")]
+
+
+def _egg_requires_files(folder: Path) -> List[Path]:
+    """`*.egg-info/requires.txt` in `folder` and in its `src/` (where setuptools writes it for a
+    src layout)."""
+    files = sorted(folder.glob("*.egg-info/requires.txt")) + sorted(folder.glob("src/*.egg-info/requires.txt"))
+    return [f for f in files if f.is_file()]
+
+
 def _requirement_files(folder: Path) -> List[Path]:
     files = sorted(folder.glob("requirements*.txt"))
     sub = folder / "requirements"
@@ -257,10 +304,14 @@ def _requirements(start: Path, names: Tuple[str, ...]) -> Iterable[Tuple[str, st
     sources = [(folder / "pyproject.toml", lambda p: _from_pyproject(p, names)), (folder / "setup.cfg", _from_setup_cfg),
                (folder / "setup.py", lambda p: _from_setup_py(p, names))]
     sources += [(f, _from_requirements) for f in _requirement_files(folder)]
+    sources += [(folder / "PKG-INFO", _from_pkg_info)]
+    sources += [(f, _from_egg_requires) for f in _egg_requires_files(folder)]
     for path, reader in sources:
         if path.is_file():
+            # an egg-info's file is named with its folder: `requires.txt` alone says nothing
+            name = f"{path.parent.name}/{path.name}" if path.parent.name.endswith(".egg-info") else path.name
             for line in reader(path):
-                yield line, path.name
+                yield line, name
 
 
 class ProjectRequirements:
