@@ -93,6 +93,13 @@ class Guards(Facet):
             if isinstance(anc, cst.BooleanOperation) and isinstance(anc.operator, cst.Or) and child is anc.right \
                     and self._uses_modern_api(anc.left):
                 return True
+            # classes accepted beside the modern one: `(torch.cuda.amp.GradScaler, torch.amp.GradScaler)`,
+            # `(torch.cuda.amp.GradScaler,) + ((torch.amp.GradScaler,) if TORCH_2_3 else ())` (an isinstance shim)
+            if isinstance(anc, cst.Tuple) and any(e is not child and self._uses_modern_api(e) for e in anc.elements):
+                return True
+            if isinstance(anc, cst.BinaryOperation) and isinstance(anc.operator, cst.Add) \
+                    and self._uses_modern_api(anc.right if child is anc.left else anc.left):
+                return True
             if isinstance(anc, (cst.IndentedBlock, cst.Module)) and self._after_early_return(anc, child):
                 return True
             child = anc
