@@ -2,7 +2,7 @@
 them before it analyses anything (see ampfix/engine/rulemeta.py). Do not edit; regenerate.
 """
 
-DIGEST = '18333e83fab39b942e6ce3ef53340b4936a48c7879666c0d15003c9d96e1a874'
+DIGEST = 'c675e177422a3fa35e466738b2d2f446a2c0b77ee1a1a43857e8f665cb9c6c1d'
 
 RULES = [
     ('AMP001', 'backward-in-autocast', True, ('autocast',), (),
