@@ -8,7 +8,7 @@ import libcst as cst
 
 from ampfix.fixes.edits import in_block, insert_where_bound
 from ampfix.model import AmpModel, TraceEvent
-from ampfix.model.events import BACKWARD, EXIT, Event, GRAD_READ, SCALER_STEP, UNSCALE, UPDATE, ZERO_GRAD
+from ampfix.model.events import EXIT, Event, GRAD_READ, SCALER_STEP, UNSCALE, UPDATE, ZERO_GRAD
 from ampfix.rule import SAFE, FileContext, Fix, Rule, Violation
 
 
@@ -91,9 +91,9 @@ scaler.update()
                 if (read.event.detail == "read" or model.dataflow.measures_only(read.node)) \
                         and not self._decides(model, read.node):
                     continue  # `.grad` read (or its norm measured) to be printed or logged: no training decision sees it
-                bw = model.last_before(trace, read, lambda e: e.kind == BACKWARD and e.event.detail == "scaled")
-                if bw is None or model.scaler_always_disabled(bw.event.scaler, trace.root):
-                    continue  # (a GradScaler built with `enabled=False` scales nothing)
+                bw = model.scaled_backward_before(trace, read)
+                if bw is None:
+                    continue
                 scaler = bw.scaler
                 steps = [s for s in trace.after(read, SCALER_STEP) if s.scaler == scaler
                          and model.may_precede(trace, read, s)]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from ampfix.model.events import BACKWARD, GRAD_SANITIZE, SCALER_STEP, UNSCALE, ZERO_GRAD, TraceEvent
+from ampfix.model.events import GRAD_SANITIZE, SCALER_STEP, UNSCALE, ZERO_GRAD, TraceEvent
 from ampfix.rule import FileContext, Rule, Violation
 
 
@@ -70,8 +70,8 @@ scaler.update()
         shown = set()
         for trace in model.traces():
             for fix in trace.of(GRAD_SANITIZE):
-                bw = model.last_before(trace, fix, lambda e: e.kind == BACKWARD and e.event.detail == "scaled")
-                if bw is None or model.scaler_always_disabled(bw.event.scaler, trace.root):
+                bw = model.scaled_backward_before(trace, fix)
+                if bw is None:
                     continue
                 scaler = bw.scaler
                 steps = [s for s in trace.after(fix, SCALER_STEP) if s.scaler == scaler and model.may_precede(trace, fix, s)]

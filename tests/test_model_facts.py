@@ -736,6 +736,32 @@ def test_a_scaler_is_judged_by_the_assignments_its_trace_sees():
     assert not m.scaler_always_disabled("scaler") and not m.scaler_always_enabled("scaler")
 
 
+def test_the_scaled_backward_whose_gradients_an_event_sees():
+    m = model("""
+        import torch
+
+        def on(model, opt, loss):
+            scaler = torch.amp.GradScaler("cuda")
+            scaler.scale(loss).backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+
+        def off(model, opt, loss):
+            scaler = torch.amp.GradScaler("cuda", enabled=False)
+            scaler.scale(loss).backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+
+        def plain(model, opt, loss):
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        """)
+    for name, found in (("on", True), ("off", False), ("plain", False)):
+        trace = next(t for t in m.traces() if getattr(t.root, "name", None) is not None and t.root.name.value == name)
+        clip = next(e for e in trace.events if e.kind == GRAD_READ)
+        bw = m.scaled_backward_before(trace, clip)
+        assert (bw is not None) is found, name
+        assert bw is None or (bw.kind == BACKWARD and bw.scaler == "scaler")
+
+
 def test_replacing_non_finite_gradients_in_place():
     m = model("""
         import torch

@@ -1204,6 +1204,15 @@ class Events:
         flag = self.scaler_enabled_flag(acting, trace.root) if acting is not None else None  # type: ignore[attr-defined]
         return not any(blocks(e) and self.mandatory_between(e, a, b, acting, flag) for e in trace.span(a, b))
 
+    def scaled_backward_before(self, trace: Trace, ev: TraceEvent) -> Optional[TraceEvent]:
+        """The scaled backward whose gradients `ev` sees: the nearest `scaler.scale(loss).backward()`
+        that may precede it; None when there is none, or when its scaler is built with `enabled=False`
+        in every assignment the trace sees (it scales nothing)."""
+        bw = self._last_before(trace, ev, lambda e: e.kind == BACKWARD and e.event.detail == "scaled")
+        if bw is None or self.scaler_always_disabled(bw.event.scaler, trace.root):  # type: ignore[attr-defined]
+            return None
+        return bw
+
     def first_after(self, trace: Trace, a: TraceEvent, match: Callable[[TraceEvent], bool]) -> Optional[TraceEvent]:
         """The nearest event after `a` that `match` accepts and that `a` may precede."""
         events = trace.events  # walked by index: no copy of the rest of the trace per call
@@ -1213,7 +1222,7 @@ class Events:
                 return e
         return None
 
-    def last_before(self, trace: Trace, b: TraceEvent, match: Callable[[TraceEvent], bool],
+    def _last_before(self, trace: Trace, b: TraceEvent, match: Callable[[TraceEvent], bool],
                     stop: Optional[Callable[[TraceEvent], bool]] = None) -> Optional[TraceEvent]:
         """The nearest event before `b` that `match` accepts and that may precede `b`; the search
         ends at an event `stop` accepts that runs on every path to `b`."""

@@ -147,7 +147,7 @@ class Updates(Facet):
     def _between_steps(self, trace: Trace, upd: TraceEvent) -> Optional[UpdateMisplaced]:
         loops = set(upd.loops())
         same_step = _same(SCALER_STEP, upd.scaler)
-        earlier = self.model.last_before(trace, upd, lambda e: same_step(e) and loops <= set(e.loops()),
+        earlier = self.model._last_before(trace, upd, lambda e: same_step(e) and loops <= set(e.loops()),
                                    stop=_same(UPDATE, upd.scaler))
         later = self.model.first_after(trace, upd, lambda e: same_step(e) and loops <= set(e.loops()))
         if earlier is None or later is None or self.model.within_one_call(earlier, upd, later) \
@@ -200,13 +200,13 @@ class Updates(Facet):
     def _wrong_scaler(self, trace: Trace, upd: TraceEvent) -> Optional[UpdateMisplaced]:
         """An update of a scaler that has not stepped since its last update, right after the
         step of another scaler that is never updated afterwards."""
-        if self.model.last_before(trace, upd, _same(SCALER_STEP, upd.scaler), stop=_same(UPDATE, upd.scaler)):
+        if self.model._last_before(trace, upd, _same(SCALER_STEP, upd.scaler), stop=_same(UPDATE, upd.scaler)):
             return None
-        prev = self.model.last_before(trace, upd, lambda e: e.kind == SCALER_STEP and e.scaler != upd.scaler)
+        prev = self.model._last_before(trace, upd, lambda e: e.kind == SCALER_STEP and e.scaler != upd.scaler)
         if prev is None or self.model.first_after(trace, prev, _same(UPDATE, prev.scaler)) is not None:
             return None
         same_update = _same(UPDATE, upd.scaler)
-        if self.model.last_before(trace, upd, same_update) is None and self.model.first_after(trace, upd, same_update) is None:
+        if self.model._last_before(trace, upd, same_update) is None and self.model.first_after(trace, upd, same_update) is None:
             return None  # this scaler is updated once: only the other one is missing its update
         if self.model.within_one_call(prev, upd):
             return None
