@@ -2,7 +2,7 @@
 them before it analyses anything (see ampfix/engine/rulemeta.py). Do not edit; regenerate.
 """
 
-DIGEST = 'c675e177422a3fa35e466738b2d2f446a2c0b77ee1a1a43857e8f665cb9c6c1d'
+DIGEST = '348557ace1250bcae2df994facb8ece0410c2943845c6575335d08404bfe7d32'
 
 RULES = [
     ('AMP001', 'backward-in-autocast', True, ('autocast',), (),
