@@ -66,14 +66,10 @@ class Flow:
             if kind in FUNCTION_BOUNDARY:
                 break
             if kind in _IFS:
-                if child is anc.body or child is anc.orelse:  # type: ignore[attr-defined]
-                    parts = self._conjuncts(anc) if child is anc.body else None  # type: ignore[attr-defined]
-                    if parts is not None:
-                        out.extend(reversed(parts))
-                    else:
-                        out.append(self._decision(anc, child is anc.body))  # type: ignore[attr-defined]
-                        if child is anc.body and kind is cst.If:  # (innermost: the `if`'s own decision)
-                            out.extend(reversed(self._operands(anc) or ()))
+                if child is anc.body:  # type: ignore[attr-defined]
+                    out.extend(reversed(self._body_decisions(anc)))
+                elif child is anc.orelse:  # type: ignore[attr-defined]
+                    out.append(self._decision(anc, False))
             elif kind in _LOOPS:
                 if child is anc.body:  # type: ignore[attr-defined]
                     out.append((("loop", anc), True))
@@ -134,6 +130,16 @@ class Flow:
             return (("if", node), polarity)
         group, positive = stable
         return (group, polarity if positive else not polarity)
+
+    def _body_decisions(self, node: cst.CSTNode) -> List[Tuple[Group, Hashable]]:
+        """The decisions the body of the `if` (or conditional expression) `node` runs under,
+        outermost first: each operand's for `if X and Y:` with no `else` and no exit
+        (`_conjuncts`); else the whole test's (innermost), after each operand's where the test is
+        a conjunction of stable tests (`_operands`)."""
+        parts = self._conjuncts(node)
+        if parts is not None:
+            return parts
+        return [*(self._operands(node) or () if type(node) is cst.If else ()), self._decision(node, True)]
 
     def _conjuncts(self, node: cst.CSTNode) -> Optional[List[Tuple[Group, Hashable]]]:
         """The body of `if X and Y:` runs where X and where Y: one context per operand, when

@@ -360,9 +360,9 @@ class Iterations:
             for anc in self.ancestors(ev.path[depth]):
                 if isinstance(anc, (cst.FunctionDef, cst.Lambda, cst.ClassDef)):
                     break
-                if isinstance(anc, cst.If) and any(  # (the whole test's group, or one of its operands': `_conjuncts`)
+                if isinstance(anc, cst.If) and any(  # (the whole test's group, or one of its operands')
                         self._qualify(g, frame, subst) == group
-                        for g, _ in self._conjuncts(anc) or [self._decision(anc, True)]):  # type: ignore[attr-defined]
+                        for g, _ in self._body_decisions(anc)):  # type: ignore[attr-defined]
                     return anc
         return None
 
