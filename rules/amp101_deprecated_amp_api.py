@@ -108,14 +108,15 @@ with autocast("cuda", dtype=torch.float16):
         by_ref: Dict[int, Binding] = {id(r): b for b in bindings for r in b.refs}
         uses: List[Use] = []
         seen: Set[int] = set()
+        fallbacks: Set[int] = set()  # uses in an old torch's fallback: not reported, they block their name's migration
 
         # uses through imported names
         for b in bindings:
             for ref in b.refs:
                 use = binding_use(model, b, ref, ctx, q)
-                use.fallback = model.guards.in_fallback(ref)
-                if use.fallback and use.blocked is None:  # (its import must stay what the fallback needs)
-                    use.blocked = "it is a fallback for a torch without torch.amp (in an `except`)"
+                if model.guards.in_fallback(ref):
+                    fallbacks.add(id(use.node))
+                    use.blocked = use.blocked or "it is a fallback for a torch without torch.amp (in an `except`)"
                 uses.append(use)
                 seen.add(id(use.node))
         # fully qualified uses: torch.cuda.amp.X / T.cuda.amp.X
@@ -136,7 +137,7 @@ with autocast("cuda", dtype=torch.float16):
         settle(ctx, self.code, bindings, uses)
 
         for use in sorted(uses, key=lambda u: model.start(u.node)):
-            if use.done or use.fallback:
+            if use.done or id(use.node) in fallbacks:
                 continue  # (a use in `except ImportError:` runs only on a torch without torch.amp's)
             blocked = use.blocked or (use.binding.blocked if use.binding is not None else None)
             new = new_spelling(use.kind, use.device, '"')

@@ -2,7 +2,7 @@
 them before it analyses anything (see ampfix/engine/rulemeta.py). Do not edit; regenerate.
 """
 
-DIGEST = '348557ace1250bcae2df994facb8ece0410c2943845c6575335d08404bfe7d32'
+DIGEST = '3745d41da4ed0a63277134ea3594790f4a63a7e3a66af20b0862a3dd02e43520'
 
 RULES = [
     ('AMP001', 'backward-in-autocast', True, ('autocast',), (),

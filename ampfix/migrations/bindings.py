@@ -41,8 +41,6 @@ class Use:
     blocked: Optional[str] = None
     done: bool = False  # already migrated (its import follows)
     binding: Optional[Binding] = None
-    fallback: bool = False  # in an old torch's fallback (`except ImportError:`): not reported; it blocks its
-    # binding's migration (the fallback needs the old name bound as it is)
 
 
 def settle(ctx, code: str, bindings: Sequence[Binding], uses: Sequence[Use]) -> None:
