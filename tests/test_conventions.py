@@ -34,7 +34,7 @@ def _tree(tmp_path):
 
 def test_errors_in_json_and_json_lines(tmp_path):
     _tree(tmp_path)
-    res = run_ampfix("check", ".", "missing.py", "--output-format", "json", cwd=tmp_path)
+    res = run_ampfix("check", "--preview", ".", "missing.py", "--output-format", "json", cwd=tmp_path)
     assert res.returncode == 2
     objects = json.loads(res.stdout)
     errors = [o for o in objects if o["type"] == "error"]
@@ -50,11 +50,11 @@ def test_errors_in_json_and_json_lines(tmp_path):
     assert missing["code"] == "io-error" and missing["location"] is None
     assert missing["message"] == "no such file or directory"
     # json-lines: the same objects, one per line
-    res = run_ampfix("check", ".", "missing.py", "--output-format", "json-lines", cwd=tmp_path)
+    res = run_ampfix("check", "--preview", ".", "missing.py", "--output-format", "json-lines", cwd=tmp_path)
     assert res.returncode == 2
     assert [json.loads(line) for line in res.stdout.decode().splitlines()] == objects
     # rewrite reports its errors the same way
-    res = run_ampfix("rewrite", ".", "--output-format", "json", cwd=tmp_path)
+    res = run_ampfix("rewrite", "--preview", ".", "--output-format", "json", cwd=tmp_path)
     assert res.returncode == 2
     assert [o["code"] for o in json.loads(res.stdout)] == ["invalid-syntax"]
 
@@ -63,7 +63,7 @@ def test_errors_in_sarif_as_tool_execution_notifications(tmp_path):
     sarif = _sarif_tool()
     _tree(tmp_path)
     report = tmp_path / "ampfix.sarif"
-    res = run_ampfix("check", ".", "--output-format", "sarif", "-o", report, cwd=tmp_path)
+    res = run_ampfix("check", "--preview", ".", "--output-format", "sarif", "-o", report, cwd=tmp_path)
     assert res.returncode == 2
     log = json.loads(report.read_text())
     (invocation,) = log["runs"][0]["invocations"]
@@ -90,7 +90,7 @@ def test_errors_in_sarif_as_tool_execution_notifications(tmp_path):
 def test_errors_in_github_annotations(tmp_path):
     _tree(tmp_path)
     write(tmp_path, "big.py", BAD_CLIP + "# " + "x" * 400 + "\n")
-    res = run_ampfix("check", ".", "--output-format", "github", "--max-file-size", "300", cwd=tmp_path)
+    res = run_ampfix("check", "--preview", ".", "--output-format", "github", "--max-file-size", "300", cwd=tmp_path)
     assert res.returncode == 2
     commands = [gh_commands.parse(line) for line in res.stdout.decode().splitlines()]
     assert None not in commands, res.stdout
@@ -134,8 +134,11 @@ def _apply(text, edits):
 
 @pytest.mark.parametrize("fixture", ["AMP003/bad_clip.py", "AMP101/bad_qualified.py", "AMP006/bad_loop.py"])
 def test_json_fix_edits_fix_the_finding(tmp_path, fixture):
+    from ampfix.engine.registry import all_rules
+
+    preview = ("--preview",) if all_rules()[fixture.split("/")[0]].in_preview() else ()  # AMP003 is one
     p = write(tmp_path, "t.py", (ROOT / "fixtures" / "rules" / fixture).read_text())
-    (finding, *_) = [o for o in json.loads(run_ampfix("check", p, "--output-format", "json").stdout)
+    (finding, *_) = [o for o in json.loads(run_ampfix("check", *preview, p, "--output-format", "json").stdout)
                      if o["fix"] and o["fix"]["applicability"] == "safe"]
     assert finding["fix"]["message"] and finding["fix"]["edits"]
     assert finding["url"] == rule_url(finding["code"])
@@ -143,7 +146,7 @@ def test_json_fix_edits_fix_the_finding(tmp_path, fixture):
     fixed_alone = _apply(p.read_text(), finding["fix"]["edits"])
     compile(fixed_alone, "t.py", "exec")
     q = write(tmp_path, "alone.py", fixed_alone)
-    left = json.loads(run_ampfix("check", q, "--output-format", "json").stdout)
+    left = json.loads(run_ampfix("check", *preview, q, "--output-format", "json").stdout)
     assert (finding["code"], finding["line"]) not in {(o["code"], o["line"]) for o in left}
 
 
@@ -164,8 +167,9 @@ def test_every_rule_url_points_at_its_page_in_the_repository():
 
 def test_sarif_rules_link_their_pages(tmp_path):
     write(tmp_path, "train.py", BAD_CLIP)
-    log = json.loads(run_ampfix("check", ".", "--output-format", "sarif", cwd=tmp_path).stdout)
+    log = json.loads(run_ampfix("check", "--preview", ".", "--output-format", "sarif", cwd=tmp_path).stdout)
     rules = log["runs"][0]["tool"]["driver"]["rules"]
+    assert "AMP003" in [r["id"] for r in rules]
     assert all(r["helpUri"] == rule_url(r["id"]) for r in rules)
 
 
@@ -173,15 +177,16 @@ def test_statistics_as_json(tmp_path):
     write(tmp_path, "a.py", BAD_CLIP)
     write(tmp_path, "b.py", BAD_CLIP)
     write(tmp_path, "c.py", "import torch\nscaler = torch.cuda.amp.GradScaler()\n")
-    res = run_ampfix("check", ".", "--statistics", "--output-format", "json", cwd=tmp_path)
+    res = run_ampfix("check", "--preview", ".", "--statistics", "--output-format", "json", cwd=tmp_path)
     assert res.returncode == 1
     stats = json.loads(res.stdout)
     assert stats[0] == {"code": "AMP003", "name": "clip-scaled-gradients", "count": 2, "fixable": True,
                         "fixable_count": 2}
     assert [s["code"] for s in stats] == ["AMP003", "AMP101"]
-    lines = run_ampfix("check", ".", "--statistics", "--output-format", "json-lines", cwd=tmp_path).stdout
+    lines = run_ampfix("check", "--preview", ".", "--statistics", "--output-format", "json-lines",
+                       cwd=tmp_path).stdout
     assert [json.loads(x) for x in lines.decode().splitlines()] == stats
-    text = out(run_ampfix("check", ".", "--statistics", cwd=tmp_path))[0]
+    text = out(run_ampfix("check", "--preview", ".", "--statistics", cwd=tmp_path))[0]
     assert text.splitlines()[0].split() == ["2", "AMP003", "[*]", "clip-scaled-gradients"]
     res = run_ampfix("check", ".", "--statistics", "--output-format", "sarif", cwd=tmp_path)
     assert res.returncode == 2 and b"--statistics" in res.stderr
@@ -198,15 +203,15 @@ UNSAFE_FIXED = (ROOT / "fixtures" / "rules" / "AMP011" / "bad_script.unsafe.py")
 def test_check_fix_is_rewrite(tmp_path):
     a = write(tmp_path / "a", "train.py", BAD_CLIP)
     b = write(tmp_path / "b", "train.py", BAD_CLIP)
-    res_check = run_ampfix("check", "--fix", "train.py", cwd=a.parent)
-    res_rewrite = run_ampfix("rewrite", "train.py", cwd=b.parent)
+    res_check = run_ampfix("check", "--preview", "--fix", "train.py", cwd=a.parent)
+    res_rewrite = run_ampfix("rewrite", "--preview", "train.py", cwd=b.parent)
     assert res_check.returncode == res_rewrite.returncode == 0
     assert a.read_text() == b.read_text() != BAD_CLIP
     assert res_check.stdout == res_rewrite.stdout
     assert "Fixed 1 finding in 1 file:" in out(res_check)[0]
     # --diff shows, writes nothing, exits 1 when something would change
     c = write(tmp_path / "c", "train.py", BAD_CLIP)
-    res = run_ampfix("check", "--diff", "train.py", cwd=c.parent)
+    res = run_ampfix("check", "--preview", "--diff", "train.py", cwd=c.parent)
     assert res.returncode == 1 and c.read_text() == BAD_CLIP and "+    scaler.unscale_(optimizer)" in out(res)[0]
     # findings left: exit 1 (0 with --exit-zero); --exit-non-zero-on-fix
     d = write(tmp_path / "d", "train.py", UNSAFE_ONLY)
@@ -214,7 +219,8 @@ def test_check_fix_is_rewrite(tmp_path):
     assert res.returncode == 1 and "AMP011" in out(res)[0] and "fixable with `--unsafe-fixes`" in out(res)[0]
     assert run_ampfix("check", "--fix", "--exit-zero", "train.py", cwd=d.parent).returncode == 0
     e = write(tmp_path / "e", "train.py", BAD_CLIP)
-    assert run_ampfix("check", "--fix", "--exit-non-zero-on-fix", "train.py", cwd=e.parent).returncode == 1
+    assert run_ampfix("check", "--preview", "--fix", "--exit-non-zero-on-fix", "train.py",
+                      cwd=e.parent).returncode == 1
 
 
 def test_unsafe_fixes_one_name_for_check_rewrite_and_verify(tmp_path):
@@ -235,10 +241,17 @@ def test_extend_select_and_select_all(tmp_path):
     stale = BAD_CLIP.replace("scaler.update()", "scaler.update()  # noqa: AMP009")
     write(tmp_path, "train.py", stale)
 
-    def codes(*args, cwd=tmp_path):
-        res = run_ampfix("check", "train.py", "--output-format", "json", *args, cwd=cwd)
+    def codes(*args, cwd=tmp_path, preview=True):
+        # AMP003, the example, is a preview rule: preview on, unless the assertion says otherwise
+        res = run_ampfix("check", "train.py", "--output-format", "json", *(["--preview"] if preview else []), *args,
+                         cwd=cwd)
         return sorted(o["code"] for o in json.loads(res.stdout))
 
+    # without preview AMP003 runs under no selection, ALL and prefixes included
+    assert codes(preview=False) == []
+    assert codes("--extend-select", "AMP901", preview=False) == ["AMP901"]
+    assert codes("--select", "ALL", preview=False) == ["AMP901"]
+    assert codes("--select", "AMP", preview=False) == []
     assert codes() == ["AMP003"]  # AMP901 is off by default
     assert codes("--extend-select", "AMP901") == ["AMP003", "AMP901"]
     assert codes("--select", "ALL") == ["AMP003", "AMP901"]  # ALL is every rule, as ruff's
@@ -273,6 +286,9 @@ def test_show_settings_prints_the_resolved_selection(tmp_path):
     assert settings["exclude"] == ["legacy"] and settings["min-torch-version"] == "2.1"
     assert settings["files"] == 1
     text = out(run_ampfix("check", "--show-settings", ".", cwd=tmp_path))[0]
+    assert '    "AMP001",  # backward-in-autocast' in text and '"AMP101"' not in text
+    assert '"AMP003"' not in text  # a preview rule: only with preview on
+    text = out(run_ampfix("check", "--show-settings", "--preview", ".", cwd=tmp_path))[0]
     assert '    "AMP003",  # clip-scaled-gradients' in text and '"AMP101"' not in text
     assert out(run_ampfix("check", "--show-files", ".", cwd=tmp_path))[0] == "train.py\n"
 
@@ -301,16 +317,16 @@ def test_verify_lists_fixes_total_time_and_user_tracebacks(tmp_path, torch_avail
     src.insert(clip + 1, "    if step == 3:\n        boom = {}['boom at step 3']\n")
     script = write(tmp_path, "boom.py", "".join(src))
     raise_line = clip + 3  # 1-based line of the raise in the user's file
-    res = run_ampfix("verify", script, "--steps", "10", "--warmup", "2", "--reps", "1", "--threads", "1", "--yes",
-                     "--unsafe")
+    res = run_ampfix("verify", "--preview", script, "--steps", "10", "--warmup", "2", "--reps", "1", "--threads",
+                     "1", "--yes", "--unsafe")
     stdout, stderr = out(res)
     assert res.returncode == 2
     assert "--unsafe is deprecated, use --unsafe-fixes" in stderr
     assert f'File "{script}", line {raise_line}, in <module>' in stderr, stderr
     assert "ampfix-verify-" not in stderr  # no temporary path
     # a run that completes lists the fixes and the total time
-    res = run_ampfix("verify", ROOT / "fixtures" / "train" / "buggy_clip_scaled.py", "--steps", "20", "--warmup",
-                     "2", "--reps", "1", "--threads", "1", "--yes")
+    res = run_ampfix("verify", "--preview", ROOT / "fixtures" / "train" / "buggy_clip_scaled.py", "--steps", "20",
+                     "--warmup", "2", "--reps", "1", "--threads", "1", "--yes")
     stdout, stderr = out(res)
     assert res.returncode in (0, 1), stderr
     assert (f"fix: AMP003 clip-scaled-gradients (line {clip + 1}): scaler.unscale_(optimizer) inserted before "
@@ -342,12 +358,13 @@ def test_stdin_filename_without_dash_is_a_usage_error(tmp_path):
     assert res.returncode == 2 and b"add `-` to the paths" in res.stderr
     res = run_ampfix("check", "--stdin-filename", "train.py", cwd=tmp_path, input=BAD_CLIP.encode())
     assert res.returncode == 2
-    res = run_ampfix("check", "--stdin-filename", "train.py", "-", cwd=tmp_path, input=BAD_CLIP.encode())
+    res = run_ampfix("check", "--preview", "--stdin-filename", "train.py", "-", cwd=tmp_path,
+                     input=BAD_CLIP.encode())
     assert res.returncode == 1 and out(res)[0].startswith("train.py:6:5: AMP003")
 
 
 def test_force_exclude_applies_to_stdin_filename(tmp_path):
-    write(tmp_path, "pyproject.toml", '[tool.ampfix]\nexclude = ["legacy"]\n')
+    write(tmp_path, "pyproject.toml", '[tool.ampfix]\nexclude = ["legacy"]\npreview = true\n')  # AMP003 runs
     args = ("--stdin-filename", "legacy/train.py", "-")
     res = run_ampfix("check", *args, cwd=tmp_path, input=BAD_CLIP.encode())
     assert res.returncode == 1  # named on the command line: checked unless --force-exclude
@@ -402,17 +419,17 @@ def test_config_errors_are_one_line_naming_file_and_key(tmp_path, toml, expected
 def test_file_level_noqa_unknown_and_unused_codes(tmp_path):
     src = "# ampfix: noqa: AMP003, AMP101, AMP099\n" + BAD_CLIP
     p = write(tmp_path, "train.py", src)
-    res = run_ampfix("check", p, "--extend-select", "AMP901", "--output-format", "json")
+    res = run_ampfix("check", "--preview", p, "--extend-select", "AMP901", "--output-format", "json")
     (finding,) = json.loads(res.stdout)
     assert (finding["code"], finding["line"]) == ("AMP901", 1)
     assert "`AMP101`" in finding["message"] and "`AMP099` names no ampfix rule" in finding["message"]
     assert "`AMP003`" not in finding["message"]  # it silences the clip
-    res = run_ampfix("rewrite", p, "--select", "ALL")
+    res = run_ampfix("rewrite", "--preview", p, "--select", "ALL")
     assert res.returncode == 0
     assert p.read_text() == "# ampfix: noqa: AMP003\n" + BAD_CLIP
     # a code whose rule does not run is left alone (it may be needed by a run that selects it)
     p.write_text("# ampfix: noqa: AMP003, AMP101\n" + BAD_CLIP)
-    res = run_ampfix("check", p, "--select", "AMP0,AMP901")
+    res = run_ampfix("check", "--preview", p, "--select", "AMP0,AMP901")
     assert res.returncode == 0, out(res)
 
 
@@ -420,14 +437,14 @@ def test_broken_pipe_exits_quietly(tmp_path):
     for i in range(30):
         write(tmp_path, f"t{i}.py", BAD_CLIP)
     env = dict(os.environ, NO_COLOR="1")
-    proc = subprocess.Popen([sys.executable, "-m", "ampfix", "check", "--no-cache", "."], cwd=tmp_path,
+    proc = subprocess.Popen([sys.executable, "-m", "ampfix", "check", "--preview", "--no-cache", "."], cwd=tmp_path,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
     proc.stdout.close()  # the reader went away before the report (`| head -0`)
     stderr = proc.stderr.read()
     assert proc.wait(timeout=300) == 1  # the run's own status: findings
     assert stderr == b"", stderr
     # as a shell runs it
-    res = subprocess.run("set -o pipefail; python -m ampfix check --no-cache . | head -1", shell=True,
+    res = subprocess.run("set -o pipefail; python -m ampfix check --preview --no-cache . | head -1", shell=True,
                          executable="/bin/bash", cwd=tmp_path, capture_output=True, env=dict(
                              env, PATH=f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"), timeout=300)
     assert res.stderr == b"" and len(res.stdout.decode().splitlines()) == 1
@@ -458,7 +475,7 @@ def test_ipython_only_cells_cost_only_themselves(tmp_path):
     for command in ("check", "rewrite"):
         q = tmp_path / f"{command}.ipynb"
         q.write_text(p.read_text())
-        res = run_ampfix(command, q)
+        res = run_ampfix(command, "--preview", q)
         stdout, stderr = out(res)
         assert res.returncode != 2, stderr
         assert f"{q}:cell 1: note: skipped: `ls /content/checkpoints/` is an IPython command (automagic `%ls`)" \
@@ -466,7 +483,7 @@ def test_ipython_only_cells_cost_only_themselves(tmp_path):
         assert f"{q}:cell 3: note: skipped: `pip install torch==2.4`" in stderr
         assert f"{q}:cell 4: note: skipped: a `%%bash` cell" in stderr
         assert "cell 8" not in stderr
-    assert run_ampfix("check", tmp_path / "check.ipynb").returncode == 1  # the clip in cell 7 is found
+    assert run_ampfix("check", "--preview", tmp_path / "check.ipynb").returncode == 1  # the clip in cell 7 is found
     fixed = nbformat.read(tmp_path / "rewrite.ipynb", as_version=4)
     assert "scaler.unscale_(optimizer)" in fixed.cells[6].source
     assert [c.source for i, c in enumerate(fixed.cells) if i != 6] == [c.source for i, c in enumerate(cells) if i != 6]
@@ -536,7 +553,7 @@ def test_pip_install_from_the_tag(tagged, tmp_path):
         pytest.skip(f"no package index reachable: {res.stderr[-300:]}")
     assert res.returncode == 0, res.stderr
     p = write(tmp_path, "train.py", BAD_CLIP)
-    res = subprocess.run([str(venv / "bin" / "ampfix"), "check", str(p)], capture_output=True, text=True)
+    res = subprocess.run([str(venv / "bin" / "ampfix"), "check", "--preview", str(p)], capture_output=True, text=True)
     assert res.returncode == 1 and "AMP003" in res.stdout, res.stderr
 
 
@@ -552,6 +569,7 @@ def test_pre_commit_rev_from_a_tag(tagged, tmp_path):
     config = _readme_block("# .pre-commit-config.yaml").replace(REPOSITORY, str(upstream))
     (project / ".pre-commit-config.yaml").write_text(config)
     (project / "train.py").write_text(BAD_CLIP)
+    (project / "pyproject.toml").write_text("[tool.ampfix]\npreview = true\n")  # AMP003 is a preview rule
     subprocess.run(["git", "add", "-A"], cwd=project, env=env, check=True)
     res = subprocess.run([sys.executable, "-m", "pre_commit", "run", "ampfix", "--all-files"], cwd=project, env=env,
                          capture_output=True, text=True, timeout=900)

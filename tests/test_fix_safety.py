@@ -112,7 +112,7 @@ def test_a_fix_that_calls_a_method_on_a_possible_none_is_not_offered():
 
 
 def test_amp003_moves_the_unscale_under_the_backwards_test():
-    new, fixed, remaining = fix_text(NONE_SCALER, "t.py", select_rules(["AMP003"], []), Settings())
+    new, fixed, remaining = fix_text(NONE_SCALER, "t.py", select_rules(["AMP003"], [], preview=True), Settings())
     assert fixed and not remaining
     assert ("        if clip:\n            if self.scaler is not None:\n                self.scaler.unscale_(self.optimizer)\n"
             "            torch.nn.utils.clip_grad_norm_") in new
@@ -241,14 +241,15 @@ def test_cli_summary_agrees_with_a_fresh_check(tmp_path: Path):
              "AMP102/bad_checkpoint_reader.py", "AMP102/bad_basic.py"]
     for name in names:
         shutil.copy(FIXTURES / "rules" / name, tmp_path / name.replace("/", "_"))
-    before = run_ampfix("check", "--no-cache", "--output-format", "json", tmp_path)
+    # AMP003, AMP013 and AMP102 are preview rules: preview on
+    before = run_ampfix("check", "--preview", "--no-cache", "--output-format", "json", tmp_path)
     import json
 
     n_before = len(json.loads(before.stdout))
-    res = run_ampfix("rewrite", "--unsafe-fixes", "--no-cache", tmp_path)
+    res = run_ampfix("rewrite", "--preview", "--unsafe-fixes", "--no-cache", tmp_path)
     out = res.stdout.decode()
     summary = [line for line in out.splitlines() if line.startswith("Found ")][-1]
-    after = run_ampfix("check", "--no-cache", "--output-format", "json", tmp_path)
+    after = run_ampfix("check", "--preview", "--no-cache", "--output-format", "json", tmp_path)
     n_after = len(json.loads(after.stdout))
     words = summary.replace("(", " ").replace(",", " ").split()
     found, fixed, remaining = int(words[1]), int(words[3]), int(words[5])

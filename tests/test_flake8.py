@@ -9,6 +9,9 @@ from test_cli import BAD_CLIP, GOOD, write
 
 pytest.importorskip("flake8")
 
+# AMP003, BAD_CLIP's finding, is a preview rule: the plugin runs it with `preview = true` in [tool.ampfix]
+PREVIEW = "[tool.ampfix]\npreview = true\n"
+
 
 def flake8(*args, cwd=None):
     return subprocess.run([sys.executable, "-m", "flake8", *map(str, args)], capture_output=True, text=True,
@@ -21,6 +24,7 @@ def test_plugin_is_registered():
 
 
 def test_select_amp_reports_findings(tmp_path):
+    write(tmp_path, "pyproject.toml", PREVIEW)
     write(tmp_path, "train.py", BAD_CLIP)
     write(tmp_path, "ok.py", GOOD)
     res = flake8("--select", "AMP", ".", cwd=tmp_path)
@@ -32,13 +36,14 @@ def test_select_amp_reports_findings(tmp_path):
 
 
 def test_flake8_noqa_and_ampfix_config(tmp_path):
+    write(tmp_path, "pyproject.toml", PREVIEW)
     write(tmp_path, "train.py", BAD_CLIP.replace("1.0)\n", "1.0)  # noqa: AMP003\n", 1))
     assert flake8("--select", "AMP", "train.py", cwd=tmp_path).returncode == 0
     write(tmp_path, "train.py", BAD_CLIP)
-    write(tmp_path, "pyproject.toml", '[tool.ampfix]\nignore = ["AMP003"]\n')
+    write(tmp_path, "pyproject.toml", PREVIEW + 'ignore = ["AMP003"]\n')
     assert flake8("--select", "AMP", "train.py", cwd=tmp_path).returncode == 0
     # other codes are flake8's own business; a syntax error is flake8's E999, not a crash
-    write(tmp_path, "pyproject.toml", "")
+    write(tmp_path, "pyproject.toml", PREVIEW)
     write(tmp_path, "broken.py", "import torch\nscaler = torch.amp.GradScaler(\n")
     res = flake8("--select", "AMP,E999", ".", cwd=tmp_path)
     assert "E999" in res.stdout and "AMP003" in res.stdout and "Traceback" not in res.stderr

@@ -1359,6 +1359,6 @@ def test_clip_not_fixed_names_the_exit_of_the_clipping_function_not_a_helpers():
                 for self.batch_index, data in enumerate(loader):
                     self.train_one_step(data)
     """)
-    [d] = check_source(src, select=["AMP003"])
+    [d] = check_source(src, select=["AMP003"], preview=True)  # a preview rule
     last = src.splitlines().index("        return loss") + 1
     assert f"the `return` on line {last} leaves without `scaler.update()`" in d.message, d.message

@@ -12,6 +12,7 @@ from test_cli import out
 nbformat = pytest.importorskip("nbformat")
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output  # noqa: E402
 
+# the clip of CELLS (cell 5) is AMP003's, a preview rule: the runs that look for it turn preview on
 SETUP = "import torch\nmodel = torch.nn.Linear(4, 2)\noptimizer = torch.optim.SGD(model.parameters(), lr=0.1)"
 CELLS = [
     new_markdown_cell("# Training\nThe scaler is made in cell 3 and stepped in cell 6."),
@@ -40,27 +41,27 @@ def save(tmp_path, nb, name="train.ipynb", text=None):
 
 def test_cells_are_one_program_and_findings_name_the_cell(tmp_path):
     p = save(tmp_path, notebook())
-    res = run_ampfix("check", p)
+    res = run_ampfix("check", "--preview", p)
     stdout, stderr = out(res)
     assert res.returncode == 1, stderr
     # the clip in cell 5 comes after the backward of cell 4 with the scaler of cell 3
     assert stdout.splitlines()[0].startswith(f"{p}:cell 5:1:1: AMP003 [*] ")
-    d = json.loads(run_ampfix("check", p, "--output-format", "json").stdout)[0]
+    d = json.loads(run_ampfix("check", "--preview", p, "--output-format", "json").stdout)[0]
     assert (d["cell"], d["line"], d["column"], d["code"]) == (5, 1, 1, "AMP003")
     # the cell that unscales is what makes the clip right: then the notebook is clean
     cells = list(CELLS)
     cells[3] = new_code_cell(CELLS[3].source + "\nscaler.unscale_(optimizer)")
-    assert run_ampfix("check", save(tmp_path, notebook(cells), "ok.ipynb")).returncode == 0
+    assert run_ampfix("check", "--preview", save(tmp_path, notebook(cells), "ok.ipynb")).returncode == 0
 
 
 def test_rewrite_changes_only_the_fixed_cell(tmp_path):
     nb = notebook()
     p = save(tmp_path, nb)
     before = p.read_text()
-    diff = run_ampfix("rewrite", "--diff", p)
+    diff = run_ampfix("rewrite", "--preview", "--diff", p)
     assert diff.returncode == 1 and p.read_text() == before
     assert out(diff)[0].startswith(f"--- a/{p}:cell 5\n+++ b/{p}:cell 5\n") or f"--- {p}:cell 5" in out(diff)[0]
-    res = run_ampfix("rewrite", p)
+    res = run_ampfix("rewrite", "--preview", p)
     assert res.returncode == 0, out(res)
     after = p.read_text()
     # byte for byte what nbformat writes for the notebook with that one cell fixed
@@ -70,8 +71,8 @@ def test_rewrite_changes_only_the_fixed_cell(tmp_path):
     assert new.cells[1].outputs == CELLS[1].outputs and new.cells[4].outputs == CELLS[4].outputs
     assert [c.id for c in new.cells] == [c.id for c in nbformat.reads(before, as_version=4).cells]
     assert "%time print(1)" in new.cells[4].source and "!nvidia-smi" in new.cells[2].source
-    assert run_ampfix("check", p).returncode == 0
-    assert run_ampfix("rewrite", p).returncode == 0 and p.read_text() == after  # a fixed point
+    assert run_ampfix("check", "--preview", p).returncode == 0
+    assert run_ampfix("rewrite", "--preview", p).returncode == 0 and p.read_text() == after  # a fixed point
 
 
 def test_rewrite_keeps_a_foreign_json_layout(tmp_path):
@@ -85,7 +86,7 @@ def test_rewrite_keeps_a_foreign_json_layout(tmp_path):
           "cells": [dict(reversed(list(c.items()))) for c in nb["cells"]]}
     text = json.dumps(nb, indent=2, ensure_ascii=True)  # no final newline
     p = save(tmp_path, None, text=text)
-    assert run_ampfix("rewrite", p).returncode == 0
+    assert run_ampfix("rewrite", "--preview", p).returncode == 0
     new = p.read_text()
     old_cell = json.dumps(nb["cells"][4]["source"], ensure_ascii=True)
     new_cell = json.dumps("scaler.unscale_(optimizer)\n" + nb["cells"][4]["source"], ensure_ascii=True)
@@ -97,7 +98,7 @@ def test_list_sources_keep_their_layout(tmp_path):
     text = nbformat.writes(notebook())
     custom = text.replace('\n    "torch.nn.utils', '    "torch.nn.utils')  # an odd hand-edited layout
     p = save(tmp_path, None, text=custom)
-    assert run_ampfix("rewrite", p).returncode == 0
+    assert run_ampfix("rewrite", "--preview", p).returncode == 0
     data = json.loads(p.read_text())
     assert "".join(data["cells"][4]["source"]).startswith("scaler.unscale_(optimizer)\ntorch.nn.utils")
     assert p.read_text().replace('"scaler.unscale_(optimizer)\\n",', "", 1).replace(" ", "").replace("\n", "") == \
@@ -124,11 +125,11 @@ def test_magics_and_shell_lines_are_masked_safely(tmp_path):
                       "scaler.step(optimizer)\nscaler.update()"),
     ]
     p = save(tmp_path, notebook(cells))
-    res = run_ampfix("check", p, "--output-format", "json")
+    res = run_ampfix("check", "--preview", p, "--output-format", "json")
     found = sorted((d["cell"], d["line"], d["code"]) for d in json.loads(res.stdout))
     # the %%time cell is Python (its line 3 is the clip); the %%bash cell of CELLS is not
     assert found == [(2, 9, "AMP003"), (3, 3, "AMP003")], out(res)
-    assert run_ampfix("rewrite", p).returncode == 0
+    assert run_ampfix("rewrite", "--preview", p).returncode == 0
     fixed = nbformat.read(p, as_version=4)
     assert fixed.cells[1].source == cells[1].source.replace(
         "    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)\n    model?",
@@ -140,7 +141,7 @@ def test_syntax_error_names_the_cell(tmp_path):
     cells = [new_code_cell(SETUP), new_code_cell('scaler = torch.amp.GradScaler("cuda")\nif True\n'
                                                  '    scaler.scale(loss).backward()\n    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)')]
     p = save(tmp_path, notebook(cells))
-    res = run_ampfix("check", p)
+    res = run_ampfix("check", "--preview", p)
     assert res.returncode == 2
     assert out(res)[1].startswith(f"{p}:cell 2:2:") and "syntax error" in out(res)[1]
 
@@ -171,7 +172,7 @@ def test_invalid_notebooks_get_one_clear_line(tmp_path):
 
 def test_other_languages_are_skipped(tmp_path):
     nb = notebook(kernelspec={"name": "ir", "display_name": "R", "language": "R"})
-    assert run_ampfix("check", save(tmp_path, nb)).returncode == 0
+    assert run_ampfix("check", "--preview", save(tmp_path, nb)).returncode == 0
 
 
 def test_without_nbformat_one_line_and_the_other_files_are_checked(tmp_path):
@@ -183,7 +184,7 @@ def test_without_nbformat_one_line_and_the_other_files_are_checked(tmp_path):
     py = tmp_path / "train.py"
     py.write_text("import torch\nscaler = torch.amp.GradScaler()\nscaler.scale(l).backward()\n"
                   "torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)\nscaler.step(o)\nscaler.update()\n")
-    res = run_ampfix("check", p, clean_nb, py, env={"PYTHONPATH": str(blocker)})
+    res = run_ampfix("check", "--preview", p, clean_nb, py, env={"PYTHONPATH": str(blocker)})
     stdout, stderr = out(res)
     assert res.returncode == 2
     assert stderr == f'{p}: error: notebooks need nbformat: pip install "ampfix[notebook]"\n'
@@ -192,25 +193,25 @@ def test_without_nbformat_one_line_and_the_other_files_are_checked(tmp_path):
 
 def test_stdin_notebook(tmp_path):
     data = (nbformat.writes(notebook()) + "\n").encode()
-    res = run_ampfix("check", "-", "--stdin-filename", "nb.ipynb", input=data)
+    res = run_ampfix("check", "--preview", "-", "--stdin-filename", "nb.ipynb", input=data)
     assert out(res)[0].startswith("nb.ipynb:cell 5:1:1: AMP003")
-    res = run_ampfix("rewrite", "-", "--stdin-filename", "nb.ipynb", input=data)
+    res = run_ampfix("rewrite", "--preview", "-", "--stdin-filename", "nb.ipynb", input=data)
     assert res.returncode == 0
     assert "scaler.unscale_(optimizer)" in nbformat.reads(res.stdout.decode(), as_version=4).cells[4].source
 
 
 def test_add_noqa_in_a_notebook(tmp_path):
     p = save(tmp_path, notebook())
-    res = run_ampfix("check", "--add-noqa", p)
+    res = run_ampfix("check", "--preview", "--add-noqa", p)
     assert res.returncode == 0, out(res)
     nb = nbformat.read(p, as_version=4)
     assert nb.cells[4].source.splitlines()[0].endswith("  # noqa: AMP003")
-    assert run_ampfix("check", p).returncode == 0
+    assert run_ampfix("check", "--preview", p).returncode == 0
 
 
 def test_sarif_and_github_for_notebooks(tmp_path):
     save(tmp_path, notebook())
-    log = json.loads(run_ampfix("check", "train.ipynb", "--output-format", "sarif", cwd=tmp_path).stdout)
+    log = json.loads(run_ampfix("check", "--preview", "train.ipynb", "--output-format", "sarif", cwd=tmp_path).stdout)
     (result,) = log["runs"][0]["results"]
     assert result["properties"]["cell"] == 5 and result["message"]["text"].startswith("cell 5, line 1: ")
     assert "fixes" not in result
@@ -220,7 +221,7 @@ def test_sarif_and_github_for_notebooks(tmp_path):
     assert json_lines[region["startLine"] - 1][region["startColumn"] - 1:].startswith(
         '"torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)\\n"')
     assert result["locations"][0]["logicalLocations"][0]["fullyQualifiedName"] == "train.ipynb:cell 5"
-    gh = out(run_ampfix("check", "train.ipynb", "--output-format", "github", cwd=tmp_path))[0]
+    gh = out(run_ampfix("check", "--preview", "train.ipynb", "--output-format", "github", cwd=tmp_path))[0]
     assert gh.startswith(f"::error title=ampfix (AMP003),file=train.ipynb,line={region['startLine']},"
                          f"col={region['startColumn']},endLine={region['endLine']},endColumn={region['endColumn']}"
                          "::train.ipynb:cell 5:1:1: AMP003")

@@ -89,6 +89,7 @@ def test_pre_commit_hooks(git_repo):
     bad = (FIXTURES / "rules" / "AMP003" / "bad_clip.py").read_text()
     (repo / "train.py").write_text(bad)
     (repo / "ok.py").write_text("import torch\n")
+    (repo / "pyproject.toml").write_text("[tool.ampfix]\npreview = true\n")  # AMP003 is a preview rule
     # a notebook: the hooks take jupyter files too (the hook's environment has nbformat)
     nbformat = pytest.importorskip("nbformat")
     from nbformat.v4 import new_code_cell, new_notebook
@@ -98,7 +99,7 @@ def test_pre_commit_hooks(git_repo):
                                            "torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)\n"
                                            "scaler.step(optimizer)\nscaler.update()")])
     (repo / "explore.ipynb").write_text(nbformat.writes(nb) + "\n")
-    _run(["git", "add", "train.py", "ok.py", "explore.ipynb"], cwd=repo, env=env)
+    _run(["git", "add", "train.py", "ok.py", "explore.ipynb", "pyproject.toml"], cwd=repo, env=env)
     res = _run([*pc, "ampfix"], cwd=repo, env=env)
     assert res.returncode == 1, res.stdout + res.stderr
     assert "train.py:19:9: AMP003" in res.stdout

@@ -64,7 +64,7 @@ def test_one_module_at_a_time_finds_the_same(project: Path):
 
 def test_related_location_in_the_full_output():
     project = PROJECTS / "bad_helper_clip"
-    res = run_ampfix("check", "--no-cache", "--output-format", "full", str(project / "train.py"))
+    res = run_ampfix("check", "--preview", "--no-cache", "--output-format", "full", str(project / "train.py"))
     assert res.returncode == 1, res.stderr
     out = res.stdout.decode()
     assert "AMP003" in out and "utils.py:6" in out, out

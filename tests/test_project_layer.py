@@ -36,14 +36,20 @@ def model_of(project: Project, path: Path) -> AmpModel:
 # ---------------------------------------------------------------------- root and resolution
 
 
-def fixture_project_files(tmp_path: Path):
+def fixture_project_files(tmp_path: Path, preview: bool = False):
     """Every module of every fixture project, in a copy under `tmp_path` (each project's copy
-    made, and the layout caches cleared, before its modules are given)."""
+    made, and the layout caches cleared, before its modules are given); with `preview`, each
+    copy's pyproject.toml turns preview on (`preview = true` in [tool.ampfix]: the preview
+    rules, AMP003 among them, whose findings some of the projects are)."""
     import shutil
 
     for fixture in sorted((Path(__file__).resolve().parents[1] / "fixtures" / "projects").iterdir()):
         copy = tmp_path / fixture.name
         shutil.copytree(fixture, copy)
+        if preview:
+            config = copy / "pyproject.toml"
+            assert "[tool.ampfix]" not in config.read_text(), config
+            config.write_text(config.read_text() + "\n[tool.ampfix]\npreview = true\n")
         clear_caches()
         yield from sorted(copy.rglob("*.py"))
 
@@ -1556,7 +1562,7 @@ def test_the_language_server_reads_the_project_as_check_does(tmp_path, monkeypat
 
     monkeypatch.setenv("AMPFIX_CACHE_DIR", str(tmp_path / "cache"))  # the summaries the server keeps
     through_project = 0
-    for path in fixture_project_files(tmp_path):
+    for path in fixture_project_files(tmp_path, preview=True):
         run = runner.run(runner.make_plan(runner.Options(paths=[str(path)], no_cache=True)))
         expected = [(d.line, d.code) for r in run.results for d in r.diagnostics]
         rules, settings = server._setup(str(path))
@@ -1624,7 +1630,7 @@ def test_the_verifier_rewrites_a_script_as_rewrite_does(tmp_path):
     from ampfix.engine import runner
 
     through_project = 0
-    for path in fixture_project_files(tmp_path):
+    for path in fixture_project_files(tmp_path, preview=True):
         text = path.read_text()
         check = runner.run(runner.make_plan(runner.Options(paths=[str(path)], no_cache=True)))
         fix = runner.run(runner.make_plan(runner.Options(paths=[str(path)], no_cache=True, fix=True)))
@@ -1634,7 +1640,7 @@ def test_the_verifier_rewrites_a_script_as_rewrite_does(tmp_path):
         assert (new, applied) == (expected, fixed.fixed), path
         assert [(d.line, d.code) for d in found] == [(d.line, d.code) for d in checked.diagnostics], path
         assert path.read_text() == text  # nothing written
-        alone, _, _ = fix_source_report(text, str(path))
+        alone, _, _ = fix_source_report(text, str(path), preview=True)
         through_project += alone != new
     assert through_project >= 4  # the four fixture files whose fix only the project shows
 

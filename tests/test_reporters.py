@@ -13,10 +13,12 @@ import pytest
 from conftest import run_ampfix
 from test_cli import BAD_CLIP, GOOD, out, write
 
+# AMP003 (BAD_CLIP's finding) is a preview rule: every run here turns preview on
+
 
 def test_text_is_concise(tmp_path):
     p = write(tmp_path, "train.py", BAD_CLIP)
-    a, b = run_ampfix("check", p), run_ampfix("check", p, "--output-format", "concise")
+    a, b = run_ampfix("check", "--preview", p), run_ampfix("check", "--preview", p, "--output-format", "concise")
     assert a.stdout == b.stdout and a.returncode == b.returncode == 1
     assert out(a)[0].splitlines()[0] == (f"{p}:6:5: AMP003 [*] gradients are clipped while still scaled by the "
                                          "GradScaler; call `scaler.unscale_(optimizer)` first")
@@ -24,7 +26,7 @@ def test_text_is_concise(tmp_path):
 
 def test_full_shows_source_caret_and_fix_diff(tmp_path):
     p = write(tmp_path, "train.py", BAD_CLIP)
-    res = run_ampfix("check", p, "--output-format", "full")
+    res = run_ampfix("check", "--preview", p, "--output-format", "full")
     stdout = out(res)[0]
     assert res.returncode == 1
     assert "6 |     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)\n" in stdout
@@ -34,7 +36,7 @@ def test_full_shows_source_caret_and_fix_diff(tmp_path):
     assert "    +    scaler.unscale_(optimizer)\n" in stdout
     assert f"--- a/{p}" in stdout or f"--- {p}" in stdout
     # the diff shown is the one `rewrite --diff` prints
-    diff = out(run_ampfix("rewrite", "--diff", p))[0]
+    diff = out(run_ampfix("rewrite", "--preview", "--diff", p))[0]
     shown = [line[4:] for line in stdout.splitlines() if line.startswith("    ") and line[4:5] in "+-@ "]
     assert [line for line in shown if line.startswith(("+", "-"))] == \
         [line for line in diff.splitlines() if line.startswith(("+", "-"))]
@@ -43,16 +45,16 @@ def test_full_shows_source_caret_and_fix_diff(tmp_path):
 def test_json_lines(tmp_path):
     p = write(tmp_path, "train.py", BAD_CLIP)
     write(tmp_path, "b.py", BAD_CLIP.replace("def step", "def step2"))
-    res = run_ampfix("check", tmp_path, "--output-format", "json-lines")
+    res = run_ampfix("check", "--preview", tmp_path, "--output-format", "json-lines")
     rows = [json.loads(line) for line in out(res)[0].splitlines()]
     assert len(rows) == 2 and {r["code"] for r in rows} == {"AMP003"}
-    assert rows == json.loads(run_ampfix("check", tmp_path, "--output-format", "json").stdout)
+    assert rows == json.loads(run_ampfix("check", "--preview", tmp_path, "--output-format", "json").stdout)
     assert str(p) in {r["path"] for r in rows}
 
 
 def test_github_annotations(tmp_path):
     write(tmp_path, "train.py", BAD_CLIP)
-    res = run_ampfix("check", "train.py", "--output-format", "github", cwd=tmp_path)
+    res = run_ampfix("check", "--preview", "train.py", "--output-format", "github", cwd=tmp_path)
     (line,) = out(res)[0].splitlines()
     assert line.startswith("::error title=ampfix (AMP003),file=train.py,line=6,col=5,endLine=6,endColumn=60::")
     assert line.endswith("train.py:6:5: AMP003 gradients are clipped while still scaled by the GradScaler; "
@@ -63,37 +65,37 @@ def test_github_annotations(tmp_path):
 def test_output_file(tmp_path):
     p = write(tmp_path, "train.py", BAD_CLIP)
     report = tmp_path / "report.json"
-    res = run_ampfix("check", p, "--output-format", "json", "-o", report)
+    res = run_ampfix("check", "--preview", p, "--output-format", "json", "-o", report)
     assert res.returncode == 1 and res.stdout == b""
     assert json.loads(report.read_text())[0]["code"] == "AMP003"
-    res = run_ampfix("check", p, "--output-file", tmp_path / "report.txt")
+    res = run_ampfix("check", "--preview", p, "--output-file", tmp_path / "report.txt")
     assert "Found 1 finding" in (tmp_path / "report.txt").read_text() and res.stdout == b""
     # the report's folder is made (as ruff does)
-    res = run_ampfix("check", p, "-o", tmp_path / "no" / "such" / "dir.txt")
+    res = run_ampfix("check", "--preview", p, "-o", tmp_path / "no" / "such" / "dir.txt")
     assert res.returncode == 1 and "Found 1 finding" in (tmp_path / "no" / "such" / "dir.txt").read_text()
     # a report that cannot be written is one line
     (tmp_path / "file").write_text("")
-    res = run_ampfix("check", p, "-o", tmp_path / "file" / "dir.txt")
+    res = run_ampfix("check", "--preview", p, "-o", tmp_path / "file" / "dir.txt")
     assert res.returncode == 2 and b"--output-file: cannot write" in res.stderr and b"Traceback" not in res.stderr
 
 
 def test_rewrite_shares_the_formats(tmp_path):
     unsafe = BAD_CLIP.replace("def step", "import torch.nn as nn\n\n\ndef step")
     p = write(tmp_path, "train.py", BAD_CLIP)
-    res = run_ampfix("rewrite", p, "--output-format", "json", "-o", tmp_path / "left.json")
+    res = run_ampfix("rewrite", "--preview", p, "--output-format", "json", "-o", tmp_path / "left.json")
     assert res.returncode == 0 and json.loads((tmp_path / "left.json").read_text()) == []
     assert "Fixed 1 finding" in out(res)[1]  # the summary goes to stderr when the report is not text
     assert p.read_text() != BAD_CLIP
-    res = run_ampfix("rewrite", "--diff", p, "--output-format", "sarif")
+    res = run_ampfix("rewrite", "--preview", "--diff", p, "--output-format", "sarif")
     assert res.returncode == 2 and b"--diff prints a unified diff" in res.stderr
     p.write_text(unsafe)
-    res = run_ampfix("rewrite", "--diff", p, "--output-format", "full", "-o", tmp_path / "d.diff")
+    res = run_ampfix("rewrite", "--preview", "--diff", p, "--output-format", "full", "-o", tmp_path / "d.diff")
     assert res.returncode == 1 and "+    scaler.unscale_(optimizer)" in (tmp_path / "d.diff").read_text()
 
 
 def _sarif(tmp_path, *paths):
     report = tmp_path / "ampfix.sarif"
-    res = run_ampfix("check", *paths, "--output-format", "sarif", "-o", report, cwd=tmp_path)
+    res = run_ampfix("check", "--preview", *paths, "--output-format", "sarif", "-o", report, cwd=tmp_path)
     assert res.returncode in (0, 1), res.stderr
     return report, json.loads(report.read_text())
 
@@ -107,7 +109,7 @@ def test_sarif_structure(tmp_path):
     driver = run["tool"]["driver"]
     from ampfix.engine.registry import all_rules, select_rules
 
-    assert [r["id"] for r in driver["rules"]] == [r.code for r in select_rules(None, [])]
+    assert [r["id"] for r in driver["rules"]] == [r.code for r in select_rules(None, [], preview=True)]
     amp003 = next(r for r in driver["rules"] if r["id"] == "AMP003")
     assert amp003["help"]["text"] == all_rules()["AMP003"].docs.strip("\n")
     assert "Bad:" in amp003["help"]["markdown"] and amp003["shortDescription"]["text"] == all_rules()["AMP003"].message
@@ -124,7 +126,7 @@ def test_sarif_structure(tmp_path):
     # applying the SARIF fix gives what `ampfix rewrite` writes
     lines = (tmp_path / "train.py").read_text().splitlines(keepends=True)
     lines.insert(5, rep["insertedContent"]["text"])
-    run_ampfix("rewrite", "train.py", cwd=tmp_path)
+    run_ampfix("rewrite", "--preview", "train.py", cwd=tmp_path)
     assert "".join(lines) == (tmp_path / "train.py").read_text()
 
 

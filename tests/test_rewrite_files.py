@@ -19,6 +19,7 @@ from ampfix.frontends import cli
 from ampfix.engine import fileio
 from conftest import run_ampfix
 
+# AMP003's finding, a preview rule: the runs that fix it turn preview on
 BAD_CLIP = textwrap.dedent(
     """\
     import torch
@@ -67,7 +68,7 @@ def rewrite(*args):
 @pytest.mark.parametrize("nl", ["\r", "\r\n"], ids=["cr", "crlf"])
 def test_line_breaks_kept(tmp_path, nl):
     p = write(tmp_path / "t.py", BAD_CLIP.replace("\n", nl).encode())
-    code, out, err = rewrite(p)
+    code, out, err = rewrite("--preview", p)
     assert code == 0, out + err
     assert p.read_bytes() == FIXED_CLIP.replace("\n", nl).encode()
 
@@ -77,7 +78,7 @@ def test_mixed_line_breaks_kept_and_new_line_takes_its_neighbours(tmp_path):
     ends = ["\r\n", "\n", "\r", "\n", "\r\n", "\r", "\n", "\r\n"]
     mixed = "".join(line[:-1] + e for line, e in zip(lines, ends))
     p = write(tmp_path / "t.py", mixed.encode())
-    assert rewrite(p)[0] == 0
+    assert rewrite("--preview", p)[0] == 0
     new = p.read_bytes().decode()
     old_lines = fileio.split_lines(mixed)
     new_lines = fileio.split_lines(new)
@@ -89,12 +90,12 @@ def test_mixed_line_breaks_kept_and_new_line_takes_its_neighbours(tmp_path):
 def test_cr_file_with_cookie_and_bom(tmp_path):
     latin = ("# -*- coding: latin-1 -*-\n# caf\u00e9\n" + BAD_CLIP).replace("\n", "\r")
     p = write(tmp_path / "latin.py", latin.encode("latin-1"))
-    assert rewrite(p)[0] == 0
+    assert rewrite("--preview", p)[0] == 0
     want = ("# -*- coding: latin-1 -*-\n# caf\u00e9\n" + FIXED_CLIP).replace("\n", "\r")
     assert p.read_bytes() == want.encode("latin-1")
     bom = b"\xef\xbb\xbf" + ("# \u00fcber\n" + BAD_CLIP).replace("\n", "\r\n").encode()
     q = write(tmp_path / "bom.py", bom)
-    assert rewrite(q)[0] == 0
+    assert rewrite("--preview", q)[0] == 0
     assert q.read_bytes() == b"\xef\xbb\xbf" + ("# \u00fcber\n" + FIXED_CLIP).replace("\n", "\r\n").encode()
 
 
@@ -139,7 +140,7 @@ def test_file_changed_between_read_and_write_is_not_overwritten(tmp_path, monkey
                 fh.write("# the user's edit\n")
 
     monkeypatch.setattr(fileio, "_before_recheck", edit)
-    res = _invoke([p, other])
+    res = _invoke(["--preview", p, other])
     assert res.exit_code == 2, res.output
     errors = [line for line in res.output.splitlines() if "error" in line]
     assert errors == [f"{p}: error: {fileio.CHANGED}"]
@@ -209,7 +210,7 @@ def test_two_concurrent_rewrites_lose_no_fix(tmp_path):
     race says so (exit 2) instead of writing over the other's fix."""
     for attempt in range(2):
         p = write(tmp_path / f"t{attempt}.py", CONCURRENT.encode())
-        cmd = [sys.executable, "-m", "ampfix", "rewrite", "--unsafe-fixes", str(p)]
+        cmd = [sys.executable, "-m", "ampfix", "rewrite", "--preview", "--unsafe-fixes", str(p)]
         env = {**os.environ, "NO_COLOR": "1"}
         procs = [subprocess.Popen(cmd + ["--select", sel], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
                  for sel in ("AMP003", "AMP007")]
@@ -234,7 +235,7 @@ def test_mode_and_owner_kept(tmp_path):
     p = write(tmp_path / "t.py", BAD_CLIP.encode())
     os.chown(p, 4321, 4322)
     os.chmod(p, 0o640)
-    assert rewrite(p)[0] == 0
+    assert rewrite("--preview", p)[0] == 0
     st = p.stat()
     assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (4321, 4322, 0o640)
     assert p.read_text() == FIXED_CLIP
@@ -245,7 +246,7 @@ def test_hard_links_written_through(tmp_path):
     twin = tmp_path / "twin.py"
     os.link(p, twin)
     ino = p.stat().st_ino
-    code, out, err = rewrite(p)
+    code, out, err = rewrite("--preview", p)
     assert code == 0, out + err
     assert p.stat().st_ino == ino and p.stat().st_nlink == 2
     assert twin.read_text() == FIXED_CLIP == p.read_text()
@@ -257,7 +258,7 @@ def test_symlink_kept_and_target_written(tmp_path):
     target = write(real / "t.py", BAD_CLIP.encode())
     link = tmp_path / "link.py"
     link.symlink_to(target)
-    code, out, err = rewrite(link)
+    code, out, err = rewrite("--preview", link)
     assert code == 0, out + err
     assert link.is_symlink() and os.readlink(link) == str(target)
     assert target.read_text() == FIXED_CLIP
@@ -268,7 +269,7 @@ def test_read_only_file_refused(tmp_path):
     p = write(tmp_path / "t.py", BAD_CLIP.encode())
     q = write(tmp_path / "u.py", BAD_CLIP.encode())
     os.chmod(p, 0o444)
-    code, out, err = rewrite(p, q)
+    code, out, err = rewrite("--preview", p, q)
     assert code == 2
     assert err.strip().splitlines() == [f"{p}: error: the file is read-only (no write permission); nothing was "
                                         "written (make it writable to rewrite it)"]
@@ -283,7 +284,7 @@ def test_read_only_file_refused(tmp_path):
 def test_failed_write_counts_no_fix(tmp_path):
     p = write(tmp_path / "t.py", BAD_CLIP.encode())
     os.chmod(p, 0o444)
-    code, out, err = rewrite(p)
+    code, out, err = rewrite("--preview", p)
     assert code == 2 and "Fixed" not in out and "Nothing to fix." in out
 
 
@@ -296,7 +297,7 @@ def test_stale_temp_files_removed_on_next_run(tmp_path):
     not_ours = [tmp_path / ".gone.py.ab12cd34.ampfix.tmp", tmp_path / "notes.tmp"]
     for s in not_ours:
         s.write_bytes(b"x")
-    assert rewrite(p, q)[0] == 0
+    assert rewrite("--preview", p, q)[0] == 0
     assert not any(s.exists() for s in stale)
     assert all(s.exists() for s in not_ours)  # not tied to a file ampfix can see: left alone
     assert p.read_text() == FIXED_CLIP
@@ -307,13 +308,13 @@ def test_killed_rewrite_leaves_a_file_the_next_run_removes(tmp_path):
     dies in os.replace); the file is intact and the next run removes the leftover."""
     p = write(tmp_path / "t.py", BAD_CLIP.encode())
     script = ("import os, sys\nfrom ampfix.frontends import cli\nos.replace = lambda *a: os.kill(os.getpid(), 9)\n"
-              f"sys.argv = ['ampfix', 'rewrite', {str(p)!r}]\ncli.main()\n")
+              f"sys.argv = ['ampfix', 'rewrite', '--preview', {str(p)!r}]\ncli.main()\n")
     res = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=120)
     assert res.returncode == -9
     assert p.read_text() == BAD_CLIP
     left = fileio.temp_files_of(str(tmp_path), "t.py")
     assert len(left) == 1
-    assert rewrite(p)[0] == 0
+    assert rewrite("--preview", p)[0] == 0
     assert not fileio.temp_files_of(str(tmp_path)) and p.read_text() == FIXED_CLIP
 
 
@@ -365,7 +366,7 @@ def test_file_deleted_before_the_write_is_not_recreated(tmp_path, monkeypatch):
     monkeypatch.setattr(fileio, "_before_recheck", None)
     from ampfix.engine import runner
 
-    plan = runner.make_plan(runner.Options(paths=[str(p)], fix=True))
+    plan = runner.make_plan(runner.Options(paths=[str(p)], fix=True, preview=True))
     result = runner.run(plan)
     p.unlink()
     assert runner.write_fixes(result) == [f"{p}: error: {fileio.CHANGED}"]

@@ -272,11 +272,11 @@ def test_one_file_under_two_names_is_written_once(tmp_path, kind):
     else:
         b.symlink_to("train.py")
     names = ["alias.py", "train.py"] if kind == "symlink first" else ["train.py", "alias.py"]
-    res = run_ampfix("rewrite", *names, cwd=tmp_path)
+    res = run_ampfix("rewrite", "--preview", *names, cwd=tmp_path)  # AMP003 is a preview rule
     out, err = res.stdout.decode(), res.stderr.decode()
     assert res.returncode == 0, err
     assert err == "" and "changed on disk" not in out
     assert "Fixed 1 finding in 1 file:" in out and "Found 1 finding (1 fixed, 0 remaining)." in out
     assert a.read_text().count("scaler.unscale_(optimizer)") == 1 and b.read_text() == a.read_text()
     assert b.is_symlink() == (kind != "hard link")
-    assert run_ampfix("check", *names, cwd=tmp_path).returncode == 0
+    assert run_ampfix("check", "--preview", *names, cwd=tmp_path).returncode == 0

@@ -13,6 +13,7 @@ from tests.conftest import run_ampfix
 
 pytest.importorskip("nbformat")
 
+# AMP003's finding (a preview rule: the runs that look for it turn preview on)
 BAD = ("import torch\n\ndef step(model, optimizer, scaler, loss):\n    scaler.scale(loss).backward()\n"
        "    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)\n    scaler.step(optimizer)\n    scaler.update()\n")
 KERNEL = {"kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"}}
@@ -66,7 +67,7 @@ def test_a_hostile_notebook_costs_only_itself(tmp_path, case, command):
     (tmp_path / "hostile.ipynb").write_text(text)
     (tmp_path / "good.ipynb").write_text(_text(_nb()))
     (tmp_path / "train.py").write_text(BAD)
-    res = run_ampfix(command, "--no-cache", ".", cwd=tmp_path)
+    res = run_ampfix(command, "--preview", "--no-cache", ".", cwd=tmp_path)
     out, err = res.stdout.decode(), res.stderr.decode()
     assert res.returncode == 2, err
     assert "Traceback" not in err and "internal error" not in err
@@ -87,16 +88,16 @@ def test_nan_in_the_metadata_does_not_stop_the_fix(tmp_path, constant):
     text = _text(_nb({**KERNEL, "score": 1.5})).replace('"score": 1.5', f'"score": {constant}')
     p = tmp_path / "train.ipynb"
     p.write_text(text)
-    res = run_ampfix("rewrite", p)
+    res = run_ampfix("rewrite", "--preview", p)
     assert res.returncode == 0, res.stderr
     assert "Fixed 1 finding in 1 file" in res.stdout.decode() and res.stderr == b""
     expected = text.replace('    "    torch.nn.utils.clip', '    "    scaler.unscale_(optimizer)\\n",\n'
                                                             '    "    torch.nn.utils.clip')
     assert p.read_text() == expected
-    assert run_ampfix("check", p).returncode == 0
+    assert run_ampfix("check", "--preview", p).returncode == 0
 
 
-def _fixed_without_write_back(monkeypatch, p, code: str) -> None:
+def _fixed_without_write_back(monkeypatch, p, code: str, preview: bool = False) -> None:
     """`ampfix rewrite p` where the fixed cells cannot be written back: it says why, changes
     nothing, and reports the notebook's one finding, `code`."""
     from ampfix.engine import notebook, runner
@@ -105,7 +106,8 @@ def _fixed_without_write_back(monkeypatch, p, code: str) -> None:
         raise notebook.NotWritable("putting the fixed cells back would change other parts of the notebook")
 
     monkeypatch.setattr(notebook, "write_back", refuse)
-    run = runner.run(runner.make_plan(runner.Options(paths=[str(p)], fix=True, jobs=1, no_cache=True)))
+    run = runner.run(runner.make_plan(runner.Options(paths=[str(p)], fix=True, jobs=1, no_cache=True,
+                                                     preview=preview)))
     assert run.warnings == [f"{p}: warning: not rewritten: putting the fixed cells back would change other parts "
                             "of the notebook; its findings are reported as they are"]
     assert [d.code for d in run.diagnostics] == [code] and run.results[0].new_source is None
@@ -114,7 +116,7 @@ def _fixed_without_write_back(monkeypatch, p, code: str) -> None:
 def test_a_fix_that_cannot_be_written_back_says_why(tmp_path, monkeypatch):
     p = tmp_path / "train.ipynb"
     p.write_text(_text(_nb()))
-    _fixed_without_write_back(monkeypatch, p, "AMP003")
+    _fixed_without_write_back(monkeypatch, p, "AMP003", preview=True)
 
 
 def test_a_fix_that_cannot_be_written_back_reports_what_the_project_shows(tmp_path, monkeypatch):

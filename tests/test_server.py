@@ -33,6 +33,12 @@ def _apply(text: str, edits) -> str:
     return text
 
 
+def _preview(folder):
+    """AMP003, BAD_CLIP's finding, is a preview rule: the server runs it for the files under
+    `folder` with `preview = true` in their [tool.ampfix]."""
+    (folder / "pyproject.toml").write_text("[tool.ampfix]\npreview = true\n")
+
+
 async def _diagnostics(client: LanguageClient, uri: str, version: int):
     for _ in range(100):
         await client.wait_for_notification(types.TEXT_DOCUMENT_PUBLISH_DIAGNOSTICS)
@@ -42,6 +48,7 @@ async def _diagnostics(client: LanguageClient, uri: str, version: int):
 
 
 async def test_diagnostics_on_open_change_save_and_code_actions(client: LanguageClient, tmp_path):
+    _preview(tmp_path)
     path = tmp_path / "train.py"
     path.write_text(BAD_CLIP)
     uri = path.as_uri()
@@ -90,7 +97,7 @@ async def test_diagnostics_on_open_change_save_and_code_actions(client: Language
 
 
 async def test_config_syntax_errors_and_unicode_columns(client: LanguageClient, tmp_path):
-    (tmp_path / "pyproject.toml").write_text('[tool.ampfix]\nignore = ["AMP003"]\n')
+    (tmp_path / "pyproject.toml").write_text('[tool.ampfix]\npreview = true\nignore = ["AMP003"]\n')
     ignored = tmp_path / "ignored.py"
     ignored.write_text(BAD_CLIP)
     client.text_document_did_open(types.DidOpenTextDocumentParams(
@@ -99,7 +106,7 @@ async def test_config_syntax_errors_and_unicode_columns(client: LanguageClient, 
 
     other = tmp_path / "sub" / "train.py"
     other.parent.mkdir()
-    (other.parent / "pyproject.toml").write_text("[tool.ampfix]\n")
+    (other.parent / "pyproject.toml").write_text("[tool.ampfix]\npreview = true\n")
     # a non-BMP character before the finding: the column is in UTF-16 units for the client
     text = BAD_CLIP.replace("    torch.nn.utils.clip", "    x = '😀'; torch.nn.utils.clip")
     other.write_text(text)
@@ -131,6 +138,7 @@ async def plain_client(lsp_client: LanguageClient):
 
 
 async def test_fix_all_edit_inline_for_a_client_that_cannot_resolve(plain_client: LanguageClient, tmp_path):
+    _preview(tmp_path)
     path = tmp_path / "train.py"
     uri = path.as_uri()
     plain_client.text_document_did_open(types.DidOpenTextDocumentParams(
@@ -176,6 +184,7 @@ async def test_a_burst_of_changes_is_analysed_once_at_its_last_version(client: L
     """Changes that come faster than the server's debounce skip the versions they supersede:
     the diagnostics published are those of the last text, tagged with its version, and
     code actions answer from that analysis."""
+    _preview(tmp_path)
     path = tmp_path / "train.py"
     uri = path.as_uri()
     client.text_document_did_open(types.DidOpenTextDocumentParams(
@@ -216,6 +225,7 @@ async def test_edits_re_parsed_in_place_give_a_fresh_analysis_diagnostics(client
         return sorted((d.code, d.range.start.line, d.range.start.character, d.range.end.line,
                        d.range.end.character, d.message) for d in diags)
 
+    _preview(tmp_path)  # TRAINER's findings are AMP003's
     uri = (tmp_path / "trainer.py").as_uri()
     client.text_document_did_open(types.DidOpenTextDocumentParams(
         text_document=types.TextDocumentItem(uri=uri, language_id="python", version=1, text=TRAINER)))

@@ -122,7 +122,14 @@ def _error(resp, code):
     return err["message"]
 
 
+def _preview(folder):
+    """AMP003, BAD_CLIP's finding, is a preview rule: the server runs it for the files under
+    `folder` with `preview = true` in their [tool.ampfix]."""
+    (folder / "pyproject.toml").write_text("[tool.ampfix]\npreview = true\n")
+
+
 def _open(raw, tmp_path, text=BAD_CLIP, name="train.py"):
+    _preview(tmp_path)  # the code actions asked for are AMP003's fix
     uri = (tmp_path / name).as_uri()
     raw.notify("textDocument/didOpen", {"textDocument": {"uri": uri, "languageId": "python", "version": 1,
                                                          "text": text}})
@@ -259,6 +266,7 @@ def _change(client, uri, version, text):
 
 
 async def test_a_syntax_error_while_typing_keeps_the_last_good_diagnostics(client: LanguageClient, tmp_path):
+    _preview(tmp_path)
     path = tmp_path / "train.py"
     path.write_text(BAD_CLIP)
     uri = path.as_uri()
@@ -281,26 +289,29 @@ async def test_a_syntax_error_while_typing_keeps_the_last_good_diagnostics(clien
 
 async def test_a_configuration_error_is_shown_once(client: LanguageClient, tmp_path):
     (tmp_path / "pyproject.toml").write_text('[tool.ampfix]\nselect = ["AMP777"]\n')
+    # while the configuration is broken the files are checked with the default rules (preview off): the
+    # finding here is AMP007's, on by default, not AMP003's, a preview rule
+    text = BAD_CLIP.replace("    scaler.step(optimizer)", "    optimizer.step()")
     uris = []
     for k in range(3):
         path = tmp_path / f"train_{k}.py"
-        path.write_text(BAD_CLIP)
+        path.write_text(text)
         uris.append(path.as_uri())
         client.text_document_did_open(types.DidOpenTextDocumentParams(
-            text_document=types.TextDocumentItem(uri=path.as_uri(), language_id="python", version=1, text=BAD_CLIP)))
+            text_document=types.TextDocumentItem(uri=path.as_uri(), language_id="python", version=1, text=text)))
         await _next_diagnostics(client, path.as_uri())
     for version in range(2, 5):
-        _change(client, uris[0], version, BAD_CLIP + f"# edit {version}\n")
+        _change(client, uris[0], version, text + f"# edit {version}\n")
         (diag,) = await _next_diagnostics(client, uris[0])  # checked with the defaults meanwhile
-        assert diag.code == "AMP003"
+        assert diag.code == "AMP007"
     shown = [m for m in client.messages if "AMP777" in m.message]
     assert len(shown) == 1 and shown[0].type == types.MessageType.Error
     # fixed, then broken again: said again
     (tmp_path / "pyproject.toml").write_text("[tool.ampfix]\n")
-    _change(client, uris[1], 2, BAD_CLIP + "# fixed\n")
+    _change(client, uris[1], 2, text + "# fixed\n")
     await _next_diagnostics(client, uris[1])
     (tmp_path / "pyproject.toml").write_text('[tool.ampfix]\nselect = ["AMP777"]\n')
-    _change(client, uris[2], 2, BAD_CLIP + "# broken again\n")
+    _change(client, uris[2], 2, text + "# broken again\n")
     await _next_diagnostics(client, uris[2])
     assert len([m for m in client.messages if "AMP777" in m.message]) == 2
 

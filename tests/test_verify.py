@@ -195,7 +195,7 @@ def test_clip_scaled_gradients_rewritten_and_verified(torch_available, tmp_path)
         plot_args = ["--plot", str(plot)]
     except ImportError:
         plot_args = []
-    p, doc = run_json(script, *FAST, *plot_args, expect=0)
+    p, doc = run_json(script, *FAST, *plot_args, "--preview", expect=0)  # AMP003's fix: a preview rule
     assert open(script).read() == before  # the user's script is never modified
     assert doc["rewritten"] is True
     # the original, as written, does not train like fp32 ...
