@@ -42,7 +42,7 @@ LARGE = [
 ]
 # (buggy script, fixed copy or None for ampfix's own rewrite, options for verify)
 BUGS = [
-    ("buggy_clip_scaled.py", None, []),
+    ("buggy_clip_scaled.py", None, ["--preview"]),  # AMP003 is a preview rule
     ("buggy_update_per_optimizer.py", None, ["--preview"]),  # AMP004 is a preview rule
     ("buggy_backward_in_autocast.py", None, []),
     ("buggy_unscaled_backward.py", "fixed_unscaled_backward.py", []),

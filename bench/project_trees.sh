@@ -6,10 +6,13 @@
 # back, ROUNDS times. One line per run: round, tree, what, seconds, load.
 #
 #   NEW=.venv/bin/ampfix OLD=../before/.venv/bin/ampfix bench/project_trees.sh
+#
+# EXTRA adds options to every ampfix run (EXTRA=--preview: the preview rules too, the same work
+# on both sides when OLD and NEW differ in which rules are preview).
 set -u
 HERE=$(cd "$(dirname "$0")" && pwd)
 C=$HERE/.cache
-NEW=${NEW:-ampfix}; OLD=${OLD:-}; ROUNDS=${ROUNDS:-3}; BARE_PYTHON=${BARE_PYTHON:-python}
+NEW=${NEW:-ampfix}; OLD=${OLD:-}; ROUNDS=${ROUNDS:-3}; EXTRA=${EXTRA:-}; BARE_PYTHON=${BARE_PYTHON:-python}
 declare -A TREES=([timm]=$C/sdist-timm-1.0.31/timm-1.0.31 [accelerate]=$C/sdist-accelerate-1.15.0/accelerate-1.15.0
                   [peft]=$C/sdist-peft-0.21.2/peft-0.21.2)
 load() { cut -d' ' -f1 /proc/loadavg; }
@@ -32,7 +35,7 @@ for rep in $(seq "$ROUNDS"); do
         alone) cmd=("$NEW"); env=(AMPFIX_NO_PROJECT=1);;
       esac
       s=$(date +%s.%N)
-      env "${env[@]}" "${cmd[@]}" check --no-cache --select ALL -j 2 -q "$T" > /dev/null 2>&1
+      env "${env[@]}" "${cmd[@]}" check --no-cache --select ALL $EXTRA -j 2 -q "$T" > /dev/null 2>&1
       e=$(date +%s.%N)
       echo "$rep $t $v $(echo "$e - $s" | bc) load=$(load)"
     done

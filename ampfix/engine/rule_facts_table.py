@@ -2,7 +2,7 @@
 them before it analyses anything (see ampfix/engine/rulemeta.py). Do not edit; regenerate.
 """
 
-DIGEST = '3745d41da4ed0a63277134ea3594790f4a63a7e3a66af20b0862a3dd02e43520'
+DIGEST = '61b65636d02ef8a226a0d588b7e883945252a0f5ea67d6d78ea69f4513ac5738'
 
 RULES = [
     ('AMP001', 'backward-in-autocast', True, ('autocast',), (),
@@ -10,7 +10,7 @@ RULES = [
     ('AMP002', 'autocast-outside-dataparallel', True, ('DataParallel', 'parallel_apply', 'data_parallel', 'Thread'), (),
      (('autocast',),), (('DataParallel', 'parallel_apply', 'data_parallel', 'Thread'),), False),
     ('AMP003', 'clip-scaled-gradients', True, ('.scale(',), (),
-     (('clip_grad', '.grad'), ('backward',)), (('backward', 'clip_grad', 'unscale_', 'scaler', 'Scaler', '.grad ', '.grad.', '.grad)', '.grad]', '.grad,', '.grad:', '.grad;', '.grad=', '.grad[', '.grad}', '.grad\n', '.grad\t', '.grad\r'),), False),
+     (('clip_grad', '.grad'), ('backward',)), (('backward', 'clip_grad', 'unscale_', 'scaler', 'Scaler', '.grad ', '.grad.', '.grad)', '.grad]', '.grad,', '.grad:', '.grad;', '.grad=', '.grad[', '.grad}', '.grad\n', '.grad\t', '.grad\r'),), True),
     ('AMP004', 'update-per-optimizer', True, ('GradScaler', '.scale('), (),
      (('.update(',), ('.step(',)), None, True),
     ('AMP005', 'cuda-visible-devices', True, ('environ', 'getenv', 'putenv'), (),
