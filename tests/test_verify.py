@@ -185,6 +185,32 @@ def test_correct_fixtures_pass(torch_available, script, extra):
     assert "] 1/%d fixed (AMP)" % n in p.stderr and "] %d/%d " % (n, n) in p.stderr
 
 
+def test_without_preview_the_notes_name_the_fixes_of_preview_rules(tmp_path):
+    """AMP003 and AMP004 are preview rules: without `--preview` verify rewrites nothing of these
+    scripts, and its notes say which fixes it left out and how to verify them (no run needed to
+    see it: `_preview_hint` is what `_verify_in` adds to its notes)."""
+    from ampfix.api import fix_file_report
+    from ampfix.verify.command import _preview_hint
+
+    for name, said in (("buggy_clip_scaled.py", "the fix of AMP003 clip-scaled-gradients (line 49)"),
+                       ("buggy_update_per_optimizer.py", "the fix of AMP004 update-per-optimizer (line 54)")):
+        _, found, applied = fix_file_report(fx(name))
+        assert applied == {}
+        assert _preview_hint(fx(name), False, found, applied) == (
+            "not applied, from preview rules: %s; `--preview` applies and verifies it" % said)
+    # a default rule's fix applied, nothing more from the preview rules: no note
+    _, found, applied = fix_file_report(fx("buggy_scaler_in_loop.py"))
+    assert applied and _preview_hint(fx("buggy_scaler_in_loop.py"), False, found, applied) is None
+    # preview on by the project's configuration: the default rewrite already holds the fix
+    project = tmp_path / "proj"
+    project.mkdir()
+    (project / "pyproject.toml").write_text("[tool.ampfix]\npreview = true\n")
+    script = project / "train.py"
+    script.write_text(open(fx("buggy_clip_scaled.py")).read())
+    _, found, applied = fix_file_report(str(script))
+    assert list(applied) and _preview_hint(str(script), False, found, applied) is None
+
+
 def test_clip_scaled_gradients_rewritten_and_verified(torch_available, tmp_path):
     script = fx("buggy_clip_scaled.py")
     before = open(script).read()

@@ -358,6 +358,10 @@ def _verify_in(tmpdir, script, script_args, fixed, steps, warmup, reps, device, 
         relabel = relabeller(fixed_path, script, line_map(source, new))
         if rewritten:
             fixes = fixes_applied(found, applied)
+        if not preview:
+            hint = _preview_hint(script, unsafe, found, applied)
+            if hint:
+                notes.append(hint)
 
     th = C.Thresholds(max_gap=max_gap, final_gap=final_gap, min_reduction=min_reduction,
                       max_skipped=max_skipped, require_speedup=require_speedup,
@@ -550,6 +554,31 @@ def _duration(seconds: float) -> str:
     if seconds < 60:
         return "%.1f s" % seconds
     return "%d min %02d s" % (seconds // 60, seconds % 60)
+
+
+def _preview_hint(script, unsafe, found, applied: Dict[str, int]) -> Optional[str]:
+    """A note when the preview rules would fix more of the script than the default ones did
+    (AMP003, clipping scaled gradients, is one): the rewrite was verified without them, and
+    `--preview` verifies them too. None when they would not (or preview is on by configuration,
+    where the two rewrites are the same)."""
+    from ampfix.api import AmpfixError, fix_file_report
+    try:
+        _, found_p, applied_p = fix_file_report(script, unsafe=unsafe, preview=True)
+    except AmpfixError:
+        return None
+    done = {key.split(":", 1)[0] for key in applied}
+    more = fixes_applied(found_p, {k: n for k, n in applied_p.items() if k.split(":", 1)[0] not in done})
+    if not more:
+        return None
+    by_code: Dict[str, str] = {}
+    for f in more:  # one entry per rule (a rule may apply fixes of several kinds)
+        lines = f["lines"]
+        by_code.setdefault(f["code"], "%s %s%s" % (f["code"], f["name"], " (line%s %s)" % (
+            "s" if len(lines) > 1 else "", ", ".join(map(str, lines))) if lines else ""))
+    said = ", ".join(by_code.values())
+    many = len(by_code) > 1
+    return "not applied, from preview rules: the fix%s of %s; `--preview` applies and verifies %s" % (
+        "es" if many else "", said, "them" if many else "it")
 
 
 def fixes_applied(found, applied: Dict[str, int]) -> List[Dict[str, object]]:
