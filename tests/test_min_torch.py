@@ -304,14 +304,29 @@ def test_only_torch_before_2_4_from_packaging_metadata(tmp_path, files, where):
     assert ProjectRequirements(_project(tmp_path, files)).torch_only_before((2, 4)) == where
 
 
-def test_packaging_metadata_merged_with_the_other_sources(tmp_path):
+def test_packaging_metadata_read_only_where_the_declared_files_say_nothing(tmp_path):
     from ampfix.engine.requirements import ProjectRequirements
 
-    # one open requirement elsewhere: not only before 2.4; the lowest bound of them all wins
+    # the declared files name torch: the metadata's requirement on it is not read (only before
+    # 2.4 there, not in requirements.txt)
     src = _project(tmp_path, {"PKG-INFO": "Name: demo\nRequires-Dist: torch (<2.3,>=2.0)\n",
                               "requirements.txt": "torch>=1.13\n"})
     assert ProjectRequirements(src).torch_only_before((2, 4)) is None
     assert infer_min_torch(src).where == "`torch>=1.13` in requirements.txt"
+    # a developer's checkout: setup.py says torch>=2.1, an egg-info left by an older one says
+    # torch>=1.8; the setup.py wins, and the egg-info still says what setup.py does not (Lightning)
+    dev = tmp_path / "dev"
+    dev.mkdir()
+    (dev / "setup.py").write_text('setup(install_requires=["torch>=2.1"])\n')
+    (dev / "demo.egg-info").mkdir()
+    (dev / "demo.egg-info" / "requires.txt").write_text("torch>=1.8\npytorch-lightning<2.0\n")
+    assert infer_min_torch(dev).where == "`torch>=2.1` in setup.py"
+    assert ProjectRequirements(dev).lightning_before((2, 0)) == "`pytorch-lightning<2.0` in demo.egg-info/requires.txt"
+    (dev / "setup.py").write_text("setup(install_requires=read_requirements())\n")  # computed: the egg-info tells
+    assert infer_min_torch(dev).where == "`torch>=1.8` in demo.egg-info/requires.txt"
+    # a bare "torch" in setup.py (its versions computed, autogluon's shape) gives no version: the metadata tells
+    (dev / "setup.py").write_text('DEPS = {"torch": ">=2.10,<2.14"}\nsetup(install_requires=[k + v for k, v in DEPS.items()])\n')
+    assert infer_min_torch(dev).where == "`torch>=1.8` in demo.egg-info/requires.txt"
     # a folder with only a PKG-INFO is a project folder (the search does not go on above it)
     (tmp_path / "requirements.txt").unlink()
     (tmp_path / "inner").mkdir()

@@ -15,7 +15,10 @@ at the repository root, a folder with `.git`). There, every requirement on `torc
   `PKG-INFO`'s `Requires-Dist:` headers (the header only, never the long description after the
   first blank line; `torch (>=1.10,<1.13) ; extra == "x"` and `torch>=1.10; python_version>"3"`)
   and `*.egg-info/requires.txt` (in the project folder or its `src/`), every line, those under a
-  section (`[dev]`, `[:python_version < "3.8"]`) as well, as extras are read above.
+  section (`[dev]`, `[:python_version < "3.8"]`) as well, as extras are read above; only for a
+  package (torch, Lightning) that the files above give no version of: a build writes this
+  metadata from them, and an egg-info left in a developer's checkout may be older than its
+  `setup.py`.
 
 The oldest supported torch is the lowest lower bound among them (`>=1.13`, `==2.1.*`, `~=2.0`,
 `>2.0`, Poetry's `^1.13`); requirements without a lower bound (`torch`, `torch<3`) say nothing.
@@ -301,11 +304,24 @@ def _requirements(start: Path, names: Tuple[str, ...]) -> Iterable[Tuple[str, st
     folder = _project_folder(start)
     if folder is None:
         return
-    sources = [(folder / "pyproject.toml", lambda p: _from_pyproject(p, names)), (folder / "setup.cfg", _from_setup_cfg),
-               (folder / "setup.py", lambda p: _from_setup_py(p, names))]
-    sources += [(f, _from_requirements) for f in _requirement_files(folder)]
-    sources += [(folder / "PKG-INFO", _from_pkg_info)]
-    sources += [(f, _from_egg_requires) for f in _egg_requires_files(folder)]
+    declared = [(folder / "pyproject.toml", lambda p: _from_pyproject(p, names)), (folder / "setup.cfg", _from_setup_cfg),
+                (folder / "setup.py", lambda p: _from_setup_py(p, names))]
+    declared += [(f, _from_requirements) for f in _requirement_files(folder)]
+    generated = [(folder / "PKG-INFO", _from_pkg_info)] + [(f, _from_egg_requires) for f in _egg_requires_files(folder)]
+    lines = list(_read_sources(declared))
+    yield from lines
+    # the packaging metadata only for a package the declared files give no version of: it is
+    # what a build wrote from them (an sdist's, where setup.py computes its list or its versions:
+    # a bare "torch" there), and in a developer's checkout an egg-info may be left from an older
+    # setup.py
+    named = [r for r in (_REQ, _LIGHTNING_REQ) if any((_spec_of(line, r) or "").strip() for line, _ in lines)]
+    for line, name in _read_sources(generated):
+        if not any(r.match(line) for r in named):
+            yield line, name
+
+
+def _read_sources(sources) -> Iterable[Tuple[str, str]]:
+    """(requirement line, file name) of the files of `sources` ((path, reader) pairs) that exist."""
     for path, reader in sources:
         if path.is_file():
             # an egg-info's file is named with its folder: `requires.txt` alone says nothing
