@@ -241,6 +241,21 @@ PACKAGES: Tuple[Package, ...] = (
     Package("s3prl", "0.4.18"),
     Package("deepmd-kit", "3.2.0"),
     Package("mattersim", "1.2.3"),
+    # added 2026-11-28 (twenty-fourth session): projects nobody here had read, picked for their AMP
+    # training code (GradScaler, autocast, apex amp), checked once and their findings read
+    Package("nnunet", "1.7.1"),
+    Package("tabpfn", "9.2.0"),
+    Package("thinc", "9.1.1"),
+    Package("verl", "0.9.1"),
+    Package("stylegan2-pytorch", "1.9.0", note="apex amp"),
+    Package("lightweight-gan", "1.2.1"),
+    Package("farm-haystack", "1.26.4.post0"),
+    Package("unimol-tools", "0.1.6"),
+    Package("scgpt", "0.2.4"),
+    Package("joeynmt", "2.3.0", kind="wheel", note="no sdist on PyPI for 2.3.0"),
+    Package("torch4keras", "0.3.4"),
+    Package("alignn", "2026.8.11"),
+    Package("cellpose", "4.2.1.1"),
     # known AMP bugs, at the release before their fix
     Package("pytorch-lightning", "1.4.8",
             note="gradient clipping before GradScaler.unscale_ (Lightning-AI/pytorch-lightning#9330, fixed in 1.4.9)"),
