@@ -107,8 +107,12 @@ class Guards(Facet):
 
     def _probes_modern(self, test: cst.CSTNode) -> bool:
         """`test` asks whether this torch has `torch.amp` (or one of its names): `hasattr(torch,
-        "amp")`, `hasattr(torch.amp, "custom_fwd")`, `"GradScaler" in dir(torch.amp)`."""
+        "amp")`, `hasattr(torch.amp, "custom_fwd")`, `"GradScaler" in dir(torch.amp)`,
+        `importlib.util.find_spec("torch.amp")`."""
         for n in self._nodes_in(test, cst.Call):
+            if n.args and "importlib.util.find_spec" in self.model.qualnames(n.func) \
+                    and (literal_string(n.args[0].value) or "").startswith("torch.amp"):
+                return True  # `importlib.util.find_spec("torch.amp")`
             if isinstance(n.func, cst.Name) and n.func.value in ("hasattr", "getattr", "dir") and n.args:
                 owner = self.model.qualnames(n.args[0].value)
                 attr = literal_string(n.args[1].value) if len(n.args) > 1 else None
@@ -140,7 +144,8 @@ class Guards(Facet):
     def _uses_modern_api(self, subtree: cst.CSTNode) -> bool:
         for n in self.model.nodes_of(cst.Attribute, cst.Name):
             api = self.model.api_of(n)
-            if api is not None and api.kind in MODERN_KINDS and not api.deprecated and self.model.is_ancestor(subtree, n):
+            if api is not None and api.kind in MODERN_KINDS and not api.deprecated \
+                    and (n is subtree or self.model.is_ancestor(subtree, n)):  # `torch.amp.autocast` itself, as a value
                 return True
         # `from torch.amp import GradScaler` (its name may also be bound to the old class elsewhere)
         for imp in self.model.nodes_of(cst.ImportFrom):
