@@ -40,8 +40,11 @@ or after the scaler's `update()` (a later, unscaled backward feeds it), a loop w
 `lr_scheduler.step()`, a `GradScaler(enabled=False)` (its `scale()` returns the loss as it is;
 only a literal `False` counts), `scaler.step(optimizer)` on a project's own scaler class (one with
 `scale` and `step` methods, such as a no-op scaler for fp32 runs whose `step()` calls
-`optimizer.step()`), and a step that runs only where the scaler is None (`if self.scaler is None:
-optimizer.step()`): after `scaler.scale(loss)` the scaler is not None.
+`optimizer.step()`), a step that runs only where the scaler is None (`if self.scaler is None:
+optimizer.step()`): after `scaler.scale(loss)` the scaler is not None, and a loss scaler that is
+not a GradScaler (a class of the project, or of a library other than torch, with no `step`
+method: fairseq's, Uni-Core's, apex's dynamic loss scalers, whose trainer unscales the
+gradients and skips an overflowed step itself), even where it is named `scaler`.
 
 With SGD (with or without momentum) every update is the scale times too large (65536x at
 first) and the loss diverges within a few steps. With Adam the damage is smaller (its update is

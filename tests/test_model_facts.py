@@ -259,6 +259,43 @@ def test_scalers_assigned_annotated_and_duck_typed():
     assert {"scaler", "s", "grad_scaler"} <= m.scalers
 
 
+def test_a_receiver_named_like_a_scaler_is_one_unless_what_it_holds_is_known_to_be_something_else():
+    m = model("""
+        import torch
+        from fairseq.optim.dynamic_loss_scaler import DynamicLossScaler as FairseqScaler
+        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+        class OwnScaler:
+            def scale(self, loss):
+                return loss * 4.0
+
+            def unscale_(self, params):
+                pass
+
+        def unknown(grad_scaler, loss):
+            grad_scaler.scale(loss).backward()
+
+        def own(loss, fp16):
+            grad_scaler = OwnScaler() if fp16 else None
+            grad_scaler.scale(loss).backward()
+
+        def library(loss):
+            loss_scaler = FairseqScaler()
+            loss_scaler.scale(loss).backward()
+
+        def sharded(loss):
+            amp_scaler = ShardedGradScaler()
+            amp_scaler.scale(loss).backward()
+        """)
+    scale = {fn: call_named(m, f"{name}.scale(loss)") for fn, name in
+             (("unknown", "grad_scaler"), ("library", "loss_scaler"), ("sharded", "amp_scaler"))}
+    assert m.scale_call_scaler(scale["unknown"]) == "grad_scaler"  # a parameter: a GradScaler by its name
+    assert m.scale_call_scaler(scale["library"]) is None  # fairseq's loss scaler is not one
+    assert m.scale_call_scaler(scale["sharded"]) == "amp_scaler"  # torch's sharded GradScaler is
+    own = [c for c in m.calls if m.code(c) == "grad_scaler.scale(loss)" and m.function_of(c).name.value == "own"]
+    assert own and m.scale_call_scaler(own[0]) is None  # an instance of a class of the file that is not one
+
+
 def test_a_literally_disabled_scaler():
     m = model("""
         import torch

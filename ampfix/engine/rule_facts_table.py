@@ -2,7 +2,7 @@
 them before it analyses anything (see ampfix/engine/rulemeta.py). Do not edit; regenerate.
 """
 
-DIGEST = '61b65636d02ef8a226a0d588b7e883945252a0f5ea67d6d78ea69f4513ac5738'
+DIGEST = 'ccec72d6a1a79399bf02a9a99acc741f3d2020f68c2c50003813cf1e571fd592'
 
 RULES = [
     ('AMP001', 'backward-in-autocast', True, ('autocast',), (),

@@ -10,6 +10,7 @@ from typing import Dict, List, Optional, Set
 import libcst as cst
 from libcst.metadata import QualifiedNameSource
 
+from ampfix.model.foreign import ForeignClass
 from ampfix.model.syntax import call_name, get_arg, literal_bool, literal_string
 from ampfix.model.tree import dotted
 
@@ -229,9 +230,52 @@ class Objects:
         if not (isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute) and call.func.attr.value == "scale"):
             return None
         key = self.scaler_key(call.func.value)
-        if key is None and SCALER_NAME.search((dotted(call.func.value) or "").rpartition(".")[2]):
+        if key is None and SCALER_NAME.search((dotted(call.func.value) or "").rpartition(".")[2]) \
+                and not any(self._builds_other_class(v) for v in self.possible_values(call.func.value)):
             key = dotted(call.func.value)
         return key
+
+    def _builds_other_class(self, value: cst.CSTNode) -> bool:
+        """`value` builds an object known not to be a GradScaler, so a receiver named like one
+        that holds it is not guessed to be one (unimol-tools' `DynamicLossScaler`, fairseq's
+        and apex's loss scalers: their `unscale_` and overflow checks are their own): an
+        instance of a class of this file that is not one of its scaler classes and whose bases
+        are all of this file, of a class of another module of the project whose bases are all of
+        the project and that has no `step` method (a wrapper that steps for a GradScaler stands
+        in for one), or of a class imported from a library other than torch."""
+        if not isinstance(value, cst.Call):
+            return False
+        local = self._class_of_value(value)
+        if local is not None:
+            return local not in self._scaler_classes and self._bases_all_local(local)
+        foreign = self._foreign_class_of(value)  # type: ignore[attr-defined]
+        if foreign is not None:
+            return self.foreign is not None and self._plain_project_class(foreign)  # type: ignore[attr-defined]
+        func = value.func
+        names = [q for q in self.qualified_names(func) if q.source == QualifiedNameSource.IMPORT]
+        last = (dotted(func) or "").rpartition(".")[2]
+        return bool(names) and last[:1].isupper() and not any(q.name == "torch" or q.name.startswith("torch.")
+                                                               for q in names)
+
+    def _bases_all_local(self, cls: cst.ClassDef, depth: int = 0) -> bool:
+        if depth > MAX_SCALE_DEPTH:
+            return False
+        for b in cls.bases:
+            if isinstance(b.value, cst.Name) and b.value.value == "object":
+                continue
+            base = self._class_named(b.value)
+            if base is None or base is cls or not self._bases_all_local(base, depth + 1):
+                return False
+        return True
+
+    def _plain_project_class(self, cls) -> bool:
+        """Every class of `cls`'s MRO is of the project, and none has a `step` method."""
+        for c in self.foreign_mro(cls):  # type: ignore[attr-defined]
+            if "step" in c.summary.methods:
+                return False
+            if not all(isinstance(b, ForeignClass) for b in self.foreign.bases(c)):  # type: ignore[attr-defined]
+                return False  # a base of a library, or not resolved: it may be a GradScaler
+        return True
 
     def scaler_disabled(self, expr: cst.CSTNode) -> bool:
         """Every value the scaler expression `expr` may hold is a GradScaler built with a literal
