@@ -41,7 +41,10 @@ clip with an infinite threshold (`clip_grad_norm_(params, float("inf"))`) change
 measures the norm: it is reported as a read is, where the norm decides something.
 
 The check follows the step through helpers and methods (`self.clip_gradients(...)`, a loss
-scaler's `__call__`), and through branches: an `unscale_` that runs only when logging is on
+scaler's `__call__`), through a clipper chosen once (`self.clip_grad_fun =
+build_gradient_clipper(cfg)`, a builder of another module returning `functools.partial(
+nn.utils.clip_grad_norm_, max_norm=...)` or None: called where it is not None, it clips; a
+callable that may be anything else, one passed in, is not known to clip), and through branches: an `unscale_` that runs only when logging is on
 (`if log_grad_norm: scaler.unscale_(opt)`) does not cover a clip under `if clip > 0:`; one
 under a test of the flag the scaler is built with (`GradScaler("cuda", enabled=use_amp)`, then
 `if use_amp and clip > 0: scaler.unscale_(opt)`) does: where the flag is false the scaler

@@ -291,6 +291,38 @@ def test_function_summary_effects_params_returns(tmp_path):
     assert s.functions["make_scaler"].returns[0].text == 'torch.amp.GradScaler("cuda", enabled=__param__.enabled)'
 
 
+def test_a_returned_local_assigned_in_several_places_is_one_value_per_assignment(tmp_path):
+    tree(tmp_path, {
+        "pyproject.toml": "",
+        "builders.py": """
+            from functools import partial
+            from torch import nn
+
+            def build_gradient_clipper(cfg):
+                clip = None
+                if cfg["clip_grad_val"] is not None:
+                    clip = partial(nn.utils.clip_grad_value_, clip_value=cfg["clip_grad_val"])
+                elif cfg["clip_grad_norm"] is not None:
+                    clip = partial(nn.utils.clip_grad_norm_, max_norm=cfg["clip_grad_norm"])
+                return clip
+
+            def counter(optimizer, steps):
+                n = 0
+                for _ in range(steps):
+                    optimizer.step()
+                    n = n + 1
+                return n
+            """,
+    })
+    s = Project(tmp_path).summary(str(tmp_path / "builders.py"))
+    assert [v.text for v in s.functions["build_gradient_clipper"].returns] == [
+        "None",
+        'functools.partial(torch.nn.utils.clip_grad_value_, clip_value=__param__.cfg["clip_grad_val"])',
+        'functools.partial(torch.nn.utils.clip_grad_norm_, max_norm=__param__.cfg["clip_grad_norm"])']
+    # a variable updated from itself is not split (its values are not alternatives of one another)
+    assert [v.text for v in s.functions["counter"].returns] == ["__unknown__"]
+
+
 def test_module_summary_constants_classes_options_and_calls(tmp_path):
     tree(tmp_path, {
         "pyproject.toml": "",

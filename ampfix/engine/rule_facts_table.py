@@ -2,7 +2,7 @@
 them before it analyses anything (see ampfix/engine/rulemeta.py). Do not edit; regenerate.
 """
 
-DIGEST = 'ccec72d6a1a79399bf02a9a99acc741f3d2020f68c2c50003813cf1e571fd592'
+DIGEST = '3c788074e486912b4df86ac08533b9767341c920f984f462d36a715de2d6d4d8'
 
 RULES = [
     ('AMP001', 'backward-in-autocast', True, ('autocast',), (),

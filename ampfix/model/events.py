@@ -396,10 +396,9 @@ class Events:
             if method == "zero_grad":
                 return Event(ZERO_GRAD, call, target=self.key(func.value))
         api = self.api_of(call)
+        if (api is not None and api.kind == "clip_grad") or self._calls_a_clipper(call):
+            return Event(GRAD_READ, call, detail="clip", target=self.code(call.args[0].value) if call.args else None)
         if api is not None:
-            if api.kind == "clip_grad":
-                return Event(GRAD_READ, call, detail="clip",
-                             target=self.code(call.args[0].value) if call.args else None)
             if api.kind == "GradScaler":
                 return Event(SCALER_NEW, call)
             if api.kind == "autograd.grad":
@@ -416,6 +415,27 @@ class Events:
         if self.foreign is not None and self._may_leave_module(call):  # type: ignore[attr-defined]
             return Event(EXTERNAL, call)
         return None
+
+    def _calls_a_clipper(self, call: cst.Call) -> bool:
+        """`call` calls a gradient clipper held by a name (joeynmt's `self.clip_grad_fun =
+        build_gradient_clipper(cfg)`, `functools.partial(nn.utils.clip_grad_norm_, max_norm=...)`
+        or None): every value the callee may hold is a clipping function of torch, a partial of
+        one, or None, and one is not None. Asked only of a callee whose name says `clip`."""
+        func = call.func
+        if not isinstance(func, (cst.Name, cst.Attribute)) or "clip" not in (dotted(func) or "").rpartition(".")[2].lower():
+            return False
+        values = [v for v in self.possible_values(func) if v is not func]
+        clippers = 0
+        for v in values:
+            if isinstance(v, cst.Name) and v.value == "None":
+                continue
+            parts = self._partial_parts(v)
+            target = parts[0] if parts is not None else v
+            api = self.api_of(target) if isinstance(target, (cst.Name, cst.Attribute)) else None
+            if api is None or api.kind != "clip_grad":
+                return False
+            clippers += 1
+        return clippers > 0
 
     def _may_leave_module(self, call: cst.Call) -> bool:
         """The call may run a function of another module of the project: an imported name (not

@@ -44,6 +44,7 @@ AMP_TEXT = re.compile(_EVENT_WORDS + r"|state_dict|torch\.save|precision|parse_a
 # words that only checkpoints (`state_dict`, `torch.save`: `model/checkpoints.py` reads those)
 # and configuration (`precision`, argparse) are made of
 TRACE_TEXT = re.compile(_EVENT_WORDS)
+MAX_ALTERNATIVES = 8  # a returned local variable is split into at most this many values
 _NEWLINE = re.compile("\n")
 _RUN = re.compile(r"@(\d+)")
 _TRIPLE = re.compile(r'"""|\'\'\'')
@@ -110,19 +111,38 @@ class Canonical:
     def __init__(self, model):
         self.model = model
 
-    def values(self, expr: Optional[cst.CSTNode], line: Optional[int] = None) -> List[Value]:
-        """The canonical value(s) of `expr`: one per alternative of a conditional expression."""
+    def values(self, expr: Optional[cst.CSTNode], line: Optional[int] = None, locals_split: bool = False) -> List[Value]:
+        """The canonical value(s) of `expr`: one per alternative of a conditional expression.
+        `locals_split` (a returned value): a local variable of the function assigned in several
+        places is one value per assignment (`clip = None`, then `clip = partial(...)` under an
+        `if`: what a builder returns), as a conditional expression's alternatives are."""
         if expr is None:
             return []
         alternatives = [expr]
         if isinstance(expr, cst.IfExp):
             alternatives = [expr.body, expr.orelse]
+        elif locals_split and isinstance(expr, cst.Name):
+            alternatives = self._local_assignments(expr) or alternatives
         out = []
         for alt in alternatives:
             text = self.text(alt, 0)
             out.append(Value(text if text is not None and len(text) <= MAX_TEXT else UNKNOWN,
                              line if line is not None else self._line(alt)))
         return out
+
+    def _local_assignments(self, name: cst.Name) -> List[cst.CSTNode]:
+        """The values a local variable (not a parameter) of a function is assigned, when it has
+        several and each is a value of its own (not the variable's own update, `x = x + 1`)."""
+        m = self.model
+        scope = m.scope_of(name)
+        bscope = m.binding_scope(name.value, scope)
+        if not isinstance(bscope, cst.FunctionDef) or m._is_param(bscope, name.value):
+            return []
+        values = m.values_of(name)
+        if not 1 < len(values) <= MAX_ALTERNATIVES or any(
+                not isinstance(v, cst.CSTNode) or _names(v, name.value) for v in values):
+            return []
+        return list(values)
 
     def _line(self, node: cst.CSTNode) -> int:
         """The line of a value when its position was asked already, else 0: a value's line is
@@ -252,6 +272,17 @@ class Canonical:
         # import itself names "pkg.utils" (what `rest` follows)
         head = q[: len(q) - len(rest) - 1]
         return f'{IMPORTED}("{head}").{rest}' if head else f'{IMPORTED}("{q}")'
+
+
+def _names(node: cst.CSTNode, name: str) -> bool:
+    """`node` is, or holds, the name `name` (`n + 1` holds `n`)."""
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        if isinstance(n, cst.Name) and n.value == name:
+            return True
+        stack.extend(n.children)
+    return False
 
 
 def _contains(node: cst.CSTNode, inner: cst.CSTNode) -> bool:
@@ -506,7 +537,7 @@ class Summarizer:
         summary.effects = self.effects(func)
         for r in m._nodes_in_scope(func, cst.Return):
             if r.value is not None:
-                summary.returns.extend(self.canon.values(r.value))
+                summary.returns.extend(self.canon.values(r.value, locals_split=True))
                 if m.precision.autocast_regions():  # a loss computed under autocast and returned
                     regions, foreign = m.precision.computing_regions(r.value)
                     for region in regions:
