@@ -1,7 +1,7 @@
 """The oldest supported torch, read from the project's own metadata (as ruff infers its target
 version from `requires-python`): `[project] dependencies` and optional dependencies, Poetry,
-setup.cfg, setup.py, requirements files, an sdist's PKG-INFO and egg-info; `min-torch-version` in the configuration and
-`--min-torch-version` win; without any, the default. AMP101's `custom_fwd(device_type=...)`
+setup.cfg, setup.py, requirements files, an sdist's PKG-INFO and egg-info, a wheel's dist-info;
+`min-torch-version` in the configuration and `--min-torch-version` win; without any, the default. AMP101's `custom_fwd(device_type=...)`
 rewrite (torch >= 2.4) is then held back for a project that declares an older torch, and
 AMP101 is silent where the project admits only a torch before 2.4 (nothing it runs warns)."""
 
@@ -340,3 +340,84 @@ def test_deprecations_left_alone_where_the_sdist_admits_only_torch_before_2_4(tm
                               "src/fn.py": CODE})
     res = run_ampfix("check", "--no-cache", "--select", "AMP101", src)
     assert res.returncode == 0, res.stdout.decode()
+
+
+# joeynmt 2.3.0's wheel, unpacked as a tree: no declared file, only the wheel's metadata (the
+# PKG-INFO format: its header's Requires-Dist, then the long description, not read)
+WHEEL_METADATA = """\
+Metadata-Version: 2.1
+Name: pkg
+Version: 1.0
+Requires-Dist: numpy >=1.19
+Requires-Dist: torch >=1.12.0
+
+Install it with `pip install pkg`; for the fast path: torch>=2.4
+Requires-Dist: torch>=2.4
+"""
+
+GRAD_SCALER = "import torch\n\nscaler = torch.cuda.amp.GradScaler()\n"
+
+
+def _wheel_tree(root, extra=None):
+    """`pkg/__init__.py`, `pkg/train.py` and `pkg-1.0.dist-info/METADATA` (and `extra`) under `root`
+    (a repository root); the package's folder."""
+    (root / ".git").mkdir(parents=True)
+    (root / "pkg").mkdir()
+    (root / "pkg" / "__init__.py").write_text("")
+    (root / "pkg" / "train.py").write_text(GRAD_SCALER)
+    (root / "pkg-1.0.dist-info").mkdir()
+    (root / "pkg-1.0.dist-info" / "METADATA").write_text(WHEEL_METADATA)
+    for name, text in (extra or {}).items():
+        (root / name).write_text(text)
+    return root / "pkg"
+
+
+def test_min_torch_from_a_wheels_dist_info(tmp_path):
+    from ampfix.engine.requirements import ProjectRequirements
+
+    pkg = _wheel_tree(tmp_path)
+    for start in (pkg, pkg / "train.py", tmp_path):
+        found = infer_min_torch(start)  # the requirement as written; not the description's torch>=2.4
+        assert found is not None and (found.version, found.where) == (
+            (1, 12), "`torch >=1.12.0` in pkg-1.0.dist-info/METADATA"), start
+    assert ProjectRequirements(pkg).torch_only_before((2, 4)) is None
+    # a src layout's, as an egg-info's is read there
+    (tmp_path / "src").mkdir()
+    (tmp_path / "pkg-1.0.dist-info").rename(tmp_path / "src" / "pkg-1.0.dist-info")
+    (tmp_path / "setup.py").write_text("setup()\n")
+    found = infer_min_torch(pkg)
+    assert found is not None and found.where == "`torch >=1.12.0` in pkg-1.0.dist-info/METADATA"
+
+
+def test_a_folder_with_a_dist_info_is_a_project_folder(tmp_path):
+    # the search stops at the wheel's tree: the requirements.txt above it are not its project's
+    (tmp_path / "requirements.txt").write_text("torch>=2.2\n")
+    pkg = _wheel_tree(tmp_path / "wheel")
+    found = infer_min_torch(pkg)
+    assert found is not None and found.version == (1, 12), found
+
+
+def test_declared_files_win_over_a_dist_info(tmp_path):
+    from ampfix.engine.requirements import ProjectRequirements
+
+    pkg = _wheel_tree(tmp_path, {"setup.py": 'setup(install_requires=["torch>=2.1", "numpy"])\n'})
+    found = infer_min_torch(pkg)
+    assert found is not None and (found.version, found.where) == ((2, 1), "`torch>=2.1` in setup.py")
+    # the dist-info still says what the declared files do not (Lightning), as an egg-info does
+    (tmp_path / "pkg-1.0.dist-info" / "METADATA").write_text(
+        WHEEL_METADATA.replace("Requires-Dist: numpy", "Requires-Dist: pytorch-lightning <2.0\nRequires-Dist: numpy"))
+    assert ProjectRequirements(pkg).lightning_before((2, 0)) == "`pytorch-lightning <2.0` in pkg-1.0.dist-info/METADATA"
+    assert infer_min_torch(pkg).where == "`torch>=2.1` in setup.py"
+
+
+def test_grad_scaler_not_migrated_in_a_wheel_that_supports_torch_1_12(tmp_path):
+    pkg = _wheel_tree(tmp_path)
+    res = run_ampfix("check", "--no-cache", "--select", "AMP101", pkg)
+    out = res.stdout.decode()
+    assert res.returncode == 1 and "AMP101 [*]" not in out and out.count("AMP101") == 1, out
+    assert ("not migrated automatically: its replacement needs torch >= 2.3 and the oldest supported torch is 1.12 "
+            "(`torch >=1.12.0` in pkg-1.0.dist-info/METADATA)") in out, out
+    res = run_ampfix("rewrite", "--select", "AMP101", pkg)
+    assert (pkg / "train.py").read_text() == GRAD_SCALER, res.stdout.decode()  # nothing that breaks torch 1.12
+    res = run_ampfix("check", "--no-cache", "--select", "AMP101", "--fix", pkg)
+    assert (pkg / "train.py").read_text() == GRAD_SCALER, res.stdout.decode()

@@ -2,8 +2,9 @@
 Python version from `requires-python`.
 
 Looked up from the folder being checked upwards, in the nearest project folder (one that holds
-a `pyproject.toml`, `setup.py`, `setup.cfg`, `PKG-INFO` or `requirements*.txt`; the search stops
-at the repository root, a folder with `.git`). There, every requirement on `torch` is read from:
+a `pyproject.toml`, `setup.py`, `setup.cfg`, `PKG-INFO`, `*.dist-info/METADATA` or
+`requirements*.txt`; the search stops at the repository root, a folder with `.git`). There, every
+requirement on `torch` is read from:
 
 * `pyproject.toml`: `[project] dependencies` and `[project.optional-dependencies]`, Poetry's
   `[tool.poetry.dependencies]` (and its groups' dependencies);
@@ -11,9 +12,11 @@ at the repository root, a folder with `.git`). There, every requirement on `torc
 * `setup.py`: the string literals that are requirements on torch (`"torch>=1.13"`), wherever
   they are (an `install_requires=[...]` list, a `REQUIRED = [...]` constant);
 * `requirements*.txt` and `requirements/*.txt`;
-* packaging metadata, where an sdist (allennlp 2.10.1's) declares what its `setup.py` computes:
-  `PKG-INFO`'s `Requires-Dist:` headers (the header only, never the long description after the
-  first blank line; `torch (>=1.10,<1.13) ; extra == "x"` and `torch>=1.10; python_version>"3"`)
+* packaging metadata, where an sdist (allennlp 2.10.1's) declares what its `setup.py` computes,
+  or a wheel unpacked as a tree (joeynmt 2.3.0's) holds no declared file at all: `PKG-INFO`'s and
+  a wheel's `*.dist-info/METADATA`'s `Requires-Dist:` headers (the same format; the header only,
+  never the long description after the first blank line; `torch (>=1.10,<1.13) ; extra == "x"`
+  and `torch>=1.10; python_version>"3"`), the latter in the project folder or its `src/`,
   and `*.egg-info/requires.txt` (in the project folder or its `src/`), every line, those under a
   section (`[dev]`, `[:python_version < "3.8"]`) as well, as extras are read above; only for a
   package (torch, Lightning) that the files above give no version of: a build writes this
@@ -270,6 +273,15 @@ def _egg_requires_files(folder: Path) -> List[Path]:
     return [f for f in files if f.is_file()]
 
 
+def _dist_info_files(folder: Path, src: bool = True) -> List[Path]:
+    """`*.dist-info/METADATA` in `folder` (a wheel unpacked as a tree) and, with `src`, in its
+    `src/`."""
+    files = sorted(folder.glob("*.dist-info/METADATA"))
+    if src:
+        files += sorted(folder.glob("src/*.dist-info/METADATA"))
+    return [f for f in files if f.is_file()]
+
+
 def _requirement_files(folder: Path) -> List[Path]:
     files = sorted(folder.glob("requirements*.txt"))
     sub = folder / "requirements"
@@ -283,7 +295,8 @@ def _project_folder(start: Path) -> Optional[Path]:
     docstring); the search ends at a repository root."""
     for folder in (start, *start.parents):
         try:
-            if any((folder / name).is_file() for name in PROJECT_FILES) or _requirement_files(folder):
+            if (any((folder / name).is_file() for name in PROJECT_FILES) or _requirement_files(folder)
+                    or _dist_info_files(folder, src=False)):
                 return folder
             if (folder / ".git").exists():
                 return None
@@ -307,13 +320,14 @@ def _requirements(start: Path, names: Tuple[str, ...]) -> Iterable[Tuple[str, st
     declared = [(folder / "pyproject.toml", lambda p: _from_pyproject(p, names)), (folder / "setup.cfg", _from_setup_cfg),
                 (folder / "setup.py", lambda p: _from_setup_py(p, names))]
     declared += [(f, _from_requirements) for f in _requirement_files(folder)]
-    generated = [(folder / "PKG-INFO", _from_pkg_info)] + [(f, _from_egg_requires) for f in _egg_requires_files(folder)]
+    generated = [(folder / "PKG-INFO", _from_pkg_info)] + [(f, _from_pkg_info) for f in _dist_info_files(folder)]
+    generated += [(f, _from_egg_requires) for f in _egg_requires_files(folder)]
     lines = list(_read_sources(declared))
     yield from lines
     # the packaging metadata only for a package the declared files give no version of: it is
     # what a build wrote from them (an sdist's, where setup.py computes its list or its versions:
-    # a bare "torch" there), and in a developer's checkout an egg-info may be left from an older
-    # setup.py
+    # a bare "torch" there; a wheel's, unpacked without them), and in a developer's checkout an
+    # egg-info may be left from an older setup.py
     named = [r for r in (_REQ, _LIGHTNING_REQ) if any((_spec_of(line, r) or "").strip() for line, _ in lines)]
     for line, name in _read_sources(generated):
         if not any(r.match(line) for r in named):
@@ -324,8 +338,9 @@ def _read_sources(sources) -> Iterable[Tuple[str, str]]:
     """(requirement line, file name) of the files of `sources` ((path, reader) pairs) that exist."""
     for path, reader in sources:
         if path.is_file():
-            # an egg-info's file is named with its folder: `requires.txt` alone says nothing
-            name = f"{path.parent.name}/{path.name}" if path.parent.name.endswith(".egg-info") else path.name
+            # an egg-info's or dist-info's file is named with its folder: `requires.txt` alone says nothing
+            name = (f"{path.parent.name}/{path.name}" if path.parent.name.endswith((".egg-info", ".dist-info"))
+                    else path.name)
             for line in reader(path):
                 yield line, name
 
