@@ -395,6 +395,15 @@ def test_a_folder_with_a_dist_info_is_a_project_folder(tmp_path):
     pkg = _wheel_tree(tmp_path / "wheel")
     found = infer_min_torch(pkg)
     assert found is not None and found.version == (1, 12), found
+    # a folder holding several distributions' metadata (site-packages) is an environment: the
+    # search goes on above it
+    env = tmp_path / "env" / "site-packages"
+    for name, pin in (("a-1.0", "torch >=1.8"), ("b-2.0", "torch >=2.0")):
+        (env / f"{name}.dist-info").mkdir(parents=True)
+        (env / f"{name}.dist-info" / "METADATA").write_text(f"Name: x\nRequires-Dist: {pin}\n")
+    (env / "mod.py").write_text("import torch\n")
+    found = infer_min_torch(env / "mod.py")
+    assert found is not None and found.where == "`torch>=2.2` in requirements.txt", found.where
 
 
 def test_declared_files_win_over_a_dist_info(tmp_path):

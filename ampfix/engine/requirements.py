@@ -275,11 +275,14 @@ def _egg_requires_files(folder: Path) -> List[Path]:
 
 def _dist_info_files(folder: Path, src: bool = True) -> List[Path]:
     """`*.dist-info/METADATA` in `folder` (a wheel unpacked as a tree) and, with `src`, in its
-    `src/`."""
-    files = sorted(folder.glob("*.dist-info/METADATA"))
-    if src:
-        files += sorted(folder.glob("src/*.dist-info/METADATA"))
-    return [f for f in files if f.is_file()]
+    `src/`: one wheel's. A folder holding several (`site-packages`, where the installed
+    distributions' metadata lie side by side) is an environment, not a project: none."""
+    out: List[Path] = []
+    for where in (folder, folder / "src") if src else (folder,):
+        files = [f for f in where.glob("*.dist-info/METADATA") if f.is_file()]
+        if len(files) == 1:
+            out.extend(files)
+    return out
 
 
 def _requirement_files(folder: Path) -> List[Path]:
