@@ -29,7 +29,9 @@ A GradScaler's scale adapts during training (it backs off after overflows and gr
 not `scaler.state_dict()` loses it: after a resume the scale restarts at its initial 65536, the
 next steps overflow in float16 and are skipped while it backs off again, and the growth
 interval starts over. The PyTorch AMP examples save and load the scaler with the model and
-optimizer. The load side that restores the optimizer but not the scaler is the same mistake, also when a
+optimizer. The load side that restores the optimizer but not the scaler is the same mistake (a
+scaler restored by a function of the file that the resume calls counts: a trainer's
+`_initialize_mixed_precision()` that builds the scaler and restores it), also when a
 function of another module does the restore (`load_checkpoint(path, model, optimizer)`, reported at its call with
 that restore as a related location, not fixed; silent where the call hands it a scaler or the file restores one).
 
@@ -91,7 +93,7 @@ torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
         scopes = {model.scope_of(c): None for c in model.calls if method_call(c, "load_state_dict") is not None}
         for scope in scopes:
             restores = model.checkpoints.restores(scope)
-            if any(model.is_scaler(method_call(c, "load_state_dict")) for c in restores):
+            if model.checkpoints.restores_scaler(scope):
                 continue
             for call in restores:
                 receiver = method_call(call, "load_state_dict")

@@ -2,7 +2,7 @@
 them before it analyses anything (see ampfix/engine/rulemeta.py). Do not edit; regenerate.
 """
 
-DIGEST = '3c788074e486912b4df86ac08533b9767341c920f984f462d36a715de2d6d4d8'
+DIGEST = 'a5f7a001cbde14608927c30b98720cc9c85ff743b787d5961757d6b75f3deb7b'
 
 RULES = [
     ('AMP001', 'backward-in-autocast', True, ('autocast',), (),

@@ -258,6 +258,26 @@ class Checkpoints(Facet):
                 out.append(call)
         return out
 
+    def restores_scaler(self, scope: cst.CSTNode, depth: int = 3) -> bool:
+        """`scope` restores a GradScaler (`scaler.load_state_dict(...)`), itself or in a function of
+        this file it calls, `depth` calls deep (super-gradients' `train()` restores the optimizer,
+        then calls `self._initialize_mixed_precision(...)`, which restores the scaler from the
+        same checkpoint)."""
+        seen = {scope}
+        todo = [(scope, 0)]
+        while todo:
+            at, level = todo.pop()
+            for call in self.model.calls_in_scope(at):
+                receiver = method_call(call, "load_state_dict")
+                if receiver is not None and self.model.is_scaler(receiver):
+                    return True
+                if level < depth:
+                    for f in self.model.callees(call):
+                        if f not in seen:
+                            seen.add(f)
+                            todo.append((f, level + 1))
+        return False
+
     def restored_through_helpers(self) -> List[HelperRestore]:
         """The resumes the file hands to a function of another module (`load_checkpoint(path,
         model, optimizer)`): the arguments its summary restores as optimizers from a
