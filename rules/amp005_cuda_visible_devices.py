@@ -56,8 +56,13 @@ class CudaVisibleDevices(Rule):
   (deferred) do not initialise CUDA: setting the variable after them is fine. Nor is a process
   that picks its own GPU first, with `torch.cuda.set_device(local_rank)` on every path, and then
   writes a value naming the same variable (`str(devices[local_rank])`): that is for the processes
-  it launches. Fix (unsafe, it reorders code; only for a module-level assignment whose value is
-  known before `import torch`): move the assignment before the first `import torch`.
+  it launches. Nor is a write in a file that starts child processes (`torch.multiprocessing.spawn`
+  / `start_processes`, `multiprocessing` `Process` / `Pool`, `ProcessPoolExecutor`, `subprocess`,
+  `os.system` / `exec*` / `spawn*`) that none of them runs (a trainer probes CUDA and sets the
+  variable in one method, another starts the DDP workers with `mp.spawn`): the children inherit
+  the environment and initialise CUDA after reading it (a write that a launched child runs itself
+  is still reported). Fix (unsafe, it reorders code; only for a module-level assignment whose
+  value is known before `import torch`): move the assignment before the first `import torch`.
 * **One GPU per process, then indexed with the rank**: after `CUDA_VISIBLE_DEVICES = str(rank)` the
   process sees only `cuda:0`, so `cuda:{rank}`, `set_device(rank)`, `device_ids=[rank]` fail for every
   rank but 0. Leave the variable alone and call `torch.cuda.set_device(rank)`. No fix.
@@ -102,7 +107,8 @@ def worker(rank):
             v = self._after_init(model, write)
             if v is not None:
                 late.add(id(write.node))
-                yield v
+                if not self._for_launched(model, write):
+                    yield v
         for write in writes:
             if id(write.node) not in late:
                 yield from self._rank_index(model, write)
@@ -174,6 +180,36 @@ def worker(rank):
                 if chosen & written:
                     return True
         return False
+
+    @staticmethod
+    def _for_launched(model: AmpModel, write: EnvWrite) -> bool:
+        """The file starts child processes (`mp.spawn`, `Process`, `subprocess.*`, `os.system`,
+        ...: fresh processes that inherit the environment and initialise CUDA themselves), and
+        none of them runs the write (the children's function, or a caller of the write's
+        function, is not among the functions a launch hands its children): the variable may be
+        set for them (unimol-tools' trainer sets it in `_init_dist` after `is_available()`, and
+        `fit_predict` starts the workers with `mp.spawn`). Where the file launches nothing,
+        the write can only be for this process."""
+        launches = model.launches
+        if not launches:
+            return False
+        # the functions whose runs may reach the write: its own, enclosing defs, their callers
+        start = model.function_of(write.node)
+        running: Set[int] = set()
+        todo = [start] if start is not None else []
+        while todo:
+            func = todo.pop()
+            if id(func) in running:
+                continue
+            running.add(id(func))
+            outer = model.function_of(func)
+            if outer is not None:
+                todo.append(outer)
+            for call in model.callers(func):
+                caller = model.function_of(call)
+                if caller is not None:
+                    todo.append(caller)
+        return any(not any(id(f) in running for f in launch.runs) for launch in launches)
 
     def _move_fix(self, model: AmpModel, write: EnvWrite) -> Optional[Fix]:
         """The module-level statement that only sets the variable, moved before `import torch`."""

@@ -2,7 +2,7 @@
 them before it analyses anything (see ampfix/engine/rulemeta.py). Do not edit; regenerate.
 """
 
-DIGEST = 'a5f7a001cbde14608927c30b98720cc9c85ff743b787d5961757d6b75f3deb7b'
+DIGEST = '67550dd6c8958df057dfd6ec0625dfe64dda5dea774a23909a84c8a2877c1ca0'
 
 RULES = [
     ('AMP001', 'backward-in-autocast', True, ('autocast',), (),
@@ -18,7 +18,7 @@ RULES = [
     ('AMP006', 'scaler-in-loop', True, ('GradScaler',), (),
      (('.step(', '.update('),), None, False),
     ('AMP007', 'step-bypasses-scaler', True, ('.scale(',), (),
-     (('.step(',), ('backward',)), (('.step(',),), False),
+     (('.step(',), ('backward',)), (('.step(',),), True),
     ('AMP008', 'unscaled-backward', True, ('GradScaler', '.scale('), (),
      (('backward',), ('.step(',)), (('backward',),), False),
     ('AMP009', 'step-update-order', True, ('.scale(',), (),

@@ -1,6 +1,7 @@
 """The process environment: every literal variable name used with `os.environ`, `os.getenv`,
 `os.putenv` (and copies of `os.environ` meant for child processes), and the variables set in
-this process's environment, with their values."""
+this process's environment, with their values; and the calls that start child processes, which
+inherit the environment and read it when they start (`launches`)."""
 
 from __future__ import annotations
 
@@ -175,6 +176,38 @@ class _EnvCollector:
         return self
 
 
+# --------------------------------------------------------------------------- child processes
+
+# Calls that start another process: a fresh interpreter or program that inherits this process's
+# environment (as it is when the call runs) and initialises CUDA, if at all, by itself. The value:
+# where the function the child runs is given (positional index, keyword), or None.
+_MP = ("multiprocessing", "torch.multiprocessing")
+LAUNCHERS = {
+    **{f"torch.multiprocessing{m}.{f}": (0, "fn") for m in ("", ".spawn") for f in ("spawn", "start_processes")},
+    **{f"{p}.Process": (1, "target") for p in _MP},
+    **{f"{p}.Pool": None for p in _MP},
+    "multiprocessing.pool.Pool": None,
+    "multiprocessing.process.BaseProcess": (1, "target"),
+    "concurrent.futures.ProcessPoolExecutor": None,
+    "concurrent.futures.process.ProcessPoolExecutor": None,
+    **{f"subprocess.{f}": None
+       for f in ("Popen", "run", "call", "check_call", "check_output", "getoutput", "getstatusoutput")},
+    **{f"os.{f}": None for f in ("system", "popen", "posix_spawn", "posix_spawnp")},
+    **{f"os.exec{s}": None for s in ("l", "le", "lp", "lpe", "v", "ve", "vp", "vpe")},
+    **{f"os.spawn{s}": None for s in ("l", "le", "lp", "lpe", "v", "ve", "vp", "vpe")},
+    **{f"asyncio.create_subprocess_{f}": None for f in ("exec", "shell")},
+}
+_CONTEXT_LAUNCHERS = {"Process": (1, "target"), "Pool": None, "ProcessPoolExecutor": None}
+
+
+@dataclass
+class Launch:
+    """A call that starts child processes."""
+
+    call: cst.Call
+    runs: List[cst.FunctionDef]  # the functions of this file the children run (empty: a program, or unknown)
+
+
 class Environ:
     """Environment accesses (a part of `AmpModel`)."""
 
@@ -184,6 +217,43 @@ class Environ:
         if env is None:
             env = self._environment = _EnvCollector(self).run()
         return env
+
+    @property
+    def launches(self) -> List[Launch]:
+        """Every call of this file that starts child processes: `torch.multiprocessing.spawn` /
+        `start_processes`, `multiprocessing` `Process` / `Pool` (also of a `get_context(...)`),
+        `ProcessPoolExecutor`, `subprocess.*`, `os.system` / `exec*` / `spawn*`, asyncio's
+        subprocesses; with the functions of this file the children run, where given
+        (`mp.spawn(self.worker, ...)`, `Process(target=worker)`)."""
+        found = self.__dict__.get("_launches")
+        if found is None:
+            found = self._launches = []
+            for call in self.nodes_of(cst.Call):
+                where = self._launcher(call)
+                if where is False:
+                    continue
+                runs: List[cst.FunctionDef] = []
+                if where is not None:
+                    arg = get_arg(call, where[0], where[1])
+                    if arg is not None and isinstance(arg.value, (cst.Name, cst.Attribute)):
+                        runs = list(self._resolve_callable(arg.value, call, 0))
+                found.append(Launch(call, runs))
+        return found
+
+    def _launcher(self, call: cst.Call):
+        """False when `call` starts no process, else where it names what the child runs (or None)."""
+        func = call.func
+        for q in self.qualnames(call):
+            if q in LAUNCHERS:
+                return LAUNCHERS[q]
+        if isinstance(func, cst.Attribute) and func.attr.value in _CONTEXT_LAUNCHERS:
+            # mp.get_context("spawn").Process(...), ctx = mp.get_context(...); ctx.Pool(...)
+            owner = func.value
+            values = [owner] if isinstance(owner, cst.Call) else self.possible_values(owner)
+            contexts = {f"{p}.get_context" for p in _MP}
+            if any(isinstance(v, cst.Call) and self.qualnames(v) & contexts for v in values):
+                return _CONTEXT_LAUNCHERS[func.attr.value]
+        return False
 
 
 # --------------------------------------------------------------------------- the variable's name, and its slips
