@@ -54,7 +54,7 @@ MORE_BUGS = [
     ("buggy_missing_update.py", None, []),
     ("buggy_accumulation_unscale.py", None, []),
     ("buggy_token_boundary.py", None, []),
-    ("buggy_step_bypasses_scaler.py", None, ["--unsafe-fixes"]),
+    ("buggy_step_bypasses_scaler.py", None, ["--unsafe-fixes", "--preview"]),  # AMP007 is a preview rule
     ("buggy_gradient_penalty.py", "fixed_gradient_penalty.py", []),
     ("buggy_checkpoint_no_scaler.py", None, ["--unsafe-fixes", "--preview"]),
     ("buggy_half_with_scaler.py", None, ["--unsafe-fixes"]),

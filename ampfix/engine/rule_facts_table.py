@@ -2,7 +2,7 @@
 them before it analyses anything (see ampfix/engine/rulemeta.py). Do not edit; regenerate.
 """
 
-DIGEST = 'bd4584c5dc26e690fa0e44c8c969de3f405eaec741e16f9b973b7fc532010686'
+DIGEST = '67550dd6c8958df057dfd6ec0625dfe64dda5dea774a23909a84c8a2877c1ca0'
 
 RULES = [
     ('AMP001', 'backward-in-autocast', True, ('autocast',), (),
@@ -18,7 +18,7 @@ RULES = [
     ('AMP006', 'scaler-in-loop', True, ('GradScaler',), (),
      (('.step(', '.update('),), None, False),
     ('AMP007', 'step-bypasses-scaler', True, ('.scale(',), (),
-     (('.step(',), ('backward',)), (('.step(',),), False),
+     (('.step(',), ('backward',)), (('.step(',),), True),
     ('AMP008', 'unscaled-backward', True, ('GradScaler', '.scale('), (),
      (('backward',), ('.step(',)), (('backward',),), False),
     ('AMP009', 'step-update-order', True, ('.scale(',), (),

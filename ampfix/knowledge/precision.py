@@ -44,7 +44,9 @@ class Measured:
 #: code -> the rule's numbers in the last ecosystem check (rules with no finding there are absent).
 #: Filled from `python bench/ecosystem.py` (its precision table), one line per rule.
 MEASURED: Dict[str, Measured] = {
-    "AMP001": Measured(15, 0, 4, "ecosystem check of 2026-11-28, twenty-first session (116 projects, check --select ALL --preview; backward inside an autocast region labelled TRUE unless the region is there on purpose)"),
+    "AMP001": Measured(15, 0, 6, "ecosystem check of 2026-11-28, twenty-first session (116 projects; backward inside an autocast "
+                               "region labelled TRUE unless the region is there on purpose) and the twenty-fourth session's 13 projects nobody had read (157 projects, check --select ALL --preview): nnunet's two "
+                               "backward calls in autocast in uncalled VRAM-probing functions, DEBATABLE"),
     "AMP003": Measured(7, 2, 0, "ecosystem check of 2026-11-28, twenty-second session (131 projects: 7 TRUE) and the "
                                "twenty-third session's 13 projects nobody had read (144 projects, check --select ALL "
                                "--preview): two FALSE on torchrl's expert-iteration scripts (a conjunction test with an "
@@ -52,22 +54,27 @@ MEASURED: Dict[str, Measured] = {
     "AMP004": Measured(3, 5, 2, "ecosystem check of 2026-11-25 (42 projects: 2/4/2, its false findings fixed since by "
                                "reading them) and of the twentieth session's 31 unseen projects (1/1/0, its false "
                                "finding, a paddle scaler, fixed since by reading it)"),
-    "AMP005": Measured(2, 1, 0, "ecosystem check of 2026-11-27, twentieth session (116 projects, check --select ALL --preview); its false finding, a variable set for child processes after this process's own set_device (nequip), fixed since by reading it (not a measure on unseen code)"),
+    "AMP005": Measured(2, 2, 0, "ecosystem check of 2026-11-27, twentieth session (116 projects): its false finding, a variable set "
+                               "for child processes after this process's own set_device (nequip); and the twenty-fourth session's 13 projects nobody had read (157 projects, check --select ALL --preview): unimol-tools' "
+                               "CUDA_VISIBLE_DEVICES set for the workers mp.spawn starts, FALSE; both fixed since by reading them "
+                               "(not a measure on unseen code)"),
     "AMP006": Measured(4, 0, 0, "ecosystem check of 2026-11-28, twenty-third session (144 projects, check --select ALL --preview: "
                                "torchrl's two scalers rebuilt per step, TRUE); earlier, its one wrong finding on 85 projects, the "
                                "resumable train() of flair, fixed since: Iterations.iterates_epochs"),
     "AMP009": Measured(1, 0, 2, "ecosystem check of 2026-11-27 (85 projects, check --select ALL --preview) (its one wrong finding of 2026-11-25, allennlp's stage-guarded unscale_, fixed since: Guards.in_stage_test)"),
-    "AMP013": Measured(10, 1, 3, "ecosystem check of 2026-11-28, twenty-third session (144 projects, check --select ALL --preview; "
-                               "s3prl's pretrain resume checkpoint, TRUE, the one new finding); "
+    "AMP013": Measured(13, 1, 3, "ecosystem check of 2026-11-28, twenty-third session (144 projects; s3prl's pretrain resume "
+                               "checkpoint, TRUE) and the twenty-fourth session's 13 projects nobody had read (157 projects, check --select ALL --preview): farm-haystack's save and load, torch4keras's resume, TRUE; "
                                "its false finding, a GradScaler used as a fixed loss scale and never updated (modelscope's nerf "
                                "trainer), is fixed since by reading it; flair's two TRUE findings and OpenNMT-py's one are the "
                                "sources of the checks that find them (a parameter annotated with a project class, an "
                                "optimizer wrapper's state_dict), not counted"),
-    "AMP101": Measured(327, 4, 3, "ecosystem check of 2026-11-28, twenty-third session (144 projects, check --select ALL --preview; "
-                               "silent under a pin to a torch before 2.4, read from egg-info too); its four false findings, a "
-                               "bare except: shim (megatron-core, two), a use in an except fallback (torchtnt) and an isinstance "
-                               "shim (pytorch-pfn-extras), fixed since by reading them"),
-    "AMP102": Measured(5, 5, 58, "ecosystem check of 2026-11-28, twenty-third session (144 projects, check --select ALL --preview)"),
+    "AMP101": Measured(350, 5, 9, "ecosystem check of 2026-11-28, twenty-third session (144 projects; silent under a pin to a torch "
+                               "before 2.4, read from egg-info too) and the twenty-fourth session's 13 projects nobody had read (157 projects, check --select ALL --preview): 23 TRUE, 6 DEBATABLE (nnunet's uncalled "
+                               "probing functions), 1 FALSE (torch4keras's autocast class taken as a value in a version shim); its "
+                               "five false findings, a bare except: shim (megatron-core, two), a use in an except fallback "
+                               "(torchtnt), an isinstance shim (pytorch-pfn-extras) and the value shim, fixed since by reading them"),
+    "AMP102": Measured(9, 5, 58, "ecosystem check of 2026-11-28, twenty-third session (144 projects) and the twenty-fourth session's 13 projects nobody had read (157 projects, check --select ALL --preview): "
+                               "stylegan2-pytorch's apex amp O1, its only mixed precision, 4 TRUE"),
     "AMP103": Measured(16, 0, 7, "ecosystem check of 2026-11-28, twenty-second session (131 projects, check --select ALL --preview)"),
     "AMP204": Measured(0, 4, 0, "ecosystem check of 2026-11-27, twentieth session (104 projects, check --select ALL --preview); "
                                "its four findings, on a project pinned to pytorch-lightning<2.0, are fixed since by reading "
@@ -76,8 +83,9 @@ MEASURED: Dict[str, Measured] = {
                                "its one finding on code it was not written from, espnet's overflow branch that steps and "
                                "updates in a loop over the optimizers, is fixed since by reading it (not a measure on unseen "
                                "code); funasr's two, its source, are TRUE and not counted"),
-    "AMP007": Measured(0, 0, 1, "ecosystem check of 2026-11-28, twenty-second session (131 projects, check --select ALL --preview): "
-                               "its one finding, modelscope's fixed loss scale with Adam, DEBATABLE (not measured)"),
+    "AMP007": Measured(0, 1, 1, "ecosystem check of 2026-11-28, twenty-second session (131 projects): modelscope's fixed loss scale "
+                               "with Adam, DEBATABLE; and the twenty-fourth session's 13 projects nobody had read (157 projects, check --select ALL --preview): unimol-tools' optimizer.step() after its own "
+                               "DynamicLossScaler unscaled and checked the gradients, FALSE, fixed since by reading it (3814079)"),
     "AMP202": Measured(1, 0, 0, "ecosystem check of 2026-11-27, twentieth session (116 projects, check --select ALL --preview)"),
     "AMP201": Measured(0, 1, 0, "ecosystem check of 2026-11-25 (42 projects, check --select ALL --preview); its "
                                "false finding, fixed since by reading it, is not a measure on unseen code, and the "
