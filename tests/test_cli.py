@@ -81,6 +81,26 @@ def test_amp003_runs_only_with_preview(tmp_path):
                               "a preview rule: add --preview, or `preview = true` in [tool.ampfix])")
 
 
+def test_amp007_runs_only_with_preview(tmp_path):
+    """AMP007 measured 0 right, 1 wrong on unseen code (unimol-tools' own loss scaler): below the
+    precision threshold, so a preview rule, off by default, as AMP003."""
+    step_bypasses = BAD_CLIP.replace("    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)\n", "")
+    p = write(tmp_path, "train.py", step_bypasses.replace("    scaler.step(optimizer)", "    optimizer.step()"))
+    res = run_ampfix("check", p)
+    stdout, stderr = out(res)
+    assert res.returncode == 0, stdout + stderr
+    assert "AMP007" not in stdout + stderr and "All checks passed!" in stdout
+    res = run_ampfix("check", "--preview", p)
+    stdout, stderr = out(res)
+    assert res.returncode == 1, stdout + stderr
+    assert [LINE_RE.match(ln)["code"] for ln in stdout.splitlines() if LINE_RE.match(ln)] == ["AMP007"]
+    res = run_ampfix("check", "--select", "AMP007", p)
+    stdout, stderr = out(res)
+    assert res.returncode == 0 and "All checks passed!" in stdout, stdout + stderr
+    assert stderr.strip() == ("warning: selection `AMP007` has no effect because preview is not enabled (AMP007 is "
+                              "a preview rule: add --preview, or `preview = true` in [tool.ampfix])")
+
+
 def test_check_clean_exits_zero(tmp_path):
     p = write(tmp_path, "ok.py", GOOD)
     res = run_ampfix("check", p)

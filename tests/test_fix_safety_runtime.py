@@ -70,7 +70,7 @@ def test_fixed_runs_and_naive_fix_breaks(name: str, tmp_path: Path):
     code = name.split("/")[0]
     fixed = tmp_path / "fixed.py"
     shutil.copy(RULES / name, fixed)
-    # --preview: AMP003, AMP013 and AMP201 are preview rules (selected by code without it, nothing is fixed)
+    # --preview: AMP003, AMP007, AMP013 and AMP201 are preview rules (selected by code without it, nothing is fixed)
     res = run_ampfix("rewrite", "--preview", "--select", code, "--no-cache", *options, fixed)
     assert res.returncode in (0, 1), res.stderr.decode()
     assert code in res.stdout.decode(), res.stdout.decode() + res.stderr.decode()  # the rule ran

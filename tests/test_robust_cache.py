@@ -17,7 +17,7 @@ from ampfix.engine import rulemeta
 from tests.conftest import run_ampfix
 from tests.test_robust_check import TRAINER
 
-FINDING = "train.py:9:9: AMP007"
+FINDING = "train.py:9:9: AMP007"  # a preview rule: the runs pass --preview
 
 
 @pytest.fixture
@@ -28,7 +28,8 @@ def tree(tmp_path):
 
 
 def _check(tree, *extra):
-    return run_ampfix("check", "train.py", "clean.py", *extra, cwd=tree, env={"AMPFIX_CACHE_DIR": str(tree / "cache")})
+    return run_ampfix("check", "--preview", "train.py", "clean.py", *extra, cwd=tree,
+                      env={"AMPFIX_CACHE_DIR": str(tree / "cache")})
 
 
 def _entries(tree):
@@ -169,7 +170,7 @@ def _check_stale_table(tree):
     import sys
 
     env = dict(os.environ, NO_COLOR="1", AMPFIX_CACHE_DIR=str(tree / "cache"))
-    return subprocess.run([sys.executable, "-c", STALE_TABLE, "check", "train.py", "clean.py"], cwd=tree,
+    return subprocess.run([sys.executable, "-c", STALE_TABLE, "check", "--preview", "train.py", "clean.py"], cwd=tree,
                           capture_output=True, env=env, timeout=300)
 
 

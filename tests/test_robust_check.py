@@ -22,7 +22,7 @@ TRAINER = textwrap.dedent("""\
             scaler.scale(loss).backward()
             optimizer.step()
             optimizer.zero_grad()
-    """)  # AMP007 on `optimizer.step()` (line 9)
+    """)  # AMP007 on `optimizer.step()` (line 9): a preview rule, so the runs pass --preview (preview=True)
 
 
 def _tree(tmp_path, n_good=3, pad=0):
@@ -49,7 +49,7 @@ def test_native_parser_crash_costs_only_that_file(tmp_path, jobs):
     child process in a sequential run and in a pool worker with several workers."""
     _tree(tmp_path, n_good=6, pad=16_000)  # ~100 kB in all: the pool is used with -j2
     (tmp_path / "deep.py").write_text(_deep_parens())
-    res = run_ampfix("check", ".", "--jobs", jobs, cwd=tmp_path, env={"AMPFIX_UNGUARDED": "1"})
+    res = run_ampfix("check", "--preview", ".", "--jobs", jobs, cwd=tmp_path, env={"AMPFIX_UNGUARDED": "1"})
     out, err = _lines(res)
     assert res.returncode == 2, res.stderr
     assert "Traceback" not in res.stderr.decode()
@@ -64,7 +64,7 @@ def test_deep_parentheses_are_a_syntax_error_not_a_crash(tmp_path, jobs):
     CPython's message, before LibCST's parser sees the file."""
     _tree(tmp_path, n_good=6, pad=16_000)
     (tmp_path / "deep.py").write_text(_deep_parens())
-    res = run_ampfix("check", ".", "-j", jobs, cwd=tmp_path)
+    res = run_ampfix("check", "--preview", ".", "-j", jobs, cwd=tmp_path)
     out, err = _lines(res)
     assert res.returncode == 2
     assert len(err) == 1 and err[0].startswith("deep.py:11:") and "too many nested parentheses" in err[0]
@@ -81,14 +81,14 @@ def test_valid_python_libcst_cannot_read_is_named_as_such(tmp_path):
     mixed = TRAINER + "class Net:\n    def f(self):\n\t\t    return 1\n\n    def g(self):\n\t\t    return 2\n"
     compile(mixed, "mixed.py", "exec")  # (Python reads it)
     (tmp_path / "mixed.py").write_text(mixed)
-    res = run_ampfix("check", ".", "-j", "1", cwd=tmp_path)
+    res = run_ampfix("check", "--preview", ".", "-j", "1", cwd=tmp_path)
     out, err = _lines(res)
     assert res.returncode == 2 and "Traceback" not in res.stderr.decode()
     assert err == ["mixed.py:13:1: error: not analysed: Python accepts this file, but LibCST, the parser ampfix reads "
                    "code with, does not (tokenizer error: no matching outer block for dedent; this line indents "
                    "with tabs and spaces mixed: indent it with spaces only)"]
     assert sorted(line.split(":")[0] for line in out if "AMP007" in line) == ["train_0.py", "train_1.py"]
-    res = run_ampfix("check", ".", "-j", "1", "--output-format", "json", cwd=tmp_path)
+    res = run_ampfix("check", "--preview", ".", "-j", "1", "--output-format", "json", cwd=tmp_path)
     import json
     errors = [e for e in json.loads(res.stdout) if e["type"] == "error"]
     assert [(e["filename"], e["code"], e["location"]["row"]) for e in errors] == [("mixed.py", "invalid-input", 13)]
@@ -121,7 +121,7 @@ NESTED_320 = {
 def test_valid_code_nested_320_deep_is_analysed(tmp_path):
     for name, make in NESTED_320.items():
         (tmp_path / f"{name}.py").write_text(TRAINER + make(320) + "\n")
-    res = run_ampfix("check", ".", "-j", "1", "--select", "AMP007", cwd=tmp_path)
+    res = run_ampfix("check", "--preview", ".", "-j", "1", "--select", "AMP007", cwd=tmp_path)
     out, err = _lines(res)
     assert err == []
     assert sorted(line.split(":")[0] for line in out if "AMP007" in line) == sorted(f"{n}.py" for n in NESTED_320)
@@ -133,7 +133,7 @@ def test_absurd_nesting_is_not_analysed_with_the_reason(tmp_path):
     called a syntax error."""
     _tree(tmp_path, n_good=2)
     (tmp_path / "absurd.py").write_text(TRAINER + "x = " + "-" * 20000 + "y\n")
-    res = run_ampfix("check", ".", cwd=tmp_path)
+    res = run_ampfix("check", "--preview", ".", cwd=tmp_path)
     out, err = _lines(res)
     assert res.returncode == 2
     assert len(err) == 1 and err[0].startswith("absurd.py: error: not analysed:") and "syntax" not in err[0]
@@ -174,7 +174,7 @@ def test_empty_select_is_an_error(tmp_path):
 def test_quoted_version_and_size_are_accepted(tmp_path):
     (tmp_path / "pyproject.toml").write_text('[tool.ampfix]\nmin-torch-version = "2.10"\nmax-file-size = "1MB"\n')
     (tmp_path / "train.py").write_text(TRAINER)
-    res = run_ampfix("check", "train.py", cwd=tmp_path)
+    res = run_ampfix("check", "--preview", "train.py", cwd=tmp_path)
     assert res.returncode == 1 and "AMP007" in res.stdout.decode()
 
 
@@ -184,13 +184,13 @@ def test_quoted_version_and_size_are_accepted(tmp_path):
 def test_files_over_max_file_size_are_skipped_with_the_reason(tmp_path):
     _tree(tmp_path, n_good=2)
     (tmp_path / "huge.py").write_text(TRAINER + "# filler\n" * 2000)
-    res = run_ampfix("check", ".", "--max-file-size", "10KB", cwd=tmp_path)
+    res = run_ampfix("check", "--preview", ".", "--max-file-size", "10KB", cwd=tmp_path)
     out, err = _lines(res)
     assert err == ["huge.py: warning: skipped, not analysed: 17.9 KiB is over max-file-size (9.8 KiB; set "
                    "`max-file-size` in [tool.ampfix] or --max-file-size to check it)"]
     assert sum("AMP007" in line for line in out) == 2 and res.returncode == 1
     (tmp_path / "pyproject.toml").write_text('[tool.ampfix]\nmax-file-size = 100000\n')
-    res = run_ampfix("check", ".", cwd=tmp_path)
+    res = run_ampfix("check", "--preview", ".", cwd=tmp_path)
     assert sum("AMP007" in line for line in res.stdout.decode().splitlines()) == 3
 
 
@@ -208,7 +208,7 @@ def test_symlink_loops_are_reported_and_the_rest_checked(tmp_path):
     (tmp_path / "loop_a.py").symlink_to(tmp_path / "loop_b.py")
     (tmp_path / "loop_b.py").symlink_to(tmp_path / "loop_a.py")
     (tmp_path / "dangling.py").symlink_to(tmp_path / "gone.py")
-    res = run_ampfix("check", ".", "loop_a.py", "dangling.py", cwd=tmp_path)
+    res = run_ampfix("check", "--preview", ".", "loop_a.py", "dangling.py", cwd=tmp_path)
     out, err = _lines(res)
     assert res.returncode == 2 and "Traceback" not in res.stderr.decode()
     assert "loop_a.py: error: cannot read: Too many levels of symbolic links" in err
@@ -234,7 +234,7 @@ def test_unreadable_folder_in_the_virtualenv_probe(tmp_path, monkeypatch):
         return real(folder)
 
     monkeypatch.setattr(discovery, "is_virtualenv", probe)
-    run = api.check_paths([str(tmp_path)], no_cache=True)
+    run = api.check_paths([str(tmp_path)], no_cache=True, preview=True)
     assert run.errors == [f"{tmp_path / 'private'}: error: cannot read the folder: Permission denied"]
     assert len(run.diagnostics) == 2
 
@@ -258,7 +258,7 @@ def test_unreadable_folder_and_file(tmp_path, monkeypatch):
         return real_scandir(path)
 
     monkeypatch.setattr(discovery.os, "scandir", scandir)
-    plan_run = api.check_paths([str(tmp_path)], no_cache=True)
+    plan_run = api.check_paths([str(tmp_path)], no_cache=True, preview=True)
     assert plan_run.errors == [f"{tmp_path / 'sub'}: error: cannot read the folder: Permission denied"]
     assert len(plan_run.diagnostics) == 2
 
@@ -267,7 +267,7 @@ def test_a_file_deleted_during_the_run(tmp_path):
     from ampfix.engine import runner
 
     _tree(tmp_path, n_good=3)
-    plan = runner.make_plan(runner.Options(paths=[str(tmp_path)], no_cache=True))
+    plan = runner.make_plan(runner.Options(paths=[str(tmp_path)], no_cache=True, preview=True))
     (tmp_path / "train_1.py").unlink()  # after discovery, before reading
     run = runner.run(plan)
     assert run.errors == [f"{tmp_path / 'train_1.py'}: error: cannot read: No such file or directory"]
@@ -279,7 +279,7 @@ def test_dev_full_as_stdout(tmp_path):
     import sys
 
     _tree(tmp_path, n_good=1)
-    for args in (["check", "."], ["check", ".", "--output-format", "json"], ["rules"]):
+    for args in (["check", "--preview", "."], ["check", "--preview", ".", "--output-format", "json"], ["rules"]):
         with open("/dev/full", "w") as full:
             res = subprocess.run([sys.executable, "-m", "ampfix", *args], cwd=tmp_path, stdout=full,
                                  stderr=subprocess.PIPE, timeout=120)
@@ -312,24 +312,24 @@ def test_warm_rerun_parses_nothing(tmp_path, monkeypatch):
     _tree(tmp_path / "src", n_good=3)
     (tmp_path / "src" / "broken.py").write_text(TRAINER + "def (:\n")
     parses = _count_parses(monkeypatch)
-    cold = api.check_paths([str(tmp_path / "src")], jobs=1)
+    cold = api.check_paths([str(tmp_path / "src")], jobs=1, preview=True)
     assert len(parses) == 4
-    warm = api.check_paths([str(tmp_path / "src")], jobs=1)
+    warm = api.check_paths([str(tmp_path / "src")], jobs=1, preview=True)
     assert len(parses) == 4  # nothing parsed again
     assert warm.diagnostics == cold.diagnostics and warm.errors == cold.errors and len(warm.errors) == 1
     assert (tmp_path / "cache" / ".gitignore").read_text().splitlines()[-1] == "*"
     # an edited file is analysed again, the others come from the cache
     (tmp_path / "src" / "train_0.py").write_text(TRAINER.replace("optimizer.step()", "scaler.step(optimizer)"))
-    edited = api.check_paths([str(tmp_path / "src")], jobs=1)
+    edited = api.check_paths([str(tmp_path / "src")], jobs=1, preview=True)
     assert len(parses) == 5
     assert [d for d in edited.diagnostics if "train_0" not in d.path] == [
         d for d in cold.diagnostics if "train_0" not in d.path]
     assert [d.message for d in edited.diagnostics if "train_0" in d.path] != [
         d.message for d in cold.diagnostics if "train_0" in d.path]
     # other settings are another key; --no-cache neither reads nor writes
-    api.check_paths([str(tmp_path / "src")], jobs=1, min_torch_version="2.6")
+    api.check_paths([str(tmp_path / "src")], jobs=1, preview=True, min_torch_version="2.6")
     assert len(parses) == 9
-    api.check_paths([str(tmp_path / "src")], jobs=1, no_cache=True)
+    api.check_paths([str(tmp_path / "src")], jobs=1, preview=True, no_cache=True)
     assert len(parses) == 13
 
 
@@ -339,14 +339,14 @@ def test_malformed_cache_entries_are_misses(tmp_path, monkeypatch):
     monkeypatch.setenv("AMPFIX_CACHE_DIR", str(tmp_path / "cache"))
     (tmp_path / "src").mkdir()
     _tree(tmp_path / "src", n_good=2)
-    cold = api.check_paths([str(tmp_path / "src")], jobs=1)
+    cold = api.check_paths([str(tmp_path / "src")], jobs=1, preview=True)
     entries = [p for p in (tmp_path / "cache").rglob("*")
                if p.is_file() and len(p.name) == 64 and "graphs" not in p.parts]  # the results' entries
     assert len(entries) == 2
     entries[0].write_text('{"diagnostics": [{"nonsense": 1}]}')
     entries[1].write_text("not json")
     parses = _count_parses(monkeypatch)
-    again = api.check_paths([str(tmp_path / "src")], jobs=1)
+    again = api.check_paths([str(tmp_path / "src")], jobs=1, preview=True)
     assert len(parses) == 2 and again.diagnostics == cold.diagnostics
 
 
@@ -362,8 +362,8 @@ def test_concurrent_runs_share_the_cache(tmp_path):
     import os
 
     full_env = dict(os.environ, **env)
-    procs = [subprocess.Popen([sys.executable, "-m", "ampfix", "check", "src", "-j", "1"], cwd=tmp_path,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=full_env) for _ in range(4)]
+    procs = [subprocess.Popen([sys.executable, "-m", "ampfix", "check", "--preview", "src", "-j", "1"],
+                              cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=full_env) for _ in range(4)]
     outs = [p.communicate(timeout=120) for p in procs]
     assert all(p.returncode == 1 for p in procs)
     assert len({o for o, _ in outs}) == 1 and all(e == b"" for _, e in outs)

@@ -129,7 +129,7 @@ def test_a_file_over_the_memory_bound_is_skipped_before_it_is_parsed(tmp_path):
     text = _short_lines(250_000)  # 2.8 MB, under max-file-size: 750k tokens, ~2.4 GiB to analyse
     (tmp_path / "generated.py").write_text(text)
     (tmp_path / "train.py").write_text(TRAINER)
-    code, out, err, peak = _peak_mib(["check", "--no-cache", "."], tmp_path)
+    code, out, err, peak = _peak_mib(["check", "--preview", "--no-cache", "."], tmp_path)
     assert code == 1, err
     assert "train.py:9:9: AMP007" in out and "generated.py" not in out
     tokens = budget.tokens(text)
@@ -144,14 +144,15 @@ def test_the_bound_is_configurable_and_applies_to_rewrite_and_stdin(tmp_path):
     text = _short_lines(20_000)
     (tmp_path / "pyproject.toml").write_text('[tool.ampfix]\nmax-file-memory = "50MB"\n')
     (tmp_path / "gen.py").write_text(text)
-    code, out, err, _ = _peak_mib(["rewrite", "--unsafe-fixes", "gen.py"], tmp_path)
+    code, out, err, _ = _peak_mib(["rewrite", "--preview", "--unsafe-fixes", "gen.py"], tmp_path)
     assert code == 0 and "gen.py: warning: skipped, not analysed: analysing it would take about" in err
     assert (tmp_path / "gen.py").read_text() == text
-    proc = subprocess.run([sys.executable, "-m", "ampfix", "check", "-", "--stdin-filename", "gen.py"], cwd=tmp_path,
-                          input=text.encode(), capture_output=True, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    proc = subprocess.run([sys.executable, "-m", "ampfix", "check", "--preview", "-", "--stdin-filename",
+                           "gen.py"], cwd=tmp_path, input=text.encode(), capture_output=True,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT)))
     assert proc.returncode == 0 and b"over max-file-memory (47.7 MiB;" in proc.stderr
     (tmp_path / "pyproject.toml").write_text('[tool.ampfix]\nmax-file-memory = "1GB"\n')
-    code, out, err, _ = _peak_mib(["check", "--no-cache", "gen.py"], tmp_path)
+    code, out, err, _ = _peak_mib(["check", "--preview", "--no-cache", "gen.py"], tmp_path)
     assert code == 1 and "gen.py:9:9: AMP007" in out and err == ""
 
 
@@ -172,7 +173,7 @@ def test_memory_grows_linearly_and_stays_under_the_estimate(tmp_path):
         text = _short_lines(n)
         path = tmp_path / f"gen_{n}.py"
         path.write_text(text)
-        code, out, err, peak = _peak_mib(["check", "--no-cache", "-j", "1", path.name], tmp_path)
+        code, out, err, peak = _peak_mib(["check", "--preview", "--no-cache", "-j", "1", path.name], tmp_path)
         assert code == 1 and "AMP007" in out, err
         sizes[n] = (peak, budget.estimate(text) / 2 ** 20)
     base = sizes[0][0]

@@ -33,12 +33,13 @@ def _slow_tree(folder, n_files=4, lines=30_000):
     return folder
 
 
-def _start(tmp_path, *args):
+def _start(tmp_path, command, *args):
+    """`ampfix COMMAND --preview ARGS`: the files' finding, AMP007's, is a preview rule."""
     tmpdir = tmp_path / "tmp"
     tmpdir.mkdir(exist_ok=True)
     env = dict(os.environ, TMPDIR=str(tmpdir), PYTHONPATH=str(ROOT))
     env.pop("AMPFIX_WORKERS", None)
-    return subprocess.Popen([sys.executable, "-m", "ampfix", *args], cwd=tmp_path, env=env,
+    return subprocess.Popen([sys.executable, "-m", "ampfix", command, "--preview", *args], cwd=tmp_path, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
 
 

@@ -290,8 +290,9 @@ async def test_a_syntax_error_while_typing_keeps_the_last_good_diagnostics(clien
 async def test_a_configuration_error_is_shown_once(client: LanguageClient, tmp_path):
     (tmp_path / "pyproject.toml").write_text('[tool.ampfix]\nselect = ["AMP777"]\n')
     # while the configuration is broken the files are checked with the default rules (preview off): the
-    # finding here is AMP007's, on by default, not AMP003's, a preview rule
-    text = BAD_CLIP.replace("    scaler.step(optimizer)", "    optimizer.step()")
+    # finding here is AMP101's (the deprecated torch.cuda.amp spelling), on by default, not AMP003's or
+    # AMP007's, preview rules
+    text = BAD_CLIP + "\n\nscaler = torch.cuda.amp.GradScaler()\n"
     uris = []
     for k in range(3):
         path = tmp_path / f"train_{k}.py"
@@ -303,7 +304,7 @@ async def test_a_configuration_error_is_shown_once(client: LanguageClient, tmp_p
     for version in range(2, 5):
         _change(client, uris[0], version, text + f"# edit {version}\n")
         (diag,) = await _next_diagnostics(client, uris[0])  # checked with the defaults meanwhile
-        assert diag.code == "AMP007"
+        assert diag.code == "AMP101"
     shown = [m for m in client.messages if "AMP777" in m.message]
     assert len(shown) == 1 and shown[0].type == types.MessageType.Error
     # fixed, then broken again: said again

@@ -19,8 +19,9 @@ from test_verify import FAST, check, fx, run_json
     ("fixed_gradient_penalty.py", []),
 ])
 def test_training_fixtures_findings(script, codes):
+    # preview on: AMP007 is a preview rule (and no other preview rule fires on these fixtures)
     with open(fx(script), encoding="utf-8") as f:
-        assert [d.code for d in check_source(f.read(), script)] == codes
+        assert [d.code for d in check_source(f.read(), script, preview=True)] == codes
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +37,9 @@ def _fp32_identical(doc):
 
 def test_step_bypassing_scaler_diverges_and_unsafe_rewrite_trains(torch_available):
     # opt.step() after scaler.scale(loss).backward(): SGD applies 65536x gradients -> NaN.
-    p, doc = run_json(fx("buggy_step_bypasses_scaler.py"), *FAST, "--unsafe-fixes", "--", "--lr", "0.1", expect=0)
+    # AMP007 is a preview rule: its fix is applied with --preview
+    p, doc = run_json(fx("buggy_step_bypasses_scaler.py"), *FAST, "--preview", "--unsafe-fixes", "--", "--lr", "0.1",
+                      expect=0)
     assert doc["rewritten"] is True
     orig = doc["original_vs_fp32"]
     assert orig["status"] == "FAIL" and "non-finite" in orig["detail"], orig
