@@ -62,42 +62,30 @@ def test_check_reports_findings_with_location_and_fix_mark(tmp_path):
     assert "1 fixable with `ampfix check --fix`" in stdout
 
 
-def test_amp003_runs_only_with_preview(tmp_path):
-    """AMP003 measured 7 right, 2 wrong on unseen code: below the precision threshold, so a preview
-    rule, off by default; selected by its code without preview it warns and checks nothing (as ruff)."""
-    p = write(tmp_path, "train.py", BAD_CLIP)
+STEP_BYPASSES = BAD_CLIP.replace("    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)\n", "").replace(
+    "    scaler.step(optimizer)", "    optimizer.step()")
+
+
+@pytest.mark.parametrize("code,source", [
+    ("AMP003", BAD_CLIP),  # measured 7 right, 2 wrong on unseen code
+    ("AMP007", STEP_BYPASSES),  # measured 0 right, 1 wrong (unimol-tools' own loss scaler)
+])
+def test_a_rule_measured_below_the_bar_runs_only_with_preview(tmp_path, code, source):
+    """Below the precision threshold, a preview rule: off by default; selected by its code without
+    preview it warns and checks nothing (as ruff)."""
+    p = write(tmp_path, "train.py", source)
     res = run_ampfix("check", p)
     stdout, stderr = out(res)
     assert res.returncode == 0, stdout + stderr
-    assert "AMP003" not in stdout + stderr and "All checks passed!" in stdout
+    assert code not in stdout + stderr and "All checks passed!" in stdout
     res = run_ampfix("check", "--preview", p)
     stdout, stderr = out(res)
     assert res.returncode == 1, stdout + stderr
-    assert [LINE_RE.match(ln)["code"] for ln in stdout.splitlines() if LINE_RE.match(ln)] == ["AMP003"]
-    res = run_ampfix("check", "--select", "AMP003", p)
+    assert [LINE_RE.match(ln)["code"] for ln in stdout.splitlines() if LINE_RE.match(ln)] == [code]
+    res = run_ampfix("check", "--select", code, p)
     stdout, stderr = out(res)
     assert res.returncode == 0 and "All checks passed!" in stdout, stdout + stderr
-    assert stderr.strip() == ("warning: selection `AMP003` has no effect because preview is not enabled (AMP003 is "
-                              "a preview rule: add --preview, or `preview = true` in [tool.ampfix])")
-
-
-def test_amp007_runs_only_with_preview(tmp_path):
-    """AMP007 measured 0 right, 1 wrong on unseen code (unimol-tools' own loss scaler): below the
-    precision threshold, so a preview rule, off by default, as AMP003."""
-    step_bypasses = BAD_CLIP.replace("    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)\n", "")
-    p = write(tmp_path, "train.py", step_bypasses.replace("    scaler.step(optimizer)", "    optimizer.step()"))
-    res = run_ampfix("check", p)
-    stdout, stderr = out(res)
-    assert res.returncode == 0, stdout + stderr
-    assert "AMP007" not in stdout + stderr and "All checks passed!" in stdout
-    res = run_ampfix("check", "--preview", p)
-    stdout, stderr = out(res)
-    assert res.returncode == 1, stdout + stderr
-    assert [LINE_RE.match(ln)["code"] for ln in stdout.splitlines() if LINE_RE.match(ln)] == ["AMP007"]
-    res = run_ampfix("check", "--select", "AMP007", p)
-    stdout, stderr = out(res)
-    assert res.returncode == 0 and "All checks passed!" in stdout, stdout + stderr
-    assert stderr.strip() == ("warning: selection `AMP007` has no effect because preview is not enabled (AMP007 is "
+    assert stderr.strip() == (f"warning: selection `{code}` has no effect because preview is not enabled ({code} is "
                               "a preview rule: add --preview, or `preview = true` in [tool.ampfix])")
 
 
