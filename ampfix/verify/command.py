@@ -532,10 +532,7 @@ def _verify_in(tmpdir, script, script_args, fixed, steps, warmup, reps, device, 
         for n in notes:
             click.echo("note: " + n)
         for f in fixes:
-            click.echo("fix: %s %s%s: %s%s" % (
-                f["code"], f["name"], (" (line%s %s)" % ("s" if len(f["lines"]) > 1 else "",
-                                                        ", ".join(map(str, f["lines"])))) if f["lines"] else "",
-                f["description"], (" (x%d)" % f["count"]) if f["count"] > 1 else ""))
+            click.echo("fix: %s: %s%s" % (_fix_rule(f), f["description"], (" (x%d)" % f["count"]) if f["count"] > 1 else ""))
         click.echo("%d steps (%d warm-up), %d rep%s, %d thread%s%s" % (
             steps, warmup, reps, "" if reps == 1 else "s", opts.threads,
             "" if opts.threads == 1 else "s",
@@ -556,6 +553,13 @@ def _duration(seconds: float) -> str:
     return "%d min %02d s" % (seconds // 60, seconds % 60)
 
 
+def _fix_rule(fix: Dict[str, object]) -> str:
+    """A `fixes_applied` entry's rule and lines: "AMP003 clip-scaled-gradients (line 49)"."""
+    lines: List[int] = fix["lines"]  # type: ignore[assignment]
+    where = " (line%s %s)" % ("s" if len(lines) > 1 else "", ", ".join(map(str, lines))) if lines else ""
+    return "%s %s%s" % (fix["code"], fix["name"], where)
+
+
 def _preview_hint(script, unsafe, found, applied: Dict[str, int]) -> Optional[str]:
     """A note when the preview rules would fix more of the script than the default ones did
     (AMP003, clipping scaled gradients, is one): the rewrite was verified without them, and
@@ -572,9 +576,7 @@ def _preview_hint(script, unsafe, found, applied: Dict[str, int]) -> Optional[st
         return None
     by_code: Dict[str, str] = {}
     for f in more:  # one entry per rule (a rule may apply fixes of several kinds)
-        lines = f["lines"]
-        by_code.setdefault(f["code"], "%s %s%s" % (f["code"], f["name"], " (line%s %s)" % (
-            "s" if len(lines) > 1 else "", ", ".join(map(str, lines))) if lines else ""))
+        by_code.setdefault(f["code"], _fix_rule(f))
     said = ", ".join(by_code.values())
     many = len(by_code) > 1
     return "not applied, from preview rules: the fix%s of %s; `--preview` applies and verifies %s" % (
