@@ -27,7 +27,7 @@ import os
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import FrozenSet, Iterable, List, Optional, Tuple
+from typing import Dict, FrozenSet, Iterable, List, Optional, Tuple
 
 ROOT_MARKERS = ("pyproject.toml", "setup.cfg", "setup.py", ".git")
 
@@ -122,9 +122,18 @@ class Layout:
         src = os.path.join(self.root, "src")
         self._roots = [src, self.root] if _is_dir(src) else [self.root]
         self._memo: dict = {}
+        self._search: Dict[str, List[str]] = {}  # a file's folder -> `search_path`
 
     def search_path(self, importer: str) -> List[str]:
-        """Where an absolute import written in `importer` is looked for, in order."""
+        """Where an absolute import written in `importer` is looked for, in order. (It depends
+        on the importer's folder only: memoised per folder, as `resolve` is.)"""
+        folder = os.path.dirname(importer)
+        found = self._search.get(folder)
+        if found is None:
+            found = self._search[folder] = self._search_path(importer)
+        return found
+
+    def _search_path(self, importer: str) -> List[str]:
         out: List[str] = []
         if not in_package(importer):
             out.append(os.path.dirname(importer))
