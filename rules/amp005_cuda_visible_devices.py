@@ -17,7 +17,6 @@ from ampfix.fixes.edits import move_before_import
 from ampfix.model import AmpModel
 from ampfix.model.environ import TARGET, EnvKey, EnvWrite, is_misspelling, may_name_visible_devices, single_device_var
 from ampfix.model.events import CUDA_INIT
-from ampfix.model.tree import nodes_under
 from ampfix.rule import SAFE, UNSAFE, FileContext, Fix, Rule, Violation
 
 # --------------------------------------------------------------------------- the rule
@@ -101,13 +100,18 @@ def worker(rank):
         late: Set[int] = set()
         writes = [w for w in env.writes if w.key == TARGET]
         for write in writes:
-            if self._for_children(model, write):
-                late.add(id(write.node))  # for the processes it launches: neither late nor this one's devices
+            # this process picked its GPU itself, and the value names it too: the variable can only
+            # be meant for the processes it launches (neither late nor this one's devices)
+            if model.device_chosen_before(write):
+                late.add(id(write.node))
                 continue
             v = self._after_init(model, write)
             if v is not None:
                 late.add(id(write.node))
-                if not self._for_launched(model, write):
+                # a child process that does not run the write may be what it is set for (unimol-tools'
+                # trainer sets it in `_init_dist` after `is_available()`, `fit_predict` starts the
+                # workers with `mp.spawn`); where the file launches nothing, it is for this process
+                if not model.launches_not_running(write.node):
                     yield v
         for write in writes:
             if id(write.node) not in late:
@@ -161,55 +165,6 @@ def worker(rank):
             )
             return Violation(write.node, message=msg, fix=self._move_fix(model, write) if shown is init.node else None)
         return None
-
-    @staticmethod
-    def _for_children(model: AmpModel, write: EnvWrite) -> bool:
-        """This process picked its GPU itself before the write, with `torch.cuda.set_device(x)`
-        on every path, and the value written names `x` too (`set_device(local_rank)`, then
-        `CUDA_VISIBLE_DEVICES = str(devices[local_rank])`): the variable can only be meant for
-        the processes it launches, which read it when they start."""
-        written = {n.value for n in nodes_under(write.value, cst.Name)} if write.value is not None else set()
-        if not written:
-            return False
-        trace = model.trace(model.function_of(write.node) or model.module)
-        point = model.point(trace, write.node)
-        for i in trace.before(point, CUDA_INIT):
-            if i.event.detail == "torch.cuda.set_device()" and isinstance(i.node, cst.Call) and i.node.args \
-                    and model.mandatory_between(i, None, point):
-                chosen = {n.value for a in i.node.args for n in nodes_under(a.value, cst.Name)}
-                if chosen & written:
-                    return True
-        return False
-
-    @staticmethod
-    def _for_launched(model: AmpModel, write: EnvWrite) -> bool:
-        """The file starts child processes (`mp.spawn`, `Process`, `subprocess.*`, `os.system`,
-        ...: fresh processes that inherit the environment and initialise CUDA themselves), and
-        none of them runs the write (the children's function, or a caller of the write's
-        function, is not among the functions a launch hands its children): the variable may be
-        set for them (unimol-tools' trainer sets it in `_init_dist` after `is_available()`, and
-        `fit_predict` starts the workers with `mp.spawn`). Where the file launches nothing,
-        the write can only be for this process."""
-        launches = model.launches
-        if not launches:
-            return False
-        # the functions whose runs may reach the write: its own, enclosing defs, their callers
-        start = model.function_of(write.node)
-        running: Set[int] = set()
-        todo = [start] if start is not None else []
-        while todo:
-            func = todo.pop()
-            if id(func) in running:
-                continue
-            running.add(id(func))
-            outer = model.function_of(func)
-            if outer is not None:
-                todo.append(outer)
-            for call in model.callers(func):
-                caller = model.function_of(call)
-                if caller is not None:
-                    todo.append(caller)
-        return any(not any(id(f) in running for f in launch.runs) for launch in launches)
 
     def _move_fix(self, model: AmpModel, write: EnvWrite) -> Optional[Fix]:
         """The module-level statement that only sets the variable, moved before `import torch`."""

@@ -2,7 +2,7 @@
 them before it analyses anything (see ampfix/engine/rulemeta.py). Do not edit; regenerate.
 """
 
-DIGEST = '67550dd6c8958df057dfd6ec0625dfe64dda5dea774a23909a84c8a2877c1ca0'
+DIGEST = '869bcff7c4597dd58a4b7f52b2d55dbd82e9855440b6650f73e6a71834f88c41'
 
 RULES = [
     ('AMP001', 'backward-in-autocast', True, ('autocast',), (),

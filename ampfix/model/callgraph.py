@@ -221,6 +221,27 @@ class CallGraph:
             self._callers = callers
         return self._callers.get(func, [])
 
+    def functions_reaching(self, node: cst.CSTNode) -> List[cst.FunctionDef]:
+        """The functions of this file whose runs may reach `node`: its own function, the
+        functions that enclose it, and, again for each of those, the functions of the calls that
+        run it (`callers`), to the end; in the order they are found. Empty at module level."""
+        start = self.function_of(node)
+        found: Dict[int, cst.FunctionDef] = {}  # keyed by id(): `CSTNode.__hash__` is a Python call
+        todo = [start] if start is not None else []
+        while todo:
+            func = todo.pop()
+            if id(func) in found:
+                continue
+            found[id(func)] = func
+            outer = self.function_of(func)
+            if outer is not None:
+                todo.append(outer)
+            for call in self.callers(func):
+                caller = self.function_of(call)
+                if caller is not None:
+                    todo.append(caller)
+        return list(found.values())
+
     def _calls_named(self, name: str) -> List[cst.Call]:
         """The calls of this file whose `call_name` is `name` (`f(...)`, `x.f(...)`), in order."""
         by_name = self.__dict__.get("_calls_by_name")

@@ -11,8 +11,9 @@ from typing import List, Optional, Set
 
 import libcst as cst
 
+from ampfix.model.events import CUDA_INIT
 from ampfix.model.syntax import get_arg, literal_string
-from ampfix.model.tree import dotted
+from ampfix.model.tree import dotted, nodes_under
 
 ENV_KEY_METHODS = {"get", "setdefault", "pop", "__getitem__", "__setitem__", "__delitem__", "__contains__"}
 
@@ -239,6 +240,34 @@ class Environ:
                         runs = list(self._resolve_callable(arg.value, call, 0))
                 found.append(Launch(call, runs))
         return found
+
+    def launches_not_running(self, node: cst.CSTNode) -> List[Launch]:
+        """The launches of this file whose children run none of the functions whose runs may
+        reach `node` (`functions_reaching`): those children inherit the environment as `node`
+        may leave it, and read it when they start (a launch of a program, or of what the file
+        does not name, runs none of them). Empty where the file launches nothing."""
+        launches = self.launches
+        if not launches:
+            return []
+        running = {id(f) for f in self.functions_reaching(node)}
+        return [launch for launch in launches if not any(id(f) in running for f in launch.runs)]
+
+    def device_chosen_before(self, write: EnvWrite) -> bool:
+        """This process picks its GPU itself before `write`, with `torch.cuda.set_device(x)` on
+        every path of its function (or module) to it, and the value written names `x` too
+        (`set_device(local_rank)`, then `CUDA_VISIBLE_DEVICES = str(devices[local_rank])`)."""
+        written = {n.value for n in nodes_under(write.value, cst.Name)} if write.value is not None else set()
+        if not written:
+            return False
+        trace = self.trace(self.function_of(write.node) or self.module)
+        point = self.point(trace, write.node)
+        for i in trace.before(point, CUDA_INIT):
+            if i.event.detail == "torch.cuda.set_device()" and isinstance(i.node, cst.Call) and i.node.args \
+                    and self.mandatory_between(i, None, point):
+                chosen = {n.value for a in i.node.args for n in nodes_under(a.value, cst.Name)}
+                if chosen & written:
+                    return True
+        return False
 
     def _launcher(self, call: cst.Call):
         """False when `call` starts no process, else where it names what the child runs (or None)."""
