@@ -7,7 +7,8 @@ arguments mapped (`ampfix/knowledge/apex_api.py`); once nothing uses an apex imp
 goes in the next pass (a `try:` that only imported apex goes whole when its `except` branch binds
 nothing the file uses). Every fix is unsafe: another library's kernels; each title says what differs.
 Which uses the file acts on, its optional imports, optimizer factories and leftover imports are
-the model's facts (`ampfix/model/apex_uses.py`); this rule words them and builds the fixes.
+the model's facts (`ampfix/model/apex_uses.py`), the torch replacement of one use the
+migration's (`ampfix/migrations/apex/rest.py`); this rule words them and builds the fixes.
 """
 
 from __future__ import annotations
@@ -16,17 +17,14 @@ from typing import Dict, Iterator, List, Optional, Tuple
 
 import libcst as cst
 
-from ampfix.knowledge.apex_api import ONE_TO_ONE, adam_mode_unknown, lookup, map_args, target_for
+from ampfix.knowledge.apex_api import adam_mode_unknown, lookup
 from ampfix.fixes.edits import keep_comments, remove_import_alias_tidily, remove_statement_tidily, with_args
-from ampfix.model import AmpModel, ApexOptionalImport, ApexRole, ApexUse
+from ampfix.migrations.apex.rest import replace_use, version_text
+from ampfix.model import AmpModel, ApexOptionalImport, ApexUse
 from ampfix.rule import UNSAFE, FileContext, Fix, Rule, Violation
 
 USED_KEY = "AMP103: apex imports in use"  # in the rewrite's memo: set by the first pass
 Finding = Tuple[ApexUse, str, Optional[Fix]]
-
-
-def _ver(v: Tuple[int, ...]) -> str:
-    return ".".join(map(str, v))
 
 
 class ApexToTorch(Rule):
@@ -106,54 +104,24 @@ model = torch.nn.parallel.DistributedDataParallel(model)
 
     def _use(self, ctx: FileContext, u: ApexUse) -> Tuple[str, Optional[Fix]]:
         """The message and fix for one use of an apex name the file acts on."""
-        model, node, call, torch = ctx.model, u.node, u.call, ctx.model.torch_alias()
+        model = ctx.model
         api, why = lookup(u.qualified)
         short = u.qualified.split(".")[-1]
         flag = (f" (its import on line {model.line(u.binding.stmt)} sits in a `try:` that also sets an availability "
                 "flag: remove it by hand once nothing uses it)") if u.flagged else ""  # after the migration it stays
         if api is None:
             return f"NVIDIA apex `{short}`: {why}{flag}", None
-        target = target_for(model, call, api)
-        unknown_mode = adam_mode_unknown(model, call, api)
-        if unknown_mode is not None:
+        replacement = replace_use(ctx, u, api)
+        unknown_mode = adam_mode_unknown(model, u.call, api)
+        if unknown_mode is not None and replacement.edits is None:
             use_what = f"`torch.optim.AdamW`, or `torch.optim.Adam` where `adam_w_mode={unknown_mode}` is False"
         else:
-            use_what = f"`torch.{target}`"
-        msg = f"NVIDIA apex `{short}`: use {use_what} (torch >= {_ver(api.min_torch)})"
-        reason, notes, new = None, [], None
-        if u.ambiguous:
-            reason = f"`{model.code(node)}` may also be bound to something else here (an optional import?)"
-        elif tuple(ctx.min_torch_version) < api.min_torch:
-            reason = (f"torch.{target} needs torch >= {_ver(api.min_torch)} and the oldest supported torch is "
-                      f"{_ver(ctx.min_torch_version)} ({ctx.min_torch_source or 'min-torch-version'})")
-        elif torch is None and model.apex.first_import() is None:
-            reason = "the file has no module-level import before which `import torch` could go"
-        elif u.role is ApexRole.BUILD:
-            assert call is not None
-            args, target_or_why, notes = map_args(model, call, api)
-            if args is None:
-                reason = target_or_why
-            else:
-                target = target_or_why
-                msg = f"NVIDIA apex `{short}`: use `torch.{target}` (torch >= {_ver(api.min_torch)})"
-                new = {call: with_args(call.with_changes(func=cst.parse_expression(f"{torch or 'torch'}.{target}")), args)}
-        elif u.role is ApexRole.TYPE and api.kind in ONE_TO_ONE:
-            new = {node: cst.parse_expression(f"{torch or 'torch'}.{target}")}
-        elif u.role is ApexRole.TYPE:
-            reason = (f"a type check: `{short}` becomes a torch class that depends on its arguments; change the "
-                      "check with the code that builds them")
-        elif u.role is ApexRole.WRAPPED:
-            reason = "a class of this file wraps it (as its base): give that class torch's base by hand"
-        else:
-            reason = "it is bound to another name here, which this file calls: migrate that name by hand"
-        if new is None:
-            return f"{msg}; not migrated: {reason}{flag}", None
-        if torch is None:  # `import torch` goes before the file's first import, with this use
-            first = model.apex.first_import()
-            new[first] = cst.FlattenSentinel([cst.parse_statement("import torch\n").with_changes(
-                leading_lines=first.leading_lines), first.with_changes(leading_lines=())])
-        title = f"apex {short} -> torch.{target}: " + "; ".join([api.why, *notes])
-        return msg + flag, Fix(new, applicability=UNSAFE, description=title)
+            use_what = f"`torch.{replacement.target}`"
+        msg = f"NVIDIA apex `{short}`: use {use_what} (torch >= {version_text(api.min_torch)})"
+        if replacement.edits is None:
+            return f"{msg}; not migrated: {replacement.reason}{flag}", None
+        title = f"apex {short} -> torch.{replacement.target}: " + "; ".join([api.why, *replacement.notes])
+        return msg + flag, Fix(replacement.edits, applicability=UNSAFE, description=title)
 
     def _factory(self, model: AmpModel, members: List[Finding]) -> Violation:
         """One finding per optimizer factory (`model.apex.factories()`), at its first apex optimizer,

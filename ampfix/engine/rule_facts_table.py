@@ -2,7 +2,7 @@
 them before it analyses anything (see ampfix/engine/rulemeta.py). Do not edit; regenerate.
 """
 
-DIGEST = '869bcff7c4597dd58a4b7f52b2d55dbd82e9855440b6650f73e6a71834f88c41'
+DIGEST = 'da6cee118716b7ff2fa85a7fb59bc7c5b9b31cbb6da08463ad052826db45d3c0'
 
 RULES = [
     ('AMP001', 'backward-in-autocast', True, ('autocast',), (),

@@ -34,7 +34,8 @@ stay scaled until `scaler.step`/`unscale_`, so it has nothing to map to. With `n
 
 The package: `plan.py` (the migration's state and the order of its parts), `conditions.py`
 (imports and availability tests), `scaler.py` (`amp.initialize`), `loop.py` (the training
-step), `checkpoints.py` (what else must change with it, or refuses it), `common.py`.
+step), `checkpoints.py` (what else must change with it, or refuses it), `common.py`; and
+`rest.py`, apex outside `apex.amp` to torch (AMP103's), one use at a time.
 """
 
 from ampfix.migrations.apex.common import ApexUse
