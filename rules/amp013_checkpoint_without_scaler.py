@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Dict, Iterator, Optional, Tuple
+from typing import Dict, Iterator, List, Optional, Tuple
 
 import libcst as cst
 
-from ampfix.fixes.edits import add_dict_entry, guard_test, in_block, insert_where_bound, string
-from ampfix.model import AmpModel, method_call
-from ampfix.model.checkpoints import SavedState
+from ampfix.fixes.checkpoints import scaler_restore
+from ampfix.fixes.edits import add_dict_entry, string
+from ampfix.model import AmpModel
+from ampfix.model.checkpoints import SavedState, ScalerlessRestore, ScalerlessSave
 from ampfix.rule import UNSAFE, FileContext, Fix, Rule, Violation
 
 
@@ -82,38 +83,19 @@ torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
 
     def check(self, ctx: FileContext) -> Iterator[Violation]:
         model = ctx.model
-        saves = []  # (state, scalers): checkpoints that leave the scaler out
-        for state in model.checkpoints.saved_states():
-            if state.scaler_state or state.opaque or not state.optimizers:
-                continue
-            scalers = model.checkpoints.scalers_at(state.dict_node)
-            if scalers or model.runs_with_scaler(state.save):
-                saves.append((state, scalers))
-        loads = []  # (optimizer restore call, scalers): resumes that leave the scaler out
-        scopes = {model.scope_of(c): None for c in model.calls if method_call(c, "load_state_dict") is not None}
-        for scope in scopes:
-            restores = model.checkpoints.restores(scope)
-            if model.checkpoints.restores_scaler(scope):
-                continue
-            for call in restores:
-                receiver = method_call(call, "load_state_dict")
-                scalers = model.checkpoints.scalers_at(call)
-                if receiver is not None and model.is_optimizer(receiver) and (scalers or model.runs_with_scaler(call)):
-                    loads.append((call, scalers))
+        saves = model.checkpoints.saves_without_scaler()
+        loads = model.checkpoints.restores_without_scaler()
         # resumes done by a function of another module: reported at its call, not fixed
-        restoring = any(model.is_scaler(method_call(c, "load_state_dict")) for c in model.calls)
-        helpers = [r for r in model.checkpoints.restored_through_helpers()
-                   if r.optimizers and not r.scaler and not restoring
-                   and not any(model.is_scaler(a.value) for a in r.call.args)
-                   and (model.checkpoints.scalers_at(r.call) or model.runs_with_scaler(r.call))]
+        helpers = model.checkpoints.helper_restores_without_scaler()
         fixes, why = self._fixes(model, saves, loads)
-        for state, _ in saves:
-            where = state.written_in
+        for save in saves:
+            state, where = save.state, save.state.written_in
             note = f"the checkpoint, saved by `{where[2]}` without the scaler's state" if where else ""
             related = ((where[0], where[1], 1, note),) if where else ()
             yield Violation(state.dict_node, message=self._not_fixed(None, why.get(id(state.dict_node))),
                             fix=fixes.get(id(state.dict_node)), related=related)
-        for call, _ in loads:
+        for load in loads:
+            call = load.call
             yield Violation(call, message=self._not_fixed(LOAD_MESSAGE, why.get(id(call))), fix=fixes.get(id(call)))
         for w in model.checkpoints.wrapper_states():
             yield Violation(w.dict_node, message=WRAPPER_MESSAGE.format(cls=w.cls.name.value, scaler=w.scaler))
@@ -127,7 +109,8 @@ torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
     def _not_fixed(self, message: Optional[str], why: Optional[str]) -> Optional[str]:
         return message if why is None else f"{message or self.message} (not fixed: {why})"
 
-    def _fixes(self, model: AmpModel, saves, loads) -> Tuple[Dict[int, Fix], Dict[int, str]]:
+    def _fixes(self, model: AmpModel, saves: List[ScalerlessSave],
+               loads: List[ScalerlessRestore]) -> Tuple[Dict[int, Fix], Dict[int, str]]:
         """The fixes of the file's checkpoint findings, as one group: a checkpoint that starts to
         save the scaler is restored where the file resumes, or neither changes. A resume is only
         fixed when some checkpoint of the file saves the scaler (already, or by this group)."""
@@ -137,38 +120,38 @@ torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
         saved = key is not None or bool(saves)
         key = key or "scaler"
         if not saved:
-            for call, _ in loads:
-                why[id(call)] = ("no checkpoint saved in this file holds the GradScaler's state; save it "
-                                 f"(`\"{key}\": scaler.state_dict()`) first, then restore it")
+            for load in loads:
+                why[id(load.call)] = ("no checkpoint saved in this file holds the GradScaler's state; save it "
+                                      f"(`\"{key}\": scaler.state_dict()`) first, then restore it")
             return fixes, why
         edits: Dict[int, Dict] = {}
-        for state, scalers in saves:
-            edit, reason = self._save_edit(model, state, scalers, key)
+        for save in saves:
+            edit, reason = self._save_edit(model, save.state, save.scalers, key)
             if edit is None:
-                why[id(state.dict_node)] = reason  # type: ignore[assignment]
+                why[id(save.state.dict_node)] = reason  # type: ignore[assignment]
             else:
-                edits[id(state.dict_node)] = edit
-        for call, scalers in loads:
-            edit, reason = self._load_edit(model, call, scalers, key)
+                edits[id(save.state.dict_node)] = edit
+        for load in loads:
+            edit, reason = self._load_edit(model, load.call, load.scalers, key)
             if edit is None:
-                why[id(call)] = reason  # type: ignore[assignment]
+                why[id(load.call)] = reason  # type: ignore[assignment]
             else:
-                edits[id(call)] = edit
+                edits[id(load.call)] = edit
         if why:  # one place cannot change: none does (a checkpoint format saved here and not read back there)
             first = next(iter(why.values()))
-            lines = {id(state.dict_node): model.line(state.dict_node) for state, _ in saves}
-            lines.update({id(call): model.line(call) for call, _ in loads})
+            lines = {id(s.state.dict_node): model.line(s.state.dict_node) for s in saves}
+            lines.update({id(r.call): model.line(r.call) for r in loads})
             blocker = next(i for i in why)
             for i in edits:
                 why[i] = (f"the checkpoint saved and loaded here changes everywhere in the file or nowhere, and line "
                           f"{lines[blocker]} cannot change: {first}")
             return {}, why
-        for state, _ in saves:
-            fixes[id(state.dict_node)] = Fix(edits[id(state.dict_node)], applicability=UNSAFE, group="checkpoint",
-                                             description="GradScaler state saved in the checkpoint")
-        for call, _ in loads:
-            fixes[id(call)] = Fix(edits[id(call)], applicability=UNSAFE, group="checkpoint",
-                                  description="GradScaler state restored from the checkpoint when it has one")
+        for s in saves:
+            fixes[id(s.state.dict_node)] = Fix(edits[id(s.state.dict_node)], applicability=UNSAFE, group="checkpoint",
+                                               description="GradScaler state saved in the checkpoint")
+        for r in loads:
+            fixes[id(r.call)] = Fix(edits[id(r.call)], applicability=UNSAFE, group="checkpoint",
+                                    description="GradScaler state restored from the checkpoint when it has one")
         if len(fixes) == 1:
             only = next(iter(fixes.values()))
             only.group = None
@@ -193,37 +176,11 @@ torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
 
     @staticmethod
     def _load_edit(model: AmpModel, call: cst.Call, scalers: list, key: str):
-        """`if "scaler" in ckpt: scaler.load_state_dict(ckpt["scaler"])` after the optimizer's
-        restore, or, where the scaler is not assigned yet there, after the scaler is created
-        (under the test the restore runs under); never where the scaler may be unassigned or
-        None."""
-        arg = call.args[0].value
-        stmt = model.statement_of(call)
+        """The scaler restored, when the checkpoint has it, where the optimizer's is
+        (`scaler_restore`)."""
         if len(scalers) != 1:
             return None, ("several GradScalers are reachable here" if scalers else "no GradScaler is reachable here")
-        if not isinstance(arg, cst.Subscript) or not isinstance(stmt, cst.SimpleStatementLine) \
-                or not in_block(model, stmt):
-            return None, "the optimizer is not restored from `checkpoint[key]` in a statement of its own"
-        ckpt = model.code(arg.value)
-        q = model.quote()
-        scaler = scalers[0]
-        has = f"{q}{key}{q} in {ckpt}"
-        restore = f"{scaler}.load_state_dict({ckpt}[{q}{key}{q}])"
-        indent = model.module.default_indent
-        code = f"if {has}:\n{indent}{restore}"
-        edit, problem, _ = insert_where_bound(model, stmt, code, after=True)
-        if edit is not None:
-            return edit, None
-        # after the scaler is created, later in the same function, under the resume's own test
-        for place in model.bound.later_assignments(scaler, stmt):
-            tests = model.bound.branch_tests(stmt, place)
-            if tests is None:
-                continue
-            moved = f"if {guard_test(model, tests)} and {has}:\n{indent}{restore}" if tests else code
-            edit, _, _ = insert_where_bound(model, place, moved, after=True)
-            if edit is not None:
-                return edit, None
-        return None, f"{problem}, so restoring the scaler there would raise"
+        return scaler_restore(model, call, scalers[0], key)
 
 
 LOAD_MESSAGE = ("the optimizer is restored from a checkpoint but the GradScaler is not: after a resume the "

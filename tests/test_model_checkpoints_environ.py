@@ -198,3 +198,158 @@ def test_device_chosen_before_not_after_the_write():
             torch.cuda.set_device(local_rank)
     """)
     assert not m.device_chosen_before(env_write(m))
+
+
+# ------------------------------------------------------------------ events: runs_with_scaler
+
+
+def test_runs_with_scaler_through_the_callers():
+    m = model("""
+        import torch
+
+        def save(optimizer):
+            torch.save({"optimizer": optimizer.state_dict()}, "resume.pt")
+
+        def train(model, loss, optimizer):
+            scaler = torch.amp.GradScaler("cuda")
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            save(optimizer)
+
+        def export(optimizer):
+            torch.save({"optimizer": optimizer.state_dict()}, "plain.pt")
+    """)
+    in_save, in_export = [c for c in m.calls if m.code(c.func) == "torch.save"]
+    assert m.runs_with_scaler(in_save)
+    assert not m.runs_with_scaler(in_export)
+
+
+# ------------------------------------------------------------------ checkpoints: what leaves the scaler out
+
+
+def test_saves_without_scaler():
+    m = model("""
+        import torch
+
+        scaler = torch.amp.GradScaler("cuda")
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, "resume.pt")
+        torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                    "scaler": scaler.state_dict()}, "complete.pt")
+        torch.save(model.state_dict(), "weights.pt")
+        torch.save({"model": model.state_dict()}, "no_optimizer.pt")
+        torch.save({**extra, "optimizer": optimizer.state_dict()}, "opaque.pt")
+    """)
+    (save,) = m.checkpoints.saves_without_scaler()
+    assert m.code(save.state.save.args[1].value) == '"resume.pt"'
+    assert save.state.keys == ["model", "optimizer"] and save.scalers == ["scaler"]
+
+
+def test_saves_without_scaler_none_without_a_scaler():
+    m = model("""
+        import torch
+
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, "resume.pt")
+    """)
+    assert m.checkpoints.saves_without_scaler() == []
+
+
+def test_saves_without_scaler_where_the_run_that_saves_steps_one():
+    m = model("""
+        import torch
+
+        def save(optimizer):
+            torch.save({"optimizer": optimizer.state_dict()}, "resume.pt")
+
+        def train(model, loss):
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+            scaler = torch.amp.GradScaler("cuda")
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+            save(optimizer)
+    """)
+    (save,) = m.checkpoints.saves_without_scaler()
+    assert save.scalers == []  # none reachable in `save`, but the run that saves steps one
+
+
+def test_restores_without_scaler_by_function():
+    m = model("""
+        import torch
+
+        class Trainer:
+            def __init__(self, model):
+                self.optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+                self.scaler = torch.amp.GradScaler("cuda")
+
+            def resume(self, path):
+                ckpt = torch.load(path)
+                self.model.load_state_dict(ckpt["model"])
+                self.optimizer.load_state_dict(ckpt["optimizer"])
+
+            def resume_all(self, path):
+                ckpt = torch.load(path)
+                self.optimizer.load_state_dict(ckpt["optimizer"])
+                self._restore_amp(ckpt)
+
+            def _restore_amp(self, ckpt):
+                self.scaler.load_state_dict(ckpt["scaler"])
+    """)
+    restores = m.checkpoints.restores_without_scaler()
+    assert [(m.code(r.call), m.function_of(r.call).name.value, r.scalers) for r in restores] == [
+        ('self.optimizer.load_state_dict(ckpt["optimizer"])', "resume", ["self.scaler"])]
+
+
+def _project_model(tmp_path, files, main):
+    from ampfix.project import Project
+    from ampfix.project.layout import clear_caches
+
+    clear_caches()
+    for name, text in files.items():
+        (tmp_path / name).write_text(textwrap.dedent(text), encoding="utf-8")
+    path = tmp_path / main
+    return AmpModel(cst.parse_module(path.read_text()), foreign=Project(tmp_path), path=str(path))
+
+
+CKPT_HELPER = """
+    import torch
+
+
+    def load(path, model, optimizer, scaler=None):
+        state = torch.load(path)
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+"""
+
+
+def test_helper_restores_without_scaler(tmp_path):
+    m = _project_model(tmp_path, {"pyproject.toml": "", "ckpt.py": CKPT_HELPER, "train.py": """
+        import torch
+        from ckpt import load
+
+
+        def run(model, path):
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+            scaler = torch.amp.GradScaler("cuda")
+            load(path, model, optimizer)
+            load(path, model, optimizer, scaler)
+        """}, "train.py")
+    got = [(m.code(r.call), r.written_in[1:]) for r in m.checkpoints.helper_restores_without_scaler()]
+    assert got == [("load(path, model, optimizer)", (8, "load"))]  # the second hands it a scaler
+
+
+def test_helper_restores_without_scaler_none_where_the_file_restores_one(tmp_path):
+    m = _project_model(tmp_path, {"pyproject.toml": "", "ckpt.py": CKPT_HELPER, "train.py": """
+        import torch
+        from ckpt import load
+
+
+        def run(model, path):
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+            scaler = torch.amp.GradScaler("cuda")
+            load(path, model, optimizer)
+            scaler.load_state_dict(torch.load(path)["scaler"])
+        """}, "train.py")
+    assert len(m.checkpoints.restored_through_helpers()) == 1
+    assert m.checkpoints.helper_restores_without_scaler() == []

@@ -2,7 +2,7 @@
 them before it analyses anything (see ampfix/engine/rulemeta.py). Do not edit; regenerate.
 """
 
-DIGEST = 'da6cee118716b7ff2fa85a7fb59bc7c5b9b31cbb6da08463ad052826db45d3c0'
+DIGEST = '4963d4c04c1759f32ad5856d44468ab7123d15b06cade0f299e8607321fe4516'
 
 RULES = [
     ('AMP001', 'backward-in-autocast', True, ('autocast',), (),

@@ -57,6 +57,25 @@ class SavedState:
 
 
 @dataclass
+class ScalerlessSave:
+    """A resume checkpoint (it saves an optimizer's state) that leaves the GradScaler's state
+    out, where code at it can reach a GradScaler or a run that saves it also steps one."""
+
+    state: SavedState
+    scalers: List[str]  # the GradScalers code at the checkpoint can reach (`scalers_at`)
+
+
+@dataclass
+class ScalerlessRestore:
+    """An optimizer restored from a `torch.load` result by a function that restores no
+    GradScaler, where code at the restore can reach a GradScaler or a run that reaches it
+    steps one."""
+
+    call: cst.Call  # the optimizer's `load_state_dict(...)`
+    scalers: List[str]  # the GradScalers code at the restore can reach (`scalers_at`)
+
+
+@dataclass
 class WrapperState:
     """A class that steps an optimizer through a GradScaler it holds (`self._scaler.step(
     self._optimizer)`), and whose `state_dict()`, the state a checkpoint saves of it, holds the
@@ -277,6 +296,50 @@ class Checkpoints(Facet):
                             seen.add(f)
                             todo.append((f, level + 1))
         return False
+
+    def saves_without_scaler(self) -> List[ScalerlessSave]:
+        """The file's resume checkpoints (`saved_states` that hold an optimizer's state, with
+        literal keys only) that leave the GradScaler's state out, where a GradScaler is
+        reachable (`scalers_at`) or a run that saves also steps one (`runs_with_scaler`)."""
+        out = []
+        for state in self.saved_states():
+            if state.scaler_state or state.opaque or not state.optimizers:
+                continue
+            scalers = self.scalers_at(state.dict_node)
+            if scalers or self.model.runs_with_scaler(state.save):
+                out.append(ScalerlessSave(state, scalers))
+        return out
+
+    def restores_without_scaler(self) -> List[ScalerlessRestore]:
+        """The optimizers restored from a checkpoint (`restores`) by a function that restores
+        no GradScaler, itself or through the functions it calls (`restores_scaler`), where a
+        GradScaler is reachable (`scalers_at`) or a run that restores also steps one; by
+        function, in the file's order."""
+        m = self.model
+        out = []
+        scopes = {m.scope_of(c): None for c in m.calls if method_call(c, "load_state_dict") is not None}
+        for scope in scopes:
+            restores = self.restores(scope)
+            if self.restores_scaler(scope):
+                continue
+            for call in restores:
+                receiver = method_call(call, "load_state_dict")
+                scalers = self.scalers_at(call)
+                if receiver is not None and m.is_optimizer(receiver) and (scalers or m.runs_with_scaler(call)):
+                    out.append(ScalerlessRestore(call, scalers))
+        return out
+
+    def helper_restores_without_scaler(self) -> List[HelperRestore]:
+        """The resumes handed to a function of another module (`restored_through_helpers`) that
+        restore an optimizer and no GradScaler, where the file restores no GradScaler itself,
+        the call hands the function none, and a GradScaler is reachable at the call
+        (`scalers_at`) or a run that makes it also steps one."""
+        m = self.model
+        restoring = any(m.is_scaler(method_call(c, "load_state_dict")) for c in m.calls)
+        return [r for r in self.restored_through_helpers()
+                if r.optimizers and not r.scaler and not restoring
+                and not any(m.is_scaler(a.value) for a in r.call.args)
+                and (self.scalers_at(r.call) or m.runs_with_scaler(r.call))]
 
     def restored_through_helpers(self) -> List[HelperRestore]:
         """The resumes the file hands to a function of another module (`load_checkpoint(path,
