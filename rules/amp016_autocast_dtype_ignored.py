@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import re
 from typing import Dict, Iterator, List, Optional
 
 import libcst as cst
 
 from ampfix.fixes.edits import region_dtype
 from ampfix.model import AmpModel, Region, dotted, literal_string
+from ampfix.model.regions import DTYPE_CHOICE
 from ampfix.rule import SAFE, UNSAFE, FileContext, Fix, Rule, Violation
 
-# names of a chosen autocast dtype: amp_dtype, autocast_dtype, ptdtype, mixed_precision_dtype, self.amp_dtype
 TORCH_NAMES = ("float16", "bfloat16", "float32", "half", "float")  # getattr(torch, name) is a dtype
-AMP_DTYPE = re.compile(r"^(?:amp|autocast|pt|mixed_precision|mp|half)_?dtype$", re.IGNORECASE)
 
 
 class AutocastDtypeIgnored(Rule):
@@ -86,8 +84,7 @@ with torch.autocast("cuda", dtype=amp_dtype):
             if any(a.star == "**" for a in region.call.args):
                 continue  # `torch.autocast(**autocast_kwargs)`: the dict may hold `dtype`
             seen.add(id(region.call))
-            func = region.node if isinstance(region.node, cst.FunctionDef) else model.function_of(region.node)
-            if func is not None and model.called_in_region(func):
+            if model.called_from_region(region):
                 continue  # it inherits the dtype of the region it is called in
             devices = model.precision.region_devices(region)
             if devices is not None and "cuda" not in devices:
@@ -107,9 +104,7 @@ with torch.autocast("cuda", dtype=amp_dtype):
                 applicability = SAFE if _has_choices(model, chosen[named[0]]) else UNSAFE
             elif not typed and len(chosen) == 1 and None in chosen.values():
                 expr, applicability = next(iter(chosen)), UNSAFE  # values unknown: it may be a string
-            decorator = isinstance(region.node, cst.FunctionDef) and region.call in [
-                d.decorator for d in region.node.decorators]  # evaluated at definition: `self` is not there
-            fix = self._fix(region, expr, applicability) if expr is not None and not decorator \
+            fix = self._fix(region, expr, applicability) if expr is not None and not region.opened_by_decorator \
                 and expr not in late else None
             shown = " / ".join(sorted(chosen))
             message = self.message.format(name=shown, expr=expr or "<the torch dtype>")
@@ -142,18 +137,13 @@ with torch.autocast("cuda", dtype=amp_dtype):
         func = model.function_of(at)
         while func is not None:  # parameters of the enclosing functions
             for p in [*func.params.posonly_params, *func.params.params, *func.params.kwonly_params]:
-                if AMP_DTYPE.match(p.name.value) or p.name.value == "dtype":
+                if DTYPE_CHOICE.match(p.name.value) or p.name.value == "dtype":
                     values = model.argument_values(func, p.name.value)
                     known = values if values or p.default is None else [*values, p.default]
                     candidates.setdefault(p.name.value, known if known and (values or p.default) else None)
             func = model.function_of(model.parent(func))
-        for n in model.nodes_of(cst.Attribute):  # `args.amp_dtype`, `args.dtype` read in the region's function
-            key = dotted(n)
-            if model.scope_of(n) is not scope or key is None or key.startswith("self."):
-                continue
-            options = model.precision.option_values(n)  # a command-line option: its default and choices
-            if AMP_DTYPE.match(n.attr.value) or (n.attr.value == "dtype" and options):
-                candidates.setdefault(key, options or [n])
+        for key, values in model.dtype_attributes(scope).items():  # `args.amp_dtype`, `args.dtype` read there
+            candidates.setdefault(key, values)
         enabled = next((a.value for a in region.call.args if a.keyword and a.keyword.value == "enabled"), None)
         region_gates = {dotted(g) for g in model.precision.float16_gates_in(enabled)}  # enabled only for float16: fine
         for gate in model.precision.scaler_float16_gates():  # `GradScaler(enabled=args.precision == "fp16")`: what it compares
@@ -192,6 +182,4 @@ def _has_choices(model: AmpModel, values: List[cst.CSTNode]) -> bool:
 def _dtype_assignments(model: AmpModel) -> Dict[str, list]:
     """The file's assignments to names that hold a chosen dtype."""
     return {k: model.assignments_to(k) for k in model.assigned_keys()
-            if AMP_DTYPE.match(k.rpartition(".")[2]) or k == "dtype"}
-
-
+            if DTYPE_CHOICE.match(k.rpartition(".")[2]) or k == "dtype"}

@@ -16,6 +16,12 @@ def model(src: str) -> AmpModel:
     return AmpModel(cst.parse_module(textwrap.dedent(src)))
 
 
+def call_named(m: AmpModel, text: str) -> cst.Call:
+    found = [c for c in m.calls if m.code(c) == text]
+    assert found, f"no call {text!r} in {[m.code(c) for c in m.calls]}"
+    return found[0]
+
+
 def context(src: str, min_torch=(2, 4)) -> FileContext:
     text = textwrap.dedent(src)
     return FileContext("t.py", text, AmpModel(cst.parse_module(text)), min_torch_version=min_torch)
@@ -122,3 +128,76 @@ def test_a_type_check_migrates_only_for_a_class_mapped_one_to_one():
     check = next(u for u in ctx.model.apex.uses() if u.role is ApexRole.TYPE)
     r = replace_use(ctx, check, lookup(check.qualified)[0])
     assert [cst.Module([]).code_for_node(v) for v in r.edits.values()] == ["torch.nn.parallel.DistributedDataParallel"]
+
+
+# ---------------------------------------------------------------------- regions (AMP016)
+
+
+def regions_by_line(m: AmpModel):
+    return {m.line(r.call): r for r in m.precision.autocast_regions()}
+
+
+def test_a_region_opened_by_a_decorator():
+    m = model("""
+        import torch
+
+        @torch.autocast("cuda")
+        def f(x):
+            return x
+
+        def g(x):
+            with torch.autocast("cuda"):
+                return x
+        """)
+    by_line = regions_by_line(m)
+    assert by_line[4].opened_by_decorator and not by_line[9].opened_by_decorator
+
+
+def test_a_region_whose_function_runs_inside_another_region():
+    m = model("""
+        import torch
+
+        def inner(x):
+            with torch.autocast("cuda"):
+                return x
+
+        @torch.autocast("cuda")
+        def decorated(x):
+            return x
+
+        def alone(x):
+            with torch.autocast("cuda"):
+                return x
+
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            inner(1)
+            decorated(2)
+        alone(3)
+        """)
+    by_line = regions_by_line(m)
+    assert m.called_from_region(by_line[5]) and m.called_from_region(by_line[8])
+    assert not m.called_from_region(by_line[13]) and not m.called_from_region(by_line[16])
+
+
+def test_dtype_attributes_read_in_a_function():
+    m = model("""
+        import argparse
+        import torch
+
+        parser = argparse.ArgumentParser()
+        parser.add_argument("--dtype", default="bfloat16", choices=["float16", "bfloat16"])
+        args = parser.parse_args()
+
+        def train(cfg, model):
+            with torch.autocast("cuda"):
+                print(cfg.amp_dtype, cfg.amp_dtype, args.dtype, cfg.dtype, model.ptdtype.x, self.amp_dtype)
+
+        def elsewhere(cfg):
+            return cfg.autocast_dtype
+        """)
+    train = next(f for f in m.nodes_of(cst.FunctionDef) if f.name.value == "train")
+    found = m.dtype_attributes(train)
+    assert list(found) == ["cfg.amp_dtype", "args.dtype", "model.ptdtype"]  # not `cfg.dtype` (no option), nor `self.`
+    assert [m.code(v) for v in found["cfg.amp_dtype"]] == ["cfg.amp_dtype"]  # the first read
+    assert [m.code(v) for v in found["args.dtype"]] == ['"bfloat16"', '"float16"', '"bfloat16"']  # default, choices
+    assert list(m.dtype_attributes(m.module)) == []

@@ -6,12 +6,17 @@ global bound to one (`ctx = nullcontext() if cpu else torch.autocast(...)`,
 by a function decorated with autocast. A literal `enabled=False` region masks its parents; a
 value that may also be `nullcontext`/`suppress` makes a region that is only possibly enabled.
 Regions are lexical within a function; the traces (`events.py`) carry them through calls.
+
+Where a region gets its dtype from another region (`called_from_region`), whether it is a
+decorator (`Region.opened_by_decorator`), the names of a chosen autocast dtype (`DTYPE_CHOICE`:
+`amp_dtype`, `ptdtype`, ...) and the attributes of that name a function reads (`dtype_attributes`).
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
-from typing import List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence
 
 import libcst as cst
 
@@ -22,6 +27,8 @@ from ampfix.model.tree import FUNCTION_BOUNDARY, child_nodes, dotted, node_types
 _LAMBDA_OR_CLASS = node_types(cst.Lambda, cst.ClassDef)
 
 MAX_DEPTH = 6
+# names of a chosen autocast dtype: amp_dtype, autocast_dtype, ptdtype, mixed_precision_dtype, self.amp_dtype
+DTYPE_CHOICE = re.compile(r"^(?:amp|autocast|pt|mixed_precision|mp|half)_?dtype$", re.IGNORECASE)
 
 
 @dataclass
@@ -48,6 +55,12 @@ class Region:
         if self.dtype is None:
             return self.effective_device not in ("cpu", "xpu", "mps") or self.effective_device is None
         return self.dtype in ("float16", "dynamic")
+
+    @property
+    def opened_by_decorator(self) -> bool:
+        """The region is opened by a decorator of its function (`@torch.autocast("cuda")`), whose
+        arguments are evaluated where the function is defined (its `self` is not there)."""
+        return isinstance(self.node, cst.FunctionDef) and self.call in [d.decorator for d in self.node.decorators]
 
 
 def _arg(args: Sequence[cst.Arg], position: Optional[int], keyword: str) -> Optional[cst.Arg]:
@@ -201,7 +214,7 @@ class Regions:
                 return replace(r, node=func)
         return None
 
-    def called_in_region(self, func: cst.FunctionDef, depth: int = 0) -> bool:
+    def _called_in_region(self, func: cst.FunctionDef, depth: int = 0) -> bool:
         """Some call of this file runs `func` inside an autocast region (directly or through callers)."""
         if depth > 4:
             return False
@@ -214,9 +227,30 @@ class Regions:
             if self.region_of(call) is not None:
                 return True
             outer = self.function_of(call)
-            if outer is not None and outer is not func and self.called_in_region(outer, depth + 1):
+            if outer is not None and outer is not func and self._called_in_region(outer, depth + 1):
                 return True
         return False
+
+    def called_from_region(self, region: Region) -> bool:
+        """The function the region is in, or the one it decorates, is run inside another autocast
+        region by some call of this file (`_called_in_region`): it inherits that region's dtype."""
+        func = region.node if isinstance(region.node, cst.FunctionDef) else self.function_of(region.node)
+        return func is not None and self._called_in_region(func)
+
+    def dtype_attributes(self, scope: cst.CSTNode) -> Dict[str, List[cst.BaseExpression]]:
+        """The attributes read in `scope` (not `self.`'s) that hold a chosen dtype: named like one
+        (`args.amp_dtype`, `cfg.ptdtype`: `DTYPE_CHOICE`), or `args.dtype` when it is a
+        command-line option: key -> the option's default and choices (`precision.option_values`),
+        else the attribute (its first read)."""
+        out: Dict[str, List[cst.BaseExpression]] = {}
+        for n in self.nodes_of(cst.Attribute):
+            key = dotted(n)
+            if self.scope_of(n) is not scope or key is None or key.startswith("self."):
+                continue
+            options = self.precision.option_values(n)  # type: ignore[attr-defined]
+            if DTYPE_CHOICE.match(n.attr.value) or (n.attr.value == "dtype" and options):
+                out.setdefault(key, options or [n])
+        return out
 
     def region_of(self, node: cst.CSTNode) -> Optional[Region]:
         """The innermost autocast region that lexically runs `node` within its function, or None.
