@@ -256,6 +256,23 @@ PACKAGES: Tuple[Package, ...] = (
     Package("torch4keras", "0.3.4"),
     Package("alignn", "2026.8.11"),
     Package("cellpose", "4.2.1.1"),
+    # added 2026-11-28 (twenty-fifth session): projects nobody here had read, picked for their AMP
+    # training code (GradScaler, autocast, own fp16 loss scaling, apex), checked once
+    Package("skrl", "2.1.1"),
+    Package("neuraloperator", "2.0.0"),
+    Package("nvidia-physicsnemo", "2.2.2", kind="wheel", note="no sdist on PyPI"),
+    Package("laion-clap", "1.1.7"),
+    Package("so-vits-svc-fork", "4.2.30"),
+    Package("descript-audiotools", "0.7.2"),
+    Package("whisperspeech", "0.8.9"),
+    Package("transformers4rec", "23.12.0"),
+    Package("cogdl", "0.6"),
+    Package("pypots", "1.5"),
+    Package("torch-em", "0.10.9"),
+    Package("dinov2", "0.0.1.dev2", kind="wheel",
+            note="no sdist on PyPI; a third party's upload of FAIR's dinov2 code"),
+    Package("parlai", "1.7.2", note="own fp16 loss scaler, apex"),
+    Package("carefree-learn", "0.5.0"),
     # known AMP bugs, at the release before their fix
     Package("pytorch-lightning", "1.4.8",
             note="gradient clipping before GradScaler.unscale_ (Lightning-AI/pytorch-lightning#9330, fixed in 1.4.9)"),
