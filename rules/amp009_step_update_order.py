@@ -6,16 +6,11 @@ from typing import Iterator, List, Optional, Tuple
 
 import libcst as cst
 
-from ampfix.fixes.edits import in_block, insert_where_bound
-from ampfix.model import AmpModel, Trace, TraceEvent, group_loop, is_expression_statement_of
+from ampfix.fixes.edits import insert_method_call_after
+from ampfix.model import AmpModel, Trace, TraceEvent, group_loop
 from ampfix.model.events import SCALER_STEP, UNSCALE, UPDATE
+from ampfix.model.updates import RAISES, MissingUpdate
 from ampfix.rule import SAFE, FileContext, Fix, Rule, Violation
-
-RAISES = {
-    (SCALER_STEP, SCALER_STEP): 'RuntimeError "step() has already been called since the last update()"',
-    (UNSCALE, UNSCALE): 'RuntimeError "unscale_() has already been called on this optimizer since the last update()"',
-    (SCALER_STEP, UNSCALE): 'RuntimeError "unscale_() is being called after step()"',
-}
 
 
 class StepUpdateOrder(Rule):
@@ -85,7 +80,7 @@ for x, y in loader:
         shown = set()
         for trace in model.traces():
             skip = {id(m.event) for m in model.accumulation_misplaced(trace)}  # AMP010's
-            theirs = [u for u in trace.of(UPDATE) if model.updates.update_misplaced(trace, u) is not None]  # AMP004's
+            theirs = model.updates.misplaced_updates(trace)  # AMP004's
             found = [*self._missing(model, trace, skip, theirs), *self._twice(model, trace, skip),
                      *self._update_first(model, trace, theirs)]
             for v in found:
@@ -102,37 +97,22 @@ for x, y in loader:
         for ev in trace.of(SCALER_STEP, UNSCALE):
             if id(ev) in skip or self._disabled(model, trace, ev):
                 continue
-            scaler = ev.scaler
-            if any(model.may_precede(trace, ev, u) for u in theirs):
-                continue  # AMP004 reports where the updates stand (per optimizer, the other scaler's)
-            group = model.iteration_of(trace, ev)
-
-            def blocks(e: TraceEvent) -> bool:
-                return e.scaler == scaler and (e.kind == UPDATE or (ev.kind == UNSCALE and e.kind == SCALER_STEP
-                                                                    and e.target == ev.target))
-
-            end = model.leaves_iteration_without(trace, ev, group, blocks)
-            if end is None or (ev.event.foreign and group is not None and not isinstance(group_loop(group), cst.CSTNode)):
-                continue  # the iteration of a helper of another module: reported there
-            updates = [u for u in trace.of(UPDATE) if u.scaler == scaler and model.in_iteration(u, group)
-                       and model.may_precede(trace, ev, u)]
-            later = model.after_iteration(trace, ev, group, UPDATE) if not updates and ev.kind == SCALER_STEP else []
-            if later and not ev.event.foreign:
-                shown = model.anchor(ev, end)[0]
-                yield Violation(shown, message=self._once_per_loop(model, ev, later[0], group, shown))
+            missing = model.updates.missing_update(trace, ev, theirs)
+            if missing is None:
                 continue
-            if not updates and not (model.updates.never_updated(ev)
-                                    and (group is not None or model.updates.scaler_built_here(ev))):
-                continue  # updated elsewhere, or a step method whose caller (elsewhere) hands in the scaler
-            shown = model.anchor(ev, end)[0]
-            fix, why = (None, None) if updates else self._fix(model, trace, ev, group)
-            message = self._message(model, ev, end, updates, shown)
+            shown = model.anchor(ev, missing.end)[0]
+            if missing.later is not None:
+                yield Violation(shown, message=self._once_per_loop(model, missing, shown))
+                continue
+            fix, why = (None, None) if missing.updates else self._fix(model, trace, ev, missing.group)
+            message = self._message(model, missing, shown)
             if why is not None:
                 message += f" (not fixed: {why})"
             yield Violation(shown, message=message, fix=fix)
 
     @staticmethod
-    def _message(model: AmpModel, ev: TraceEvent, end: TraceEvent, updates, shown) -> str:
+    def _message(model: AmpModel, missing: MissingUpdate, shown) -> str:
+        ev, end, updates = missing.event, missing.end, missing.updates
         call = "scaler.step()" if ev.kind == SCALER_STEP else "scaler.unscale_()"
         again = ('the next `step()` raises RuntimeError ("step() has already been called since the last update()")'
                  if ev.kind == SCALER_STEP else
@@ -154,96 +134,51 @@ for x, y in loader:
         return StepUpdateOrder.message + where
 
     @staticmethod
-    def _once_per_loop(model: AmpModel, ev: TraceEvent, update: TraceEvent, group, shown) -> str:
-        loop = group_loop(group)
+    def _once_per_loop(model: AmpModel, missing: MissingUpdate, shown) -> str:
+        loop = group_loop(missing.group)
         where = f"the loop on line {model.line(loop)}" if isinstance(loop, cst.CSTNode) else "the loop"
         return (f"`scaler.step()` runs on every iteration of {where}, but `scaler.update()` (line "
-                f"{model.line(update.node)}) only after that loop: the second `step()` raises RuntimeError (\"step() "
-                "has already been called since the last update()\"); update after every step, in the loop"
-                + model.where(ev, shown))
+                f"{model.line(missing.later.node)}) only after that loop: the second `step()` raises RuntimeError "
+                "(\"step() has already been called since the last update()\"); update after every step, in the loop"
+                + model.where(missing.event, shown))
 
     @staticmethod
     def _fix(model: AmpModel, trace: Trace, ev: TraceEvent, group) -> Tuple[Optional[Fix], Optional[str]]:
-        """`scaler.update()` after the iteration's last step, when this is it and every other
-        step of the scaler in the iteration comes before it; under the test the step runs under
-        where the scaler may be None after it (`if scaler is not None: scaler.step(opt)` in a loop
-        over the optimizers), not offered where even that is not proven: (fix, why not)."""
-        if ev.kind != SCALER_STEP or ev.event.foreign:
+        """`scaler.update()` after the iteration's last step (`updates.update_site`); under the
+        test the step runs under where the scaler may be None after it, not offered where even
+        that is not proven: (fix, why not)."""
+        stmt = model.updates.update_site(trace, ev, group)
+        if stmt is None:
             return None, None
-        frame = group[0] if group is not None else ()
-        if ev.frame != frame:
-            return None, None  # the step is in a helper
-        steps = [s for s in trace.of(SCALER_STEP) if s.scaler == ev.scaler and model.in_iteration(s, group)]
-        if any(s is not ev and not model.may_precede(trace, s, ev) for s in steps):
-            return None, None
-        stmt = model.statement_of(ev.node)
-        if not is_expression_statement_of(stmt, ev.node):
-            return None, None
-        stop = group_loop(group)
-        while True:  # out of loops over optimizers inside the iteration
-            loop = model.loop_of(stmt, stop)
-            if loop is None:
-                break
-            stmt = loop
-        if not in_block(model, stmt):
-            return None, None
-        receiver = model.code(ev.node.func.value)  # type: ignore[attr-defined]
-        code = f"{receiver}.update()"
-        edit, problem, tests = insert_where_bound(model, stmt, code, after=True, under=model.statement_of(ev.node))
+        edit, problem, tests = insert_method_call_after(model, stmt, ev.node, "update")
         if edit is None:
             return None, f"{problem}: `update()` there could raise"
         under = ", under the test the step runs under" if tests else ""
         return Fix(edit, applicability=SAFE, description="scaler.update() inserted after the last step" + under), None
 
     # ------------------------------------------------------------------ twice before update
-    def _twice(self, model: AmpModel, trace: Trace, skip) -> Iterator[Violation]:
-        events = [e for e in trace.of(SCALER_STEP, UNSCALE) if e.target is not None and id(e) not in skip]
-        for j, second in enumerate(events):
-            # an update() on every path to `second`: pairs with an earlier `first` are cut by it
-            barrier = model.barrier_before(trace, second, lambda e: e.kind == UPDATE and e.scaler == second.scaler)
-            cut_all = barrier is not None and model.beyond_barrier(trace, barrier, second)
-            for first in reversed(events[:j]):
-                kinds = (first.kind, second.kind)
-                if first.scaler != second.scaler or first.target != second.target or kinds not in RAISES:
-                    continue
-                if barrier is not None and first.order < barrier.order:
-                    if cut_all:
-                        break
-                    if not model.exclusive(first, second) and not model.exclusive(first, barrier):
-                        continue
-                if second.kind == UNSCALE and not second.event.foreign and model.guards.in_stage_test(second.node):
-                    break  # it unscales only an optimizer not unscaled yet
-                if self._disabled(model, trace, second) or model.within_one_call(first, second) or not model.path_avoiding(
-                        trace, first, second, lambda e: e.kind == UPDATE and e.scaler == first.scaler):
-                    continue
-                shown = model.anchor(first, second)[1]
-                what = "step" if second.kind == SCALER_STEP else "unscale_"
-                after = "after `step()`" if kinds == (SCALER_STEP, UNSCALE) else "a second time"
-                message = (f"`scaler.{what}({second.event.target})` runs {after} on this optimizer before "
-                           f"`scaler.update()` (line {model.line(first.node)}): it raises {RAISES[kinds]}"
-                           + model.where(second, shown))
-                yield Violation(shown, message=message)
-                break
+    @staticmethod
+    def _twice(model: AmpModel, trace: Trace, skip) -> Iterator[Violation]:
+        for first, second in model.updates.raising_pairs(trace, skip):
+            kinds = (first.kind, second.kind)
+            shown = model.anchor(first, second)[1]
+            what = "step" if second.kind == SCALER_STEP else "unscale_"
+            after = "after `step()`" if kinds == (SCALER_STEP, UNSCALE) else "a second time"
+            message = (f"`scaler.{what}({second.event.target})` runs {after} on this optimizer before "
+                       f"`scaler.update()` (line {model.line(first.node)}): it raises {RAISES[kinds]}"
+                       + model.where(second, shown))
+            yield Violation(shown, message=message)
 
     # ------------------------------------------------------------------ update before step
     def _update_first(self, model: AmpModel, trace: Trace, theirs: List[TraceEvent]) -> Iterator[Violation]:
         for upd in trace.of(UPDATE):
-            if any(upd is t for t in theirs) or self._disabled(model, trace, upd) \
-                    or upd.node.args:  # type: ignore[attr-defined]
-                continue  # update(new_scale) sets the scale: no step needed
-            group = model.iteration_of(trace, upd)
-            outer = model.loop_context(trace, group) if group is not None else {}
-            own = {g: br for g, br in upd.ctx.items() if g not in outer and g != group}
-            later = [s for s in trace.after(upd, SCALER_STEP) if s.scaler == upd.scaler
-                     and model.in_iteration(s, group) and model.may_precede(trace, upd, s)
-                     and all(s.ctx.get(g) == br for g, br in own.items())]
-            if not later or model.within_one_call(upd, later[0]):
+            if any(upd is t for t in theirs) or self._disabled(model, trace, upd):
                 continue
-            if not model.path_avoiding(trace, None, upd, lambda e: e.kind in (SCALER_STEP, UNSCALE)
-                                      and e.scaler == upd.scaler and model.in_iteration(e, group)):
+            step = model.updates.step_after_update(trace, upd)
+            if step is None:
                 continue
-            shown = model.anchor(upd, later[0])[0]
+            shown = model.anchor(upd, step)[0]
             message = (f"`scaler.update()` runs before the iteration's `scaler.step()` (line "
-                       f"{model.line(later[0].node)}): the first `update()` raises AssertionError (\"No inf checks "
+                       f"{model.line(step.node)}): the first `update()` raises AssertionError (\"No inf checks "
                        "were recorded prior to update\"); call it once after the last step" + model.where(upd, shown))
             yield Violation(shown, message=message)

@@ -253,6 +253,16 @@ def insert_where_bound(model, stmt: cst.BaseStatement, code: str, after: bool = 
     return None, problem, None
 
 
+def insert_method_call_after(model, stmt: cst.BaseStatement, call: cst.Call, method: str
+                             ) -> Tuple[Optional[Replacements], Optional[str], Optional[list]]:
+    """`<receiver>.<method>()`, on the receiver of the method call `call` (`scaler.update()`
+    for `scaler.step(opt)`), inserted after `stmt` where it is bound (`insert_where_bound`,
+    under the test the statement of `call` runs under where that proves it). Returns what
+    `insert_where_bound` does."""
+    code = f"{model.code(call.func.value)}.{method}()"  # type: ignore[attr-defined]
+    return insert_where_bound(model, stmt, code, after=True, under=model.statement_of(call))
+
+
 def move_before_import(model, stmt: cst.BaseStatement, package: str) -> Optional[Replacements]:
     """Move the module-level statement `stmt` to right before the file's first top-level
     statement that imports `package` (`import torch`, `from torch.x import y`), when it comes

@@ -1166,7 +1166,7 @@ class Events:
                 return False
         return not self.exclusive(c, b) and (a is None or not self.exclusive(c, a))
 
-    def barrier_before(self, trace: Trace, b: TraceEvent, is_barrier: Callable[[TraceEvent], bool],
+    def _barrier_before(self, trace: Trace, b: TraceEvent, is_barrier: Callable[[TraceEvent], bool],
                        limit: int = 8) -> Optional[TraceEvent]:
         """The latest event before `b` that `is_barrier` accepts and that runs on every path to
         `b` (`mandatory_between(u, None, b)`), looking back at most `limit` accepted events;
@@ -1186,7 +1186,7 @@ class Events:
                 return None
         return None
 
-    def beyond_barrier(self, trace: Trace, barrier: TraceEvent, b: TraceEvent) -> bool:
+    def _beyond_barrier(self, trace: Trace, barrier: TraceEvent, b: TraceEvent) -> bool:
         """No event of the trace can be exclusive with `barrier` or `b` (every decision they run
         in has one branch taken in the trace): every pair (a before `barrier`, `b`) is cut."""
         return all(trace.single_branch(g) for g in (*b.ctx, *barrier.ctx))

@@ -94,7 +94,7 @@ class Iterations:
                 return group
         return None
 
-    def loop_context(self, trace: Trace, group: Group) -> Dict[Group, Hashable]:
+    def _loop_context(self, trace: Trace, group: Group) -> Dict[Group, Hashable]:
         """The contexts the loop `group` itself runs in (its body adds `group`): in a member's
         contexts, those recorded before the loop's own group (the traces record a caller's
         contexts first, then each function's contexts outermost first)."""
@@ -121,7 +121,7 @@ class Iterations:
             return [end, *exits]
         frame, (_, loop) = group
         members = trace.members(group)
-        ctx = dict(self.loop_context(trace, group))
+        ctx = dict(self._loop_context(trace, group))
         ctx[group] = True
         if not isinstance(loop, cst.CSTNode):  # a loop of another module's function: ends at its call
             end = TraceEvent(Event("end", members[-1].node), members[-1].path, members[-1].order + 0.5, ctx, None,
@@ -402,7 +402,7 @@ class Iterations:
                     s.target == e.target and s.scaler == e.scaler and self.in_iteration(s, group)
                     for s in trace.of(SCALER_STEP)):
                 continue
-            after = self.after_iteration(trace, e, group, SCALER_STEP)
+            after = self._after_iteration(trace, e, group, SCALER_STEP)
             if after:
                 out.append(Misplaced(e, after[0], group, group))
         for upd in trace.of(UPDATE):
@@ -428,7 +428,7 @@ class Iterations:
         cached[id(trace)] = out
         return out
 
-    def after_iteration(self, trace: Trace, ev: TraceEvent, group: Optional[Group], kind: str) -> List[TraceEvent]:
+    def _after_iteration(self, trace: Trace, ev: TraceEvent, group: Optional[Group], kind: str) -> List[TraceEvent]:
         """The events `kind` of `ev`'s scaler (and optimizer, for a step or `unscale_`) that run
         after `ev`'s iteration, the loop `group`, is over, in the same call: once per pass of an
         enclosing loop (`scaler.update()` once per epoch, `scaler.step()` after the loop over
@@ -484,7 +484,7 @@ class Iterations:
         iteration outside them (the micro-batches); also the test of an earlier
         `if not is_last_accum_step: continue` of the iteration (`ev` runs only when it does not
         leave)."""
-        outer = self.loop_context(trace, group) if group is not None else {}
+        outer = self._loop_context(trace, group) if group is not None else {}
         out = []
         for g, br in ev.ctx.items():
             if g in outer or g == group or not self._is_boundary(trace, ev, g):

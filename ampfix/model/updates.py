@@ -1,23 +1,37 @@
 """Where a GradScaler's `update()` runs relative to the optimizer steps of its iteration.
 
-One fact, asked by two rules: AMP004 reports an update that runs once per optimizer (inside a
-loop over optimizers, between two optimizers' steps of one iteration, or on the scaler that did
-not step), and AMP009 (step/update order) leaves those updates to it. `update_misplaced(trace,
-upd)` answers with an `UpdateMisplaced` (which of the three shapes, and the events that show it)
-or None.
+AMP004 reports an update that runs once per optimizer (inside a loop over optimizers, between
+two optimizers' steps of one iteration, or on the scaler that did not step), and AMP009
+(step/update order) leaves those updates to it. `update_misplaced(trace, upd)` answers with an
+`UpdateMisplaced` (which of the three shapes, and the events that show it) or None.
+
+AMP009's facts: a step or unscale_ from which a path leaves its iteration without an update
+(`missing_update`, a `MissingUpdate`), the statement after which that update goes
+(`update_site`), an unscale_ or step that runs again on one optimizer before the update
+(`raising_pairs`, with torch's error for each order in `RAISES`), and an update that runs
+before the iteration's step (`step_after_update`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
-from typing import Callable, Dict, Optional, Tuple
+from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
 import libcst as cst
 
 from ampfix.model.facet import Facet
-from ampfix.model.events import BACKWARD, SCALER_STEP, UPDATE, ZERO_GRAD, Trace, TraceEvent
+from ampfix.model.events import BACKWARD, SCALER_STEP, UNSCALE, UPDATE, ZERO_GRAD, Trace, TraceEvent
+from ampfix.model.iterations import Group, group_loop
+from ampfix.model.syntax import is_expression_statement_of
 from ampfix.model.tree import target_names
+
+# what torch raises for a second scaler call on one optimizer before `update()`, by the two calls' kinds
+RAISES = {
+    (SCALER_STEP, SCALER_STEP): 'RuntimeError "step() has already been called since the last update()"',
+    (UNSCALE, UNSCALE): 'RuntimeError "unscale_() has already been called on this optimizer since the last update()"',
+    (SCALER_STEP, UNSCALE): 'RuntimeError "unscale_() is being called after step()"',
+}
 
 
 class UpdatePlace(str, Enum):
@@ -38,6 +52,19 @@ class UpdateMisplaced:
     last: Optional[TraceEvent] = None  # update after it (if any)
     final: Optional[TraceEvent] = None
     other: Optional[TraceEvent] = None  # WRONG_SCALER: the other scaler's step
+
+
+@dataclass(frozen=True)
+class MissingUpdate:
+    """A step or unscale_ (`event`) from which some path reaches `end` (the end of its iteration
+    `group`, a `continue`, an early return) without the scaler's `update()`. `updates`: the
+    iteration's updates after it, which run only on some paths; `later`: for a step with none,
+    the update that runs only after the loop (a step on every batch, an update once per epoch)."""
+    event: TraceEvent
+    end: TraceEvent
+    group: Optional[Group]
+    updates: Tuple[TraceEvent, ...] = ()
+    later: Optional[TraceEvent] = None
 
 
 def _only_continue(block: cst.BaseSuite) -> bool:
@@ -76,6 +103,115 @@ class Updates(Facet):
                 if e.scaler.rpartition(".")[2] == last or self.model._is_param(scope, root):
                     return False
         return True
+
+    def misplaced_updates(self, trace: Trace) -> List[TraceEvent]:
+        """The updates of `trace` that `update_misplaced` places (AMP004 reports them)."""
+        return [u for u in trace.of(UPDATE) if self.update_misplaced(trace, u) is not None]
+
+    def missing_update(self, trace: Trace, ev: TraceEvent, theirs: List[TraceEvent]) -> Optional[MissingUpdate]:
+        """How a step or unscale_ `ev` leaves its iteration without the scaler's update, or None:
+        when every path meets an update (for an unscale_, the step of its optimizer too), when it
+        may reach one of `theirs` (misplaced updates, see `misplaced_updates`), in the iteration
+        of another module's helper (reported there), or when no update of the iteration follows
+        and the scaler may be updated elsewhere (something in the file updates it, or it is
+        handed in to a step function by a caller)."""
+        model = self.model
+        scaler = ev.scaler
+        if any(model.may_precede(trace, ev, u) for u in theirs):
+            return None  # AMP004 reports where the updates stand (per optimizer, the other scaler's)
+        group = model.iteration_of(trace, ev)
+
+        def blocks(e: TraceEvent) -> bool:
+            return e.scaler == scaler and (e.kind == UPDATE or (ev.kind == UNSCALE and e.kind == SCALER_STEP
+                                                                and e.target == ev.target))
+
+        end = model.leaves_iteration_without(trace, ev, group, blocks)
+        if end is None or (ev.event.foreign and group is not None and not isinstance(group_loop(group), cst.CSTNode)):
+            return None  # the iteration of a helper of another module: reported there
+        updates = [u for u in trace.of(UPDATE) if u.scaler == scaler and model.in_iteration(u, group)
+                   and model.may_precede(trace, ev, u)]
+        later = model._after_iteration(trace, ev, group, UPDATE) if not updates and ev.kind == SCALER_STEP else []
+        if later and not ev.event.foreign:
+            return MissingUpdate(ev, end, group, later=later[0])
+        if not updates and not (self.never_updated(ev) and (group is not None or self.scaler_built_here(ev))):
+            return None  # updated elsewhere, or a step method whose caller (elsewhere) hands in the scaler
+        return MissingUpdate(ev, end, group, tuple(updates))
+
+    def update_site(self, trace: Trace, ev: TraceEvent, group: Optional[Group]) -> Optional[cst.BaseStatement]:
+        """The statement after which the missing update of the step `ev` (in its iteration
+        `group`) goes: the step's own statement, or the loop over optimizers inside the iteration
+        that runs it. None when `ev` is not a step of this file's iteration code (an unscale_, in
+        a helper or another module), when another step of the scaler in the iteration may come
+        after it, or when it is not an expression statement of its own in a block."""
+        model = self.model
+        if ev.kind != SCALER_STEP or ev.event.foreign:
+            return None
+        frame = group[0] if group is not None else ()
+        if ev.frame != frame:
+            return None  # the step is in a helper
+        steps = [s for s in trace.of(SCALER_STEP) if s.scaler == ev.scaler and model.in_iteration(s, group)]
+        if any(s is not ev and not model.may_precede(trace, s, ev) for s in steps):
+            return None
+        stmt = model.statement_of(ev.node)
+        if not is_expression_statement_of(stmt, ev.node):
+            return None
+        stop = group_loop(group)
+        while True:  # out of loops over optimizers inside the iteration
+            loop = model.loop_of(stmt, stop)
+            if loop is None:
+                break
+            stmt = loop
+        return stmt if model.block_of(stmt) is not None else None
+
+    def raising_pairs(self, trace: Trace, skip) -> Iterator[Tuple[TraceEvent, TraceEvent]]:
+        """(first, second): an unscale_ or step `second` that runs on the optimizer of `first`
+        after it with no update of their scaler in between on some path, in an order `RAISES`
+        names (the nearest such `first` for each `second`). Events whose id is in `skip`, an
+        unscale_ under a stage test, a scaler always disabled and two events of one call of
+        another module's function are left out."""
+        model = self.model
+        events = [e for e in trace.of(SCALER_STEP, UNSCALE) if e.target is not None and id(e) not in skip]
+        for j, second in enumerate(events):
+            # an update() on every path to `second`: pairs with an earlier `first` are cut by it
+            barrier = model._barrier_before(trace, second, lambda e: e.kind == UPDATE and e.scaler == second.scaler)
+            cut_all = barrier is not None and model._beyond_barrier(trace, barrier, second)
+            for first in reversed(events[:j]):
+                kinds = (first.kind, second.kind)
+                if first.scaler != second.scaler or first.target != second.target or kinds not in RAISES:
+                    continue
+                if barrier is not None and first.order < barrier.order:
+                    if cut_all:
+                        break
+                    if not model.exclusive(first, second) and not model.exclusive(first, barrier):
+                        continue
+                if second.kind == UNSCALE and not second.event.foreign and model.guards.in_stage_test(second.node):
+                    break  # it unscales only an optimizer not unscaled yet
+                if model.scaler_always_disabled(second.event.scaler, trace.root) or model.within_one_call(
+                        first, second) or not model.path_avoiding(
+                        trace, first, second, lambda e: e.kind == UPDATE and e.scaler == first.scaler):
+                    continue
+                yield first, second
+                break
+
+    def step_after_update(self, trace: Trace, upd: TraceEvent) -> Optional[TraceEvent]:
+        """The step of the iteration that comes after the update `upd` when `upd` may run before
+        any step or unscale_ of its scaler in the iteration (torch asserts on that); None when it
+        does not, and for `update(new_scale)` (which sets the scale: no step needed)."""
+        model = self.model
+        if upd.node.args:  # type: ignore[attr-defined]
+            return None  # update(new_scale) sets the scale: no step needed
+        group = model.iteration_of(trace, upd)
+        outer = model._loop_context(trace, group) if group is not None else {}
+        own = {g: br for g, br in upd.ctx.items() if g not in outer and g != group}
+        later = [s for s in trace.after(upd, SCALER_STEP) if s.scaler == upd.scaler
+                 and model.in_iteration(s, group) and model.may_precede(trace, upd, s)
+                 and all(s.ctx.get(g) == br for g, br in own.items())]
+        if not later or model.within_one_call(upd, later[0]):
+            return None
+        if not model.path_avoiding(trace, None, upd, lambda e: e.kind in (SCALER_STEP, UNSCALE)
+                                   and e.scaler == upd.scaler and model.in_iteration(e, group)):
+            return None
+        return later[0]
 
     def update_misplaced(self, trace: Trace, upd: TraceEvent) -> Optional[UpdateMisplaced]:
         memo: Dict = self.__dict__.setdefault("_update_misplaced", {})
@@ -213,4 +349,4 @@ class Updates(Facet):
         return UpdateMisplaced(UpdatePlace.WRONG_SCALER, upd, self.model.anchor(prev, upd)[1], other=prev)
 
 
-__all__ = ["UpdatePlace", "UpdateMisplaced", "Updates"]
+__all__ = ["RAISES", "MissingUpdate", "UpdatePlace", "UpdateMisplaced", "Updates"]
