@@ -7,12 +7,9 @@ from typing import Dict, Iterator, List, Optional
 import libcst as cst
 
 from ampfix.fixes.edits import move_into_block
-from ampfix.model import AmpModel, Misplaced, Trace, call_name, group_loop
-from ampfix.model.tree import child_nodes
+from ampfix.model import AmpModel, Misplaced, Trace, group_loop
 from ampfix.model.events import SCALER_STEP, UNSCALE
 from ampfix.rule import SAFE, UNSAFE, FileContext, Fix, Rule, Violation
-
-SCALER_CALLS = {"unscale_", "step", "update"}
 
 
 class AccumulationBoundary(Rule):
@@ -153,87 +150,18 @@ for i, (x, y) in enumerate(loader):
 
 
 def _move_fix(model: AmpModel, trace: Trace, ms: List[Misplaced]) -> Optional[Fix]:
-    guarded = ms[0].guarded
-    if_node = model.decision_node(trace, guarded, ms[0].boundary)
-    if if_node is None or if_node.orelse is not None or not isinstance(if_node.body, cst.IndentedBlock):
+    """The misplaced statements next to the boundary moved into it (`model.boundary_move`)."""
+    move = model.boundary_move(trace, ms)
+    if move is None:
         return None
-    block = model.block_of(if_node)
-    if block is None:
-        return None
-    depth = _depth_of(model, guarded, if_node)
-    stmts = []
-    for m in ms:
-        if depth is None or len(m.event.path) <= depth or m.event.path[:depth] != guarded.path[:depth]:
-            return None  # in a helper, or in another call of the boundary's function
-        stmt = model.statement_in(m.event.path[depth], block)
-        if stmt is None:
-            return None
-        if stmt not in stmts:
-            stmts.append(stmt)
-    body = list(block.body)
-    at = body.index(if_node)
-    first = min((body.index(s) for s in stmts), default=at)
-    last = max((body.index(s) for s in stmts), default=at)
-    before, after = body[first:at], body[at + 1:last + 1]
-    if any(s not in stmts and not _only_scaler_or_clip(model, s) for s in (*before, *after)):
-        return None  # other statements in between: their order would change
+    if_node, before, after = move
     stmts = [*before, *after]
-    if any(model.is_ancestor(s, b.call) for s in stmts for b in model.backward_calls) \
-            or model.bound.read_outside(stmts, if_node):
-        return None
     replacements = move_into_block(before, if_node, after)
     # a clipping call moved under the boundary clips once per window instead of each
     # micro-batch's partial sum: a change of training whenever the scaler is off (with it on,
     # the original raised at the second micro-batch, so nothing that ran changes)
-    clip_moves = any(_clips(model, s) for s in stmts)
-    safe = all(_only_scaler_or_clip(model, s) for s in stmts) and (
+    clip_moves = any(model.clips_gradients(s) for s in stmts)
+    safe = all(model.only_scaler_or_clip(s) for s in stmts) and (
         not clip_moves or all(model.scaler_always_enabled(m.event.event.scaler, trace.root) for m in ms))
     return Fix(replacements, applicability=SAFE if safe else UNSAFE,
                description="scaler calls moved under the accumulation boundary")
-
-
-def _depth_of(model: AmpModel, ev, if_node) -> Optional[int]:
-    """The index in `ev.path` of the node that lies in the `if`'s function."""
-    for i, node in enumerate(ev.path):
-        if model.is_ancestor(if_node, node):
-            return i
-    return None
-
-
-def _clips(model: AmpModel, stmt: cst.CSTNode) -> bool:
-    """`stmt` (a moved statement) calls a gradient-clipping function."""
-    stack = [stmt]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, cst.Call) and (api := model.api_of(node)) is not None and api.kind == "clip_grad":
-            return True
-        stack.extend(child_nodes(node))
-    return False
-
-
-def _only_scaler_or_clip(model: AmpModel, stmt: cst.CSTNode) -> bool:
-    """Expression statements of scaler calls (unscale_/step/update) and gradient clipping, or
-    an `if` of only those."""
-    if isinstance(stmt, cst.If):
-        branches = [stmt.body.body]
-        orelse = stmt.orelse
-        while orelse is not None:
-            if isinstance(orelse, cst.If):
-                branches.append(orelse.body.body)
-                orelse = orelse.orelse
-            else:
-                branches.append(orelse.body.body)
-                orelse = None
-        return all(_only_scaler_or_clip(model, s) for b in branches for s in b)
-    if not isinstance(stmt, cst.SimpleStatementLine):
-        return False
-    for small in stmt.body:
-        if not (isinstance(small, cst.Expr) and isinstance(small.value, cst.Call)):
-            return False
-        call = small.value
-        api = model.api_of(call)
-        if not ((api is not None and api.kind == "clip_grad")
-                or (call_name(call) in SCALER_CALLS and any(model.scaler_method(call, m) for m in SCALER_CALLS))):
-            return False
-    return True
-

@@ -210,7 +210,8 @@ def test_insert_method_call_after_under_the_test_the_call_runs_under():
     assert isinstance(site, cst.For) and m.code(site.iter) == "optimizers"
     edit, problem, tests = insert_method_call_after(m, site, step.node, "update")
     assert problem is None and tests
-    assert "        if scaler is not None:\n            scaler.update()\n" in m.module.deep_replace(site, edit[site]).code
+    fixed = m.module.deep_replace(site, edit[site]).code
+    assert "        if scaler is not None:\n            scaler.update()\n" in fixed
 
 
 
@@ -291,3 +292,82 @@ def test_step_after_update_none_after_the_step():
         """)
     trace = trace_of(m, "f")
     assert m.updates.step_after_update(trace, trace.of(UPDATE)[0]) is None
+
+
+# ---------------------------------------------------------------------- moves under an accumulation boundary
+
+
+ACCUMULATE = """
+    import torch
+
+    def train(model, optimizer, scaler, loader, accum, clip):
+        for i, (x, y) in enumerate(loader):
+            loss = model(x).mean() / accum
+            scaler.scale(loss).backward()
+            scaler.unscale_(optimizer)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+            {between}
+            if (i + 1) % accum == 0:
+                scaler.step(optimizer)
+                scaler.update()
+                optimizer.zero_grad()
+    """
+
+
+def test_boundary_move_takes_the_unscale_and_the_clipping_between():
+    m = model(ACCUMULATE.format(between="pass"))
+    trace = trace_of(m, "train")
+    ms = m.accumulation_misplaced(trace)
+    assert [mis.event.kind for mis in ms] == [UNSCALE]
+    assert m.boundary_move(trace, ms) is None  # `pass` lies in between: its order would change
+    m = model(ACCUMULATE.replace("            {between}\n", ""))
+    trace = trace_of(m, "train")
+    if_node, before, after = m.boundary_move(trace, m.accumulation_misplaced(trace))
+    assert m.code(if_node.test) == "(i + 1) % accum == 0" and after == []
+    assert [m.code(s).strip() for s in before] == [
+        "scaler.unscale_(optimizer)", "torch.nn.utils.clip_grad_norm_(model.parameters(), clip)"]
+    assert [m.clips_gradients(s) for s in before] == [False, True]
+    assert all(m.only_scaler_or_clip(s) for s in before)
+
+
+def test_boundary_move_none_when_a_moved_statement_binds_what_code_outside_reads():
+    m = model("""
+        import torch
+
+        def train(model, optimizer, scaler, loader, accum):
+            for i, x in enumerate(loader):
+                scaler.scale(model(x).mean() / accum).backward()
+                scaler.unscale_(optimizer)
+                norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                if (i + 1) % accum == 0:
+                    scaler.step(optimizer)
+                    scaler.update()
+                    optimizer.zero_grad()
+                print(norm)
+        """)
+    trace = trace_of(m, "train")
+    assert m.boundary_move(trace, m.accumulation_misplaced(trace)) is None
+
+
+def test_only_scaler_or_clip_statements():
+    m = model("""
+        import torch
+
+        def f(model, scaler, opt, clip):
+            scaler.unscale_(opt); scaler.step(opt)
+            if clip:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+            elif opt:
+                scaler.update()
+            else:
+                scaler.update()
+            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+            if clip:
+                print(clip)
+            scaler.scale(model.loss).backward()
+        """)
+    scaler_line, branches, assigned, printing, backward = m.nodes_of(cst.FunctionDef)[0].body.body
+    assert m.only_scaler_or_clip(scaler_line) and m.only_scaler_or_clip(branches)
+    assert not m.only_scaler_or_clip(assigned) and m.clips_gradients(assigned)
+    assert not m.only_scaler_or_clip(printing) and not m.clips_gradients(printing)
+    assert not m.only_scaler_or_clip(backward)

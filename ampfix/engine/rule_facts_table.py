@@ -2,7 +2,7 @@
 them before it analyses anything (see ampfix/engine/rulemeta.py). Do not edit; regenerate.
 """
 
-DIGEST = '4963d4c04c1759f32ad5856d44468ab7123d15b06cade0f299e8607321fe4516'
+DIGEST = 'f93595c8389538869704b4caa89b6dec2033589a0265d021eec3e237d5160d3f'
 
 RULES = [
     ('AMP001', 'backward-in-autocast', True, ('autocast',), (),

@@ -75,6 +75,7 @@ def _tokens(name: str) -> List[str]:
 
 
 EPOCH_TOKENS = {"epoch", "epochs"}
+_SCALER_CALLS = {"unscale_", "step", "update"}
 
 
 class Iterations:
@@ -427,6 +428,89 @@ class Iterations:
         out.sort(key=lambda m: m.event.order)
         cached[id(trace)] = out
         return out
+
+    def boundary_move(self, trace: Trace, ms: List[Misplaced]
+                      ) -> Optional[Tuple[cst.If, List[cst.BaseStatement], List[cst.BaseStatement]]]:
+        """How the misplaced calls `ms` (of one boundary) move under it: (the boundary's `if`,
+        the statements right before it that go to the start of its body, those right after it
+        that go to its end). They are the statements of the calls, in the `if`'s block, and the
+        scaler or clipping statements between them and the `if` (`only_scaler_or_clip`). None
+        when the boundary is not an `if` with an indented body and no `else`, a call runs in a
+        helper or in another call of the boundary's function, another statement lies in between
+        (its order would change), a moved statement holds a backward, or code outside reads a
+        name one binds."""
+        guarded = ms[0].guarded
+        if_node = self.decision_node(trace, guarded, ms[0].boundary)
+        if if_node is None or if_node.orelse is not None or not isinstance(if_node.body, cst.IndentedBlock):
+            return None
+        block = self.block_of(if_node)
+        if block is None:
+            return None
+        depth = self._depth_in(guarded, if_node)
+        stmts = []
+        for m in ms:
+            if depth is None or len(m.event.path) <= depth or m.event.path[:depth] != guarded.path[:depth]:
+                return None  # in a helper, or in another call of the boundary's function
+            stmt = self._statement_in(m.event.path[depth], block)
+            if stmt is None:
+                return None
+            if stmt not in stmts:
+                stmts.append(stmt)
+        body = list(block.body)
+        at = body.index(if_node)
+        first = min((body.index(s) for s in stmts), default=at)
+        last = max((body.index(s) for s in stmts), default=at)
+        before, after = body[first:at], body[at + 1:last + 1]
+        if any(s not in stmts and not self.only_scaler_or_clip(s) for s in (*before, *after)):
+            return None  # other statements in between: their order would change
+        moved = [*before, *after]
+        if any(self.is_ancestor(s, b.call) for s in moved for b in self.backward_calls) \
+                or self.bound.read_outside(moved, if_node):
+            return None
+        return if_node, before, after
+
+    def _depth_in(self, ev: TraceEvent, if_node: cst.If) -> Optional[int]:
+        """The index in `ev.path` of the node that lies in the `if`'s function."""
+        for i, node in enumerate(ev.path):
+            if self.is_ancestor(if_node, node):
+                return i
+        return None
+
+    def clips_gradients(self, stmt: cst.CSTNode) -> bool:
+        """`stmt` calls a gradient-clipping function."""
+        stack = [stmt]
+        while stack:
+            node = stack.pop()
+            if isinstance(node, cst.Call) and (api := self.api_of(node)) is not None and api.kind == "clip_grad":
+                return True
+            stack.extend(child_nodes(node))
+        return False
+
+    def only_scaler_or_clip(self, stmt: cst.CSTNode) -> bool:
+        """`stmt` is expression statements of scaler calls (`unscale_`/`step`/`update`) and
+        gradient clipping, or an `if` of only those."""
+        if isinstance(stmt, cst.If):
+            branches = [stmt.body.body]
+            orelse = stmt.orelse
+            while orelse is not None:
+                if isinstance(orelse, cst.If):
+                    branches.append(orelse.body.body)
+                    orelse = orelse.orelse
+                else:
+                    branches.append(orelse.body.body)
+                    orelse = None
+            return all(self.only_scaler_or_clip(s) for b in branches for s in b)
+        if not isinstance(stmt, cst.SimpleStatementLine):
+            return False
+        for small in stmt.body:
+            if not (isinstance(small, cst.Expr) and isinstance(small.value, cst.Call)):
+                return False
+            call = small.value
+            api = self.api_of(call)
+            if not ((api is not None and api.kind == "clip_grad")
+                    or (call_name(call) in _SCALER_CALLS and any(self._scaler_method(call, m) for m in _SCALER_CALLS))):
+                return False
+        return True
 
     def _after_iteration(self, trace: Trace, ev: TraceEvent, group: Optional[Group], kind: str) -> List[TraceEvent]:
         """The events `kind` of `ev`'s scaler (and optimizer, for a step or `unscale_`) that run

@@ -218,7 +218,7 @@ class Objects:
         return self.scaler_key(expr) is not None or any(
             isinstance(v, cst.Call) and self.is_api(v, "GradScaler") for v in self.possible_values(expr))
 
-    def scaler_method(self, call: cst.Call, method: str) -> Optional[str]:
+    def _scaler_method(self, call: cst.Call, method: str) -> Optional[str]:
         """For `scaler.<method>(...)` on a known scaler, the scaler key."""
         if isinstance(call.func, cst.Attribute) and call.func.attr.value == method:
             return self.scaler_key(call.func.value)
@@ -357,7 +357,7 @@ class Objects:
         if self._stepped is None:
             out: Set[str] = set()
             for call in self.calls:
-                if (self.scaler_method(call, "step") or self.scaler_method(call, "unscale_")) and call.args:
+                if (self._scaler_method(call, "step") or self._scaler_method(call, "unscale_")) and call.args:
                     key = dotted(call.args[0].value)
                     if key is not None:
                         out.add(key)

@@ -864,7 +864,7 @@ class Tree:
             return parent
         return None
 
-    def statement_in(self, node: cst.CSTNode, block: cst.CSTNode) -> Optional[cst.BaseStatement]:
+    def _statement_in(self, node: cst.CSTNode, block: cst.CSTNode) -> Optional[cst.BaseStatement]:
         """The statement of `block` (its direct child) that holds `node`, if any."""
         cur: Optional[cst.CSTNode] = node
         while cur is not None:
