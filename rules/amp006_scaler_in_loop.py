@@ -6,9 +6,9 @@ from typing import Iterator, List, Optional
 
 import libcst as cst
 
-from ampfix.fixes.edits import hoist_before, in_block, insert_after, remove_statement, replace_statement
-from ampfix.model import (AmpModel, Trace, TraceEvent, dotted, group_frame, group_loop, names_bound, reads_writes,
-                          uses_only)
+from ampfix.fixes.edits import build_in_init, hoist_or_drop
+from ampfix.model import AmpModel, Trace, TraceEvent, dotted, group_frame, group_loop, reads_writes, uses_only
+from ampfix.model.construction import assigned_target, calls_in_args, hoist_site, init_home
 from ampfix.model.events import OPT_NEW, SCALER_NEW, SCALER_STEP, UNSCALE, UPDATE
 from ampfix.rule import SAFE, UNSAFE, FileContext, Fix, Rule, Violation
 
@@ -85,7 +85,7 @@ for x, y in loader:
 
     def _judge(self, model: AmpModel, trace: Trace, new: TraceEvent) -> Optional[Violation]:
         stmt = model.statement_of(new.node)
-        target = _assigned(stmt, new.node)
+        target = assigned_target(stmt, new.node)
         local_key = dotted(target)
         if local_key is None or model.built_disabled(new.node) or model.guarded_by_test_of(new.node, local_key):
             return None
@@ -127,87 +127,21 @@ for x, y in loader:
     @staticmethod
     def _hoist(model: AmpModel, new: TraceEvent, stmt, flagged: List) -> Optional[Fix]:
         """Move the construction before the outermost flagged loop of its own function."""
-        loops = [group_loop(g) for g in flagged if len(group_frame(g)) == len(new.frame)]
-        if not loops or not isinstance(stmt, cst.SimpleStatementLine) or len(stmt.body) != 1:
+        outer = hoist_site(model, new, stmt, flagged)
+        if outer is None:
             return None
-        outer = loops[0]
-        cur = stmt  # only loop bodies between the statement and the outer loop
-        while cur is not outer:
-            block = model.block_of(cur)
-            loop = model.parent(block) if block is not None else None
-            if not isinstance(loop, (cst.For, cst.While)) or loop.body is not block \
-                    or (cur is stmt and len(block.body) < 2):
-                return None
-            cur = loop
-        if not in_block(model, outer):
-            return None
-        bound = names_bound([outer])
         reads, _ = reads_writes(new.node)
-        name = (dotted(_assigned(stmt, new.node)) or "").split(".")[0]
-        if reads & bound or model.bound.touched_before(outer, stmt, name):
-            return None
-        applicability = SAFE if uses_only(new.node, reads) and not _calls_in_args(new.node) else UNSAFE
-        body = list(model.block_of(outer).body)
-        previous = body[body.index(outer) - 1] if body.index(outer) > 0 else None
-        # the same scaler is already built right before the loop
-        if isinstance(previous, cst.SimpleStatementLine) and len(previous.body) == 1 \
-                and model.code(previous.body[0]) == model.code(stmt.body[0]):
-            return Fix(remove_statement(model, stmt), applicability=applicability,
-                       description="GradScaler construction removed from the loop (the same one is built before it)")
-        return Fix(hoist_before(stmt, outer), applicability=applicability,
-                   description="GradScaler construction moved before the loop")
+        applicability = SAFE if uses_only(new.node, reads) and not calls_in_args(new.node) else UNSAFE
+        edit, removed = hoist_or_drop(model, stmt, outer)
+        description = ("GradScaler construction removed from the loop (the same one is built before it)" if removed
+                       else "GradScaler construction moved before the loop")
+        return Fix(edit, applicability=applicability, description=description)
 
     @staticmethod
     def _into_init(model: AmpModel, trace: Trace, new: TraceEvent, stmt, target) -> Optional[Fix]:
         """A per-step method's scaler: built in `__init__` as `self.<name>`, the method reuses it."""
-        root = trace.root
-        cls = model.class_of(root) if isinstance(root, cst.FunctionDef) else None
-        init = model.method(cls, "__init__") if cls is not None else None
-        if init is None or new.via or not isinstance(stmt, cst.SimpleStatementLine) or len(stmt.body) != 1 \
-                or model.block_of(stmt) is not root.body or not isinstance(init.body, cst.IndentedBlock):
+        home = init_home(model, trace, new, stmt, target)
+        if home is None:
             return None
-        reads, _ = reads_writes(new.node)
-        if any(model.binding_scope(n, root) not in (model.module, None) for n in reads):
-            return None  # reads the method's locals or parameters
-        text = dotted(target) or ""
-        attr = text if text.startswith("self.") else f"self.{text}"
-        if "." in attr[5:] or (attr != text and (model.attribute_values(cls, attr[5:]) or model.has_unseen_bases(cls))):
-            return None  # assigned already, or maybe by a base class in another module
-        built = model.code(stmt.body[0].value)
-        last = init.body.body[-1]
-        fix = insert_after(model.module, last, [f"{attr} = {built}"])
-        if attr != text:
-            fix.update(replace_statement(model.module, stmt, [f"{text} = {attr}"]))
-        else:
-            fix.update(remove_statement(model, stmt))
-        return Fix(fix, applicability=UNSAFE, description="GradScaler built once in __init__")
-
-
-def _assigned(stmt, call: cst.Call):
-    """The target of `x = GradScaler(...)` (also `x = GradScaler(...) if c else None`)."""
-    if not isinstance(stmt, cst.SimpleStatementLine) or len(stmt.body) != 1:
-        return None
-    small = stmt.body[0]
-    if isinstance(small, cst.Assign) and len(small.targets) == 1:
-        target, value = small.targets[0].target, small.value
-    elif isinstance(small, cst.AnnAssign) and small.value is not None:
-        target, value = small.target, small.value
-    else:
-        return None
-    if value is call or (isinstance(value, cst.IfExp) and call in (value.body, value.orelse)):
-        return target
-    return None
-
-
-def _calls_in_args(call: cst.Call) -> bool:
-    found = []
-
-    class V(cst.CSTVisitor):
-        def visit_Call(self, node: cst.Call) -> None:
-            found.append(node)
-
-    for a in call.args:
-        a.visit(V())
-    return bool(found)
-
-
+        return Fix(build_in_init(model, stmt, *home), applicability=UNSAFE,
+                   description="GradScaler built once in __init__")

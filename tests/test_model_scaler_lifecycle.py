@@ -1,19 +1,28 @@
 """The model's facts of a GradScaler's life cycle, each asked on its own: the update a step
 leaves its iteration without, where that update goes, the calls that run twice on one optimizer
-before it, an update before the iteration's step (`model.updates`, AMP009's facts)."""
+before it, an update before the iteration's step (`model.updates`, AMP009's facts); the scaler
+calls that move under an accumulation boundary (AMP010's); where a scaler built in every
+iteration or step can be built once (`model.construction`, AMP006's); and the edits that do it."""
 
 import textwrap
 
 import libcst as cst
 
 from ampfix.model import AmpModel  # before the edits layer, which imports the model
-from ampfix.fixes.edits import insert_method_call_after
-from ampfix.model.events import SCALER_STEP, UNSCALE, UPDATE
+from ampfix.engine.analyze import _ApplyFixes
+from ampfix.fixes.edits import build_in_init, hoist_or_drop, insert_method_call_after
+from ampfix.model.construction import assigned_target, calls_in_args, hoist_site, init_home
+from ampfix.model.events import SCALER_NEW, SCALER_STEP, UNSCALE, UPDATE
 from ampfix.model.updates import RAISES
 
 
 def model(src: str) -> AmpModel:
     return AmpModel(cst.parse_module(textwrap.dedent(src)))
+
+
+def applied(m: AmpModel, edit) -> str:
+    """The file's text with the replacements `edit` applied, as the engine applies a fix's."""
+    return m.module.visit(_ApplyFixes({id(k): v for k, v in edit.items()})).code
 
 
 def trace_of(m: AmpModel, name: str):
@@ -210,7 +219,7 @@ def test_insert_method_call_after_under_the_test_the_call_runs_under():
     assert isinstance(site, cst.For) and m.code(site.iter) == "optimizers"
     edit, problem, tests = insert_method_call_after(m, site, step.node, "update")
     assert problem is None and tests
-    fixed = m.module.deep_replace(site, edit[site]).code
+    fixed = applied(m, edit)
     assert "        if scaler is not None:\n            scaler.update()\n" in fixed
 
 
@@ -371,3 +380,111 @@ def test_only_scaler_or_clip_statements():
     assert not m.only_scaler_or_clip(assigned) and m.clips_gradients(assigned)
     assert not m.only_scaler_or_clip(printing) and not m.clips_gradients(printing)
     assert not m.only_scaler_or_clip(backward)
+
+
+# ---------------------------------------------------------------------- a scaler built too often (model.construction)
+
+
+def scaler_new(m: AmpModel, trace):
+    [new] = trace.of(SCALER_NEW)
+    return new, m.statement_of(new.node)
+
+
+def test_assigned_target_and_calls_in_args():
+    m = model("""
+        import torch
+        a = torch.amp.GradScaler("cuda")
+        b: object = torch.amp.GradScaler("cuda") if flag else None
+        c = d = torch.amp.GradScaler(init_scale=scale())
+        e = [torch.amp.GradScaler()]
+        """)
+    stmts = m.module.body[1:]
+    calls = [n for n in m.calls if m.code(n.func) == "torch.amp.GradScaler"]
+    assert [m.code(t) if t is not None else None for t in map(assigned_target, stmts, calls)] == ["a", "b", None, None]
+    assert [calls_in_args(c) for c in calls] == [False, False, True, False]
+
+
+def test_hoist_site_the_outer_loop_and_the_edit():
+    m = model("""
+        import torch
+
+        def train(epochs, loader, model, opt):
+            for epoch in range(epochs):
+                for x in loader:
+                    scaler = torch.amp.GradScaler("cuda")
+                    scaler.scale(model(x)).backward()
+                    scaler.step(opt)
+                    scaler.update()
+        """)
+    trace = trace_of(m, "train")
+    new, stmt = scaler_new(m, trace)
+    outer = hoist_site(m, new, stmt, list(new.loops()))
+    assert isinstance(outer, cst.For) and m.code(outer.iter) == "range(epochs)"
+    edit, removed = hoist_or_drop(m, stmt, outer)
+    fixed = applied(m, edit)
+    assert not removed and '    scaler = torch.amp.GradScaler("cuda")\n    for epoch in range(epochs):' in fixed
+
+
+def test_hoist_site_none_where_the_arguments_read_what_the_loop_binds():
+    m = model("""
+        import torch
+
+        def train(loader, model, opt):
+            for scale in loader:
+                scaler = torch.amp.GradScaler("cuda", init_scale=scale)
+                scaler.scale(model(scale)).backward()
+                scaler.step(opt)
+                scaler.update()
+        """)
+    trace = trace_of(m, "train")
+    new, stmt = scaler_new(m, trace)
+    assert hoist_site(m, new, stmt, list(new.loops())) is None
+
+
+def test_hoist_or_drop_removes_a_copy_of_the_statement_before_the_loop():
+    m = model("""
+        import torch
+
+        def train(loader, model, opt):
+            scaler = torch.amp.GradScaler("cuda")
+            for x in loader:
+                scaler = torch.amp.GradScaler("cuda")
+                scaler.scale(model(x)).backward()
+        """)
+    loop = m.nodes_of(cst.For)[0]
+    stmt = loop.body.body[0]
+    edit, removed = hoist_or_drop(m, stmt, loop)
+    assert removed and applied(m, edit).count("GradScaler") == 1
+
+
+def test_init_home_and_build_in_init():
+    m = model("""
+        import torch
+
+        class SR:
+            def __init__(self, opt):
+                self.opt = opt
+
+            def optimize_parameters(self, loss):
+                scaler = torch.amp.GradScaler("cuda")
+                scaler.scale(loss).backward()
+                scaler.step(self.opt)
+                scaler.update()
+
+            def train_step(self, loss, scale):
+                scaler = torch.amp.GradScaler("cuda", init_scale=scale)
+                scaler.scale(loss).backward()
+                scaler.step(self.opt)
+                scaler.update()
+        """)
+    trace = trace_of(m, "optimize_parameters")
+    new, stmt = scaler_new(m, trace)
+    init, name, attr = init_home(m, trace, new, stmt, assigned_target(stmt, new.node))
+    assert (init.name.value, name, attr) == ("__init__", "scaler", "self.scaler")
+    edit = build_in_init(m, stmt, init, name, attr)
+    fixed = applied(m, edit)
+    assert '        self.opt = opt\n        self.scaler = torch.amp.GradScaler("cuda")\n' in fixed
+    assert "        scaler = self.scaler\n" in fixed
+    trace = trace_of(m, "train_step")  # reads the method's parameter
+    new, stmt = scaler_new(m, trace)
+    assert init_home(m, trace, new, stmt, assigned_target(stmt, new.node)) is None

@@ -2,7 +2,7 @@
 them before it analyses anything (see ampfix/engine/rulemeta.py). Do not edit; regenerate.
 """
 
-DIGEST = 'f93595c8389538869704b4caa89b6dec2033589a0265d021eec3e237d5160d3f'
+DIGEST = '313c7c80c21981b8940d8ffdef1753eb0cdfff446244efc315fa4b41000d9cd1'
 
 RULES = [
     ('AMP001', 'backward-in-autocast', True, ('autocast',), (),

@@ -187,6 +187,31 @@ def hoist_before(stmt: cst.BaseStatement, anchor: cst.BaseStatement) -> Replacem
     return {anchor: cst.FlattenSentinel([moved, rest.with_changes(leading_lines=())])}
 
 
+def hoist_or_drop(model, stmt: cst.SimpleStatementLine, loop: cst.BaseStatement) -> Tuple[Replacements, bool]:
+    """`stmt` (one statement, inside the loop `loop`) moved to right before the loop
+    (`hoist_before`), or removed (`remove_statement`) where the same statement already stands
+    right before it: (edit, removed)."""
+    body = list(model.block_of(loop).body)
+    previous = body[body.index(loop) - 1] if body.index(loop) > 0 else None
+    if isinstance(previous, cst.SimpleStatementLine) and len(previous.body) == 1 \
+            and model.code(previous.body[0]) == model.code(stmt.body[0]):
+        return remove_statement(model, stmt), True
+    return hoist_before(stmt, loop), False
+
+
+def build_in_init(model, stmt: cst.SimpleStatementLine, init: cst.FunctionDef, name: str, attr: str) -> Replacements:
+    """The value `stmt` (`name = <value>`) assigns built once, as `attr = <value>` at the end of
+    `init` (a method with a block); `stmt` becomes `name = attr`, or goes where `name` is
+    `attr`."""
+    built = model.code(stmt.body[0].value)  # type: ignore[attr-defined]
+    fix = insert_after(model.module, init.body.body[-1], [f"{attr} = {built}"])  # type: ignore[union-attr]
+    if attr != name:
+        fix.update(replace_statement(model.module, stmt, [f"{name} = {attr}"]))
+    else:
+        fix.update(remove_statement(model, stmt))
+    return fix
+
+
 def move_into_block(first: Sequence[cst.BaseStatement], target: cst.BaseCompoundStatement,
                     last: Sequence[cst.BaseStatement] = ()) -> Replacements:
     """Move sibling statements of `target` (in the block that holds it) into its body: `first`

@@ -324,7 +324,7 @@ class Values:
         self._related[cls] = found
         return found
 
-    def has_unseen_bases(self, cls: cst.ClassDef) -> bool:
+    def _has_unseen_bases(self, cls: cst.ClassDef) -> bool:
         """`cls` (or a class related to it here) derives from a class this file does not define
         and that is not torch's, the standard library's `object`/`abc`/`typing` ones: a base in
         another module, which may set any `self.` attribute. `attribute_values` then knows only
