@@ -323,6 +323,60 @@ def test_a_returned_local_assigned_in_several_places_is_one_value_per_assignment
     assert [v.text for v in s.functions["counter"].returns] == ["__unknown__"]
 
 
+def test_a_kwargs_parameter_passed_on_holds_the_callers_keywords(tmp_path):
+    """A helper that passes its `**kwargs` on as they came (pypots' `autocast(**kwargs)`, a
+    version shim) returns what the caller's keywords make; unknown where it changes them, or
+    where the caller passes a `**mapping`."""
+    tree(tmp_path, {
+        "pyproject.toml": "",
+        "helpers.py": """
+            import torch
+
+            def autocast(**kwargs):
+                return torch.autocast("cuda", **kwargs)
+
+            def autocast_first(**kwargs):
+                return torch.autocast(**kwargs, device_type="cuda")
+
+            def autocast_default_dtype(**kwargs):
+                kwargs.setdefault("dtype", torch.bfloat16)
+                return torch.autocast("cuda", **kwargs)
+            """,
+        "train.py": """
+            import torch
+            from helpers import autocast, autocast_first, autocast_default_dtype
+
+            a = autocast(enabled=flag, dtype=torch.bfloat16)
+            b = autocast()
+            c = autocast(**opts)
+            d = autocast_first(enabled=False)
+            e = autocast_first()
+            f = autocast_default_dtype(enabled=True)
+            """,
+    })
+    project = Project(tmp_path)
+    s = project.summary(str(tmp_path / "helpers.py"))
+    assert [v.text for v in s.functions["autocast"].returns] == ['torch.autocast("cuda", **__param__.kwargs)']
+    assert [v.text for v in s.functions["autocast_first"].returns] == [
+        'torch.autocast(**__param__.kwargs, device_type="cuda")']
+    assert [v.text for v in s.functions["autocast_default_dtype"].returns] == ["__unknown__"]
+    m = model_of(project, tmp_path / "train.py")
+    found = {}
+    for stmt in m.module.body:
+        assign = stmt.body[0]
+        if isinstance(assign, cst.Assign):
+            found[assign.targets[0].target.value] = [cst.Module([]).code_for_node(v)
+                                                     for v in m.possible_values(assign.value)]
+    assert found == {
+        "a": ['torch.autocast("cuda", enabled=flag, dtype=torch.bfloat16)'],
+        "b": ['torch.autocast("cuda")'],
+        "c": ["autocast(**opts)"],  # unknown: the call itself
+        "d": ['torch.autocast(enabled=False, device_type="cuda")'],
+        "e": ['torch.autocast(device_type="cuda")'],
+        "f": ["autocast_default_dtype(enabled=True)"],
+    }
+
+
 def test_module_summary_constants_classes_options_and_calls(tmp_path):
     tree(tmp_path, {
         "pyproject.toml": "",

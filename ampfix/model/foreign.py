@@ -224,18 +224,23 @@ class Foreign:
         cached = self._materialized.get(key)
         if cached is not None:
             return cached
+        text = value.text
+        if f"**{PARAM}." in text:  # a `**` parameter passed on: the caller's keywords in its place
+            text = _spread(text, origin.bindings or {})
+            if text is None:
+                return None
         # only a text naming a bound parameter changes with the bindings (`__param__.p` -> the argument)
-        binds = bool(origin.bindings) and f"{PARAM}." in value.text and \
-            any(f"{PARAM}.{name}" in value.text for name in origin.bindings)  # type: ignore[union-attr]
-        parsed = _PARSED.get(value.text)  # never a node of a model: each takes a copy
+        binds = bool(origin.bindings) and f"{PARAM}." in text and \
+            any(f"{PARAM}.{name}" in text for name in origin.bindings)  # type: ignore[union-attr]
+        parsed = _PARSED.get(text)  # never a node of a model: each takes a copy
         if parsed is None:
             try:
-                parsed = parse_expression(value.text)
+                parsed = parse_expression(text)
             except Exception:
                 return None
             if len(_PARSED) > 4096:
                 _PARSED.clear()
-            _PARSED[value.text] = parsed
+            _PARSED[text] = parsed
         replace = None
         if binds:
             bindings = origin.bindings
@@ -638,20 +643,32 @@ class Foreign:
         kw_names = {p.name for p in callee.summary.params if p.kind in ("pos", "kwonly")}
         if callee.summary.is_method and isinstance(call.func, cst.Attribute) or callee.qual.endswith(".__init__"):
             params = params[1:]
+        # the `**` parameter: the call's other keywords, each bound as `<name>__kw__<keyword>`,
+        # and the parameter itself to the call (its mark: what it holds is known); not when the
+        # call passes a `**mapping` or a `*sequence` (which may hold keywords too)
+        spread = next((p.name for p in callee.summary.params if p.kind == "starstar"), None)
+        extra: List[cst.Arg] = []
         out: Dict[str, cst.BaseExpression] = {}
         pos = 0
         for arg in call.args:
             if arg.star:
+                spread = None
                 if arg.star == "*":
                     break
                 continue
             if arg.keyword is not None:
                 if arg.keyword.value in kw_names:
                     out[arg.keyword.value] = arg.value
+                else:
+                    extra.append(arg)
                 continue
             if pos < len(params):
                 out[params[pos].name] = arg.value
             pos += 1
+        if spread is not None:
+            out[spread] = call
+            for arg in extra:
+                out[f"{spread}{KEYWORD_OF}{arg.keyword.value}"] = arg.value  # type: ignore[union-attr]
         return out
 
     def foreign_argument_values(self, func: cst.FunctionDef, param: str) -> List[cst.BaseExpression]:
@@ -685,6 +702,35 @@ class Foreign:
 #: language server analyses a file again on every change; nodes are immutable). A value that
 #: names a bound parameter is parsed anew: its binding shares the unchanged parts of the parse.
 _PARSED: Dict[str, cst.BaseExpression] = {}
+
+
+#: how the keywords a call passes to a `**` parameter are bound (`_bind_foreign_arguments`):
+#: `kwargs__kw__dtype`, the `dtype=` keyword that `**kwargs` holds
+KEYWORD_OF = "__kw__"
+_SPREAD = re.compile(r"(, )?\*\*%s\.(\w+)(, )?" % PARAM)
+
+
+def _spread(text: str, bindings: Dict[str, cst.BaseExpression]) -> Optional[str]:
+    """`text` (a summary's value) with each `**__param__.kwargs` argument replaced by the
+    keywords the call passed to that parameter (`dtype=__param__.kwargs__kw__dtype`, which the
+    bindings then replace with the call's argument; none: the argument is dropped); None when
+    the call's keywords are not known (it passes a `**mapping`, or is not bound)."""
+    unknown = False
+
+    def keywords(m: "re.Match[str]") -> str:
+        nonlocal unknown
+        name = m.group(2)
+        if name not in bindings:
+            unknown = True
+            return m.group(0)
+        prefix = f"{name}{KEYWORD_OF}"
+        passed = [k[len(prefix):] for k in bindings if k.startswith(prefix)]
+        if not passed:  # the argument goes, and one of the separators around it
+            return ", " if m.group(1) and m.group(3) else ""
+        return (m.group(1) or "") + ", ".join(f"{k}={PARAM}.{prefix}{k}" for k in passed) + (m.group(3) or "")
+
+    out = _SPREAD.sub(keywords, text)
+    return None if unknown else out
 
 
 def _adopt(model, expr: cst.CSTNode, stamp: Synthetic, bindings: Optional[Dict[str, cst.BaseExpression]],

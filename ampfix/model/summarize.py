@@ -22,7 +22,7 @@ from ampfix.model.flow import ends_in_exit
 from ampfix.model.summary import (IMPORTED, LOCAL, PARAM, SELF, UNKNOWN, ClassSummary, Effect, FunctionSummary,
                                   ModuleSummary, OutgoingCall, Param, Value)
 from ampfix.model.syntax import call_name, literal_string
-from ampfix.model.tree import dotted, node_types
+from ampfix.model.tree import child_nodes, dotted, node_types
 
 _NUMBER_OR_STRING = node_types(cst.Integer, cst.Float, cst.Imaginary, cst.SimpleString)
 
@@ -230,10 +230,34 @@ class Canonical:
         args = []
         for a in call.args:
             if a.star:
+                if a.star == "**" and self._passed_on(a.value):
+                    args.append(f"**{PARAM}.{a.value.value}")  # type: ignore[attr-defined]
+                    continue
                 return None
             value = self._part(a.value, depth)
             args.append(f"{a.keyword.value}={value}" if a.keyword is not None else value)
         return f"{func}({', '.join(args)})"
+
+    def _passed_on(self, expr: cst.CSTNode) -> bool:
+        """`expr` is the `**` parameter of its function, passed on as it came (`**kwargs` in
+        `return torch.autocast("cuda", **kwargs)`): the function reads the name nowhere but in
+        `**` arguments, so it holds the keywords the caller passed and nothing else (a caller's
+        keywords are put in their place: `Foreign._materialize`)."""
+        m = self.model
+        func = m.function_of(expr)
+        if not isinstance(expr, cst.Name) or func is None or not isinstance(func.params.star_kwarg, cst.Param) \
+                or func.params.star_kwarg.name.value != expr.value \
+                or m.binding_scope(expr.value, m.scope_of(expr)) is not func:
+            return False
+        stack: List[cst.CSTNode] = [func.body]  # (nested functions and lambdas too: a closure may change it)
+        while stack:
+            n = stack.pop()
+            if type(n) is cst.Arg and n.star == "**" and type(n.value) is cst.Name:
+                continue
+            if type(n) is cst.Name and n.value == expr.value:  # type: ignore[attr-defined]
+                return False
+            stack.extend(child_nodes(n))
+        return True
 
     def _name(self, expr: cst.CSTNode, depth: int) -> Optional[str]:
         m = self.model

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field, fields
 from enum import Enum
 from typing import Any, Dict, List, Optional, Tuple
 
-SUMMARY_VERSION = 5  # 2: `FunctionSummary.loads` filled; 3: a fall-through group names its `if`; 4: the body of an `if X and Y: ... else:` runs under X and Y too; 5: a returned local variable assigned in several places is one value per assignment
+SUMMARY_VERSION = 6  # 2: `FunctionSummary.loads` filled; 3: a fall-through group names its `if`; 4: the body of an `if X and Y: ... else:` runs under X and Y too; 5: a returned local variable assigned in several places is one value per assignment; 6: a `**` parameter passed on in a call (`**__param__.kwargs`)
 
 
 class Stored(Enum):
