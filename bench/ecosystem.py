@@ -591,6 +591,9 @@ def parse_labels(text: str) -> List[Label]:
     labels, seen = [], set()
     for row in reader:
         where = f"labels line {reader.line_num}"
+        if None in row:  # (DictReader's key for the fields past the header's)
+            raise ValueError(f"{where}: more than {len(LABEL_COLUMNS)} columns (a quote in a quoted reason is "
+                             'written twice, "", not \\")')
         verdict = (row["verdict"] or "").strip().upper()
         if verdict not in VERDICTS:
             raise ValueError(f"{where}: verdict must be one of {', '.join(VERDICTS)}, got {row['verdict']!r}")

@@ -70,6 +70,7 @@ def test_notebook_findings_are_keyed_by_cell(eco):
     ("p,1,a.py,1,AMP001,TRUE,\n", "reason"),
     ("p,1,a.py,one,AMP001,TRUE,x\n", "line must be a number"),
     ("p,1,a.py,1,AMP001,TRUE,x\np,1,a.py,1,AMP001,FALSE,y\n", "second label"),
+    ('p,1,a.py,1,AMP001,TRUE,"under \\"float16\\": scaled, then stepped"\n', "more than 7 columns"),
 ])
 def test_malformed_labels(eco, row, error):
     with pytest.raises(ValueError, match=error):
