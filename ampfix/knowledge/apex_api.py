@@ -30,7 +30,6 @@ from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
 import libcst as cst
 
-from ampfix.fixes.edits import keyword_arg
 
 if TYPE_CHECKING:  # the model imports this module (ampfix/model/apex_uses.py)
     from ampfix.model import AmpModel
@@ -251,6 +250,10 @@ def map_args(model: AmpModel, call: cst.Call, api: ApexApi) -> Tuple[Optional[Li
             return None, f"`{k}={value}` has no torch equivalent", []
         elif isinstance(plan, tuple) and plan[0] == "note":
             notes.append(plan[1])
+    # (the edits layer imports the model, whose apex facts import this module: imported here, where
+    # it is used, so that either can be imported first)
+    from ampfix.fixes.edits import keyword_arg
+
     if api.kind == "adam" and target == "optim.AdamW" and "weight_decay" not in given:
         out.append(keyword_arg("weight_decay", cst.Float("0.0")))  # apex's default; AdamW's is 0.01
     if api.kind == "rmsnorm" and "eps" not in given and pos < 2:
