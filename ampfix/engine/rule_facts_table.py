@@ -2,7 +2,7 @@
 them before it analyses anything (see ampfix/engine/rulemeta.py). Do not edit; regenerate.
 """
 
-DIGEST = '313c7c80c21981b8940d8ffdef1753eb0cdfff446244efc315fa4b41000d9cd1'
+DIGEST = 'ee35d49612966ce8855d8f44856f7a5384cdeebdd9d6275fe16e96b6b4de5da9'
 
 RULES = [
     ('AMP001', 'backward-in-autocast', True, ('autocast',), (),

@@ -46,11 +46,14 @@ class Measured:
 MEASURED: Dict[str, Measured] = {
     "AMP001": Measured(15, 0, 6, "ecosystem check of 2026-11-28, twenty-first session (116 projects; backward inside an autocast "
                                "region labelled TRUE unless the region is there on purpose) and the twenty-fourth session's 13 projects nobody had read (157 projects, check --select ALL --preview): nnunet's two "
-                               "backward calls in autocast in uncalled VRAM-probing functions, DEBATABLE"),
-    "AMP003": Measured(7, 2, 0, "ecosystem check of 2026-11-28, twenty-second session (131 projects: 7 TRUE) and the "
+                               "backward calls in autocast in uncalled VRAM-probing functions, DEBATABLE; pypots' backward in "
+                               "its own autocast(**kwargs) wrapper's region (twenty-fifth session) is the source of that check "
+                               "(5a208bb), TRUE, not counted"),
+    "AMP003": Measured(8, 2, 0, "ecosystem check of 2026-11-28, twenty-second session (131 projects: 7 TRUE) and the "
                                "twenty-third session's 13 projects nobody had read (144 projects, check --select ALL "
                                "--preview): two FALSE on torchrl's expert-iteration scripts (a conjunction test with an "
-                               "else, a regression of 7f47acb), fixed since by reading them (2b5e1ee), still counted"),
+                               "else, a regression of 7f47acb), fixed since by reading them (2b5e1ee), still counted; the "
+                               "twenty-fifth session's 14 projects (171 projects): cogdl's fp16 clip with no unscale_, TRUE"),
     "AMP004": Measured(3, 5, 2, "ecosystem check of 2026-11-25 (42 projects: 2/4/2, its false findings fixed since by "
                                "reading them) and of the twentieth session's 31 unseen projects (1/1/0, its false "
                                "finding, a paddle scaler, fixed since by reading it)"),
@@ -68,11 +71,18 @@ MEASURED: Dict[str, Measured] = {
                                "trainer), is fixed since by reading it; flair's two TRUE findings and OpenNMT-py's one are the "
                                "sources of the checks that find them (a parameter annotated with a project class, an "
                                "optimizer wrapper's state_dict), not counted"),
-    "AMP101": Measured(350, 5, 9, "ecosystem check of 2026-11-28, twenty-third session (144 projects; silent under a pin to a torch "
+    "AMP101": Measured(371, 5, 10, "ecosystem check of 2026-11-28, twenty-third session (144 projects; silent under a pin to a torch "
                                "before 2.4, read from egg-info too) and the twenty-fourth session's 13 projects nobody had read (157 projects, check --select ALL --preview): 23 TRUE, 6 DEBATABLE (nnunet's uncalled "
                                "probing functions), 1 FALSE (torch4keras's autocast class taken as a value in a version shim); its "
                                "five false findings, a bare except: shim (megatron-core, two), a use in an except fallback "
-                               "(torchtnt), an isinstance shim (pytorch-pfn-extras) and the value shim, fixed since by reading them"),
+                               "(torchtnt), an isinstance shim (pytorch-pfn-extras) and the value shim, fixed since by reading them; "
+                               "the twenty-fifth session's 14 projects (171 projects): 21 TRUE, 1 DEBATABLE (laion-clap's uncalled "
+                               "zero-shot evaluation)"),
+    "AMP012": Measured(0, 0, 1, "ecosystem check of 2026-11-28, twenty-fifth session (171 projects, check --select ALL --preview): "
+                               "skrl's gradient penalty on discriminator logits, taken unscaled under float16 autocast, "
+                               "DEBATABLE (its input gradients sit far above float16's floor in a CPU repro)"),
+    "AMP017": Measured(1, 0, 0, "ecosystem check of 2026-11-28, twenty-fifth session (171 projects, check --select ALL --preview): "
+                               "transformers4rec's backward under float16 autocast with no GradScaler, TRUE"),
     "AMP102": Measured(9, 5, 58, "ecosystem check of 2026-11-28, twenty-third session (144 projects) and the twenty-fourth session's 13 projects nobody had read (157 projects, check --select ALL --preview): "
                                "stylegan2-pytorch's apex amp O1, its only mixed precision, 4 TRUE"),
     "AMP103": Measured(16, 0, 7, "ecosystem check of 2026-11-28, twenty-second session (131 projects, check --select ALL --preview)"),
