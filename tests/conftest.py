@@ -29,6 +29,25 @@ HELPER_CALLER = """\
     """
 
 
+def model(src: str):
+    """The model of one file's source (dedented), with no project: what the model-fact tests
+    (`test_model_*.py`) ask their questions of."""
+    import textwrap
+
+    import libcst as cst
+
+    from ampfix.model import AmpModel
+
+    return AmpModel(cst.parse_module(textwrap.dedent(src)))
+
+
+def call_named(m, text: str):
+    """The first call of model `m` whose code is `text`."""
+    found = [c for c in m.calls if m.code(c) == text]
+    assert found, f"no call {text!r} in {[m.code(c) for c in m.calls]}"
+    return found[0]
+
+
 def run_ampfix(*args, cwd=None, input=None, env=None):
     """Run the CLI as a user does: a subprocess of `python -m ampfix`."""
     full_env = dict(os.environ)

@@ -8,10 +8,7 @@ import libcst as cst
 
 from ampfix.model import AmpModel
 from ampfix.model.environ import TARGET
-
-
-def model(src: str) -> AmpModel:
-    return AmpModel(cst.parse_module(textwrap.dedent(src)))
+from conftest import model
 
 
 def env_write(m: AmpModel):

@@ -12,16 +12,7 @@ import pytest
 
 from ampfix.model import AmpModel
 from ampfix.model.events import BACKWARD, GRAD_READ, GRAD_SANITIZE, SCALER_STEP, UNSCALE, UPDATE
-
-
-def model(src: str) -> AmpModel:
-    return AmpModel(cst.parse_module(textwrap.dedent(src)))
-
-
-def call_named(m: AmpModel, text: str) -> cst.Call:
-    found = [c for c in m.calls if m.code(c) == text]
-    assert found, f"no call {text!r} in {[m.code(c) for c in m.calls]}"
-    return found[0]
+from conftest import call_named, model
 
 
 def name_at(m: AmpModel, call_text: str, index: int = 0) -> cst.BaseExpression:

@@ -6,20 +6,11 @@ import textwrap
 
 import libcst as cst
 
-from ampfix.model import AmpModel, ApexRole  # first: the model imports the apex knowledge
+from ampfix.model import AmpModel, ApexRole
 from ampfix.knowledge.apex_api import lookup
 from ampfix.migrations.apex.rest import replace_use, version_text
 from ampfix.rule import FileContext
-
-
-def model(src: str) -> AmpModel:
-    return AmpModel(cst.parse_module(textwrap.dedent(src)))
-
-
-def call_named(m: AmpModel, text: str) -> cst.Call:
-    found = [c for c in m.calls if m.code(c) == text]
-    assert found, f"no call {text!r} in {[m.code(c) for c in m.calls]}"
-    return found[0]
+from conftest import model
 
 
 def context(src: str, min_torch=(2, 4)) -> FileContext:

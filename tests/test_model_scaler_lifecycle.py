@@ -4,20 +4,16 @@ before it, an update before the iteration's step (`model.updates`, AMP009's fact
 calls that move under an accumulation boundary (AMP010's); where a scaler built in every
 iteration or step can be built once (`model.construction`, AMP006's); and the edits that do it."""
 
-import textwrap
 
 import libcst as cst
 
-from ampfix.model import AmpModel  # before the edits layer, which imports the model
+from ampfix.model import AmpModel
 from ampfix.engine.analyze import _ApplyFixes
 from ampfix.fixes.edits import build_in_init, hoist_or_drop, insert_method_call_after
 from ampfix.model.construction import assigned_target, calls_in_args, hoist_site, init_home
 from ampfix.model.events import SCALER_NEW, SCALER_STEP, UNSCALE, UPDATE
 from ampfix.model.updates import RAISES
-
-
-def model(src: str) -> AmpModel:
-    return AmpModel(cst.parse_module(textwrap.dedent(src)))
+from conftest import model
 
 
 def applied(m: AmpModel, edit) -> str:
