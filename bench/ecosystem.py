@@ -443,9 +443,15 @@ def _metadata(root: Path) -> Dict[str, bytes]:
     `requirements/*.txt`: the oldest torch, a Lightning before 2.0). A scratch copy holds them
     too, so its rewrite sees the project the check saw (lightning-bolts' `requirements/base.txt`
     pins Lightning 1.x: without it the scratch rewrite applied AMP204's fix that `check` of the
-    tree does not report)."""
+    tree does not report). And the packaging metadata it reads where those declare no version
+    (`ampfix/engine/requirements.py`): `PKG-INFO`, `*.egg-info/requires.txt`, a wheel's
+    `*.dist-info/METADATA` (in the tree or its `src/`; a dist-info also marks a wheel's root):
+    without them whisperspeech's scratch rewrite applied the AMP101 fix that `check` holds back
+    for its `torch>=2` in PKG-INFO."""
     found = [root / "pyproject.toml", root / "setup.cfg", *root.glob("requirements*.txt"),
-             *(root / "requirements").glob("*.txt")]
+             *(root / "requirements").glob("*.txt"), root / "PKG-INFO",
+             *(f for where in (root, root / "src") for pattern in ("*.egg-info/requires.txt", "*.dist-info/METADATA")
+               for f in where.glob(pattern))]
     return {p.relative_to(root).as_posix(): p.read_bytes() for p in found if p.is_file()}
 
 

@@ -86,3 +86,16 @@ def test_rewrite_summary(eco):
     assert eco.parse_rewrite_summary("Nothing to fix.\n") == (0, {})
     assert eco.parse_rewrite_summary("Nothing to fix.\nFound 1 finding (0 fixed, 1 remaining).\n"
                                      "1 finding remaining.\n") == (1, {})
+
+
+def test_scratch_copies_carry_the_metadata_check_reads(eco, tmp_path):
+    """A rewrite check's scratch copy holds what `check` reads for the oldest torch beside the
+    code: declared files and the packaging metadata (whisperspeech's `torch>=2` is in PKG-INFO)."""
+    for rel in ("pyproject.toml", "setup.cfg", "requirements.txt", "requirements/base.txt", "PKG-INFO",
+                "pkg.egg-info/requires.txt", "pkg.egg-info/SOURCES.txt", "src/pkg-1.0.dist-info/METADATA",
+                "pkg-1.0.dist-info/METADATA", "README.md"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text("x")
+    assert sorted(eco._metadata(tmp_path)) == [
+        "PKG-INFO", "pkg-1.0.dist-info/METADATA", "pkg.egg-info/requires.txt", "pyproject.toml", "requirements.txt",
+        "requirements/base.txt", "setup.cfg", "src/pkg-1.0.dist-info/METADATA"]
