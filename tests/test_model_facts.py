@@ -1390,3 +1390,55 @@ def test_clip_not_fixed_names_the_exit_of_the_clipping_function_not_a_helpers():
     [d] = check_source(src, select=["AMP003"], preview=True)  # a preview rule
     last = src.splitlines().index("        return loss") + 1
     assert f"the `return` on line {last} leaves without `scaler.update()`" in d.message, d.message
+
+
+def test_the_import_a_name_reads_where_several_bind_it():
+    """A version shim binds one name by two imports in its branches; a use reads the one before
+    it in its own block (or a block around it). Where a loop, a `try` or a nested function could
+    have run the other, both stay possible."""
+    m = model("""
+        import torch
+
+        def shim(**kwargs):
+            if torch.__version__ < "2.4":
+                from torch.cuda.amp import autocast
+                return autocast(**kwargs)
+            else:
+                from torch.amp import autocast
+                return autocast("cuda", **kwargs)
+
+        def fallback():
+            try:
+                from torch.amp import GradScaler
+            except ImportError:
+                from torch.cuda.amp import GradScaler
+            return GradScaler()
+
+        def in_sequence():
+            from torch.cuda.amp import autocast
+            from torch.amp import autocast
+            return autocast("cuda")
+
+        def looped(batches):
+            from torch.amp import autocast
+            for b in batches:
+                autocast("cuda")
+                from torch.cuda.amp import autocast
+
+        def later():
+            from torch.amp import autocast
+            def inner():
+                return autocast("cuda")
+            from torch.cuda.amp import autocast
+            return inner
+        """)
+    calls = [c for c in m.calls if m.code(c.func) in ("autocast", "GradScaler")]
+    found = [sorted(m.qualnames(c)) for c in calls]
+    assert found == [
+        ["torch.cuda.amp.autocast"],  # the if branch's own import
+        ["torch.amp.autocast"],  # the else branch's
+        ["torch.amp.GradScaler", "torch.cuda.amp.GradScaler"],  # the try body may have run either way
+        ["torch.amp.autocast"],  # the last of two in sequence
+        ["torch.amp.autocast", "torch.cuda.amp.autocast"],  # the loop's next pass rebinds it
+        ["torch.amp.autocast", "torch.cuda.amp.autocast"],  # a nested function runs later
+    ]

@@ -184,6 +184,8 @@ class Names:
         if text is not None:
             first, _, rest = text.partition(".")
             scope, imported = self._resolve_scope(first, self.scope_of(node))
+            if imported and len({q for q, _, _ in imported}) > 1:
+                imported = self._reaching_imports(node, scope, imported)
             if imported:
                 result = {QualifiedName(f"{q}.{rest}" if rest else q, QualifiedNameSource.IMPORT)
                           for q, _, _ in imported}
@@ -191,6 +193,38 @@ class Names:
                 result = {QualifiedName(f"builtins.{first}", QualifiedNameSource.BUILTIN)}
         self._qname_cache[id(node)] = (node, result)
         return result
+
+    def _reaching_imports(self, node: cst.CSTNode, scope: Optional[cst.CSTNode], imported: list) -> list:
+        """Of the imports binding one name in `scope` (a version shim's two branches, each
+        with its own `from ... import autocast`), the one `node` provably reads: the last before
+        it in the block that holds it or in a block around it, with no other of them in a loop or
+        `try` around `node` (a loop's next pass, or a `try` body cut short, may have run another)
+        nor in a function between (which runs later). All of them when that cannot be shown."""
+        inside = []  # (entry, the ids of its statement and of every node around it)
+        for entry in imported:
+            inside.append((entry, {id(a) for a in (entry[1], *self.ancestors(entry[1]))}))
+        child = node
+        for a in self.ancestors(node):
+            if a is scope or (scope is None and isinstance(a, cst.Module)):
+                break
+            if isinstance(a, (cst.FunctionDef, cst.Lambda, cst.ClassDef)):
+                return imported  # a nested scope runs later: any of them may have run
+            if isinstance(a, (cst.For, cst.While, cst.Try, cst.TryStar)) \
+                    and any(id(a) in around for _, around in inside):
+                return imported
+            body = getattr(a, "body", None)
+            at = next((i for i, b in enumerate(body) if b is child), None) \
+                if isinstance(a, (cst.IndentedBlock, cst.Module)) and isinstance(body, (list, tuple)) else None
+            if at is not None:
+                for stmt in reversed(body[:at]):
+                    here = [entry for entry, around in inside if id(stmt) in around]
+                    if not here:
+                        continue
+                    if isinstance(stmt, cst.SimpleStatementLine):
+                        return [here[-1]]  # (the last of one line: `import a as x; import b as x`)
+                    return imported  # in a compound statement before it: which ran is not known
+            child = a
+        return imported
 
     def qualname(self, node: cst.CSTNode) -> Optional[str]:
         if isinstance(node, cst.Call):
