@@ -2,7 +2,7 @@
 them before it analyses anything (see ampfix/engine/rulemeta.py). Do not edit; regenerate.
 """
 
-DIGEST = 'ee35d49612966ce8855d8f44856f7a5384cdeebdd9d6275fe16e96b6b4de5da9'
+DIGEST = 'f9defb407486592433753f1e220d1564d404ec03aa44943b4e96c38d4f38004a'
 
 RULES = [
     ('AMP001', 'backward-in-autocast', True, ('autocast',), (),

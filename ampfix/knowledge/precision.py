@@ -82,7 +82,9 @@ MEASURED: Dict[str, Measured] = {
                                "skrl's gradient penalty on discriminator logits, taken unscaled under float16 autocast, "
                                "DEBATABLE (its input gradients sit far above float16's floor in a CPU repro)"),
     "AMP017": Measured(1, 0, 0, "ecosystem check of 2026-11-28, twenty-fifth session (171 projects, check --select ALL --preview): "
-                               "transformers4rec's backward under float16 autocast with no GradScaler, TRUE"),
+                               "transformers4rec's backward under float16 autocast with no GradScaler, TRUE; pypots' "
+                               "backward under its own autocast(**kwargs) shim is the source of that check (579e255), "
+                               "TRUE, not counted"),
     "AMP102": Measured(9, 5, 58, "ecosystem check of 2026-11-28, twenty-third session (144 projects) and the twenty-fourth session's 13 projects nobody had read (157 projects, check --select ALL --preview): "
                                "stylegan2-pytorch's apex amp O1, its only mixed precision, 4 TRUE"),
     "AMP103": Measured(16, 0, 7, "ecosystem check of 2026-11-28, twenty-second session (131 projects, check --select ALL --preview)"),
