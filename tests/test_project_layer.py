@@ -377,6 +377,45 @@ def test_a_kwargs_parameter_passed_on_holds_the_callers_keywords(tmp_path):
     }
 
 
+def test_a_library_module_re_exported_by_a_project_module(tmp_path):
+    """thinc's `from ..compat import torch`: the project module binds the name only by
+    `import torch` (in a `try`, with `torch = None` in its `except`), so the name is torch's,
+    through re-exports of the project's own too. A library's function re-exported, a name bound
+    by two different imports, the project's own definitions: not a library name."""
+    tree(tmp_path, {
+        "pyproject.toml": "",
+        "pkg/__init__.py": "from .compat import torch\n",
+        "pkg/compat.py": """
+            try:
+                import torch
+                import torch.utils.dlpack
+            except ImportError:
+                torch = None
+
+            from torch.cuda.amp import autocast
+
+            if torch is not None and hasattr(torch, "amp"):
+                from torch.amp import GradScaler
+            else:
+                from torch.cuda.amp import GradScaler
+
+            def helper():
+                pass
+            """,
+        "pkg/shims/pytorch.py": "from ..compat import torch\n",
+    })
+    project = Project(tmp_path)
+    shim = str(tmp_path / "pkg" / "shims" / "pytorch.py")
+    assert project.library_name(shim, "..compat.torch") == "torch"
+    assert project.library_name(shim, "..compat.torch.cuda.amp.autocast") == "torch.cuda.amp.autocast"
+    assert project.library_name(shim, "pkg.torch") == "torch"  # through the package's re-export
+    assert project.library_name(shim, "..compat.autocast") is None  # a function, its import's to report
+    assert project.library_name(shim, "..compat.GradScaler") is None  # two different imports
+    assert project.library_name(shim, "..compat.helper") is None  # the project's own
+    assert project.library_name(shim, "..compat") is None  # a module of the project
+    assert project.library_name(shim, "numpy.linalg") is None  # not the project's at all
+
+
 def test_module_summary_constants_classes_options_and_calls(tmp_path):
     tree(tmp_path, {
         "pyproject.toml": "",

@@ -182,6 +182,10 @@ class ForeignFacts(Protocol):
         """A class of the project that may derive from `cls` defines a method `name` (True:
         not sure that none does)."""
 
+    def library_name(self, importer: str, qualified: str) -> Optional[str]:
+        """The library name an import binding of `importer` stands for when one of the
+        project's modules re-exports it (`from ..compat import torch`: "torch"); None: not so."""
+
     def holders(self, path: str, word: str) -> Optional[List[str]]:
         """The project's files (`path`'s own included) whose text holds `word`; None: not known
         (no project is read)."""

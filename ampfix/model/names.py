@@ -188,11 +188,24 @@ class Names:
                 imported = self._reaching_imports(node, scope, imported)
             if imported:
                 result = {QualifiedName(f"{q}.{rest}" if rest else q, QualifiedNameSource.IMPORT)
-                          for q, _, _ in imported}
+                          for q in (self._through_project(q) for q, _, _ in imported)}
             elif scope is None and first in _BUILTINS and text == first:
                 result = {QualifiedName(f"builtins.{first}", QualifiedNameSource.BUILTIN)}
         self._qname_cache[id(node)] = (node, result)
         return result
+
+    def _through_project(self, qualified: str) -> str:
+        """An import binding as a library's name where one of the project's modules re-exports
+        that library's (`from ..compat import torch`, compat.py holding `import torch`: "torch",
+        `Project.library_name`); else as it is. Memoised per binding."""
+        foreign = getattr(self, "foreign", None)
+        if foreign is None or qualified.partition(".")[0] == "torch":
+            return qualified
+        memo = self.__dict__.setdefault("_library_names", {})
+        found = memo.get(qualified)
+        if found is None:
+            found = memo[qualified] = foreign.library_name(self.path, qualified) or qualified  # type: ignore[attr-defined]
+        return found
 
     def _reaching_imports(self, node: cst.CSTNode, scope: Optional[cst.CSTNode], imported: list) -> list:
         """Of the imports binding one name in `scope` (a version shim's two branches, each

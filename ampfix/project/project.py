@@ -599,6 +599,48 @@ class Project:
             return self._target(target, depth) if target is not None else None
         return None
 
+    def library_name(self, importer: str, qualified: str) -> Optional[str]:
+        """What `qualified` (an import binding of `importer`, then attributes: `..compat.torch`,
+        `pkg.compat.torch.cuda`) stands for when it names a library's top-level module that one of
+        the project's modules binds only by importing it (thinc's `compat.py`: `import torch` in a
+        `try`, `torch = None` in its `except`): that library name (`torch`, `torch.cuda`), through
+        re-exports of the project's own. None when it is the project's own definition, unknown,
+        bound by imports of different things or otherwise, a library's function or class rather
+        than a module, or not one of the project's modules at all."""
+        importer = os.path.abspath(importer)
+        for _ in range(MAX_RESOLVE_DEPTH):
+            if not self.layout.contains(importer):
+                return None
+            self._resolving(importer)
+            level = len(qualified) - len(qualified.lstrip("."))
+            parts = [p for p in qualified[level:].split(".") if p]
+            found = None
+            for k in range(len(parts), 0, -1):  # the longest prefix that is a module or a name bound in one
+                target = self.layout.resolve(importer, "." * level + ".".join(parts[:k]))
+                if target is None:
+                    continue
+                target = self._package_attribute(importer, "." * level, parts[:k], target)
+                if target.attr is not None:
+                    found = (target.path, target.attr, parts[k:])
+                elif target.path.endswith(".py") and k < len(parts):
+                    found = (target.path, parts[k], parts[k + 1:])
+                break
+            if found is None:
+                return None
+            path, name, rest = found
+            index = self.index(path)
+            if index is None or index.names.get(name) != "import" or len(set(index.imports.get(name, ()))) != 1:
+                return None
+            imported = index.imports[name][0]
+            if imported.startswith(".") or self.layout.resolve(path, imported.split(".")[0]) is not None:
+                importer, qualified = path, imported + "".join(f".{r}" for r in rest)  # the project's own: follow it
+                continue
+            # a library's top-level module (`import torch`, `import torch.utils.dlpack`): the name
+            # a use spells is the library's. (A library's function or class re-exported, `from
+            # torch.cuda.amp import autocast`, is its import's to report, in that module.)
+            return imported + "".join(f".{r}" for r in rest) if "." not in imported else None
+        return None
+
     def _package_attribute(self, importer: str, dots: str, parts: List[str], target: Target) -> Target:
         """`pkg.name` (or `.name`) that the layout found as the submodule or folder `pkg/name`:
         what `pkg/__init__.py` binds to `name` when it binds it otherwise, as Python reads the
@@ -1819,6 +1861,9 @@ class _NoFacts:
         return True
 
     def holders(self, path, word):
+        return None
+
+    def library_name(self, importer, qualified):
         return None
 
 
