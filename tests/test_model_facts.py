@@ -1442,3 +1442,21 @@ def test_the_import_a_name_reads_where_several_bind_it():
         ["torch.amp.autocast", "torch.cuda.amp.autocast"],  # the loop's next pass rebinds it
         ["torch.amp.autocast", "torch.cuda.amp.autocast"],  # a nested function runs later
     ]
+
+
+def test_a_parameter_passed_back_to_its_own_function_holds_what_its_callers_pass():
+    """fastestimator's `_trace_value(inp, tables)` calls itself 25 times with its own `tables`:
+    following each of those back into the function again, six levels deep, took minutes. A
+    name whose values are being followed already adds nothing."""
+    calls = "\n".join(f"                trace(inp[{i}], tables)" for i in range(12))
+    m = model(f"""
+        def trace(inp, tables):
+            if isinstance(inp, list):
+{calls}
+            tables.update(inp)
+
+        trace([1, 2], {{}})
+        trace([3], dict(a=1))
+        """)
+    update = call_named(m, "tables.update(inp)")
+    assert [m.code(v) for v in m.possible_values(update.func.value)] == ["{}", "dict(a=1)"]

@@ -268,9 +268,20 @@ class Values:
         if kind == _DOTTED and dotted(expr) is not None:
             values = self.values_of(expr)
             if values:
+                # a name whose values are being followed already, further up (a parameter a
+                # function passes back to itself: fastestimator's `_trace_value(x, tables)` calls
+                # itself 25 times, and each `tables` again held all 25, 25^6 times) adds nothing
+                key = (id(self.scope_of(expr)), dotted(expr))
+                following = self.__dict__.setdefault("_following", set())
+                if key in following:
+                    return []
+                following.add(key)
                 out: List[cst.BaseExpression] = []
-                for v in values:
-                    out.extend(self.possible_values(v, depth + 1))
+                try:
+                    for v in values:
+                        out.extend(self.possible_values(v, depth + 1))
+                finally:
+                    following.discard(key)
                 return out
         if kind == _CALL and not isinstance(expr.func, cst.Call):  # type: ignore[attr-defined]
             if self.is_synthetic(expr):  # type: ignore[attr-defined]
