@@ -297,6 +297,14 @@ class Checkpoints(Facet):
                             todo.append((f, level + 1))
         return False
 
+    def _run_restores_scaler(self, restore: cst.Call) -> bool:
+        """A function of this file whose runs reach `restore` (one that encloses it or calls
+        it, `functions_reaching`) restores a GradScaler: sockeye's `_load_optimizer_state(fname)`
+        restores the optimizer alone, and the resume that calls it restores the scaler itself (its
+        other caller, a mid-run reload of the best optimizer state, is no resume)."""
+        own = self.model.function_of(restore)
+        return any(f is not own and self.restores_scaler(f) for f in self.model.functions_reaching(restore))
+
     def saves_without_scaler(self) -> List[ScalerlessSave]:
         """The file's resume checkpoints (`saved_states` that hold an optimizer's state, with
         literal keys only) that leave the GradScaler's state out, where a GradScaler is
@@ -320,7 +328,7 @@ class Checkpoints(Facet):
         scopes = {m.scope_of(c): None for c in m.calls if method_call(c, "load_state_dict") is not None}
         for scope in scopes:
             restores = self.restores(scope)
-            if self.restores_scaler(scope):
+            if not restores or self.restores_scaler(scope) or self._run_restores_scaler(restores[0]):
                 continue
             for call in restores:
                 receiver = method_call(call, "load_state_dict")
