@@ -2,7 +2,7 @@
 them before it analyses anything (see ampfix/engine/rulemeta.py). Do not edit; regenerate.
 """
 
-DIGEST = 'f9defb407486592433753f1e220d1564d404ec03aa44943b4e96c38d4f38004a'
+DIGEST = '98f47f698a5afaf68315facf51bc23408d6e2044f061cdddc2739dcf7da36c8f'
 
 RULES = [
     ('AMP001', 'backward-in-autocast', True, ('autocast',), (),

@@ -44,11 +44,11 @@ class Measured:
 #: code -> the rule's numbers in the last ecosystem check (rules with no finding there are absent).
 #: Filled from `python bench/ecosystem.py` (its precision table), one line per rule.
 MEASURED: Dict[str, Measured] = {
-    "AMP001": Measured(15, 0, 6, "ecosystem check of 2026-11-28, twenty-first session (116 projects; backward inside an autocast "
+    "AMP001": Measured(16, 0, 6, "ecosystem check of 2026-11-28, twenty-first session (116 projects; backward inside an autocast "
                                "region labelled TRUE unless the region is there on purpose) and the twenty-fourth session's 13 projects nobody had read (157 projects, check --select ALL --preview): nnunet's two "
                                "backward calls in autocast in uncalled VRAM-probing functions, DEBATABLE; pypots' backward in "
                                "its own autocast(**kwargs) wrapper's region (twenty-fifth session) is the source of that check "
-                               "(5a208bb), TRUE, not counted"),
+                               "(5a208bb), TRUE, not counted; the twenty-sixth batch's 15 projects nobody had read (186 projects, check --select ALL --preview): cn-clip's backward and step inside the autocast region, TRUE"),
     "AMP003": Measured(8, 2, 0, "ecosystem check of 2026-11-28, twenty-second session (131 projects: 7 TRUE) and the "
                                "twenty-third session's 13 projects nobody had read (144 projects, check --select ALL "
                                "--preview): two FALSE on torchrl's expert-iteration scripts (a conjunction test with an "
@@ -61,33 +61,33 @@ MEASURED: Dict[str, Measured] = {
                                "for child processes after this process's own set_device (nequip); and the twenty-fourth session's 13 projects nobody had read (157 projects, check --select ALL --preview): unimol-tools' "
                                "CUDA_VISIBLE_DEVICES set for the workers mp.spawn starts, FALSE; both fixed since by reading them "
                                "(not a measure on unseen code)"),
-    "AMP006": Measured(4, 0, 0, "ecosystem check of 2026-11-28, twenty-third session (144 projects, check --select ALL --preview: "
+    "AMP006": Measured(4, 0, 1, "ecosystem check of 2026-11-28, twenty-third session (144 projects, check --select ALL --preview: "
                                "torchrl's two scalers rebuilt per step, TRUE); earlier, its one wrong finding on 85 projects, the "
-                               "resumable train() of flair, fixed since: Iterations.iterates_epochs"),
-    "AMP009": Measured(1, 0, 2, "ecosystem check of 2026-11-27 (85 projects, check --select ALL --preview) (its one wrong finding of 2026-11-25, allennlp's stage-guarded unscale_, fixed since: Guards.in_stage_test)"),
-    "AMP013": Measured(13, 1, 3, "ecosystem check of 2026-11-28, twenty-third session (144 projects; s3prl's pretrain resume "
+                               "resumable train() of flair, fixed since: Iterations.iterates_epochs; the twenty-sixth batch's 15 projects nobody had read (186 projects, check --select ALL --preview): protenix's per-step GradScaler that its dtype test never enables, DEBATABLE"),
+    "AMP009": Measured(2, 0, 2, "ecosystem check of 2026-11-27 (85 projects, check --select ALL --preview) (its one wrong finding of 2026-11-25, allennlp's stage-guarded unscale_, fixed since: Guards.in_stage_test); the twenty-sixth batch's 15 projects nobody had read (186 projects, check --select ALL --preview): mmgen's generator steps with one update after the loop, TRUE"),
+    "AMP013": Measured(22, 2, 5, "ecosystem check of 2026-11-28, twenty-third session (144 projects; s3prl's pretrain resume "
                                "checkpoint, TRUE) and the twenty-fourth session's 13 projects nobody had read (157 projects, check --select ALL --preview): farm-haystack's save and load, torch4keras's resume, TRUE; "
                                "its false finding, a GradScaler used as a fixed loss scale and never updated (modelscope's nerf "
                                "trainer), is fixed since by reading it; flair's two TRUE findings and OpenNMT-py's one are the "
                                "sources of the checks that find them (a parameter annotated with a project class, an "
-                               "optimizer wrapper's state_dict), not counted"),
-    "AMP101": Measured(371, 5, 10, "ecosystem check of 2026-11-28, twenty-third session (144 projects; silent under a pin to a torch "
+                               "optimizer wrapper's state_dict), not counted; the twenty-sixth batch's 15 projects nobody had read (186 projects, check --select ALL --preview): 9 TRUE, 2 DEBATABLE, 1 FALSE (sockeye's optimizer restored by a helper whose caller restores the scaler, fixed since by reading it: 7c5045d)"),
+    "AMP101": Measured(395, 5, 11, "ecosystem check of 2026-11-28, twenty-third session (144 projects; silent under a pin to a torch "
                                "before 2.4, read from egg-info too) and the twenty-fourth session's 13 projects nobody had read (157 projects, check --select ALL --preview): 23 TRUE, 6 DEBATABLE (nnunet's uncalled "
                                "probing functions), 1 FALSE (torch4keras's autocast class taken as a value in a version shim); its "
                                "five false findings, a bare except: shim (megatron-core, two), a use in an except fallback "
                                "(torchtnt), an isinstance shim (pytorch-pfn-extras) and the value shim, fixed since by reading them; "
                                "the twenty-fifth session's 14 projects (171 projects): 21 TRUE, 1 DEBATABLE (laion-clap's uncalled "
-                               "zero-shot evaluation)"),
+                               "zero-shot evaluation); the twenty-sixth batch's 15 projects nobody had read (186 projects, check --select ALL --preview): 24 TRUE, 1 DEBATABLE (fastestimator, which pairs itself with torch 2.3.1)"),
     "AMP012": Measured(0, 0, 1, "ecosystem check of 2026-11-28, twenty-fifth session (171 projects, check --select ALL --preview): "
                                "skrl's gradient penalty on discriminator logits, taken unscaled under float16 autocast, "
                                "DEBATABLE (its input gradients sit far above float16's floor in a CPU repro)"),
-    "AMP017": Measured(1, 0, 0, "ecosystem check of 2026-11-28, twenty-fifth session (171 projects, check --select ALL --preview): "
+    "AMP017": Measured(2, 0, 0, "ecosystem check of 2026-11-28, twenty-fifth session (171 projects, check --select ALL --preview): "
                                "transformers4rec's backward under float16 autocast with no GradScaler, TRUE; pypots' "
                                "backward under its own autocast(**kwargs) shim is the source of that check (579e255), "
-                               "TRUE, not counted"),
-    "AMP102": Measured(9, 5, 58, "ecosystem check of 2026-11-28, twenty-third session (144 projects) and the twenty-fourth session's 13 projects nobody had read (157 projects, check --select ALL --preview): "
-                               "stylegan2-pytorch's apex amp O1, its only mixed precision, 4 TRUE"),
-    "AMP103": Measured(16, 0, 7, "ecosystem check of 2026-11-28, twenty-second session (131 projects, check --select ALL --preview)"),
+                               "TRUE, not counted; the twenty-sixth batch's 15 projects nobody had read (186 projects, check --select ALL --preview): pythae's trainer, TRUE"),
+    "AMP102": Measured(9, 5, 70, "ecosystem check of 2026-11-28, twenty-third session (144 projects) and the twenty-fourth session's 13 projects nobody had read (157 projects, check --select ALL --preview): "
+                               "stylegan2-pytorch's apex amp O1, its only mixed precision, 4 TRUE; the twenty-sixth batch's 15 projects nobody had read (186 projects, check --select ALL --preview): sockeye's and mmgen's opt-in apex backends beside their native ones, 12 DEBATABLE"),
+    "AMP103": Measured(18, 0, 8, "ecosystem check of 2026-11-28, twenty-second session (131 projects, check --select ALL --preview); the twenty-sixth batch's 15 projects nobody had read (186 projects, check --select ALL --preview): flagai's apex imports, 2 TRUE, 1 DEBATABLE (an unused LayerNorm)"),
     "AMP204": Measured(0, 4, 0, "ecosystem check of 2026-11-27, twentieth session (104 projects, check --select ALL --preview); "
                                "its four findings, on a project pinned to pytorch-lightning<2.0, are fixed since by reading "
                                "them (not a measure on unseen code)"),
