@@ -212,7 +212,8 @@ class Names:
         with its own `from ... import autocast`), the one `node` provably reads: the last before
         it in the block that holds it or in a block around it, with no other of them in a loop or
         `try` around `node` (a loop's next pass, or a `try` body cut short, may have run another)
-        nor in a function between (which runs later). All of them when that cannot be shown."""
+        nor in a function between (which runs later). All of them when that cannot be shown (and
+        for a use in the module's own body, whose statements are not looked through)."""
         inside = []  # (entry, the ids of its statement and of every node around it)
         for entry in imported:
             inside.append((entry, {id(a) for a in (entry[1], *self.ancestors(entry[1]))}))
