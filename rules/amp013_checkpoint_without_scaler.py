@@ -120,8 +120,11 @@ torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
         saved = key is not None or bool(saves)
         key = key or "scaler"
         if not saved:
+            alone = model.checkpoints.scaler_saved_alone()
             for load in loads:
-                why[id(load.call)] = ("no checkpoint saved in this file holds the GradScaler's state; save it "
+                why[id(load.call)] = (f"the GradScaler's state is saved to a file of its own (line {model.line(alone)}); "
+                                      "restore it from there" if alone is not None else
+                                      "no checkpoint saved in this file holds the GradScaler's state; save it "
                                       f"(`\"{key}\": scaler.state_dict()`) first, then restore it")
             return fixes, why
         edits: Dict[int, Dict] = {}

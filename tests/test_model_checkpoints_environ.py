@@ -350,3 +350,28 @@ def test_helper_restores_without_scaler_none_where_the_file_restores_one(tmp_pat
         """}, "train.py")
     assert len(m.checkpoints.restored_through_helpers()) == 1
     assert m.checkpoints.helper_restores_without_scaler() == []
+
+
+def test_scaler_saved_alone():
+    """A GradScaler's state saved to a file of its own (sockeye's `grad_scaler.pkl`), not under a
+    key of a checkpoint: the first such `torch.save`; none where only a model or optimizer is."""
+    m = model("""
+        import torch
+
+        class Trainer:
+            def __init__(self, model, optimizer):
+                self.model, self.optimizer = model, optimizer
+                self.scaler = torch.amp.GradScaler("cuda")
+
+            def save(self, folder):
+                torch.save(self.optimizer.state_dict(), folder + "/optimizer.pt")
+                torch.save(self.scaler.state_dict(), folder + "/grad_scaler.pt")
+        """)
+    found = m.checkpoints.scaler_saved_alone()
+    assert found is not None and m.code(found) == 'torch.save(self.scaler.state_dict(), folder + "/grad_scaler.pt")'
+    assert model("""
+        import torch
+
+        def save(model, optimizer, path):
+            torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, path)
+        """).checkpoints.scaler_saved_alone() is None

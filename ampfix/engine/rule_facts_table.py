@@ -2,7 +2,7 @@
 them before it analyses anything (see ampfix/engine/rulemeta.py). Do not edit; regenerate.
 """
 
-DIGEST = '98f47f698a5afaf68315facf51bc23408d6e2044f061cdddc2739dcf7da36c8f'
+DIGEST = '85e5390b39ef8e527b92089d5173b071eed2a7412f3bdab867fc472f69dbc9f0'
 
 RULES = [
     ('AMP001', 'backward-in-autocast', True, ('autocast',), (),

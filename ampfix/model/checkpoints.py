@@ -481,6 +481,16 @@ class Checkpoints(Facet):
             if foreign is not None else None
         return holders is not None and not holders
 
+    def scaler_saved_alone(self) -> Optional[cst.Call]:
+        """The first `torch.save(scaler.state_dict(), path)` of the file: a GradScaler's state
+        saved to a file of its own, not under a key of a checkpoint (sockeye's `grad_scaler.pkl`)."""
+        for call in self.model.calls:
+            if self.model.is_api(call, "save") and call.args and not call.args[0].keyword:
+                receiver = method_call(call.args[0].value, "state_dict")
+                if receiver is not None and self.model.is_scaler(receiver):
+                    return call
+        return None
+
     def scaler_key(self) -> Optional[str]:
         """The key under which this file's checkpoints already save (or its resumes read) a
         GradScaler's state, when there is exactly one."""
