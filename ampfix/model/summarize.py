@@ -305,7 +305,7 @@ def _names(node: cst.CSTNode, name: str) -> bool:
         n = stack.pop()
         if isinstance(n, cst.Name) and n.value == name:
             return True
-        stack.extend(n.children)
+        stack.extend(child_nodes(n))
     return False
 
 

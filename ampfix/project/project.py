@@ -584,12 +584,9 @@ class Project:
         level = len(qualified) - len(qualified.lstrip("."))
         parts = [p for p in qualified[level:].split(".") if p]
         dots = "." * level
-        # the longest prefix that is a module (or a name bound in one), then attributes
-        for k in range(len(parts), 0, -1) if parts else [0]:
-            target = self.layout.resolve(importer, dots + ".".join(parts[:k]))
-            if target is None:
-                continue
-            target = self._package_attribute(importer, dots, parts[:k], target)
+        found = self._longest_target(importer, dots, parts)  # then attributes
+        if found is not None:
+            target, k = found
             d = self._target(target, depth)
             for name in parts[k:]:
                 d = self._text_attribute(d, name) if text_only else self._attribute(d, name, depth + 1)
@@ -614,20 +611,16 @@ class Project:
             self._resolving(importer)
             level = len(qualified) - len(qualified.lstrip("."))
             parts = [p for p in qualified[level:].split(".") if p]
-            found = None
-            for k in range(len(parts), 0, -1):  # the longest prefix that is a module or a name bound in one
-                target = self.layout.resolve(importer, "." * level + ".".join(parts[:k]))
-                if target is None:
-                    continue
-                target = self._package_attribute(importer, "." * level, parts[:k], target)
-                if target.attr is not None:
-                    found = (target.path, target.attr, parts[k:])
-                elif target.path.endswith(".py") and k < len(parts):
-                    found = (target.path, parts[k], parts[k + 1:])
-                break
-            if found is None:
+            longest = self._longest_target(importer, "." * level, parts)
+            if longest is None:
                 return None
-            path, name, rest = found
+            target, k = longest
+            if target.attr is not None:
+                path, name, rest = target.path, target.attr, parts[k:]
+            elif target.path.endswith(".py") and k < len(parts):
+                path, name, rest = target.path, parts[k], parts[k + 1:]
+            else:
+                return None
             index = self.index(path)
             if index is None or index.names.get(name) != "import" or len(set(index.imports.get(name, ()))) != 1:
                 return None
@@ -639,6 +632,16 @@ class Project:
             # a use spells is the library's. (A library's function or class re-exported, `from
             # torch.cuda.amp import autocast`, is its import's to report, in that module.)
             return imported + "".join(f".{r}" for r in rest) if "." not in imported else None
+        return None
+
+    def _longest_target(self, importer: str, dots: str, parts: List[str]) -> Optional[Tuple[Target, int]]:
+        """The longest prefix of `parts` (after the relative import's `dots`) that names a module
+        of the project or a name bound in one, as an import in `importer` reads it
+        (`_package_attribute`), and its length; None when no prefix does."""
+        for k in range(len(parts), 0, -1) if parts else [0]:
+            target = self.layout.resolve(importer, dots + ".".join(parts[:k]))
+            if target is not None:
+                return self._package_attribute(importer, dots, parts[:k], target), k
         return None
 
     def _package_attribute(self, importer: str, dots: str, parts: List[str], target: Target) -> Target:
