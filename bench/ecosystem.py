@@ -289,6 +289,23 @@ PACKAGES: Tuple[Package, ...] = (
     Package("protenix", "2.0.0"),
     Package("mmgen", "0.7.3", note="native AMP and apex amp"),
     Package("yolov6detect", "0.4.1", note="a packaged copy of meituan/YOLOv6"),
+    # twenty-seventh batch (2026-11-28): projects nobody here had read, picked for their hand-written
+    # AMP training code, checked once and their findings read
+    Package("deep-daze", "0.11.1"),
+    Package("jiant", "2.2.0", note="apex amp"),
+    Package("torchflare", "0.2.4"),
+    Package("pylocron", "0.3.0", note="Holocron"),
+    Package("torch-molecule", "0.2.0"),
+    Package("adversarial-robustness-toolbox", "1.20.1", note="apex amp in estimators and trainers"),
+    Package("deepxde", "1.15.0"),
+    Package("pufferlib", "3.0.0"),
+    Package("robustness", "1.2.1.post2", note="apex amp"),
+    Package("pytext-nlp", "0.3.3", note="PyText: apex amp and own fp16 optimizers"),
+    Package("textbrewer", "0.2.1.post1", note="apex amp"),
+    Package("simcse", "0.4", note="a transformers Trainer subclass with its own AMP loop"),
+    Package("pytabkit", "1.8.0"),
+    Package("carte-ai", "0.0.26"),
+    Package("nnsvs", "0.1.1"),
     # known AMP bugs, at the release before their fix
     Package("pytorch-lightning", "1.4.8",
             note="gradient clipping before GradScaler.unscale_ (Lightning-AI/pytorch-lightning#9330, fixed in 1.4.9)"),
