@@ -9,6 +9,9 @@ and cached. The core, one class whose parts are one module each, answers what mo
 * `values`: what a name, `self.` attribute or module global may hold, file-wide, through
   assignments, parameters (the arguments at call sites), `functools.partial` and conditional
   expressions;
+* `conditions`: the values a name can hold when every one is known (literals, complete
+  bindings, `choices=` of an option, the keys of a table read before) and the tests they decide
+  (`enabled=(args.dtype == "float16")` never true when `--dtype` takes fp16/bf16/fp32);
 * `callgraph`: which functions and methods of this file a call runs (closures, `self.m()`,
   `obj.m()`, `obj(...)`, `super()`), with arguments bound to parameters;
 * `regions`: autocast regions (with, decorators, partial, module-global contexts);
@@ -59,6 +62,7 @@ from ampfix.model.autograd import CustomFunctions
 from ampfix.model.bound import Bound
 from ampfix.model.callgraph import CallGraph
 from ampfix.model.checkpoints import Checkpoints
+from ampfix.model.conditions import Conditions
 from ampfix.model.dataflow import Dataflow
 from ampfix.model.environ import Environ
 from ampfix.model.events import Event, Events, Trace, TraceEvent, anchor
@@ -80,7 +84,7 @@ from ampfix.model.tree import Index, Tree, dotted
 from ampfix.model.values import Values
 
 
-class AmpModel(Tree, Names, Values, CallGraph, Regions, Objects, Flow, Events, Environ, Iterations, Foreign):
+class AmpModel(Tree, Names, Values, CallGraph, Regions, Objects, Flow, Events, Environ, Iterations, Foreign, Conditions):
     """Facts about one parsed file (see the package docstring for its parts). `foreign`: the
     project the file belongs to (`ampfix/project/`), which answers for the other modules;
     `path`: the file's path (absolute), as the project knows it."""

@@ -569,8 +569,10 @@ class Events:
         return out
 
     def runs_with_scaler(self, node: cst.CSTNode) -> bool:
-        """Some run of the file that reaches `node` also steps a GradScaler."""
-        return any(self.trace(root).of(SCALER_STEP) for root in self._roots_reaching(node))
+        """Some run of the file that reaches `node` also steps a GradScaler (one that may be
+        enabled: a scaler built disabled, `scaler_always_disabled`, keeps no state)."""
+        return any(not self.scaler_always_disabled(e.event.scaler, root)  # type: ignore[attr-defined]
+                   for root in self._roots_reaching(node) for e in self.trace(root).of(SCALER_STEP))
 
     def traces(self) -> List[Trace]:
         """One trace per root (plus the functions a trace had to leave out)."""

@@ -304,9 +304,12 @@ class Objects:
         return arg.value if arg is not None else None
 
     def built_disabled(self, call: cst.Call) -> bool:
-        """The GradScaler construction `call` passes a literal False for `enabled` (the one
-        test of "this scaler is built disabled": every rule and fact asks it here)."""
-        return literal_bool(self.scaler_enabled(call)) is False
+        """The GradScaler construction `call` passes a literal False for `enabled`, or a test
+        that can never be true (`enabled=(args.dtype == "float16")` where every value the option
+        may hold is known and none is "float16": `test_value`) (the one test of "this scaler is
+        built disabled": every rule and fact asks it here)."""
+        enabled = self.scaler_enabled(call)
+        return literal_bool(enabled) is False or self.test_value(enabled) is False  # type: ignore[attr-defined]
 
     def scale_sources(self, expr: Optional[cst.CSTNode], depth: int = 0) -> List[cst.Call]:
         """The calls that may have scaled the value of `expr` for a GradScaler: `scaler.scale(x)`

@@ -21,7 +21,7 @@ from typing import Dict, List, Optional, Sequence
 import libcst as cst
 
 from ampfix.model.names import Api
-from ampfix.model.syntax import literal_bool, literal_string
+from ampfix.model.syntax import literal_string
 from ampfix.model.tree import FUNCTION_BOUNDARY, child_nodes, dotted, node_types
 
 _LAMBDA_OR_CLASS = node_types(cst.Lambda, cst.ClassDef)
@@ -101,7 +101,7 @@ class Regions:
             device = api.device
         if device is not None and ":" in device:
             device = device.split(":")[0]
-        enabled: Optional[bool] = True if en_arg is None else literal_bool(en_arg.value)
+        enabled: Optional[bool] = True if en_arg is None else self.test_value(en_arg.value)  # type: ignore[attr-defined]
         dtype_node = dtype_arg.value if dtype_arg is not None else None
         return Region(node=node, call=call, api=api, device=device, dtype=self.dtype_name(dtype_node),
                       enabled=enabled, dtype_node=dtype_node)
