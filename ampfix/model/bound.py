@@ -20,6 +20,13 @@ unbound; a global is a value when the module binds it somewhere (None too when o
 bindings is None); a builtin is a value. `self.x` in a method is what the `__init__` of its
 class (or of a base class of this file) leaves it, or what the class body assigns; anything
 else (set in another method, by a parent class of another module) is *possibly unbound*.
+`__init__` includes the methods it calls on `self` directly in its body (`self.configure_amp()`,
+not under an `if`, a loop, a `try` or a `with`), walked from the state at the call (and so on,
+MAX_INIT_CALLS deep): what they assign on every path to their end is bound after the call, with
+its value; only a plain method of the class or of its bases of this file that no subclass of this
+file overrides (else, or past the bound, the call assigns nothing known). A method that `__init__`
+calls (directly or through those calls, anywhere in it) also sees `self.x` as it is at each such
+call: not yet bound where `__init__` assigns it only after the call.
 
 Evidence refines: a test (`if x is not None`, `if x:`, `isinstance(x, T)`, `hasattr(self, "x")`,
 `assert`, an early `return`), and an unconditional dereference (`x.m()`, `x.a`, `x[i]`: had x
@@ -56,6 +63,8 @@ BUILTINS = set(dir(builtins)) | {"__name__", "__file__", "__doc__", "__spec__", 
                                  "__builtins__", "__path__", "__debug__"}
 MAX_CONDS = 4  # conditions a tag remembers (more: dropped, which only loses precision)
 MAX_LOOP_PASSES = 5
+MAX_INIT_CALLS = 3  # how deep the `self.m()` calls of `__init__` (and of the methods it calls) are followed
+MAX_INIT_EFFORT = 20_000  # statement visits of those methods per `__init__`: past it, later calls stay unknown
 MAX_STATEMENTS = 100_000  # statement visits per walk: past it, loops get one pass (less precise, never slow)
 _SPACE = re.compile(r"\s+")
 
@@ -95,7 +104,9 @@ class _Loop:
 class _Walker:
     """The forward pass over one scope (see the module docstring)."""
 
-    def __init__(self, bound: "Bound", scope: cst.CSTNode, start: Optional[State] = None) -> None:
+    def __init__(self, bound: "Bound", scope: cst.CSTNode, start: Optional[State] = None,
+                 inherit: Optional[Callable[[str], FrozenSet[Tag]]] = None, calls: Optional[int] = None,
+                 running: Tuple[cst.CSTNode, ...] = ()) -> None:
         self.bound = bound
         self.scope = scope
         self.before: Dict[cst.CSTNode, Optional[State]] = {}
@@ -107,12 +118,24 @@ class _Walker:
         self.problems: List[Problem] = []
         self._initial: Dict[str, FrozenSet[Tag]] = {}
         self.visits = 0
+        # a method `__init__` calls, walked from the state at the call: its `self.` keys start
+        # as the caller has them there (`inherit`); `calls`: how deep the `self.m()` calls of
+        # the body are followed (None: not at all, see `Bound._call_effects`)
+        self.inherit = inherit
+        self.calls = calls
+        self.running = running  # the methods being walked from a call (no recursion)
+        self.assigned: Set[str] = set()  # the keys this walk assigns (a caller takes them over)
+        self.done = False  # the pass is over (the tables are whole)
+        self.effort = [0]  # statement visits of the methods walked from calls (shared with them)
 
     # ---------------------------------------------------------------- states
     def initial(self, key: str) -> FrozenSet[Tag]:
         hit = self._initial.get(key)
         if hit is None:
-            hit = self.start.get(key) or self.bound._initial_tags(self.scope, key)
+            if self.inherit is not None and key.startswith("self."):
+                hit = self.inherit(key)
+            else:
+                hit = self.start.get(key) or self.bound._initial_tags(self.scope, key)
             self._initial[key] = hit
         return hit
 
@@ -172,6 +195,7 @@ class _Walker:
     # ---------------------------------------------------------------- assignment
     def assign(self, state: State, key: str, tags: FrozenSet[Tag]) -> None:
         state[key] = tags
+        self.assigned.add(key)
         prefix = key + "."
         for k in list(state):
             if k.startswith(prefix):
@@ -343,10 +367,13 @@ class _Walker:
     # ---------------------------------------------------------------- statements
     def block(self, body: Sequence[cst.CSTNode], state: Optional[State]) -> Optional[State]:
         self.visits += len(body)
+        top = self.calls is not None and body is getattr(getattr(self.scope, "body", None), "body", None)
         for stmt in body:
             self.record(self.before, stmt, state)
             if state is not None:
                 state = self.statement(stmt, dict(state))
+                if top and state is not None:  # `self.configure_amp()`, directly in `__init__`'s body
+                    state = self.bound._call_effects(self, stmt, state)
             self.record(self.after, stmt, state)
         return state
 
@@ -712,13 +739,15 @@ class Bound(Facet):
         hit = cache.get(id(scope))
         if hit is not None and hit[0] is scope:
             return hit[1]
-        walker = _Walker(self, scope)
+        init = isinstance(scope, cst.FunctionDef) and scope.name.value == "__init__" and self._self_param(scope)
+        walker = _Walker(self, scope, calls=0 if init else None)
         cache[id(scope)] = (scope, walker)
         body = getattr(scope, "body", None)
         if isinstance(scope, cst.Module):
             walker.block(scope.body, {})
         elif isinstance(body, cst.BaseSuite):
             walker.suite(body, {})
+        walker.done = True
         return walker
 
     def _state_at(self, stmt: cst.CSTNode, after: bool = False) -> Optional[State]:
@@ -958,6 +987,11 @@ class Bound(Facet):
         origin = f" (line {origin_line})" if origin_line is not None else ""
         if p.kind == NONE:
             return f"`{p.key}` may be None at {where}{origin}"
+        if p.key.startswith("self.") and isinstance(p.origin, cst.Call) and origin_line is not None and \
+                isinstance(scope, cst.FunctionDef) and dotted(p.origin.func) == f"self.{scope.name.value}":
+            caller = self.model.function_of(p.origin)
+            return (f"`{p.key}` is not assigned yet where `{caller.name.value if caller else 'the class'}` calls "
+                    f"`self.{scope.name.value}()` (line {origin_line}), while the object is built")
         if p.key.startswith("self.") and origin_line is None:
             cls = self.model.self_class(stmt)
             owner = f"`{cls.name.value}`" if cls is not None else "the class"
@@ -1133,9 +1167,147 @@ class Bound(Facet):
                         tags.add(Tag(NONE, frozenset(), node))
         if not bound:
             tags.add(Tag(UNBOUND))
+        if method.name.value != "__init__":
+            tags |= self._at_call_sites(cls, key, method)
         if not any(t.kind in (VALUE, NONE) for t in tags):
             tags.add(Tag(VALUE))  # set by some other method (or another module)
         return frozenset(tags)
+
+    # ---------------------------------------------------------------- the methods `__init__` calls
+    def _self_param(self, func: cst.FunctionDef) -> bool:
+        """`func` is a plain method of a class whose first parameter is `self`."""
+        params = [*func.params.posonly_params, *func.params.params]
+        return self.model.class_of(func) is not None and self.model._is_method(func) and \
+            params[0].name.value == "self" and not any(
+                isinstance(d.decorator, cst.Name) and d.decorator.value == "classmethod" for d in func.decorators)
+
+    def _call_effects(self, walker: _Walker, stmt: cst.CSTNode, state: State) -> Optional[State]:
+        """The state after `stmt`, a statement directly in the body of `__init__` (or of a method
+        it calls this way), when it is a call of a method of the class on `self` alone
+        (`self.configure_amp()`): that method walked from the state at the call, to its normal end
+        or a `return`; what it assigns on `self` is then what it left it (bound when assigned on
+        every path). Anything else, a method that cannot be resolved (see `_init_callee`), or
+        past MAX_INIT_CALLS calls deep: `state` unchanged (what the call assigns stays unknown:
+        possibly unbound)."""
+        if walker.calls is None or walker.calls >= MAX_INIT_CALLS or walker.effort[0] > MAX_INIT_EFFORT \
+                or not isinstance(stmt, cst.SimpleStatementLine) or len(stmt.body) != 1 \
+                or not isinstance(stmt.body[0], cst.Expr):
+            return state
+        call = stmt.body[0].value
+        if not isinstance(call, cst.Call) or not isinstance(call.func, cst.Attribute) \
+                or dotted(call.func.value) != "self" or any(a.star for a in call.args):
+            return state
+        method = self._init_callee(walker.scope, call.func.attr.value)  # type: ignore[arg-type]
+        if method is None or method in walker.running or method is walker.scope:
+            return state
+        at = dict(state)
+        nested = _Walker(self, method, inherit=lambda key: _self_conds(walker.get(at, key)),
+                         calls=walker.calls + 1, running=(*walker.running, walker.scope))
+        nested.effort = walker.effort
+        ends = [nested.suite(method.body, {})]
+        for r in self.model._nodes_in_scope(method, cst.Return):
+            line = self.model.statement_of(r)
+            ends.append(nested.before.get(line))  # type: ignore[arg-type]
+        end = nested.join(*ends)
+        walker.effort[0] += nested.visits
+        if end is None:
+            return state  # it always raises (a hook a subclass of another module may override): unknown
+        out = dict(state)
+        for key in sorted(k for k in end if k.startswith("self.")):
+            tags = frozenset(_self_conds(end[key]))
+            if key in nested.assigned:
+                walker.assign(out, key, tags)
+            elif tags != nested.initial(key):
+                out[key] = tags  # a refinement (`self.optimizer.zero_grad()` ran)
+        return out
+
+    def _init_callee(self, caller: cst.FunctionDef, name: str) -> Optional[cst.FunctionDef]:
+        """The method `self.<name>()` runs in `caller` (a method), when it is certain: a plain
+        method (no decorator, not async, not a generator, `self` its first parameter) of the
+        caller's class or of its bases of this file (every base of the way resolved), that no
+        subclass of this file overrides and no code assigns as an instance attribute."""
+        cls = self.model.class_of(caller)
+        if cls is None or self.model._by_key.get(f"self.{name}"):
+            return None
+        method = self._resolved_method(cls, name, 0)
+        if method is None or method.decorators or method.asynchronous is not None or not self._self_param(method) \
+                or self.model._nodes_in_scope(method, cst.Yield):
+            return None
+        for sub in self.model.nodes_of(cst.ClassDef):
+            if sub is not cls and cls in self._class_chain(sub) and self._resolved_method(sub, name, 0) is not method:
+                return None
+        return method
+
+    def _resolved_method(self, cls: cst.ClassDef, name: str, depth: int) -> Optional[cst.FunctionDef]:
+        """`name` of `cls` or of its bases, when every base on the way is a class of this file
+        (else a base of another module might define it first) and they agree."""
+        own = self.model.method(cls, name)
+        if own is not None or depth > 8:
+            return own
+        bases = self.model._bases(cls)
+        named = [b for b in cls.bases if not (isinstance(b.value, cst.Name) and b.value.value == "object")]
+        if len(bases) != len(named) or cls.keywords:
+            return None
+        found = {self._resolved_method(b, name, depth + 1) for b in bases}
+        return found.pop() if len(found) == 1 else None
+
+    def _init_call_sites(self, cls: cst.ClassDef, method: cst.FunctionDef) -> List[Tuple[cst.FunctionDef, cst.Call]]:
+        """The calls `self.<method>(...)` that may run while an object of `cls` is built: in the
+        `__init__` of `cls`, of its bases and of its subclasses of this file, and in the methods
+        those call on `self`, and so on (by name: any method of those classes of a name called)."""
+        memo = self.__dict__.setdefault("_init_sites", {})
+        hit = memo.get((id(cls), id(method)))
+        if hit is not None:
+            return hit
+        related = [c for c in self.model.nodes_of(cst.ClassDef) if c is cls or cls in self._class_chain(c)]
+        related += [c for c in self._class_chain(cls) if c not in related]
+        funcs = [f for c in related for f in self.model.methods(c)]
+
+        def self_calls(f: cst.FunctionDef) -> List[cst.Call]:
+            return [c for c in self.model._nodes_in_scope(f, cst.Call) if isinstance(c.func, cst.Attribute)
+                    and isinstance(c.func.value, cst.Name) and c.func.value.value == "self"]
+
+        names = {"__init__"}
+        grew = True
+        while grew:
+            grew = False
+            for f in funcs:
+                if f.name.value in names:
+                    for c in self_calls(f):
+                        if c.func.attr.value not in names:  # type: ignore[attr-defined]
+                            names.add(c.func.attr.value)  # type: ignore[attr-defined]
+                            grew = True
+        hit = [(f, c) for f in funcs if f.name.value in names and f is not method
+               for c in self_calls(f) if c.func.attr.value == method.name.value]  # type: ignore[attr-defined]
+        memo[(id(cls), id(method))] = hit
+        return hit
+
+    def _at_call_sites(self, cls: cst.ClassDef, key: str, method: cst.FunctionDef) -> Set[Tag]:
+        """What `key` may be where a call that builds the object runs `method` (`_init_call_sites`):
+        a method `__init__` calls sees what `__init__` has assigned by then, not what it assigns
+        after the call. Possibly unbound where the state there is not known."""
+        out: Set[Tag] = set()
+        busy = self.__dict__.setdefault("_sites_busy", set())
+        for func, call in self._init_call_sites(cls, method):
+            stmt = self.model.statement_of(call)
+            if (id(func), key) in busy or self._bound_scope(call) is not func:
+                out.add(Tag(UNBOUND, frozenset(), call))
+                continue
+            busy.add((id(func), key))
+            try:
+                walker = self._walker(func)
+                if not walker.done or stmt not in walker.before:
+                    out.add(Tag(UNBOUND, frozenset(), call))
+                    continue
+                state = walker.before[stmt]
+                if state is None:
+                    continue  # never reached
+                for t in walker.get(state, key):
+                    t = _portable(t, self._set_in_init_only)
+                    out.add(Tag(UNBOUND, frozenset(), call) if t.kind == UNBOUND else t)
+            finally:
+                busy.discard((id(func), key))
+        return out
 
     def _class_chain(self, cls: cst.ClassDef) -> List[cst.ClassDef]:
         out = [cls]
@@ -1169,6 +1341,16 @@ class Bound(Facet):
             if fn is None or fn.name.value != "__init__":
                 return False
         return True
+
+
+def _self_conds(tags: FrozenSet[Tag]) -> FrozenSet[Tag]:
+    """Tags handed between a method and the `__init__` that calls it: only conditions on `self.`
+    attributes name the same decision in both (a local of one is not the other's)."""
+    out = set()
+    for t in tags:
+        kept = frozenset(c for c in t.conds if c[0][1] and all(k == "self" or k.startswith("self.") for k in c[0][1]))
+        out.add(t if kept == t.conds else Tag(t.kind, kept, t.origin))
+    return frozenset(out)
 
 
 def _portable(tag: Tag, stable) -> Tag:
