@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from typing import Iterator, List, Optional
+from typing import Iterator, List, Optional, Tuple
 
 import libcst as cst
 
@@ -38,18 +38,25 @@ Reported when the loss of a `backward()` followed by an optimizer step is comput
 region known to run float16 (its `dtype=`, the CUDA default, or a dtype chosen from
 configuration that is float16 on every path), also through helpers and other modules of the
 project, and nothing on that path scales it, also where the code holds a GradScaler that this
-path does not use (a method that trains a second network without the class's scaler). Not
-reported: bfloat16 (float32's range: it needs no scaling; CPU autocast defaults to it), a dtype
-that may be bfloat16, any GradScaler in the training step (`scaler.scale(loss)`, also through
+path does not use (a method that trains a second network without the class's scaler), and
+where its only GradScaler is never enabled: built with `enabled=False`, or with an `enabled=` test
+that can never be true because every value of what it compares is known (`enabled=(args.dtype ==
+"float16")` where `--dtype` has `choices=["fp16", "bf16", "fp32"]`, or after a `{"fp16": ...,
+"bf16": ..., "fp32": ...}[dtype]` table that raises for any other key); with such a test naming
+float16, an autocast whose dtype is float16 for one of those values counts (the fp16 choice then
+trains unscaled). A test whose values come from a configuration file, an option without
+`choices=` or a caller not seen may be true: not reported. Not reported: bfloat16 (float32's
+range: it needs no scaling; CPU autocast defaults to it), a dtype that may be bfloat16, any
+GradScaler that may be enabled in the training step (`scaler.scale(loss)`, also through
 helpers; `GradScaler(enabled=use_fp16)`), a framework that scales (Accelerate
 `mixed_precision="fp16"` with `accelerator.backward`, Fabric and Lightning "16-mixed",
 DeepSpeed's `engine.backward(loss)`, apex's `amp.scale_loss`),
 evaluation under `torch.no_grad()` and inference without backward.
 
 The fix is unsafe (it changes training), and there is none where the code holds a GradScaler
-(which one to use is the author's choice). When the backward, the optimizer's only `step()` and
-its construction are in this file, it adds a GradScaler: `scaler = torch.amp.GradScaler("cuda")`
-after the optimizer is built, `scaler.scale(loss).backward()`, `scaler.step(optimizer)` and
+(which one to use is the author's choice; for one never enabled, which test was meant is too).
+When the backward, the optimizer's only `step()` and its construction are in this file, it adds
+a GradScaler: `scaler = torch.amp.GradScaler("cuda")` after the optimizer is built, `scaler.scale(loss).backward()`, `scaler.step(optimizer)` and
 `scaler.update()`; this works on every GPU. Otherwise, when the region is a `with` of this file
 whose dtype is written there, it switches the region to `dtype=torch.bfloat16`, which needs no
 scaling but needs hardware with bfloat16 (Ampere and newer; on older GPUs use a GradScaler).
@@ -93,17 +100,21 @@ for x, y in loader:
             return  # their backward scales (AMP201 reports a backward that bypasses it)
         reported = set()
         for trace in model.traces():
-            if trace.of(SCALE, UNSCALE, SCALER_STEP, UPDATE) or any(model.backward_scale_sources(e)
-                                                                   for e in trace.of(BACKWARD)):
+            off = {id(bw): _disabled_scale(model, bw) for bw in trace.of(BACKWARD)}
+            if any(not model.scaler_always_disabled(e.event.scaler, trace.root)
+                   for e in trace.of(SCALE, UNSCALE, SCALER_STEP, UPDATE)) or any(
+                    model.backward_scale_sources(e) and off[id(e)] is None for e in trace.of(BACKWARD)):
                 continue  # a GradScaler (or what may be one) in this training step: AMP008 judges the rest
             for bw in trace.of(BACKWARD):
-                loss = model.unscaled_loss(bw)
+                scale = off[id(bw)]  # `scaler.scale(loss)` of a scaler that is never enabled
+                loss = model.unscaled_loss(bw) if scale is None else model.argument_at(bw, scale.args[0].value)
                 if loss is None or _scales_unseen(model, bw):
                     continue
-                if model.precision.value_dtypes(loss) != {"float16"}:
-                    continue
+                gate = _never_true_gate(model, scale) if scale is not None else None
+                if model.precision.value_dtypes(loss) != {"float16"} and not (gate and _may_be_float16(model, loss)):
+                    continue  # (a scaler gated on float16 that is never on: the float16 choice is unscaled)
                 regions, foreign = model.precision.computing_regions(loss)
-                step = model.first_after(trace, bw, lambda e: e.kind == OPT_STEP)
+                step = model.first_after(trace, bw, lambda e: e.kind == OPT_STEP or scale is not None and e.kind == SCALER_STEP)
                 if step is None or frameworks(model).derives_from_prepared_module(loss):
                     continue
                 shown = model.anchor(bw, step)[0]
@@ -120,10 +131,11 @@ for x, y in loader:
                 where = f" (line {model.line(regions[0].node)})" if regions else \
                     f" (in `{first.function}`, {_rel(model, first.path)}:{first.line})" if first else ""
                 held = model.checkpoints.scalers_at(bw.node)  # a scaler this path could use, and does not
-                scaler = f"not scaled by the GradScaler `{held[0]}` it could use" if held else "with no GradScaler"
+                scaler = _never_enabled(model, scale, gate) if scale is not None else \
+                    f"not scaled by the GradScaler `{held[0]}` it could use" if held else "with no GradScaler"
                 message = self.message.format(where=where, scaler=scaler) + model.where(bw, shown)
-                yield Violation(shown, message=message, related=related,
-                                fix=None if foreign or held else _fix(model, trace, bw, step, loss, regions))
+                yield Violation(shown, message=message, related=related, fix=None if foreign or held or scale
+                                else _fix(model, trace, bw, step, loss, regions))
 
 
 def _fix(model: AmpModel, trace: Trace, bw: TraceEvent, step: TraceEvent, loss: cst.BaseExpression,
@@ -193,7 +205,52 @@ def _rel(model: AmpModel, path: str) -> str:
 
 def _scales_unseen(model: AmpModel, bw: TraceEvent) -> bool:
     """A function on the backward's call path calls something named like a loss scaler
-    (`loss_scaler(loss, optimizer)`, `amp.scale_loss(...)`): it may scale what it is given."""
+    (`loss_scaler(loss, optimizer)`, `amp.scale_loss(...)`): it may scale what it is given (not
+    a GradScaler that is never enabled, nor its `scale()`)."""
     scopes = {model.scope_of(n) for n in bw.path}
     return any("scale" in (call_name(c) or "").lower() and not (call_name(c) or "").startswith("unscale")
+               and not (model.is_api(c, "GradScaler") and model.built_disabled(c))
+               and not (isinstance(c.func, cst.Attribute) and model.scaler_disabled(c.func.value))
                for scope in scopes for c in model.calls_in_scope(scope))
+
+
+def _disabled_scale(model: AmpModel, bw: TraceEvent) -> Optional[cst.Call]:
+    """The `scaler.scale(loss)` the backward runs on when every scaling of it is by a GradScaler
+    that is never enabled (`built_disabled`): it returns the loss unchanged."""
+    scales = model.backward_scale_sources(bw)
+    if scales and all(isinstance(c.func, cst.Attribute) and c.args and model.scaler_disabled(c.func.value)
+                      for c in scales):
+        return scales[0]
+    return None
+
+
+def _never_true_gate(model: AmpModel, scale: cst.Call) -> Optional[Tuple[cst.BaseExpression, str, List[object]]]:
+    """The `enabled=` test of the scaler of `scale` that names float16 and can never be true
+    (`self.configs.dtype == "float16"` where the dtype is one of fp32/bf16/fp16): the test,
+    what it compares and its values; None for a literal `enabled=False`."""
+    for built in model.possible_values(scale.func.value):  # type: ignore[attr-defined]
+        enabled = model.scaler_enabled(built) if isinstance(built, cst.Call) else None
+        reason = model.never_true_reason(enabled)
+        if enabled is not None and reason is not None and model.precision.float16_gated(enabled):
+            return enabled, reason[0], reason[1]
+    return None
+
+
+def _may_be_float16(model: AmpModel, loss: cst.BaseExpression) -> bool:
+    """Every autocast region of this file computing `loss` runs float16 for some value of its
+    dtype (`{"fp16": torch.float16, "bf16": torch.bfloat16}[dtype]`)."""
+    regions, foreign = model.precision.computing_regions(loss)
+    return bool(regions) and not foreign and all(
+        model.precision.region_dtype(r) == "float16" or r.dtype_node is not None
+        and "float16" in (model.precision.dtype_values(r.dtype_node) or ()) for r in regions)
+
+
+def _never_enabled(model: AmpModel, scale: cst.Call, gate) -> str:
+    """Why the scaler of `scale` scales nothing: its `enabled=` test can never be true (with the
+    values of what it compares), or it is a literal False."""
+    scaler = model.code(scale.func.value)  # type: ignore[attr-defined]
+    if gate is None:
+        return f"and its GradScaler `{scaler}` is built with `enabled=False`"
+    values = ", ".join(repr(v) for v in gate[2])
+    return (f"and its GradScaler `{scaler}` is never enabled: `enabled={model.code(gate[0])}` can never be true "
+            f"(`{gate[1]}` is one of {values})")
