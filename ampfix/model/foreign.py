@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Protocol, Tuple, Union
+from typing import Callable, Dict, FrozenSet, List, Optional, Protocol, Tuple, Union
 
 import libcst as cst
 
@@ -189,6 +189,10 @@ class ForeignFacts(Protocol):
     def holders(self, path: str, word: str) -> Optional[List[str]]:
         """The project's files (`path`'s own included) whose text holds `word`; None: not known
         (no project is read)."""
+
+    def star_names(self, importer: str, module: str) -> Optional[FrozenSet[str]]:
+        """The names `from <module> import *`, written in `importer`, binds when `module` is one
+        of the project's (its `__all__`, else its public top-level names); None: not known."""
 
 
 @dataclass

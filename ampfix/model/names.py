@@ -184,6 +184,13 @@ class Names:
         if text is not None:
             first, _, rest = text.partition(".")
             scope, imported = self._resolve_scope(first, self.scope_of(node))
+            if scope is None or (scope is self.module and imported):
+                # not bound, or imported, at the module's level: a star import may bind it there too
+                starred = self._star_entries(first)
+                if starred:
+                    scope = self.module
+                    imported = starred if not imported else self._last_top_level(
+                        node, sorted([*imported, *starred], key=lambda e: self._index.order_of(e[1])))
             if imported and len({q for q, _, _ in imported}) > 1:
                 imported = self._reaching_imports(node, scope, imported)
             if imported:
@@ -193,6 +200,54 @@ class Names:
                 result = {QualifiedName(f"builtins.{first}", QualifiedNameSource.BUILTIN)}
         self._qname_cache[id(node)] = (node, result)
         return result
+
+    def _star_entries(self, name: str) -> list:
+        """The module-level `from <module> import *` statements that bind `name`, as entries of
+        the import index, (qualified, statement, None): `.utils.amp` for `from .utils import *`,
+        where the project's module `.utils` binds `amp` (`ForeignFacts.star_names`: its
+        `__all__`, else its public top-level names, through its own star imports). None bind
+        it when a later star import's names are not known (a library's, an `__all__` computed):
+        that one may bind it too. Python's order otherwise: a local binding shadows them (the
+        caller asks only when the name is not bound in the module, or imported there), the last
+        import before a use is the one it reads (`_reaching_imports`)."""
+        stars = self.__dict__.get("_stars")
+        if stars is None:
+            ask = getattr(getattr(self, "foreign", None), "star_names", None)
+            stars = self.__dict__["_stars"] = [] if ask is None else [
+                (stmt, module, ask(self.path, module))  # type: ignore[attr-defined]
+                for stmt in self.nodes_of(cst.ImportFrom)
+                if isinstance(stmt.names, cst.ImportStar) and self._index.scope_of(stmt, self.module) is self.module
+                for module in ["." * len(stmt.relative) + (dotted(stmt.module) or "" if stmt.module is not None else "")]]
+        memo = self.__dict__.setdefault("_star_memo", {})
+        found = memo.get(name)
+        if found is None:
+            found = []
+            for stmt, module, names in stars:
+                if names is None:
+                    found = []  # it may bind the name too
+                elif name in names:
+                    found.append((f"{module}.{name}" if module and not module.endswith(".") else f"{module}{name}",
+                                  stmt, None))
+            memo[name] = found
+        return found
+
+    def _last_top_level(self, node: cst.CSTNode, entries: list) -> list:
+        """Of a star import and other imports of one name (in text order), the last when each is
+        a statement of the module's own body (none in an `if` or `try`) and `node` reads the
+        name after all of them ran: in a function (which runs later), or in a statement below
+        the last of them; else what `_reaching_imports` shows."""
+        tops = {id(s) for s in self.module.body}
+        if not all(id(self.parent(e[1])) in tops for e in entries):
+            return self._reaching_imports(node, self.module, entries)
+        top, in_function = node, False
+        for a in self.ancestors(node):
+            if a is self.module:
+                break
+            in_function = in_function or isinstance(a, (cst.FunctionDef, cst.Lambda))
+            top = a
+        if in_function or self._index.order_of(top) > self._index.order_of(self.parent(entries[-1][1])):
+            return [entries[-1]]
+        return self._reaching_imports(node, self.module, entries)
 
     def _through_project(self, qualified: str) -> str:
         """An import binding as a library's name where one of the project's modules re-exports

@@ -14,14 +14,17 @@ package), that cannot be read or parsed, or a name it does not bind resolves to 
 
 from __future__ import annotations
 
+import ast
 import bisect
 import hashlib
+import io
 import os
 import re
 import sys
+import tokenize
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Protocol, Set, Tuple, TypeVar, Union
+from typing import Callable, Dict, FrozenSet, List, Optional, Protocol, Set, Tuple, TypeVar, Union
 
 import libcst as cst
 
@@ -44,6 +47,13 @@ _DOTTED_RE = re.compile(r"^[A-Za-z_]\w*(?:\.\w+)*$")
 _APEX_AMP_IMPORT = re.compile(r"^[ \t]*(?:from[ \t]+apex[ \t]+import[ \t]+(?:\(?[\w, \t]*\b)?amp\b|import[ \t]+apex\b)",
                               re.MULTILINE)
 _APEX_AMP_USE = re.compile(r"\bamp\.(?:initialize|scale_loss|master_params|state_dict|load_state_dict)\(")
+# `amp` (or anything) taken from another module: `from .utils import *`, `from .utils import amp`
+_AMP_FROM_ELSEWHERE = re.compile(r"^[ \t]*from[ \t]+\S+[ \t]+import[ \t]+(?:\*|\(?[\w, \t]*\bamp\b)", re.MULTILINE)
+# library modules a project module may bind with `from <package> import <module>` (`from apex import amp`):
+# a name re-exported from there is that module, as a top-level module (`import torch`) is; a library's
+# function or class so re-exported is not followed (`library_name`)
+LIBRARY_MODULES = frozenset({"apex.amp", "torch.amp", "torch.cuda", "torch.cuda.amp", "torch.cpu", "torch.cpu.amp",
+                             "torch.nn", "torch.nn.utils", "torch.optim", "torch.distributed"})
 
 
 class SummaryStore(Protocol):
@@ -149,6 +159,7 @@ class Project:
         self._bound: Dict[str, Dict[str, str]] = {}
         self._uses_memo: Dict[str, List[str]] = {}
         self._reexports: _Memo[str, List[str]] = _Memo()
+        self._exports: _Memo[str, Optional[FrozenSet[str]]] = _Memo()  # path -> `star_names`
         self._reached: _Memo[Tuple[str, str], List[Optional[Definition]]] = _Memo()
         self._text_mros: _Memo[Tuple[str, str], Optional[List[ForeignClass]]] = _Memo()
         self._lacks_methods: _Memo[Tuple[Tuple[str, str], str], bool] = _Memo()
@@ -254,7 +265,8 @@ class Project:
                      self._callers, self._bound, self._uses_memo, self._used, self._names_for, self._reached,
                      self._text_mros, self._lacks_methods, self._imports_at, self._stats, self._indexes, self._spans, self._relevant,
                      self._closures, self._words, self._words_of_modules, self._words_of_texts, self._deps_pool, self._offered,
-                     self._reexports, self._masks, self._import_pieces, self._import_words_memo, self._overrides):
+                     self._reexports, self._masks, self._import_pieces, self._import_words_memo, self._overrides,
+                     self._exports):
             memo.clear()
         self.graph = ImportGraph(Path(self.root), self._quiet_text, self.layout)
 
@@ -280,7 +292,7 @@ class Project:
             for p in changed:
                 memo_of_paths.pop(p, None)
         for memo in (self._members, self._resolved, self._bases, self._used, self._names_for, self._reached,
-                     self._text_mros, self._lacks_methods, self._closures, self._reexports):
+                     self._text_mros, self._lacks_methods, self._closures, self._reexports, self._exports):
             stale = [k for k in memo if k not in memo.deps or _reads(memo.deps[k], changed)]
             for key in stale:
                 del memo[key]
@@ -622,16 +634,81 @@ class Project:
             else:
                 return None
             index = self.index(path)
+            if index is not None and name not in index.names:
+                star = self._exporting_star(path, name)  # `from .utils import *` binds it there
+                if star is None:
+                    return None
+                importer, qualified = path, _star_member(star, name) + "".join(f".{r}" for r in rest)
+                continue
             if index is None or index.names.get(name) != "import" or len(set(index.imports.get(name, ()))) != 1:
                 return None
             imported = index.imports[name][0]
             if imported.startswith(".") or self.layout.resolve(path, imported.split(".")[0]) is not None:
                 importer, qualified = path, imported + "".join(f".{r}" for r in rest)  # the project's own: follow it
                 continue
-            # a library's top-level module (`import torch`, `import torch.utils.dlpack`): the name
-            # a use spells is the library's. (A library's function or class re-exported, `from
-            # torch.cuda.amp import autocast`, is its import's to report, in that module.)
-            return imported + "".join(f".{r}" for r in rest) if "." not in imported else None
+            # a library's top-level module (`import torch`, `import torch.utils.dlpack`) or one of the
+            # library modules ampfix knows (`from apex import amp`): the name a use spells is the
+            # library's. (A library's function or class re-exported, `from torch.cuda.amp import
+            # autocast`, is its import's to report, in that module.)
+            if "." not in imported or imported in LIBRARY_MODULES:
+                return imported + "".join(f".{r}" for r in rest)
+            return None
+        return None
+
+    # ------------------------------------------------------------------ star imports
+    def star_names(self, importer: str, module: str) -> Optional[FrozenSet[str]]:
+        """The names `from <module> import *`, written in the file `importer`, binds there when
+        `module` is one of the project's (`module` as written: `.utils`, `pkg.utils`): those its
+        `__all__` lists when it is a literal list or tuple of strings, else every name it binds
+        at its top level (`module_index`: definitions, assignments, imports) that does not start
+        with `_`, with those of its own star imports of the project's modules after the last of
+        a library (a chain, to a bounded depth; a module met again on the way adds nothing; the
+        names it binds itself come first, as `_lookup` reads them). None: not known (a module
+        that is not the project's, a namespace package, an `__all__` computed). Memoised."""
+        importer = os.path.abspath(importer)
+        self._resolving(importer)
+        path = self._star_target(importer, module)
+        if path is None:
+            return None
+        return self._memoised(self._exports, path, lambda: self._star_names(path, (path,)), placeholder=None)
+
+    def _star_names(self, path: str, chain: Tuple[str, ...]) -> Optional[FrozenSet[str]]:
+        text, index = self.text(path), self.index(path)
+        if text is None or index is None:
+            return None
+        listed = dunder_all(text)
+        if listed is not _NO_ALL:
+            return listed  # type: ignore[return-value]
+        starred: Set[str] = set()
+        for star in index.stars if len(chain) < MAX_RESOLVE_DEPTH else ():
+            target = self._star_target(path, star)
+            if target is None:
+                starred.clear()  # not the project's: its names are not known, and may be any of those before
+            elif target not in chain:  # (a cycle adds nothing)
+                starred.update(self._star_names(target, chain + (target,)) or ())
+        return frozenset(starred.union(n for n in index.names if not n.startswith("_")))
+
+    def _star_target(self, importer: str, module: str) -> Optional[str]:
+        """The file of the project's module `from <module> import *` in `importer` reads; None:
+        not a module file of the project."""
+        if not self.layout.contains(importer):
+            return None
+        target = self.layout.resolve(importer, module)
+        if target is None or target.attr is not None or not target.path.endswith(".py"):
+            return None
+        return target.path
+
+    def _exporting_star(self, path: str, name: str) -> Optional[str]:
+        """The module (as written) of the last star import of the module at `path` whose
+        names hold `name` (`star_names`); None when none does, or a later star import's
+        names are not known (it may bind `name` too)."""
+        index = self.index(path)
+        for star in reversed(index.stars if index is not None else ()):
+            names = self.star_names(path, star)
+            if names is None:
+                return None
+            if name in names:
+                return star
         return None
 
     def _longest_target(self, importer: str, dots: str, parts: List[str]) -> Optional[Tuple[Target, int]]:
@@ -720,7 +797,7 @@ class Project:
                                                folder="" if module.path.endswith(".py") else module.path), name)
             if sub is not None:
                 return self._target(sub, depth + 1)
-        for star in index.stars if index is not None else ():
+        for star in reversed(index.stars) if index is not None else ():  # (the last one binds it)
             d = self._resolve(module.path, star, depth + 1)
             if isinstance(d, ForeignModule):
                 found = self._member(d, name, depth + 1)
@@ -1366,15 +1443,17 @@ class Project:
     def apex_amp_uses(self, path: str) -> List[Tuple[str, int]]:
         """The modules related to `path` (it imports them, or they import it) that use NVIDIA
         apex's amp (`amp.initialize`, `amp.scale_loss`, `amp.master_params`, `amp.state_dict`,
-        `amp.load_state_dict`, after an import of apex's amp): (path relative to the root, line)
-        of the first use in each, read from their text. A migration of one module to native AMP
+        `amp.load_state_dict`, after an import of apex's amp, or of `amp` or `*` from another
+        module, which may re-export it): (path relative to the root, line) of the first use in
+        each, read from their text. A migration of one module to native AMP
         is project-wide or not applied (`ampfix/migrations/apex/`); a script that shares
         nothing with it (a sibling example with its own `amp.initialize`) is independent of it."""
         path = os.path.abspath(path)
         out: List[Tuple[str, int]] = []
         for f in sorted({*self.imports_of(path), *self.importers_of(path)} - {path}):
             text = self.text(f)
-            if text is None or "apex" not in text or not _APEX_AMP_IMPORT.search(text):
+            if text is None or not (("apex" in text and _APEX_AMP_IMPORT.search(text))
+                                    or ("import" in text and _AMP_FROM_ELSEWHERE.search(text))):
                 continue
             use = _APEX_AMP_USE.search(text)
             if use is not None:
@@ -1745,6 +1824,58 @@ def module_index(text: str) -> ModuleIndex:
     return ModuleIndex(names, imports, stars, imported_at)
 
 
+def _star_member(star: str, name: str) -> str:
+    """What `from <star> import name` imports, as the model records it (`.utils.amp`, `.amp`)."""
+    return f"{star}.{name}" if star and not star.endswith(".") else f"{star}{name}"
+
+
+_NO_ALL = object()
+_ALL_WORD = re.compile(r"\b__all__\b")
+_ALL_ASSIGN = re.compile(r"^__all__[ \t]*(?::[^=\n]*)?=[ \t]*(?=[\[(])", re.MULTILINE)
+
+
+def dunder_all(text: str) -> object:
+    """A module's `__all__`, read from its text: the names of a literal list or tuple of
+    strings assigned once at its top level (`__all__ = ["a", "b"]`) as a frozenset; None when
+    the text names `__all__` otherwise too (`__all__ += [...]`, `__all__ = base.__all__ + [...]`,
+    in a function, in a comment: what it holds is not known); `_NO_ALL` when it never names it."""
+    if "__all__" not in text:
+        return _NO_ALL
+    words = _ALL_WORD.findall(text)
+    if not words:
+        return _NO_ALL
+    found = _ALL_ASSIGN.search(text)
+    if found is None or len(words) != 1:
+        return None
+    depth, end = 0, None
+    rest = text[found.end():]
+    try:
+        for tok in tokenize.generate_tokens(io.StringIO(rest).readline):
+            if tok.type == tokenize.OP and tok.string in "([{":
+                depth += 1
+            elif tok.type == tokenize.OP and tok.string in ")]}":
+                depth -= 1
+                if depth == 0:
+                    end = tok.end
+                    break
+    except (tokenize.TokenError, SyntaxError, IndentationError):
+        return None
+    if end is None:
+        return None
+    lines = rest.splitlines(keepends=True)
+    offset = sum(len(line) for line in lines[:end[0] - 1]) + end[1]
+    after = rest[offset:].split("\n", 1)[0].strip()
+    if after and not after.startswith("#"):
+        return None  # `__all__ = [...] + more`
+    try:
+        value = ast.literal_eval(rest[:offset])
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        return None
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+        return None
+    return frozenset(value)
+
+
 _CLASS_RE = re.compile(r"^class[ \t]+(\w+)[ \t]*(?:\(([^)]*)\))?[ \t]*:", re.MULTILINE)
 _LIBRARY_PREFIXES = ("torch", "lightning", "pytorch_lightning", "accelerate", "apex", "transformers", "abc", "enum",
                      "typing", "builtins")
@@ -1867,6 +1998,9 @@ class _NoFacts:
         return None
 
     def library_name(self, importer, qualified):
+        return None
+
+    def star_names(self, importer, module):
         return None
 
 

@@ -17,6 +17,14 @@ if TYPE_CHECKING:
 def imports(m: "ApexMigration") -> None:
     model = m.model
     use_roots = {id(root(u.call.func)) for u in m.uses}
+    bound_here = {id(r) for b in model.import_bindings if b.qualified == "apex" or b.qualified.startswith("apex.amp")
+                  for r in b.refs}
+    for u in m.uses:
+        name = root(u.call.func)
+        if isinstance(name, cst.Name) and id(name) not in bound_here:
+            # `from .utils import *` (or `from .utils import amp`): the modules that share it migrate together
+            raise Blocked(f"`{name.value}` is apex's amp imported in another module of the project (a star "
+                          "import or a re-export): migrate the modules that share it together, by hand")
     tries: Dict[cst.Try, List] = {}
     for b in model.import_bindings:
         if not (b.qualified == "apex" or b.qualified.startswith("apex.amp")):
