@@ -17,6 +17,10 @@ MESSAGES = {
                   "once and run the forward pass in torch.autocast(\"cuda\")",
     "scale_loss": "apex amp.scale_loss: use scaler.scale(loss).backward(), the forward pass in "
                   'torch.autocast("cuda"), and scaler.step(optimizer) + scaler.update()',
+    # the backward computes an input's gradient (`model.training.input_gradient`): nothing to scale
+    "input_gradient": "apex amp.scale_loss computes the gradient of `{tensor}` and no optimizer steps: native AMP "
+                      'is autocast only: the forward pass in torch.autocast("cuda") and an unscaled loss.backward(), '
+                      "no GradScaler (a scaled backward leaves `{tensor}.grad` multiplied by the scale)",
     "master_params": "apex amp.master_params: clip the optimizer's parameters after scaler.unscale_(optimizer)",
     "state_dict": "apex amp.state_dict: save scaler.state_dict()",
     "load_state_dict": "apex amp.load_state_dict: load into scaler.load_state_dict()",
@@ -52,7 +56,12 @@ The fix (unsafe: it restructures the training loop) migrates the whole file at o
   `scaler.scale(loss).backward()`; the statements the loss depends on run in
   `torch.autocast("cuda")`; each following `opt.step()` becomes `scaler.step(opt)`, with one
   `scaler.update()` after the last step of the iteration (gradient accumulation: on the
-  boundary only);
+  boundary only); a `scale_loss` that only computes an input's gradient (`x.grad` read from a
+  new tensor the function made require gradients, no optimizer step in the function or after
+  its callers: an attack's `loss_gradient`) becomes `loss.backward()` unscaled, its forward in
+  autocast, with no scaler: a scaled backward would leave `x.grad` multiplied by the scale (apex
+  left it so too: it unscales the optimizer's parameters only), and a `scaler.step` would
+  update the model;
 * `amp.master_params(opt)` becomes the optimizer's parameters; gradients clipped between the
   backward and the step (apex unscaled them when `scale_loss` exited) get
   `scaler.unscale_(opt)` first, once per iteration;
@@ -118,7 +127,8 @@ for x, y in loader:
             if use.kind == "other":
                 continue  # apex.amp internals (`amp._amp_state`, ...): nothing native to migrate them to; the
                 # migration of the file's amp calls says they block it
-            msg = MESSAGES[use.kind]
+            tensor = ctx.model.training.input_gradient(use.call) if use.kind == "scale_loss" else None
+            msg = MESSAGES["input_gradient"].format(tensor=tensor) if tensor else MESSAGES[use.kind]
             reason = use.reason or plan.reason
             if reason:
                 yield Violation(use.call, message=f"{msg}; migrate by hand: {reason}")

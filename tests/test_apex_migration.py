@@ -234,3 +234,38 @@ def _migrated(tmp_path, head: str):
     res = run_ampfix("rewrite", "--preview", "--select", "AMP1", "--unsafe-fixes", src)
     assert res.returncode == 0, res.stdout + res.stderr
     return src, src.read_text()
+
+
+def _amp102(text, name):
+    diags, _ = check_text(text, name, select_rules(["AMP102"], [], preview=True), Settings(unsafe_fixes=True))
+    return diags
+
+
+def test_an_input_gradient_is_autocast_only():
+    """adversarial-robustness-toolbox's estimators: `fit`'s scale_loss is a training step (scaler.scale,
+    step and update); `loss_gradient`'s only computes `x_grad.grad` for an attack, with no optimizer
+    step: native AMP is autocast only there (a scaled backward would leave the input's gradient
+    multiplied by the scale, a scaler.step would update the model), and it does not hold back the
+    migration of `fit` (the golden file; the script checks the gradients are not scaled)."""
+    text = (APEX / "bad_run_input_gradient.py").read_text()
+    diags = _amp102(text, "bad_run_input_gradient.py")
+    lines = text.splitlines()
+    fit, grad, custom = [d for d in diags if "scale_loss(" in lines[d.line - 1]]
+    assert "scaler.step(optimizer) + scaler.update()" in fit.message
+    for d in (grad, custom):
+        assert d.message.startswith("apex amp.scale_loss computes the gradient of `x_grad` and no optimizer steps: "
+                                    "native AMP is autocast only"), d.message
+        assert "scaler.step" not in d.message and "multiplied by the scale" in d.message
+    assert all(d.fix == "unsafe" for d in diags)
+    golden = (APEX / "bad_run_input_gradient.unsafe.py").read_text()
+    assert golden.count("self.scaler.scale(loss).backward()") == 1 and golden.count("        loss.backward()\n") == 2
+    assert golden.count("self.scaler.step(") == 1
+    # the input is made to require gradients inside the autocast region, before the forward reads it
+    assert "            x_grad.requires_grad = True\n            diff = self._model(x_grad)" in golden
+    # ART's own shape: its opt_level is not known here, so nothing is migrated, but the advice stands
+    art = text.replace('opt_level="O1"', "opt_level=config.OPT_LEVEL")
+    diags = _amp102(art, "art.py")
+    fit, grad, custom = [d for d in diags if "scale_loss(" in art.splitlines()[d.line - 1]]
+    assert all(d.fix is None for d in diags)
+    assert "autocast only" in grad.message and "opt_level is `config.OPT_LEVEL`" in grad.message
+    assert "follows the scaled backward" not in grad.message + custom.message + fit.message

@@ -2,7 +2,7 @@
 them before it analyses anything (see ampfix/engine/rulemeta.py). Do not edit; regenerate.
 """
 
-DIGEST = '85e5390b39ef8e527b92089d5173b071eed2a7412f3bdab867fc472f69dbc9f0'
+DIGEST = 'c6c81b03266f02ff1e5f3f5fe1d84b36194c6189b68a5d84732f9e68415a6c02'
 
 RULES = [
     ('AMP001', 'backward-in-autocast', True, ('autocast',), (),

@@ -122,6 +122,58 @@ def reads_writes(node: cst.CSTNode) -> Tuple[Set[str], Set[str]]:
     return v.reads, v.writes
 
 
+def mutations(node: cst.CSTNode) -> Set[str]:
+    """The objects a statement changes without rebinding a name, as dotted keys: the targets of
+    attribute and subscript assignments (`x.requires_grad = True` -> `x.requires_grad`, `x[i] = v`
+    -> `x`) and the receivers of in-place methods (`x.requires_grad_()`, `x.add_(y)` -> `x`)."""
+    out: Set[str] = set()
+
+    def target(t: cst.CSTNode) -> None:
+        if isinstance(t, (cst.Tuple, cst.List)):
+            for e in t.elements:
+                target(e.value)
+        elif isinstance(t, cst.Attribute) and dotted(t) is not None:
+            out.add(dotted(t))  # type: ignore[arg-type]
+        elif isinstance(t, cst.Subscript) and dotted(t.value) is not None:
+            out.add(dotted(t.value))  # type: ignore[arg-type]
+
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        if isinstance(n, (cst.Lambda, cst.FunctionDef, cst.ClassDef)):
+            continue
+        if isinstance(n, cst.AssignTarget):
+            target(n.target)
+        elif isinstance(n, (cst.AugAssign, cst.AnnAssign)):
+            target(n.target)
+        elif isinstance(n, cst.Call) and isinstance(n.func, cst.Attribute) and dotted(n.func.value) is not None:
+            name = n.func.attr.value
+            if name.endswith("_") and not name.startswith("_"):
+                out.add(dotted(n.func.value))  # type: ignore[arg-type]
+        stack.extend(n.children)
+    return out
+
+
+def dotted_reads(node: cst.CSTNode) -> Set[str]:
+    """The names and attribute chains a statement or expression reads, each as its longest dotted
+    key (`f(self.model, x)` -> `self.model`, `x`, `f`)."""
+    out: Set[str] = set()
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        key = dotted(n) if isinstance(n, (cst.Name, cst.Attribute)) else None
+        if key is not None:
+            out.add(key)
+            continue
+        stack.extend(n.children)
+    return out
+
+
+def overlaps(a: Set[str], b: Set[str]) -> bool:
+    """Some key of `a` is a key of `b`, or one is an attribute of the other (`x` and `x.grad`)."""
+    return any(p == q or p.startswith(q + ".") or q.startswith(p + ".") for p in a for q in b)
+
+
 def names_bound(stmts: Iterable[cst.CSTNode]) -> Set[str]:
     out: Set[str] = set()
     for s in stmts:

@@ -1,5 +1,7 @@
 """Training facts: which models a file trains, and where a model is copied, evaluated, frozen or
-rewrapped. Asked by AMP011 (a float16 cast of a trained model under AMP) and open to every rule."""
+rewrapped. Asked by AMP011 (a float16 cast of a trained model under AMP) and open to every rule.
+`input_gradient`: a backward that computes an input's gradient (an attack, a saliency map), not a
+training step; asked by AMP102 and the apex migration (such a backward needs no loss scaling)."""
 
 from __future__ import annotations
 
@@ -22,6 +24,15 @@ TRANSPARENT = re.compile(r"^(?:DistributedDataParallel|DDP|DataParallel|FullySha
                          r"to|cuda|train)$")
 # calls given the model that may freeze its weights and add trainable float32 ones (LoRA, adapters)
 FREEZING = re.compile(r"peft|lora|adapter|freeze|prepare_model", re.IGNORECASE)
+# calls that make a new tensor, never an `nn.Parameter` (its `.grad` is not a parameter's)
+TENSOR_FACTORIES = {f"torch.{n}" for n in (
+    "tensor", "from_numpy", "as_tensor", "zeros", "ones", "empty", "full", "rand", "randn", "randint", "arange",
+    "linspace", "zeros_like", "ones_like", "empty_like", "full_like", "rand_like", "randn_like")}
+# numpy arrays (of tensors: `np.empty(n, dtype=object)`), never a parameter themselves
+ARRAY_FACTORIES = {f"numpy.{n}" for n in ("empty", "zeros", "array", "asarray")}
+# methods that give a new tensor (`detach`, `clone`) or the same one moved or cast
+FRESH_METHODS = {"detach", "clone", "to", "cuda", "cpu", "float", "double", "half", "requires_grad_", "contiguous"}
+MAX_HELPER_DEPTH = 3  # helpers followed for a `.step()` or a `requires_grad` set
 
 
 class Training(Facet):
@@ -121,6 +132,123 @@ class Training(Facet):
             if given and isinstance(parent, cst.Assign) and parent.value is other \
                     and any(dotted(t.target) == key for t in parent.targets) and not TRANSPARENT.match(name):
                 return True
+        return False
+
+    def input_gradient(self, node: cst.CSTNode) -> Optional[str]:
+        """The backward at `node` (a `loss.backward()`, or the `amp.scale_loss(...)` of a
+        `scaled_loss.backward()`) computes the gradient of an input, not a training step: after it,
+        its function reads the `.grad` of a tensor that is no parameter (`x.grad`, `x[i].grad`,
+        where `x` is a local bound only to new tensors or arrays: `torch.tensor(...)`,
+        `torch.from_numpy(...)`, `x.clone().detach()`, `np.empty(...)`) and that the function made
+        require gradients (`x.requires_grad = True`, `x.requires_grad_()`, `requires_grad=True`,
+        or a helper of this file it is passed to that does it to its parameter or its items); and
+        nothing steps an optimizer: no `.step()` call in the function, in the functions of this file
+        it calls or in those that call it. Returns the tensor's text (`x_grad`), else None."""
+        model = self.model
+        func = model.function_of(node)
+        if func is None or self._steps(func, 0) or any(self._steps(model.scope_of(c), 0, after=c)
+                                                       for c in model.callers(func)):
+            return None
+        for attr in model._nodes_in_scope(func, cst.Attribute):
+            if attr.attr.value != "grad" or not model.before(node, attr) or self._assigned(attr):
+                continue
+            tensor = attr.value
+            base = tensor.value if isinstance(tensor, cst.Subscript) else tensor
+            if isinstance(base, cst.Name) and self._fresh_local(func, base.value) \
+                    and self._made_to_require_grad(func, base.value, isinstance(tensor, cst.Subscript)):
+                return model.code(tensor)
+        return None
+
+    def _assigned(self, attr: cst.Attribute) -> bool:
+        """`x.grad = None`: a write, not a read."""
+        parent = self.model.parent(attr)
+        return isinstance(parent, cst.AssignTarget) or (isinstance(parent, (cst.AugAssign, cst.AnnAssign))
+                                                       and parent.target is attr)
+
+    def _steps(self, scope: cst.CSTNode, depth: int, after: Optional[cst.Call] = None) -> bool:
+        """A `.step()` call in `scope` or in the functions of this file it calls (conservative: any
+        receiver, an unresolved call counts as none); with `after`, only those that may run after
+        that call (later in the text, or anywhere in a loop around it)."""
+        model = self.model
+        loop = model.loop_of(after) if after is not None else None
+        for call in model.calls_in_scope(scope):
+            if after is not None and not model.before(after, call) \
+                    and not (loop is not None and model.is_ancestor(loop, call)):
+                continue
+            if call_name(call) == "step" and isinstance(call.func, cst.Attribute):
+                return True
+            if depth < MAX_HELPER_DEPTH and any(f is not scope and self._steps(f, depth + 1)
+                                              for f in self.model.callees(call)):
+                return True
+        return False
+
+    def _fresh_local(self, func: cst.FunctionDef, name: str) -> bool:
+        """`name` is a local of `func` (not a parameter) bound only by assignments of a new tensor or
+        array (see `input_gradient`)."""
+        model = self.model
+        if model._is_param(func, name) or name in model._index.declared.get(func, ()):
+            return False
+        values = []
+        for node, target, value in model._index.assignments:
+            if isinstance(target, cst.Name) and target.value == name and model.scope_of(node) is func:
+                if value is None or not isinstance(node, cst.Assign) or len(node.targets) != 1:
+                    return False  # a loop target, `with ... as x`, `x += ...`, `a = x = ...`
+                values.append(value)
+        return bool(values) and all(self._fresh_value(v) for v in values)
+
+    def _fresh_value(self, value: cst.BaseExpression) -> bool:
+        chain = value
+        detached = False
+        while isinstance(chain, cst.Call) and isinstance(chain.func, cst.Attribute) \
+                and chain.func.attr.value in FRESH_METHODS and not self.model.qualnames(chain):
+            detached = detached or chain.func.attr.value in ("detach", "clone")
+            chain = chain.func.value
+        if isinstance(chain, cst.Call) and self.model.qualnames(chain) & (TENSOR_FACTORIES | ARRAY_FACTORIES):
+            return True
+        return detached
+
+    def _made_to_require_grad(self, func: cst.FunctionDef, name: str, items: bool, depth: int = 0) -> bool:
+        """`func` makes `name` (or, with `items`, also its items `name[i]`) require gradients, itself or
+        through a helper of this file it passes `name` to."""
+        model = self.model
+
+        def is_it(expr: cst.CSTNode) -> bool:
+            if items and isinstance(expr, cst.Subscript):
+                expr = expr.value
+            return isinstance(expr, cst.Name) and expr.value == name
+
+        for node, target, value in model._index.assignments:
+            if isinstance(target, cst.Attribute) and target.attr.value == "requires_grad" \
+                    and model.scope_of(node) is func and is_it(target.value) and value is not None \
+                    and literal_bool(value) is True:
+                return True
+
+        def assigned_to_it(call: cst.Call) -> bool:
+            """`name = <call>` or `name = <call>.to(device)...`: the call's tensor is bound to it."""
+            cur: cst.CSTNode = call
+            while True:
+                parent = model.parent(cur)
+                if isinstance(parent, cst.Attribute) and parent.value is cur \
+                        and isinstance(model.parent(parent), cst.Call) and model.parent(parent).func is parent \
+                        and parent.attr.value in FRESH_METHODS:
+                    cur = model.parent(parent)
+                    continue
+                return isinstance(parent, cst.Assign) and parent.value is cur and len(parent.targets) == 1 \
+                    and is_it(parent.targets[0].target)
+
+        for call in model.calls_in_scope(func):
+            if call_name(call) == "requires_grad_" and isinstance(call.func, cst.Attribute) \
+                    and (not call.args or literal_bool(call.args[0].value) is True) \
+                    and (is_it(call.func.value) or assigned_to_it(call)):
+                return True
+            arg = next((a for a in call.args if a.keyword is not None and a.keyword.value == "requires_grad"), None)
+            if arg is not None and literal_bool(arg.value) is True and assigned_to_it(call):
+                return True
+            if depth < MAX_HELPER_DEPTH:
+                for callee in model.callees(call):
+                    for param, given in model.bind_arguments(call, callee).items():
+                        if is_it(given) and self._made_to_require_grad(callee, param, items, depth + 1):
+                            return True
         return False
 
     def after_training(self, call: cst.Call) -> bool:

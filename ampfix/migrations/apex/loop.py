@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Dict, List, Optional
 import libcst as cst
 
 from ampfix.model import dotted, get_arg, reads_writes
+from ampfix.model.readwrite import dotted_reads, mutations, overlaps
 from ampfix.migrations.apex import conditions, scaler
 from ampfix.migrations.apex.common import SCALE_KW, SAVE_NOTE, LOAD_NOTE, GUARD_NOTE, ApexUse, Blocked
 
@@ -88,10 +89,13 @@ def scale_loss(m: "ApexMigration", use: ApexUse) -> None:
     opt_names = [dotted(o) for o in opts]
     if any(n is None for n in opt_names):
         raise Blocked("the optimizer of amp.scale_loss is not a name or attribute")
-    ref = scaler.scaler_ref(m, call)
+    # an input's gradient (`x.grad` read, no optimizer steps): autocast only, an unscaled backward
+    # (scaled, the input's gradient would keep the scale; there is no step to unscale it)
+    input_grad = model.training.input_gradient(call)
     loss_code = m.code(loss)
     bw_args = m.code(bw)[len(m.code(bw.func)):]
-    scaled = m.stmt(f"{ref}.scale({loss_code}).backward{bw_args}")
+    scaled = m.stmt(f"{loss_code}.backward{bw_args}" if input_grad else
+                    f"{scaler.scaler_ref(m, call)}.scale({loss_code}).backward{bw_args}")
     # `if args.fp16: <scale_loss> else: loss.backward()` -> one scaled backward
     target: cst.CSTNode = with_node
     flag = None
@@ -111,11 +115,15 @@ def scale_loss(m: "ApexMigration", use: ApexUse) -> None:
                                    f"`{m.flag or 'always'}`: make them the same flag, then migrate")
             target = guard
     if flag is None and m.flag is not None:
-        flag = m.flag if model.scope_of(call) is m.init_scope else f"{ref}.is_enabled()"
+        flag = m.flag if model.scope_of(call) is m.init_scope else f"{scaler.scaler_ref(m, call)}.is_enabled()"
     if m.autocast_off:
         flag = "False"
     m.rw.replace(use, target, [scaled])
     forward(m, use, target, loss, flag)
+    if input_grad:
+        use.description = (f"apex amp.scale_loss for the gradient of `{input_grad}` -> {loss_code}.backward{bw_args} "
+                           "unscaled, forward in torch.autocast(\"cuda\") (no optimizer step, no scaler)")
+        return
     scaled_steps(m, use, with_node, opt_names)
     m.backwards.append((with_node, opt_names))
     use.description = ("apex amp.scale_loss -> scaler.scale(loss).backward(), forward in torch.autocast(\"cuda\"), "
@@ -135,15 +143,17 @@ def forward(m: "ApexMigration", use: ApexUse, stmt: cst.CSTNode, loss: cst.BaseE
         idx = next(i for i, s in enumerate(stmts) if s is cur)
         deps: List[int] = []
         need = set(needed)
+        need_keys = dotted_reads(loss)  # and the objects: `x.requires_grad = True` belongs to `model(x)`
         for i in range(idx - 1, -1, -1):
             if any(stmts[i] is w or model.is_ancestor(stmts[i], w) for w in m.with_nodes):
                 break  # the forward of this loss starts after the previous scaled backward
             if isinstance(stmts[i], (cst.FunctionDef, cst.ClassDef)):
                 continue
             reads, writes = reads_writes(stmts[i])
-            if writes & need:
+            if writes & need or (deps and overlaps(mutations(stmts[i]), need_keys)):
                 deps.append(i)
                 need |= reads
+                need_keys |= dotted_reads(stmts[i])
         if deps:
             break
         holder = model.parent(block)
@@ -161,6 +171,9 @@ def forward(m: "ApexMigration", use: ApexUse, stmt: cst.CSTNode, loss: cst.BaseE
         raise Blocked("the forward passes of two scaled losses overlap: wrap them in torch.autocast by hand")
     m.regions.update(stmts[first:last + 1])
     names = {i: reads_writes(stmts[i]) for i in range(first, last + 1)}
+    # objects changed in place (`x.requires_grad = True`) against what reads them (`model(x)`)
+    changed = {i: mutations(stmts[i]) for i in range(first, last + 1)}
+    seen = {i: dotted_reads(stmts[i]) for i in range(first, last + 1)}
     before: List[cst.BaseStatement] = []
     after: List[cst.BaseStatement] = []
     for i in range(first, last + 1):
@@ -169,9 +182,11 @@ def forward(m: "ApexMigration", use: ApexUse, stmt: cst.CSTNode, loss: cst.BaseE
         r, w = names[i]
         earlier = [names[j] for j in deps if j < i]
         later = [names[j] for j in deps if j > i]
-        if not any(r & ew or w & (er | ew) for er, ew in earlier):
+        if not any(r & ew or w & (er | ew) for er, ew in earlier) and not any(
+                overlaps(changed[i], seen[j]) or overlaps(changed[j], seen[i]) for j in deps if j < i):
             before.append(stmts[i])
-        elif not any(w & (lr | lw) or r & lw for lr, lw in later):
+        elif not any(w & (lr | lw) or r & lw for lr, lw in later) and not any(
+                overlaps(changed[i], seen[j]) or overlaps(changed[j], seen[i]) for j in deps if j > i):
             after.append(stmts[i])
         else:
             raise Blocked(f"line {m.line(stmts[i])} is interleaved with the forward pass: wrap the forward "
