@@ -21,10 +21,12 @@ import libcst as cst
 
 from ampfix.fixes.edits import import_from_elsewhere, remove_import_alias
 from ampfix.migrations.bindings import Binding, Use, settle
-from ampfix.migrations.torch_amp import binding_use, deprecated_refs, qualified_use
+from ampfix.migrations.torch_amp import binding_use, deprecated_refs, qualified_state_use, qualified_use, \
+    rename_problem, state_shim
 from ampfix.model import AmpModel, dotted
 from ampfix.rule import SAFE, FileContext, Fix, Rule, Violation
-from ampfix.knowledge.torch_amp_api import DEP_MODULES, IMPORT_DESCRIPTION, new_spelling, collect_bindings, describe
+from ampfix.knowledge.torch_amp_api import AUTOCAST_STATE, DEP_MODULES, IMPORT_DESCRIPTION, STATE_KIND, new_spelling, \
+    collect_bindings, describe, state_spelling
 
 
 USED_MODULES = "AMP101: deprecated modules in use"  # in the rewrite's memo: set by the first pass
@@ -39,7 +41,8 @@ class DeprecatedAmpApi(Rule):
         'torch.amp.autocast("cuda", ...), torch.amp.GradScaler("cuda", ...), '
         'torch.amp.custom_fwd/custom_bwd(device_type="cuda")'
     )
-    triggers = ("cuda.amp", "cpu.amp", "torch.cuda import", "torch.cpu import")
+    triggers = ("cuda.amp", "cpu.amp", "torch.cuda import", "torch.cpu import",
+                "autocast_gpu_", "autocast_cpu_", "autocast_ipu_", "autocast_xla_")
     fixable = "safe"
     fix_note = "safe (`torch.cuda.amp.*` / `torch.cpu.amp.*` to `torch.amp.*`)"
     docs = """
@@ -79,6 +82,26 @@ project's requirements admit only a torch before 2.4 (`torch>=2.1,<2.3` in setup
 no torch it runs on warns, and the replacements may not exist there (`--show-settings` says which
 requirement, `torch-before-2-4`); raising the pin brings the findings.
 
+The device-specific autocast state functions torch 2.4 deprecated too (each call warns with a
+DeprecationWarning, which pytest and `-W error` show) become their device-generic
+replacements, which arrived in torch 2.4 and read and set the same state:
+
+| before | after |
+|---|---|
+| `torch.get_autocast_gpu_dtype()` | `torch.get_autocast_dtype("cuda")` |
+| `torch.set_autocast_cpu_dtype(d)` | `torch.set_autocast_dtype("cpu", d)` |
+| `torch.is_autocast_cpu_enabled()` | `torch.is_autocast_enabled("cpu")` |
+| `torch.set_autocast_xla_enabled(e)` | `torch.set_autocast_enabled("xla", e)` |
+| `from torch import get_autocast_gpu_dtype` | `from torch import get_autocast_dtype` (and its uses) |
+
+(and so for every `cpu`, `ipu` and `xla` variant; `torch.is_autocast_enabled()` with no argument
+is CUDA's flag and is not deprecated). A name imported from torch is renamed in its import and
+its uses together, or, where one of them cannot be (taken as a value, a name already used), not
+at all. A call with `*args`, one taken as a value, or a project that supports a torch before 2.4
+is reported without a fix; a shim that keeps the old function for an old torch (in `except
+AttributeError/TypeError:`, under a version test, or in a function that probes
+`getattr(torch, "get_autocast_dtype", None)`) is left alone.
+
 Bad:
 ```python
 from torch.cuda.amp import autocast, GradScaler
@@ -104,7 +127,11 @@ with autocast("cuda", dtype=torch.float16):
         model = ctx.model
         q = model.quote()
         bindings = [b for b in collect_bindings(model)
-                    if not model.guards.in_fallback(b.stmt) and not model.guards.has_modern_alternative(b.stmt)]
+                    if not model.guards.in_fallback(b.stmt) and not model.guards.has_modern_alternative(b.stmt)
+                    and not (b.kind in AUTOCAST_STATE and state_shim(model, b.stmt))]
+        for b in bindings:
+            if b.kind in AUTOCAST_STATE and b.blocked is None:
+                b.blocked = rename_problem(model, b, bindings)
         by_ref: Dict[int, Binding] = {id(r): b for b in bindings for r in b.refs}
         uses: List[Use] = []
         seen: Set[int] = set()
@@ -117,6 +144,9 @@ with autocast("cuda", dtype=torch.float16):
                 if model.guards.in_fallback(ref):
                     fallbacks.add(id(use.node))
                     use.blocked = use.blocked or "it is a fallback for a torch without torch.amp (in an `except`)"
+                elif b.kind in AUTOCAST_STATE and state_shim(model, ref):
+                    fallbacks.add(id(use.node))
+                    use.blocked = use.blocked or "it is the old torch's path of a version shim"
                 uses.append(use)
                 seen.add(id(use.node))
         # fully qualified uses: torch.cuda.amp.X / T.cuda.amp.X
@@ -133,16 +163,26 @@ with autocast("cuda", dtype=torch.float16):
             use = qualified_use(model, node, root, api.kind, api.device, ctx, q)
             if id(use.node) not in seen:
                 uses.append(use)
+        # torch.get_autocast_gpu_dtype() / T.set_autocast_cpu_enabled(x): respelled where they are
+        for node in deprecated_refs(model, STATE_KIND):
+            if isinstance(node.value, cst.Name) and id(node.value) in by_ref:
+                continue  # (cannot be: a binding's name is the function itself)
+            if not state_shim(model, node):
+                uses.append(qualified_state_use(model, node, ctx, q))
 
         settle(ctx, self.code, bindings, uses)
 
+        dq = '"'
         for use in sorted(uses, key=lambda u: model.start(u.node)):
             if use.done or id(use.node) in fallbacks:
                 continue  # (a use in `except ImportError:` runs only on a torch without torch.amp's)
             blocked = use.blocked or (use.binding.blocked if use.binding is not None else None)
-            new = new_spelling(use.kind, use.device, '"')
-            msg = (f"`torch.{use.device}.amp.{use.kind}` is deprecated (FutureWarning since torch 2.4): "
-                   f"use `{new}`")
+            if use.kind in AUTOCAST_STATE:
+                msg = (f"`torch.{use.kind}` is deprecated (DeprecationWarning since torch 2.4): "
+                       f"use `{state_spelling(use.kind, use.device, dq)}`")
+            else:
+                msg = (f"`torch.{use.device}.amp.{use.kind}` is deprecated (FutureWarning since torch 2.4): "
+                       f"use `{new_spelling(use.kind, use.device, dq)}`")
             if blocked:
                 yield Violation(use.node, message=f"{msg}; not migrated automatically: {blocked}")
             else:
@@ -152,7 +192,22 @@ with autocast("cuda", dtype=torch.float16):
                 yield Violation(use.node, message=msg, fix=Fix(dict(use.replacements), applicability=SAFE,
                                                                description=describe(use.kind, use.device), group=group))
 
-        yield from self._import_findings(model, bindings, uses, ctx)
+        yield from self._import_findings(model, [b for b in bindings if b.kind not in AUTOCAST_STATE], uses, ctx)
+        yield from self._state_imports(model, [b for b in bindings if b.kind in AUTOCAST_STATE])
+
+    # ------------------------------------------------------------------ autocast state functions
+    def _state_imports(self, model: AmpModel, bindings: List[Binding]) -> Iterator[Violation]:
+        """`from torch import get_autocast_gpu_dtype [as g]` -> `from torch import get_autocast_dtype
+        [as g]`, in the fix group of its uses (they call the new name, so both change in one pass)."""
+        for b in bindings:
+            if b.blocked is not None or not b.pending:
+                continue  # its uses are reported without a fix (or it has none: importing warns nothing)
+            assert b.kind is not None
+            new = AUTOCAST_STATE[b.kind][0]
+            alias = b.alias.with_changes(name=cst.Name(new))
+            yield Violation(b.alias, message=f"`{b.name}` is imported from torch: its uses are migrated, import `{new}`",
+                            fix=Fix({b.alias: alias}, applicability=SAFE, description=f"from torch import {b.kind} -> {new}",
+                                    group=f"{b.name}@{model.line(b.stmt)}"))
 
     # ------------------------------------------------------------------ imports
     def _import_findings(self, model: AmpModel, bindings: List[Binding], uses: List[Use],

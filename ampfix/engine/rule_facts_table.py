@@ -2,7 +2,7 @@
 them before it analyses anything (see ampfix/engine/rulemeta.py). Do not edit; regenerate.
 """
 
-DIGEST = 'c6c81b03266f02ff1e5f3f5fe1d84b36194c6189b68a5d84732f9e68415a6c02'
+DIGEST = '4fc2fcd84faa5e2b8c2167f43e9ee32e2cadac07670935bc03e89770fe231620'
 
 RULES = [
     ('AMP001', 'backward-in-autocast', True, ('autocast',), (),
@@ -45,7 +45,7 @@ RULES = [
      (('.update(',), ('isfinite', 'isnan', 'isinf', 'inf', 'nan')), None, True),
     ('AMP020', 'grads-sanitized-before-unscale', True, ('.scale(',), (),
      (('nan_to_num', 'isnan', 'isinf', 'isfinite'),), (('.scale(',),), True),
-    ('AMP101', 'deprecated-amp-api', True, ('cuda.amp', 'cpu.amp', 'torch.cuda import', 'torch.cpu import'), (),
+    ('AMP101', 'deprecated-amp-api', True, ('cuda.amp', 'cpu.amp', 'torch.cuda import', 'torch.cpu import', 'autocast_gpu_', 'autocast_cpu_', 'autocast_ipu_', 'autocast_xla_'), (),
      (), None, False),
     ('AMP102', 'apex-amp', True, ('apex',), (),
      (), None, True),

@@ -4,16 +4,23 @@ A use through an imported name keeps the name and changes its arguments (`ac("cu
 a fully qualified use is respelled (`torch.amp.autocast("cuda", ...)`); each `Use` says what
 replaces it, that it is migrated already, or why it cannot be (`Use.blocked`). `settle`
 (`ampfix.migrations.bindings`) then decides, per imported name, whether all its uses migrate.
+
+The device-specific autocast state functions (`torch.get_autocast_gpu_dtype()`) become the
+device-generic ones (`torch.get_autocast_dtype("cuda")`): `state_use`. Their name changes, so a
+name imported from torch (`from torch import get_autocast_gpu_dtype`) is renamed in its import
+and its uses together, in one pass (the rule's fix group).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, List, Optional
+from typing import TYPE_CHECKING, List, Optional, Sequence
 
 import libcst as cst
 
 from ampfix.fixes.edits import keyword_arg, string, with_args
-from ampfix.knowledge.torch_amp_api import CLASSES, MIGRATABLE, MIN_TORCH, looks_migrated, new_call_args
+from ampfix.knowledge.torch_amp_api import AUTOCAST_STATE, AUTOCAST_STATE_NEW, CLASSES, MIGRATABLE, MIN_TORCH, \
+    STATE_KIND, looks_migrated, new_call_args, state_args
+from ampfix.model.syntax import literal_string
 from ampfix.migrations.bindings import Binding, Use
 from ampfix.model import AmpModel
 
@@ -21,9 +28,12 @@ if TYPE_CHECKING:
     from ampfix.rule import FileContext
 
 
-def deprecated_refs(model: AmpModel) -> List[cst.CSTNode]:
+def deprecated_refs(model: AmpModel, kind: Optional[str] = None) -> List[cst.CSTNode]:
+    """Attribute chains that reach the deprecated torch.cuda.amp / torch.cpu.amp API (`kind`
+    None), or the deprecated autocast state functions (`kind` STATE_KIND)."""
     return [n for n in model.nodes_of(cst.Attribute)
-            if (api := model.api_of(n)) is not None and api.deprecated and not model.in_import(n)]
+            if (api := model.api_of(n)) is not None and api.deprecated and not model.in_import(n)
+            and (api.kind == STATE_KIND) == (kind == STATE_KIND)]
 
 def _version_block(kind: str, ctx: FileContext) -> Optional[str]:
     need = MIN_TORCH[kind]
@@ -78,6 +88,9 @@ def binding_use(model: AmpModel, b: Binding, ref: cst.Name, ctx: FileContext, q:
         use = Use(ref, b.kind or "autocast", device, binding=b)
         use.blocked = f"`{b.name}` may also be bound to something else here"
         return use
+    if b.kind in AUTOCAST_STATE:  # `from torch import get_autocast_gpu_dtype [as g]`: the name the import binds next
+        new_name = b.name if b.alias.asname is not None else AUTOCAST_STATE[b.kind][0]
+        return state_use(model, ref, cst.Name(new_name), b.kind, device, ctx, q, b)
     if b.kind is not None:
         return _migrate(model, ref, None, b.kind, device, ctx, q, b)
     parent = model.parent(ref)
@@ -101,3 +114,71 @@ def qualified_use(model: AmpModel, node: cst.CSTNode, root: cst.CSTNode, kind: s
     assert isinstance(root, cst.Name)
     new_func = cst.Attribute(value=cst.Attribute(value=root, attr=cst.Name("amp")), attr=cst.Name(kind))
     return _migrate(model, node, new_func, kind, device, ctx, q, None)
+
+
+def state_use(model: AmpModel, expr: cst.CSTNode, new_func: cst.BaseExpression, old: str, device: str,
+              ctx: FileContext, q: str, binding: Optional[Binding]) -> Use:
+    """A use of the deprecated autocast state function `old` at `expr`: a call it accepts
+    becomes `new_func(device, *args)`; anything else (taken as a value, other arguments) is
+    reported without a fix."""
+    how, call = model.reference_role(expr)
+    use = Use(call if how == "call" else expr, old, device, binding=binding)
+    if how != "call":
+        use.blocked = (f"`{model.module.code_for_node(expr)}` is used as a value (not called); its call sites "
+                       "cannot be followed")
+        return use
+    assert isinstance(call, cst.Call)
+    args, why = state_args(call, old, device, q)
+    if args is None:
+        use.blocked = why
+    else:
+        use.replacements = {call: with_args(call.with_changes(func=new_func), args)}
+        use.blocked = _version_block(STATE_KIND, ctx)
+    return use
+
+
+def qualified_state_use(model: AmpModel, node: cst.Attribute, ctx: FileContext, q: str) -> Use:
+    """`torch.get_autocast_gpu_dtype()` (through any name of torch): the attribute respelled."""
+    api = model.api_of(node)
+    assert api is not None and api.device is not None
+    old = node.attr.value
+    if len({qn.name for qn in model.qualified_names(node)}) > 1:
+        use = Use(node, old, api.device)
+        use.blocked = f"`{model.module.code_for_node(node)}` may also be something else here"
+        return use
+    new_func = node.with_changes(attr=cst.Name(AUTOCAST_STATE[old][0]))
+    return state_use(model, node, new_func, old, api.device, ctx, q, None)
+
+
+def probes_state_api(model: AmpModel, node: cst.CSTNode) -> bool:
+    """The function running `node` (the module's own code, outside any function) asks whether
+    this torch has a device-generic autocast state function (`getattr(torch, "get_autocast_dtype",
+    None)`, `hasattr(torch, "is_autocast_enabled")`): a version shim, whose device-specific call
+    is the old torch's path."""
+    func = model.function_of(node)
+    for call in model.calls:
+        if isinstance(call.func, cst.Name) and call.func.value in ("getattr", "hasattr") and len(call.args) > 1 \
+                and literal_string(call.args[1].value) in AUTOCAST_STATE_NEW \
+                and model.qualnames(call.args[0].value) & {"torch", "torch._C"} and model.function_of(call) is func:
+            return True
+    return False
+
+
+def state_shim(model: AmpModel, node: cst.CSTNode) -> bool:
+    """The old torch's path of a shim: in an `except AttributeError/TypeError:`, a branch on
+    the torch version, or a function that probes for the device-generic function."""
+    return model.guards.in_fallback(node) or model.guards.in_version_branch(node) or probes_state_api(model, node)
+
+
+def rename_problem(model: AmpModel, b: Binding, bindings: Sequence[Binding]) -> Optional[str]:
+    """Why `from torch import get_autocast_gpu_dtype` cannot become `from torch import
+    get_autocast_dtype` (its uses renamed with it), if it cannot."""
+    new = AUTOCAST_STATE[b.kind][0] if b.kind else ""
+    if any(o is not b and o.refs is b.refs for o in bindings):
+        return f"`{b.name}` is imported more than once"
+    if b.alias.asname is None and any(n.value == new and not (isinstance(p := model.parent(n), cst.Attribute)
+                                                              and p.attr is n) for n in model.nodes_of(cst.Name)):
+        return f"the name `{new}` is already used in this file"
+    if any(literal_string(s) == b.name for s in model.nodes_of(cst.SimpleString)):
+        return f"`{b.name}` is named in a string (`__all__`?): other modules may import it from here"
+    return None

@@ -51,6 +51,12 @@ def _api_table() -> Dict[str, Api]:
     add(["torch.amp.custom_bwd", "torch.amp.autocast_mode.custom_bwd"], "custom_bwd")
     add(["torch.cuda.amp.custom_fwd", "torch.cuda.amp.autocast_mode.custom_fwd"], "custom_fwd", "cuda", True)
     add(["torch.cuda.amp.custom_bwd", "torch.cuda.amp.autocast_mode.custom_bwd"], "custom_bwd", "cuda", True)
+    # the device-specific autocast state functions torch 2.4 deprecated (`torch.get_autocast_gpu_dtype()`:
+    # ampfix.knowledge.torch_amp_api.AUTOCAST_STATE); CUDA's enabled flag never had a device-specific name
+    for dev, infix in (("cuda", "gpu"), ("cpu", "cpu"), ("ipu", "ipu"), ("xla", "xla")):
+        fns = [f"get_autocast_{infix}_dtype", f"set_autocast_{infix}_dtype"]
+        fns += [f"is_autocast_{infix}_enabled", f"set_autocast_{infix}_enabled"] if dev != "cuda" else []
+        add([f"{mod}.{fn}" for fn in fns for mod in ("torch", "torch._C")], "autocast_state", dev, True)
     clip = ["clip_grad_norm_", "clip_grad_norm", "clip_grad_value_", "clip_grad_value"]
     add([f"torch.nn.utils.{c}" for c in clip] + [f"torch.nn.utils.clip_grad.{c}" for c in clip], "clip_grad")
     add(
