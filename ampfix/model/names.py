@@ -245,15 +245,17 @@ class Names:
         tops = {id(s) for s in self.module.body}
         if not all(id(self.parent(e[1])) in tops for e in entries):
             return self._reaching_imports(node, self.module, entries)
-        top, in_function = node, False
+        top, in_function, at_module = node, False, False
         for a in self.ancestors(node):
             if a is self.module:
+                at_module = True
                 break
             in_function = in_function or isinstance(a, (cst.FunctionDef, cst.Lambda))
             top = a
-        if in_function or self._index.order_of(top) > self._index.order_of(self.parent(entries[-1][1])):
+        if at_module and (in_function or id(top) in tops and self._index.order_of(top) > self._index.order_of(
+                self.parent(entries[-1][1]))):
             return [entries[-1]]
-        return self._reaching_imports(node, self.module, entries)
+        return self._reaching_imports(node, self.module, entries)  # (also a node the model made, not in the tree)
 
     def _through_project(self, qualified: str) -> str:
         """An import binding as a library's name where one of the project's modules re-exports
