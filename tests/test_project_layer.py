@@ -2013,3 +2013,71 @@ def test_a_subclass_that_appears_later_silences_the_cached_finding(tmp_path):
     fresh = run_ampfix("check", "-q", "--preview", "--select", "AMP013", "--no-cache", ".", cwd=tmp_path)
     assert fresh.returncode == 0 and b"AMP013" not in fresh.stdout, fresh.stdout
     assert (again.returncode, again.stdout) == (fresh.returncode, fresh.stdout)
+
+
+_MODEL_STEPS = """
+    import torch
+
+    from wrappers import Wrapper
+
+
+    class Net(torch.nn.Module):
+        def backward_step(self, loss, grad_scaler):
+            {rebind}
+            grad_scaler.scale(loss).backward({gradient})
+
+        def optimization_step(self, optimizer, grad_scaler):
+            grad_scaler.step(optimizer)
+    """
+
+_MODEL_STEPS_TRAINER = """
+    import torch
+
+    from models.net import Net
+
+
+    class Trainer:
+        def __init__(self, amp):
+            self.model = Net()
+            self.scaler = torch.amp.GradScaler("cuda", enabled={enabled})
+
+        def train(self, loss, optimizer, other):
+            self.model.backward_step(loss, {passed})
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+            self.model.optimization_step(optimizer, self.scaler)
+            self.scaler.update()
+    """
+
+
+@pytest.mark.parametrize("passed, rebind, gradient, enabled, scaled", [
+    ("grad_scaler=self.scaler", "", "", "amp", "self.scaler"),
+    ("self.scaler", "", "", "amp", "self.scaler"),
+    ("other", "", "", "amp", None),  # a parameter nothing binds: not known to be a GradScaler
+    ("self.scaler", "", "torch.ones(())", "amp", None),  # an explicit gradient: the summary's scale source is unknown
+    ("self.scaler", "", "", "False", "self.scaler"),  # scaled by a scaler built disabled: it scales nothing
+    # the parameter rebound (on some path) before the backward: what scales is not what the caller passed
+    ("self.scaler", "grad_scaler = Wrapper(grad_scaler)", "", "amp", None),
+    ("self.scaler", "if loss is None: grad_scaler = Wrapper(grad_scaler)", "", "amp", None),
+])
+def test_a_backward_of_a_received_objects_scale_is_scaled_by_the_gradscaler_the_caller_passes(
+        tmp_path, passed, rebind, gradient, enabled, scaled):
+    # clinicadl's shape with the model's class known by construction: `self.model.backward_step(
+    # loss, grad_scaler=...)` runs `grad_scaler.scale(loss).backward()` in another module, which
+    # does not know `grad_scaler` is a GradScaler; the caller does, so the backward is a scaled
+    # one, keyed by the caller's scaler (as the step `_method_on_bound_object` finds is)
+    root = tree(tmp_path, {"pyproject.toml": "", "models/__init__.py": "",
+                           "models/net.py": _MODEL_STEPS.format(gradient=gradient, rebind=rebind or "pass"),
+                           "trainer.py": _MODEL_STEPS_TRAINER.format(passed=passed, enabled=enabled)})
+    model = model_of(Project(root), root / "trainer.py")
+    trace = next(t for t in model.traces() if getattr(t.root, "name", None) and t.root.name.value == "train")
+    (bw,) = trace.of("backward")
+    assert bw.event.origin is not None and bw.event.origin.line == 10
+    (clip,) = trace.of("grad_read")
+    assert [s.scaler for s in trace.of("scaler_step")] == ["self.scaler"]
+    if scaled is None:
+        assert (bw.event.detail, bw.scaler) == ("tensor", None)
+        assert model.scaled_backward_before(trace, clip) is None
+        return
+    assert (bw.event.detail, bw.scaler, bw.event.scaler, bw.target) == ("scaled", scaled, scaled, "loss")
+    # a scaler built with `enabled=False` scales nothing: no scaled gradients to clip
+    assert (model.scaled_backward_before(trace, clip) is bw) is (enabled != "False")

@@ -830,12 +830,45 @@ class Events:
                 loop = group(("loop", e.loop))
             origin = Origin(ff.path, e.line, e.col, e.text, ff.qual)
             self.__dict__.setdefault("_site_origins", {}).setdefault(call, []).append(origin)
-            event = Event(_KIND_OF.get(e.kind) or EventKind(e.kind), call, scaler=e.scaler, target=e.target,
-                          detail=e.detail, loop=loop, origin=origin, scale_source=self._foreign_scale_source(e, call, ff),
+            scaler, target, detail = e.scaler, e.target, e.detail
+            key_scaler, key_target = tr(e.scaler), tr(e.target)
+            if e.kind == BACKWARD and detail == "tensor":  # (`scaler`: the parameter `p` of `p.scale(loss).backward()`)
+                bound = self._scaled_by_bound_scaler(e, tr)
+                scaler = key_scaler = None
+                if bound is not None:  # the caller's GradScaler scales it: keyed as `_method_on_bound_object`'s events
+                    detail = "scaled"
+                    scaler = key_scaler = bound[0]
+                    target = key_target = bound[1]
+            event = Event(_KIND_OF.get(e.kind) or EventKind(e.kind), call, scaler=scaler, target=target,
+                          detail=detail, loop=loop, origin=origin, scale_source=self._foreign_scale_source(e, call, ff),
                           chosen_here=chosen)
             frame = fframe + _foreign_frame(e.frame)
-            trace.events.append(TraceEvent(event, path, len(trace.events), ev_ctx, region, scaler=tr(e.scaler),
-                                           target=tr(e.target), frame=frame))
+            trace.events.append(TraceEvent(event, path, len(trace.events), ev_ctx, region, scaler=key_scaler,
+                                           target=key_target, frame=frame))
+
+    def _scaled_by_bound_scaler(self, e, tr: Callable[[Optional[str]], Optional[str]]) -> Optional[Tuple[str, str]]:
+        """A summary's backward of `p.scale(loss)` where `p` is a parameter its function never
+        rebinds (the summary names it as the effect's scaler: `grad_scaler.scale(loss).backward()`
+        in a model's `backward_step(self, loss, grad_scaler)` of another module, where nothing
+        told that module `p` is a GradScaler): a scaled backward here when the call binds `p` to
+        a GradScaler of this file (`tr`: the summary's keys in the root's names). (the scaler's
+        key, the loss's), else None: a value this file does not know to be a scaler, an
+        explicit gradient (`x.backward(g)`, whose scale source the summary leaves unknown)."""
+        if e.detail != "tensor" or e.scale_source != "scaled" or not e.scaler or not e.target:
+            return None
+        try:
+            expr = parse_expression(e.target)
+        except Exception:
+            return None
+        if not (isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute) and expr.func.attr.value == "scale"
+                and len(expr.args) == 1 and not expr.args[0].star and expr.args[0].keyword is None):
+            return None
+        if dotted(expr.func.value) != e.scaler:
+            return None
+        key = tr(e.scaler)
+        if key is None or "@" in key or ":" in key or key not in self.scalers:  # type: ignore[attr-defined]
+            return None
+        return key, tr(cst.Module([]).code_for_node(expr.args[0].value)) or ""
 
     def _method_on_bound_object(self, e, owner: Optional[str]) -> Optional[Tuple[str, str]]:
         """A summary's call of a method on an object it received (`scaler.unscale_(opt)` in a

@@ -19,6 +19,7 @@ import libcst as cst
 from ampfix.lexemes import LEXEMES
 from ampfix.model.events import BACKWARD, EXIT, EXTERNAL, TraceEvent
 from ampfix.model.flow import ends_in_exit
+from ampfix.model.readwrite import reads_writes
 from ampfix.model.summary import (IMPORTED, LOCAL, PARAM, SELF, UNKNOWN, ClassSummary, Effect, FunctionSummary,
                                   ModuleSummary, OutgoingCall, Param, Value)
 from ampfix.model.syntax import call_name, literal_string
@@ -597,9 +598,12 @@ class Summarizer:
             if te.region is not None:
                 region = m.precision.region_dtype(te.region) or "unknown"
             scale_source = self._scale_source(te, func) if ev.kind == BACKWARD else None
+            scaler = te.scaler
+            if ev.kind == BACKWARD and ev.detail == "tensor" and scale_source == "scaled" and not te.frame:
+                scaler = self._received_scaler(node, func)
             text = self._code(node.func if isinstance(node, cst.Call) else node)
             frame = tuple(frames.setdefault(i, len(frames)) for i in te.frame)
-            out.append(Effect(kind=ev.kind, line=line, col=col + 1, text=text[:80], scaler=self._stable(te.scaler),
+            out.append(Effect(kind=ev.kind, line=line, col=col + 1, text=text[:80], scaler=self._stable(scaler),
                               target=self._stable(te.target), detail=ev.detail, ctx=ctx, loop=loop, callee=callee,
                               args=tuple((slot, self._stable(key)) for slot, key in args),
                               region=region, scale_source=scale_source, frame=frame))
@@ -697,6 +701,25 @@ class Summarizer:
         elif callee.startswith(("self:", "super:")):
             args.append(("owner", m.root_key(te, "self") or "self"))
         return callee, tuple(args)
+
+    def _received_scaler(self, call: cst.Call, func: cst.FunctionDef) -> Optional[str]:
+        """For `p.scale(loss).backward()` in `func`'s own body, where `p` is a parameter of
+        `func` that no statement of it rebinds: `p` (the scaler of the backward if the caller
+        passes a GradScaler, which this module does not know: `Events._scaled_by_bound_scaler`);
+        None for anything else."""
+        m = self.model
+        tensor = call.func.value if isinstance(call.func, cst.Attribute) else None
+        if not (isinstance(tensor, cst.Call) and isinstance(tensor.func, cst.Attribute)
+                and tensor.func.attr.value == "scale" and isinstance(tensor.func.value, cst.Name)):
+            return None
+        name = tensor.func.value.value
+        if m.function_of(call) is not func or not m._is_param(func, name) \
+                or m.binding_scope(name, m.scope_of(call)) is not func:
+            return None
+        writes = self.__dict__.setdefault("_writes", {})
+        if func not in writes:
+            writes[func] = reads_writes(func.body)[1]
+        return None if name in writes[func] else name
 
     def _scale_source(self, te: TraceEvent, func: cst.FunctionDef) -> str:
         m = self.model

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field, fields
 from enum import Enum
 from typing import Any, Dict, List, Optional, Tuple
 
-SUMMARY_VERSION = 6  # 2: `FunctionSummary.loads` filled; 3: a fall-through group names its `if`; 4: the body of an `if X and Y: ... else:` runs under X and Y too; 5: a returned local variable assigned in several places is one value per assignment; 6: a `**` parameter passed on in a call (`**__param__.kwargs`)
+SUMMARY_VERSION = 7  # 2: `FunctionSummary.loads` filled; 3: a fall-through group names its `if`; 4: the body of an `if X and Y: ... else:` runs under X and Y too; 5: a returned local variable assigned in several places is one value per assignment; 6: a `**` parameter passed on in a call (`**__param__.kwargs`); 7: a `p.scale(loss).backward()` on a parameter `p` the function never rebinds names `p` as its scaler
 
 
 class Stored(Enum):
@@ -79,7 +79,8 @@ class Effect:
     col: int
     text: str = ""  # the call as written (shortened), for messages
     # key in the function's names: "scaler", "self.scaler", "opt@<n>" (a local of a helper run, numbered
-    # by the summary: `Summarizer._run_number`)
+    # by the summary: `Summarizer._run_number`); a BACKWARD "tensor" of `p.scale(loss)`: the
+    # parameter `p`, never rebound (a GradScaler where the caller passes one)
     scaler: Optional[str] = None
     target: Optional[str] = None
     detail: Optional[str] = None
