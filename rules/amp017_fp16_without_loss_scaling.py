@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import os
-from typing import Iterator, List, Optional, Tuple
+from typing import Iterator, List, Optional
 
 import libcst as cst
 
-from ampfix.fixes.edits import in_block, insert_after, insert_before, region_dtype, replace_statement
-from ampfix.model import AmpModel, Region, Trace, TraceEvent, call_name, is_expression_statement_of
-from ampfix.model.events import BACKWARD, GRAD_READ, OPT_STEP, SCALE, SCALER_STEP, UNSCALE, UPDATE
+from ampfix.fixes.edits import in_block, insert_after, insert_before, replace_statement, with_regions_dtype
+from ampfix.model import AmpModel, NeverTrue, Region, Trace, TraceEvent, is_expression_statement_of
+from ampfix.model.events import BACKWARD, GRAD_READ, OPT_STEP, SCALER_STEP
 from ampfix.model.frameworks import frameworks
 from ampfix.rule import UNSAFE, FileContext, Fix, Rule, Violation
 
@@ -100,18 +100,15 @@ for x, y in loader:
             return  # their backward scales (AMP201 reports a backward that bypasses it)
         reported = set()
         for trace in model.traces():
-            off = {id(bw): _disabled_scale(model, bw) for bw in trace.of(BACKWARD)}
-            if any(not model.scaler_always_disabled(e.event.scaler, trace.root)
-                   for e in trace.of(SCALE, UNSCALE, SCALER_STEP, UPDATE)) or any(
-                    model.backward_scale_sources(e) and off[id(e)] is None for e in trace.of(BACKWARD)):
+            if model.enabled_scaler_in(trace):
                 continue  # a GradScaler (or what may be one) in this training step: AMP008 judges the rest
             for bw in trace.of(BACKWARD):
-                scale = off[id(bw)]  # `scaler.scale(loss)` of a scaler that is never enabled
+                scale = model.disabled_scale(bw)  # `scaler.scale(loss)` of a scaler that is never enabled
                 loss = model.unscaled_loss(bw) if scale is None else model.argument_at(bw, scale.args[0].value)
-                if loss is None or _scales_unseen(model, bw):
+                if loss is None or model.scales_unseen(bw):
                     continue
-                gate = _never_true_gate(model, scale) if scale is not None else None
-                if model.precision.value_dtypes(loss) != {"float16"} and not (gate and _may_be_float16(model, loss)):
+                gate = model.never_true_float16_gate(scale) if scale is not None else None
+                if model.precision.value_dtypes(loss) != {"float16"} and not (gate and model.precision.may_be_float16(loss)):
                     continue  # (a scaler gated on float16 that is never on: the float16 choice is unscaled)
                 regions, foreign = model.precision.computing_regions(loss)
                 step = model.first_after(trace, bw, lambda e: e.kind == OPT_STEP or scale is not None and e.kind == SCALER_STEP)
@@ -186,14 +183,7 @@ def _scaler_fix(model: AmpModel, trace: Trace, bw: TraceEvent, step: TraceEvent,
 def _bf16_fix(model: AmpModel, regions: List[Region]) -> Optional[Fix]:
     """The region switched to bfloat16 (needs no scaling; needs bfloat16 hardware)."""
     torch_name = model.torch_alias()
-    edits: dict = {}
-    for r in regions:
-        if torch_name is None or not isinstance(r.node, cst.With) or not any(i.item is r.call for i in r.node.items):
-            return None
-        edit = region_dtype(r, f"{torch_name}.bfloat16", replace_float16=True)
-        if edit is None:
-            return None
-        edits.update(edit)
+    edits = with_regions_dtype(regions, f"{torch_name}.bfloat16", replace_float16=True) if torch_name else None
     return Fix(edits, applicability=UNSAFE, description=(
         "autocast switched to bfloat16 (float32's range: no loss scaling needed; needs bfloat16 hardware, Ampere "
         "or newer: elsewhere use a GradScaler)")) if edits else None
@@ -203,54 +193,12 @@ def _rel(model: AmpModel, path: str) -> str:
     return os.path.relpath(path, os.path.dirname(os.path.abspath(model.path))) if model.path else path
 
 
-def _scales_unseen(model: AmpModel, bw: TraceEvent) -> bool:
-    """A function on the backward's call path calls something named like a loss scaler
-    (`loss_scaler(loss, optimizer)`, `amp.scale_loss(...)`): it may scale what it is given (not
-    a GradScaler that is never enabled, nor its `scale()`)."""
-    scopes = {model.scope_of(n) for n in bw.path}
-    return any("scale" in (call_name(c) or "").lower() and not (call_name(c) or "").startswith("unscale")
-               and not (model.is_api(c, "GradScaler") and model.built_disabled(c))
-               and not (isinstance(c.func, cst.Attribute) and model.scaler_disabled(c.func.value))
-               for scope in scopes for c in model.calls_in_scope(scope))
-
-
-def _disabled_scale(model: AmpModel, bw: TraceEvent) -> Optional[cst.Call]:
-    """The `scaler.scale(loss)` the backward runs on when every scaling of it is by a GradScaler
-    that is never enabled (`built_disabled`): it returns the loss unchanged."""
-    scales = model.backward_scale_sources(bw)
-    if scales and all(isinstance(c.func, cst.Attribute) and c.args and model.scaler_disabled(c.func.value)
-                      for c in scales):
-        return scales[0]
-    return None
-
-
-def _never_true_gate(model: AmpModel, scale: cst.Call) -> Optional[Tuple[cst.BaseExpression, str, List[object]]]:
-    """The `enabled=` test of the scaler of `scale` that names float16 and can never be true
-    (`self.configs.dtype == "float16"` where the dtype is one of fp32/bf16/fp16): the test,
-    what it compares and its values; None for a literal `enabled=False`."""
-    for built in model.possible_values(scale.func.value):  # type: ignore[attr-defined]
-        enabled = model.scaler_enabled(built) if isinstance(built, cst.Call) else None
-        reason = model.never_true_reason(enabled)
-        if enabled is not None and reason is not None and model.precision.float16_gated(enabled):
-            return enabled, reason[0], reason[1]
-    return None
-
-
-def _may_be_float16(model: AmpModel, loss: cst.BaseExpression) -> bool:
-    """Every autocast region of this file computing `loss` runs float16 for some value of its
-    dtype (`{"fp16": torch.float16, "bf16": torch.bfloat16}[dtype]`)."""
-    regions, foreign = model.precision.computing_regions(loss)
-    return bool(regions) and not foreign and all(
-        model.precision.region_dtype(r) == "float16" or r.dtype_node is not None
-        and "float16" in (model.precision.dtype_values(r.dtype_node) or ()) for r in regions)
-
-
-def _never_enabled(model: AmpModel, scale: cst.Call, gate) -> str:
+def _never_enabled(model: AmpModel, scale: cst.Call, gate: Optional[NeverTrue]) -> str:
     """Why the scaler of `scale` scales nothing: its `enabled=` test can never be true (with the
     values of what it compares), or it is a literal False."""
     scaler = model.code(scale.func.value)  # type: ignore[attr-defined]
     if gate is None:
         return f"and its GradScaler `{scaler}` is built with `enabled=False`"
-    values = ", ".join(repr(v) for v in gate[2])
-    return (f"and its GradScaler `{scaler}` is never enabled: `enabled={model.code(gate[0])}` can never be true "
-            f"(`{gate[1]}` is one of {values})")
+    values = ", ".join(repr(v) for v in gate.values)
+    return (f"and its GradScaler `{scaler}` is never enabled: `enabled={model.code(gate.test)}` can never be true "
+            f"(`{gate.compared}` is one of {values})")

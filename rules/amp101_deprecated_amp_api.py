@@ -21,12 +21,11 @@ import libcst as cst
 
 from ampfix.fixes.edits import import_from_elsewhere, remove_import_alias
 from ampfix.migrations.bindings import Binding, Use, settle
-from ampfix.migrations.torch_amp import binding_use, deprecated_refs, qualified_state_use, qualified_use, \
-    rename_problem, state_shim
+from ampfix.migrations.torch_amp import file_uses, renamed_state_imports
 from ampfix.model import AmpModel, dotted
 from ampfix.rule import SAFE, FileContext, Fix, Rule, Violation
-from ampfix.knowledge.torch_amp_api import AUTOCAST_STATE, DEP_MODULES, IMPORT_DESCRIPTION, STATE_KIND, new_spelling, \
-    collect_bindings, describe, state_spelling
+from ampfix.knowledge.torch_amp_api import AUTOCAST_STATE, DEP_MODULES, IMPORT_DESCRIPTION, new_spelling, describe, \
+    state_spelling
 
 
 USED_MODULES = "AMP101: deprecated modules in use"  # in the rewrite's memo: set by the first pass
@@ -125,56 +124,12 @@ with autocast("cuda", dtype=torch.float16):
         if ctx.torch_before_2_4:
             return  # every torch the project admits is older than the deprecation
         model = ctx.model
-        q = model.quote()
-        bindings = [b for b in collect_bindings(model)
-                    if not model.guards.in_fallback(b.stmt) and not model.guards.has_modern_alternative(b.stmt)
-                    and not (b.kind in AUTOCAST_STATE and state_shim(model, b.stmt))]
-        for b in bindings:
-            if b.kind in AUTOCAST_STATE and b.blocked is None:
-                b.blocked = rename_problem(model, b, bindings)
-        by_ref: Dict[int, Binding] = {id(r): b for b in bindings for r in b.refs}
-        uses: List[Use] = []
-        seen: Set[int] = set()
-        fallbacks: Set[int] = set()  # uses in an old torch's fallback: not reported, they block their name's migration
-
-        # uses through imported names
-        for b in bindings:
-            for ref in b.refs:
-                use = binding_use(model, b, ref, ctx, q)
-                if model.guards.in_fallback(ref):
-                    fallbacks.add(id(use.node))
-                    use.blocked = use.blocked or "it is a fallback for a torch without torch.amp (in an `except`)"
-                elif b.kind in AUTOCAST_STATE and state_shim(model, ref):
-                    fallbacks.add(id(use.node))
-                    use.blocked = use.blocked or "it is the old torch's path of a version shim"
-                uses.append(use)
-                seen.add(id(use.node))
-        # fully qualified uses: torch.cuda.amp.X / T.cuda.amp.X
-        for node in deprecated_refs(model):
-            root = node
-            while isinstance(root, cst.Attribute):
-                root = root.value
-            if isinstance(root, cst.Name) and id(root) in by_ref:
-                continue  # through a binding: handled above
-            if model.guards.in_fallback(node) or model.guards.in_version_branch(node):
-                continue
-            api = model.api_of(node)
-            assert api is not None and api.device is not None
-            use = qualified_use(model, node, root, api.kind, api.device, ctx, q)
-            if id(use.node) not in seen:
-                uses.append(use)
-        # torch.get_autocast_gpu_dtype() / T.set_autocast_cpu_enabled(x): respelled where they are
-        for node in deprecated_refs(model, STATE_KIND):
-            if isinstance(node.value, cst.Name) and id(node.value) in by_ref:
-                continue  # (cannot be: a binding's name is the function itself)
-            if not state_shim(model, node):
-                uses.append(qualified_state_use(model, node, ctx, q))
-
+        bindings, uses = file_uses(model, ctx)
         settle(ctx, self.code, bindings, uses)
 
         dq = '"'
         for use in sorted(uses, key=lambda u: model.start(u.node)):
-            if use.done or id(use.node) in fallbacks:
+            if use.done or use.fallback:
                 continue  # (a use in `except ImportError:` runs only on a torch without torch.amp's)
             blocked = use.blocked or (use.binding.blocked if use.binding is not None else None)
             if use.kind in AUTOCAST_STATE:
@@ -193,20 +148,9 @@ with autocast("cuda", dtype=torch.float16):
                                                                description=describe(use.kind, use.device), group=group))
 
         yield from self._import_findings(model, [b for b in bindings if b.kind not in AUTOCAST_STATE], uses, ctx)
-        yield from self._state_imports(model, [b for b in bindings if b.kind in AUTOCAST_STATE])
-
-    # ------------------------------------------------------------------ autocast state functions
-    def _state_imports(self, model: AmpModel, bindings: List[Binding]) -> Iterator[Violation]:
-        """`from torch import get_autocast_gpu_dtype [as g]` -> `from torch import get_autocast_dtype
-        [as g]`, in the fix group of its uses (they call the new name, so both change in one pass)."""
-        for b in bindings:
-            if b.blocked is not None or not b.pending:
-                continue  # its uses are reported without a fix (or it has none: importing warns nothing)
-            assert b.kind is not None
-            new = AUTOCAST_STATE[b.kind][0]
-            alias = b.alias.with_changes(name=cst.Name(new))
+        for b, new, edit in renamed_state_imports(bindings):  # its uses call the new name: one fix group
             yield Violation(b.alias, message=f"`{b.name}` is imported from torch: its uses are migrated, import `{new}`",
-                            fix=Fix({b.alias: alias}, applicability=SAFE, description=f"from torch import {b.kind} -> {new}",
+                            fix=Fix(edit, applicability=SAFE, description=f"from torch import {b.kind} -> {new}",
                                     group=f"{b.name}@{model.line(b.stmt)}"))
 
     # ------------------------------------------------------------------ imports

@@ -2,7 +2,7 @@
 them before it analyses anything (see ampfix/engine/rulemeta.py). Do not edit; regenerate.
 """
 
-DIGEST = '4fc2fcd84faa5e2b8c2167f43e9ee32e2cadac07670935bc03e89770fe231620'
+DIGEST = '039805e77948534755eb720619af3001e8cb5e59508538f26011696cb1bad918'
 
 RULES = [
     ('AMP001', 'backward-in-autocast', True, ('autocast',), (),

@@ -399,6 +399,20 @@ def region_dtype(region, dtype: str, replace_float16: bool = False) -> Optional[
     return None
 
 
+def with_regions_dtype(regions, dtype: str, replace_float16: bool = False) -> Optional[Replacements]:
+    """`region_dtype` on every region of `regions`, each the autocast call of a `with` statement
+    (not a decorator, nor a context built elsewhere); None where one of them cannot take it."""
+    edits: Replacements = {}
+    for r in regions:
+        if not isinstance(r.node, cst.With) or not any(i.item is r.call for i in r.node.items):
+            return None
+        edit = region_dtype(r, dtype, replace_float16=replace_float16)
+        if edit is None:
+            return None
+        edits.update(edit)
+    return edits
+
+
 def clean_commas(items: List[cst.CSTNode]) -> List[cst.CSTNode]:
     """Import aliases / elements with commas between them and none after the last."""
     out = []

@@ -41,6 +41,7 @@ class Use:
     blocked: Optional[str] = None
     done: bool = False  # already migrated (its import follows)
     binding: Optional[Binding] = None
+    fallback: bool = False  # the old torch's path of a shim: not reported (it blocks its name's migration)
 
 
 def settle(ctx, code: str, bindings: Sequence[Binding], uses: Sequence[Use]) -> None:

@@ -4,22 +4,23 @@ A use through an imported name keeps the name and changes its arguments (`ac("cu
 a fully qualified use is respelled (`torch.amp.autocast("cuda", ...)`); each `Use` says what
 replaces it, that it is migrated already, or why it cannot be (`Use.blocked`). `settle`
 (`ampfix.migrations.bindings`) then decides, per imported name, whether all its uses migrate.
+`file_uses` collects the file's imported names and every use, of all three kinds.
 
 The device-specific autocast state functions (`torch.get_autocast_gpu_dtype()`) become the
 device-generic ones (`torch.get_autocast_dtype("cuda")`): `state_use`. Their name changes, so a
 name imported from torch (`from torch import get_autocast_gpu_dtype`) is renamed in its import
-and its uses together, in one pass (the rule's fix group).
+and its uses together, in one pass (the rule's fix group): `renamed_state_imports`.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, List, Optional, Sequence
+from typing import TYPE_CHECKING, Dict, Iterator, List, Optional, Sequence, Set, Tuple
 
 import libcst as cst
 
-from ampfix.fixes.edits import keyword_arg, string, with_args
+from ampfix.fixes.edits import Replacements, keyword_arg, string, with_args
 from ampfix.knowledge.torch_amp_api import AUTOCAST_STATE, AUTOCAST_STATE_NEW, CLASSES, MIGRATABLE, MIN_TORCH, \
-    STATE_KIND, looks_migrated, new_call_args, state_args
+    STATE_KIND, collect_bindings, looks_migrated, new_call_args, state_args
 from ampfix.model.syntax import literal_string
 from ampfix.migrations.bindings import Binding, Use
 from ampfix.model import AmpModel
@@ -182,3 +183,72 @@ def rename_problem(model: AmpModel, b: Binding, bindings: Sequence[Binding]) -> 
     if any(literal_string(s) == b.name for s in model.nodes_of(cst.SimpleString)):
         return f"`{b.name}` is named in a string (`__all__`?): other modules may import it from here"
     return None
+
+
+def renamed_state_imports(bindings: Sequence[Binding]) -> Iterator[Tuple[Binding, str, Replacements]]:
+    """`from torch import get_autocast_gpu_dtype [as g]` -> `from torch import get_autocast_dtype
+    [as g]`: each such import whose uses this pass migrates (not blocked, some pending), with
+    the new name and the edit. Its uses call the new name, so both change in one pass (in the
+    fix group of its uses); one blocked or with no use is left alone (importing warns nothing)."""
+    for b in bindings:
+        if b.kind not in AUTOCAST_STATE or b.blocked is not None or not b.pending:
+            continue
+        new = AUTOCAST_STATE[b.kind][0]
+        yield b, new, {b.alias: b.alias.with_changes(name=cst.Name(new))}
+
+
+def file_uses(model: AmpModel, ctx: FileContext) -> Tuple[List[Binding], List[Use]]:
+    """The file's names imported from the deprecated API (`collect_bindings`), less those of an
+    old torch's fallback, of a shim that prefers torch.amp and of a version shim of the autocast
+    state functions (a state function's import that cannot be renamed is blocked:
+    `rename_problem`), and every use to migrate: through those names (`binding_use`; one in an
+    old torch's fallback or the old path of a state shim is a `fallback`, blocked), fully
+    qualified (`qualified_use`; none in a fallback or a version branch), and the qualified
+    autocast state functions (`qualified_state_use`; none in a shim). `settle` comes next."""
+    q = model.quote()
+    bindings = [b for b in collect_bindings(model)
+                if not model.guards.in_fallback(b.stmt) and not model.guards.has_modern_alternative(b.stmt)
+                and not (b.kind in AUTOCAST_STATE and state_shim(model, b.stmt))]
+    for b in bindings:
+        if b.kind in AUTOCAST_STATE and b.blocked is None:
+            b.blocked = rename_problem(model, b, bindings)
+    by_ref: Dict[int, Binding] = {id(r): b for b in bindings for r in b.refs}
+    uses: List[Use] = []
+    seen: Set[int] = set()
+    fallbacks: Set[int] = set()  # uses in an old torch's fallback: not reported, they block their name's migration
+
+    # uses through imported names
+    for b in bindings:
+        for ref in b.refs:
+            use = binding_use(model, b, ref, ctx, q)
+            if model.guards.in_fallback(ref):
+                fallbacks.add(id(use.node))
+                use.blocked = use.blocked or "it is a fallback for a torch without torch.amp (in an `except`)"
+            elif b.kind in AUTOCAST_STATE and state_shim(model, ref):
+                fallbacks.add(id(use.node))
+                use.blocked = use.blocked or "it is the old torch's path of a version shim"
+            uses.append(use)
+            seen.add(id(use.node))
+    # fully qualified uses: torch.cuda.amp.X / T.cuda.amp.X
+    for node in deprecated_refs(model):
+        root = node
+        while isinstance(root, cst.Attribute):
+            root = root.value
+        if isinstance(root, cst.Name) and id(root) in by_ref:
+            continue  # through a binding: handled above
+        if model.guards.in_fallback(node) or model.guards.in_version_branch(node):
+            continue
+        api = model.api_of(node)
+        assert api is not None and api.device is not None
+        use = qualified_use(model, node, root, api.kind, api.device, ctx, q)
+        if id(use.node) not in seen:
+            uses.append(use)
+    # torch.get_autocast_gpu_dtype() / T.set_autocast_cpu_enabled(x): respelled where they are
+    for node in deprecated_refs(model, STATE_KIND):
+        if isinstance(node.value, cst.Name) and id(node.value) in by_ref:
+            continue  # (cannot be: a binding's name is the function itself)
+        if not state_shim(model, node):
+            uses.append(qualified_state_use(model, node, ctx, q))
+    for use in uses:
+        use.fallback = id(use.node) in fallbacks
+    return bindings, uses

@@ -62,7 +62,7 @@ from ampfix.model.autograd import CustomFunctions
 from ampfix.model.bound import Bound
 from ampfix.model.callgraph import CallGraph
 from ampfix.model.checkpoints import Checkpoints
-from ampfix.model.conditions import Conditions
+from ampfix.model.conditions import Conditions, NeverTrue
 from ampfix.model.dataflow import Dataflow
 from ampfix.model.environ import Environ
 from ampfix.model.events import Event, Events, Trace, TraceEvent, anchor
@@ -161,7 +161,7 @@ class AmpModel(Tree, Names, Values, CallGraph, Regions, Objects, Flow, Events, E
 
 __all__ = [
     "API_TABLE", "AmpModel", "Api", "ApexLeftover", "ApexOptionalImport", "ApexRole", "ApexUse", "BackwardCall", "Event",
-    "ImportBinding", "Misplaced", "Region", "Trace", "TraceEvent", "UpdateMisplaced", "UpdatePlace",
+    "ImportBinding", "Misplaced", "NeverTrue", "Region", "Trace", "TraceEvent", "UpdateMisplaced", "UpdatePlace",
     "anchor", "call_name", "dotted", "get_arg", "group_frame", "group_loop", "is_expression_statement_of", "literal_bool", "literal_string",
     "method_call", "names_bound", "reads_writes", "receiver", "uses_only",
 ]

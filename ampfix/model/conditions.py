@@ -18,11 +18,13 @@ fp16, bf16 or fp32: never true).
   values (`x == "lit"`, `x != "lit"`, `x in ("a", "b")`, `x not in ...`, `not`, `and`, `or`);
   None when not known. A plain name is not judged (only comparisons).
 * `never_true_reason(expr)`: for a test that is never true, the name compared and its values
-  (what a message says).
+  (what a message says); a `NeverTrue` holds the test with both (`never_true_float16_gate`
+  gives one for a GradScaler's `enabled=`).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
 import libcst as cst
@@ -45,6 +47,16 @@ def literal_value(node: cst.CSTNode) -> Tuple[bool, object]:
     if isinstance(node, cst.Name) and node.value in ("True", "False", "None"):
         return True, {"True": True, "False": False, "None": None}[node.value]
     return False, None
+
+
+@dataclass(frozen=True)
+class NeverTrue:
+    """A test that can never be true (`test_value` False): the test, the expression it compares
+    (as written) and every value that expression may hold (`never_true_reason`)."""
+
+    test: cst.BaseExpression
+    compared: str
+    values: Tuple[object, ...]
 
 
 class Conditions:

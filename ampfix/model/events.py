@@ -1014,6 +1014,36 @@ class Events:
             return [ev.node]
         return self.scale_sources(self.argument_at(ev, self.backward_tensor(ev.node)))  # type: ignore[attr-defined]
 
+    def disabled_scale(self, ev: TraceEvent) -> Optional[cst.Call]:
+        """For a BACKWARD: the `scaler.scale(loss)` it runs on when every scaling of it
+        (`backward_scale_sources`) is by a GradScaler that is never enabled (`scaler_disabled`:
+        `enabled=False`, an `enabled=` test that can never be true), so that it returns the loss
+        unchanged; None when nothing scales it, or something may."""
+        scales = self.backward_scale_sources(ev)
+        if scales and all(isinstance(c.func, cst.Attribute) and c.args and self.scaler_disabled(c.func.value)  # type: ignore[attr-defined]
+                          for c in scales):
+            return scales[0]
+        return None
+
+    def enabled_scaler_in(self, trace: Trace) -> bool:
+        """A GradScaler that may be enabled (or what may be one) takes part in the trace: a
+        `scale`/`unscale_`/`step`/`update` of a scaler not always disabled
+        (`scaler_always_disabled`), or a backward of a value that something other than a
+        never-enabled GradScaler may have scaled (`backward_scale_sources`, no `disabled_scale`)."""
+        return any(not self.scaler_always_disabled(e.event.scaler, trace.root)  # type: ignore[attr-defined]
+                   for e in trace.of(SCALE, UNSCALE, SCALER_STEP, UPDATE)) or any(
+            self.backward_scale_sources(e) and self.disabled_scale(e) is None for e in trace.of(BACKWARD))
+
+    def scales_unseen(self, ev: TraceEvent) -> bool:
+        """A function on the event's call path calls something named like a loss scaler
+        (`loss_scaler(loss, optimizer)`, `amp.scale_loss(...)`): it may scale what it is given
+        (not a GradScaler that is never enabled, nor its `scale()`)."""
+        scopes = {self.scope_of(n) for n in ev.path}  # type: ignore[attr-defined]
+        return any("scale" in (call_name(c) or "").lower() and not (call_name(c) or "").startswith("unscale")
+                   and not (self.is_api(c, "GradScaler") and self.built_disabled(c))  # type: ignore[attr-defined]
+                   and not (isinstance(c.func, cst.Attribute) and self.scaler_disabled(c.func.value))  # type: ignore[attr-defined]
+                   for scope in scopes for c in self.calls_in_scope(scope))  # type: ignore[attr-defined]
+
     def unscaled_loss(self, ev: TraceEvent) -> Optional[cst.BaseExpression]:
         """For a BACKWARD that runs on a loss no GradScaler scaled (`loss.backward()`,
         `torch.autograd.backward(loss)`, a function of another module whose `loss.backward()`

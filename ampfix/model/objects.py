@@ -10,6 +10,7 @@ from typing import Dict, List, Optional, Set
 import libcst as cst
 from libcst.metadata import QualifiedNameSource
 
+from ampfix.model.conditions import NeverTrue
 from ampfix.model.foreign import ForeignClass
 from ampfix.model.syntax import call_name, get_arg, literal_bool, literal_string
 from ampfix.model.tree import dotted
@@ -310,6 +311,21 @@ class Objects:
         built disabled": every rule and fact asks it here)."""
         enabled = self.scaler_enabled(call)
         return literal_bool(enabled) is False or self.test_value(enabled) is False  # type: ignore[attr-defined]
+
+    def never_true_float16_gate(self, scale: cst.Call) -> Optional[NeverTrue]:
+        """For `scaler.scale(x)`: the `enabled=` test of a GradScaler the scaler may be that names
+        float16 (`precision.float16_gated`) and can never be true (`never_true_reason`:
+        `enabled=(self.configs.dtype == "float16")` where the dtype is one of fp32/bf16/fp16),
+        with what it compares and its values; None for a literal `enabled=False`, a test that may
+        be true or that names no float16."""
+        if not isinstance(scale.func, cst.Attribute):
+            return None
+        for built in self.possible_values(scale.func.value):  # type: ignore[attr-defined]
+            enabled = self.scaler_enabled(built) if isinstance(built, cst.Call) else None
+            reason = self.never_true_reason(enabled)  # type: ignore[attr-defined]
+            if enabled is not None and reason is not None and self.precision.float16_gated(enabled):  # type: ignore[attr-defined]
+                return NeverTrue(enabled, reason[0], tuple(reason[1]))
+        return None
 
     def scale_sources(self, expr: Optional[cst.CSTNode], depth: int = 0) -> List[cst.Call]:
         """The calls that may have scaled the value of `expr` for a GradScaler: `scaler.scale(x)`

@@ -9,6 +9,8 @@
 * `autocast_regions()`: every enabled (or possibly enabled) region of the file;
 * `float16_gated(expr)`: an `enabled=` expression that is tied to float16
   (`dtype == torch.float16`, `use_fp16`, `args.precision == "16"`);
+* `may_be_float16(expr)`: every autocast region computing the value of `expr` runs float16 for
+  some value of its dtype (a dtype chosen from fp16/bf16 by configuration);
 * `value_dtypes(expr)`: the dtypes of the autocast regions that compute the value of `expr`
   with gradient (a loss: `loss = crit(out, y)` after `with autocast(...): out = model(x)`),
   through assignments, helpers of this file and functions of other modules that return it.
@@ -290,6 +292,15 @@ class Precision(Facet):
                     cached.append(r)
             self._all_regions = cached
         return cached
+
+    def may_be_float16(self, expr: Optional[cst.CSTNode]) -> bool:
+        """Every autocast region computing (part of) the value of `expr` (`computing_regions`) is
+        of this file and runs float16 for some value of its dtype (`{"fp16": torch.float16,
+        "bf16": torch.bfloat16}[dtype]`), and there is one."""
+        regions, foreign = self.computing_regions(expr)
+        return bool(regions) and not foreign and all(
+            self.region_dtype(r) == "float16" or r.dtype_node is not None
+            and "float16" in (self.dtype_values(r.dtype_node) or ()) for r in regions)
 
     def float16_gated(self, expr: Optional[cst.CSTNode]) -> bool:
         """The (scaler's) `enabled=` expression names float16, a dtype or a precision, directly
