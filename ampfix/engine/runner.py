@@ -542,7 +542,9 @@ def _needs_analysis(path: str, data: bytes, codes: Sequence[str], risky: Optiona
     parser could crash on it, see `guard.risky`). `known`: (the first rule whose default trigger
     test `rulemeta.first_triggered` passed on the file, the file's decoded text), when the
     runner tested it: a rule that keeps `Rule`'s own tests passes them here too, so they are
-    not run again."""
+    not run again. (The first test reads the raw text; the rules' own tests mask comments and
+    docstrings: a file whose trigger words are only there is sent on, and `check_text` drops it
+    before parsing it.)"""
     from ampfix.engine.analyze import worth_analysing
     from ampfix.engine.notebook import is_notebook, prefilter
     from ampfix.engine.registry import all_rules, overrides
