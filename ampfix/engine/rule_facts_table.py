@@ -2,7 +2,7 @@
 them before it analyses anything (see ampfix/engine/rulemeta.py). Do not edit; regenerate.
 """
 
-DIGEST = '039805e77948534755eb720619af3001e8cb5e59508538f26011696cb1bad918'
+DIGEST = 'd91127be24c92b9b6152a870c84efbb32f2135722dcefaeb83316fd82c43e9ed'
 
 RULES = [
     ('AMP001', 'backward-in-autocast', True, ('autocast',), (),

@@ -54,9 +54,9 @@ MEASURED: Dict[str, Measured] = {
                                "--preview): two FALSE on torchrl's expert-iteration scripts (a conjunction test with an "
                                "else, a regression of 7f47acb), fixed since by reading them (2b5e1ee), still counted; the "
                                "twenty-fifth session's 14 projects (171 projects): cogdl's fp16 clip with no unscale_, TRUE"),
-    "AMP004": Measured(3, 5, 2, "ecosystem check of 2026-11-25 (42 projects: 2/4/2, its false findings fixed since by "
+    "AMP004": Measured(4, 5, 2, "ecosystem check of 2026-11-25 (42 projects: 2/4/2, its false findings fixed since by "
                                "reading them) and of the twentieth session's 31 unseen projects (1/1/0, its false "
-                               "finding, a paddle scaler, fixed since by reading it)"),
+                               "finding, a paddle scaler, fixed since by reading it); the twenty-sixth session (201 projects): deepspeed's GradScaler stepped and updated per ZeRO sub-group, reached through a star import of a project module (bcb5b38), TRUE"),
     "AMP005": Measured(2, 2, 0, "ecosystem check of 2026-11-27, twentieth session (116 projects): its false finding, a variable set "
                                "for child processes after this process's own set_device (nequip); and the twenty-fourth session's 13 projects nobody had read (157 projects, check --select ALL --preview): unimol-tools' "
                                "CUDA_VISIBLE_DEVICES set for the workers mp.spawn starts, FALSE; both fixed since by reading them "
@@ -65,29 +65,29 @@ MEASURED: Dict[str, Measured] = {
                                "torchrl's two scalers rebuilt per step, TRUE); earlier, its one wrong finding on 85 projects, the "
                                "resumable train() of flair, fixed since: Iterations.iterates_epochs; the twenty-sixth batch's 15 projects nobody had read (186 projects, check --select ALL --preview): protenix's per-step GradScaler that its dtype test never enables, DEBATABLE"),
     "AMP009": Measured(2, 0, 2, "ecosystem check of 2026-11-27 (85 projects, check --select ALL --preview) (its one wrong finding of 2026-11-25, allennlp's stage-guarded unscale_, fixed since: Guards.in_stage_test); the twenty-sixth batch's 15 projects nobody had read (186 projects, check --select ALL --preview): mmgen's generator steps with one update after the loop, TRUE"),
-    "AMP013": Measured(22, 2, 5, "ecosystem check of 2026-11-28, twenty-third session (144 projects; s3prl's pretrain resume "
+    "AMP013": Measured(31, 2, 5, "ecosystem check of 2026-11-28, twenty-third session (144 projects; s3prl's pretrain resume "
                                "checkpoint, TRUE) and the twenty-fourth session's 13 projects nobody had read (157 projects, check --select ALL --preview): farm-haystack's save and load, torch4keras's resume, TRUE; "
                                "its false finding, a GradScaler used as a fixed loss scale and never updated (modelscope's nerf "
                                "trainer), is fixed since by reading it; flair's two TRUE findings and OpenNMT-py's one are the "
                                "sources of the checks that find them (a parameter annotated with a project class, an "
-                               "optimizer wrapper's state_dict), not counted; the twenty-sixth batch's 15 projects nobody had read (186 projects, check --select ALL --preview): 9 TRUE, 2 DEBATABLE, 1 FALSE (sockeye's optimizer restored by a helper whose caller restores the scaler, fixed since by reading it: 7c5045d)"),
-    "AMP101": Measured(395, 5, 11, "ecosystem check of 2026-11-28, twenty-third session (144 projects; silent under a pin to a torch "
+                               "optimizer wrapper's state_dict), not counted; the twenty-sixth batch's 15 projects nobody had read (186 projects, check --select ALL --preview): 9 TRUE, 2 DEBATABLE, 1 FALSE (sockeye's optimizer restored by a helper whose caller restores the scaler, fixed since by reading it: 7c5045d); the twenty-seventh batch's 15 projects nobody had read (201 projects, check --select ALL --preview): nnsvs' checkpoints and resume without the GradScaler, 9 TRUE"),
+    "AMP101": Measured(454, 5, 11, "ecosystem check of 2026-11-28, twenty-third session (144 projects; silent under a pin to a torch "
                                "before 2.4, read from egg-info too) and the twenty-fourth session's 13 projects nobody had read (157 projects, check --select ALL --preview): 23 TRUE, 6 DEBATABLE (nnunet's uncalled "
                                "probing functions), 1 FALSE (torch4keras's autocast class taken as a value in a version shim); its "
                                "five false findings, a bare except: shim (megatron-core, two), a use in an except fallback "
                                "(torchtnt), an isinstance shim (pytorch-pfn-extras) and the value shim, fixed since by reading them; "
                                "the twenty-fifth session's 14 projects (171 projects): 21 TRUE, 1 DEBATABLE (laion-clap's uncalled "
-                               "zero-shot evaluation); the twenty-sixth batch's 15 projects nobody had read (186 projects, check --select ALL --preview): 24 TRUE, 1 DEBATABLE (fastestimator, which pairs itself with torch 2.3.1)"),
+                               "zero-shot evaluation); the twenty-sixth batch's 15 projects nobody had read (186 projects, check --select ALL --preview): 24 TRUE, 1 DEBATABLE (fastestimator, which pairs itself with torch 2.3.1); the twenty-seventh batch's 15 projects nobody had read (201 projects, check --select ALL --preview): 26 TRUE; and the autocast state functions torch 2.4 deprecated (133e1fa): 34 TRUE on 10 earlier projects, flagai's the source of the check, not counted"),
     "AMP012": Measured(0, 0, 1, "ecosystem check of 2026-11-28, twenty-fifth session (171 projects, check --select ALL --preview): "
                                "skrl's gradient penalty on discriminator logits, taken unscaled under float16 autocast, "
                                "DEBATABLE (its input gradients sit far above float16's floor in a CPU repro)"),
     "AMP017": Measured(2, 0, 0, "ecosystem check of 2026-11-28, twenty-fifth session (171 projects, check --select ALL --preview): "
                                "transformers4rec's backward under float16 autocast with no GradScaler, TRUE; pypots' "
                                "backward under its own autocast(**kwargs) shim is the source of that check (579e255), "
-                               "TRUE, not counted; the twenty-sixth batch's 15 projects nobody had read (186 projects, check --select ALL --preview): pythae's trainer, TRUE"),
-    "AMP102": Measured(9, 5, 70, "ecosystem check of 2026-11-28, twenty-third session (144 projects) and the twenty-fourth session's 13 projects nobody had read (157 projects, check --select ALL --preview): "
-                               "stylegan2-pytorch's apex amp O1, its only mixed precision, 4 TRUE; the twenty-sixth batch's 15 projects nobody had read (186 projects, check --select ALL --preview): sockeye's and mmgen's opt-in apex backends beside their native ones, 12 DEBATABLE"),
-    "AMP103": Measured(18, 0, 8, "ecosystem check of 2026-11-28, twenty-second session (131 projects, check --select ALL --preview); the twenty-sixth batch's 15 projects nobody had read (186 projects, check --select ALL --preview): flagai's apex imports, 2 TRUE, 1 DEBATABLE (an unused LayerNorm)"),
+                               "TRUE, not counted; the twenty-sixth batch's 15 projects nobody had read (186 projects, check --select ALL --preview): pythae's trainer, TRUE; the twenty-sixth session: protenix's fp16 run under a GradScaler whose enabled= test is never true is the source of that check (c638c10), TRUE, not counted"),
+    "AMP102": Measured(32, 10, 75, "ecosystem check of 2026-11-28, twenty-third session (144 projects) and the twenty-fourth session's 13 projects nobody had read (157 projects, check --select ALL --preview): "
+                               "stylegan2-pytorch's apex amp O1, its only mixed precision, 4 TRUE; the twenty-sixth batch's 15 projects nobody had read (186 projects, check --select ALL --preview): sockeye's and mmgen's opt-in apex backends beside their native ones, 12 DEBATABLE; the twenty-seventh batch's 15 projects nobody had read (201 projects, check --select ALL --preview): apex as the only mixed precision of jiant, ART and robustness, 23 TRUE; pytext's and simcse's opt-in apex backends, 5 DEBATABLE; ART's input-gradient scale_loss advised a scaler step, 5 FALSE, fixed since by reading them (a50ef8a), still counted; textbrewer's apex through a star import is the source of that check (bcb5b38), TRUE, not counted"),
+    "AMP103": Measured(19, 0, 8, "ecosystem check of 2026-11-28, twenty-second session (131 projects, check --select ALL --preview); the twenty-sixth batch's 15 projects nobody had read (186 projects, check --select ALL --preview): flagai's apex imports, 2 TRUE, 1 DEBATABLE (an unused LayerNorm); the twenty-seventh batch's 15 projects nobody had read (201 projects, check --select ALL --preview): nnsvs' FusedLayerNorm picked whenever apex imports, TRUE"),
     "AMP204": Measured(0, 4, 0, "ecosystem check of 2026-11-27, twentieth session (104 projects, check --select ALL --preview); "
                                "its four findings, on a project pinned to pytorch-lightning<2.0, are fixed since by reading "
                                "them (not a measure on unseen code)"),
