@@ -31,6 +31,7 @@ import libcst as cst
 
 from ampfix.model.syntax import call_name, literal_bool, literal_string
 from ampfix.model.tree import dotted
+from ampfix.model.training import calls_under
 
 MAX_KNOWN_DEPTH = 8
 _UNKNOWN = None
@@ -310,21 +311,11 @@ class Conditions:
                 if keys is not None:
                     between = body[i + 1:at + 1]
                     if self._in_try(body[i], func) or any(self.callees(c) for s in between  # type: ignore[attr-defined]
-                                                          for c in self._calls_written_in(s)):
+                                                          for c in calls_under(s)):
                         return None
                     return keys
             stmt = next((a for a in self.ancestors(block) if isinstance(a, cst.BaseCompoundStatement)), None)  # type: ignore[attr-defined]
         return None
-
-    def _calls_written_in(self, node: cst.CSTNode) -> List[cst.Call]:
-        """The calls written inside `node`."""
-        out, stack = [], [node]
-        while stack:
-            n = stack.pop()
-            if isinstance(n, cst.Call):
-                out.append(n)
-            stack.extend(n.children)
-        return out
 
     def _in_try(self, stmt: cst.CSTNode, func: cst.CSTNode) -> bool:
         for a in self.ancestors(stmt):  # type: ignore[attr-defined]

@@ -12,7 +12,7 @@ from typing import Iterable, Set, Tuple
 
 import libcst as cst
 
-from ampfix.model.tree import dotted
+from ampfix.model.tree import child_nodes, dotted
 
 BUILTIN_NAMES = set(dir(builtins))
 
@@ -150,7 +150,7 @@ def mutations(node: cst.CSTNode) -> Set[str]:
             name = n.func.attr.value
             if name.endswith("_") and not name.startswith("_"):
                 out.add(dotted(n.func.value))  # type: ignore[arg-type]
-        stack.extend(n.children)
+        stack.extend(child_nodes(n))
     return out
 
 
@@ -165,7 +165,7 @@ def dotted_reads(node: cst.CSTNode) -> Set[str]:
         if key is not None:
             out.add(key)
             continue
-        stack.extend(n.children)
+        stack.extend(child_nodes(n))
     return out
 
 
