@@ -44,7 +44,9 @@ first use, each reading the core through its `model`, so their names stay out of
   `parallel_apply`, threads of the file's own): the module a DataParallel wraps, the function
   a thread runs, whether a function opens its own autocast region;
 * `model.autograd` (`autograd`): the custom autograd Functions of the file and the
-  `custom_fwd`/`custom_bwd` decorators of their `forward` and `backward`.
+  `custom_fwd`/`custom_bwd` decorators of their `forward` and `backward`;
+* `model.entered` (`entered`): autocast contexts entered by hand (`ctx.__enter__()`) and
+  whether the code may exit them.
 
 Helpers over nodes: `readwrite` (names read and bound by a statement), `syntax` (`dotted`,
 `get_arg`, literals).
@@ -64,6 +66,7 @@ from ampfix.model.callgraph import CallGraph
 from ampfix.model.checkpoints import Checkpoints
 from ampfix.model.conditions import Conditions, NeverTrue
 from ampfix.model.dataflow import Dataflow
+from ampfix.model.entered import HandEntries, HandEntry
 from ampfix.model.environ import Environ
 from ampfix.model.events import Event, Events, Trace, TraceEvent, anchor
 from ampfix.model.flow import Flow
@@ -150,6 +153,11 @@ class AmpModel(Tree, Names, Values, CallGraph, Regions, Objects, Flow, Events, E
         """Custom autograd Functions and their `custom_fwd`/`custom_bwd` decorators."""
         return CustomFunctions(self)
 
+    @cached_property
+    def entered(self) -> HandEntries:
+        """Autocast contexts entered by hand (`ctx.__enter__()`) and whether they may be exited."""
+        return HandEntries(self)
+
     def _reads_of(self, node: cst.CSTNode) -> set:
         """The names `node` (a statement or expression) reads (computed once per node)."""
         cache = self.__dict__.setdefault("_reads_cache", {})
@@ -161,7 +169,7 @@ class AmpModel(Tree, Names, Values, CallGraph, Regions, Objects, Flow, Events, E
 
 __all__ = [
     "API_TABLE", "AmpModel", "Api", "ApexLeftover", "ApexOptionalImport", "ApexRole", "ApexUse", "BackwardCall", "Event",
-    "ImportBinding", "Misplaced", "NeverTrue", "Region", "Trace", "TraceEvent", "UpdateMisplaced", "UpdatePlace",
+    "HandEntry", "ImportBinding", "Misplaced", "NeverTrue", "Region", "Trace", "TraceEvent", "UpdateMisplaced", "UpdatePlace",
     "anchor", "call_name", "dotted", "get_arg", "group_frame", "group_loop", "is_expression_statement_of", "literal_bool", "literal_string",
     "method_call", "names_bound", "reads_writes", "receiver", "uses_only",
 ]
