@@ -2,7 +2,7 @@
 them before it analyses anything (see ampfix/engine/rulemeta.py). Do not edit; regenerate.
 """
 
-DIGEST = 'd91127be24c92b9b6152a870c84efbb32f2135722dcefaeb83316fd82c43e9ed'
+DIGEST = '7be797ee34706fd46788c1dbd17ea2c61d2951f8bd89786d3e5c12755a7b56ff'
 
 RULES = [
     ('AMP001', 'backward-in-autocast', True, ('autocast',), (),
@@ -45,6 +45,8 @@ RULES = [
      (('.update(',), ('isfinite', 'isnan', 'isinf', 'inf', 'nan')), None, True),
     ('AMP020', 'grads-sanitized-before-unscale', True, ('.scale(',), (),
      (('nan_to_num', 'isnan', 'isinf', 'isfinite'),), (('.scale(',),), True),
+    ('AMP021', 'autocast-never-exited', True, ('__enter__',), (),
+     (('autocast',),), None, True),
     ('AMP101', 'deprecated-amp-api', True, ('cuda.amp', 'cpu.amp', 'torch.cuda import', 'torch.cpu import', 'autocast_gpu_', 'autocast_cpu_', 'autocast_ipu_', 'autocast_xla_'), (),
      (), None, False),
     ('AMP102', 'apex-amp', True, ('apex',), (),
