@@ -179,3 +179,19 @@ def test_names_not_exported_or_from_a_library_stay_unknown(tmp_path):
     assert names_in(p, pkg / "before.py", "torch.cuda.amp.autocast") == {"torch.cuda.amp.autocast"}
     assert names_in(p, pkg / "underscore.py", "_hidden") == set()
     assert names_in(p, pkg / "underscore.py", "shown") == {".private.shown"}
+
+
+def test_apex_amp_trigger_without_the_word_only_where_amp_comes_from_another_module():
+    # AMP102 reads a module that does not name apex only when it takes `amp` (or every name) from
+    # another module: the model then tells whether that `amp` is apex's (the fixture projects)
+    from ampfix.engine.registry import all_rules
+
+    rule = all_rules()["AMP102"]
+    use = "with amp.scale_loss(loss, opt) as s:\n    s.backward()\n"
+    for head in ("from .utils import *\n", "from .utils import amp\n", "from pkg.utils import batch_to, amp\n",
+                 "from apex import amp\n"):
+        text = head + use
+        assert rule.triggered_by(text, text.lower()), head
+    for head in ("import torch\n", "from .utils import batch_to\n", "# from .utils import *\n"):
+        text = head + use
+        assert not rule.triggered_by(text, text.lower()), head

@@ -2,7 +2,7 @@
 them before it analyses anything (see ampfix/engine/rulemeta.py). Do not edit; regenerate.
 """
 
-DIGEST = '7be797ee34706fd46788c1dbd17ea2c61d2951f8bd89786d3e5c12755a7b56ff'
+DIGEST = '3ec8733c90a70647ad458a09c5069c72d7fb38bae17b6e1fd5e78a3f46933989'
 
 RULES = [
     ('AMP001', 'backward-in-autocast', True, ('autocast',), (),
@@ -49,7 +49,7 @@ RULES = [
      (('autocast',),), None, True),
     ('AMP101', 'deprecated-amp-api', True, ('cuda.amp', 'cpu.amp', 'torch.cuda import', 'torch.cpu import', 'autocast_gpu_', 'autocast_cpu_', 'autocast_ipu_', 'autocast_xla_'), (),
      (), None, False),
-    ('AMP102', 'apex-amp', True, ('apex',), (),
+    ('AMP102', 'apex-amp', True, ('apex', 'amp.initialize', 'amp.scale_loss', 'amp.master_params', 'amp.state_dict', 'amp.load_state_dict'), (),
      (), None, True),
     ('AMP103', 'apex-to-torch', True, ('apex',), (),
      (), None, False),
