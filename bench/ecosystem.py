@@ -313,6 +313,20 @@ PACKAGES: Tuple[Package, ...] = (
             note="OptimizerCallback clips scaled gradients (catalyst-team/catalyst#1319)"),
     Package("returnn", "1.20240720.235853",
             note="gradient clipping before unscale_ (rwth-i6/returnn#1595, merged after this release)"),
+    # twenty-eighth batch (2026-11-28): projects nobody here had read, picked for their hand-written
+    # AMP training code
+    Package("deepinv", "0.5.0"),
+    Package("diffwave", "0.1.7"),
+    Package("emmental", "0.1.1", note="apex amp"),
+    Package("gradcache", "0.0.1"),
+    Package("bagua", "0.9.2", note="native AMP and apex amp in its examples"),
+    Package("fastxtend", "0.1.7", note="fastai callbacks with their own GradScaler"),
+    Package("spikingjelly", "2.0.0"),
+    Package("InternEvo", "0.5.2", note="own fp16 loss scaler"),
+    Package("ai2-olmo-core", "3.0.0"),
+    Package("kappautils", "0.0.7"),
+    Package("yolov7detect", "1.0.1", note="a packaged copy of WongKinYiu/yolov7"),
+    Package("bmtrain", "1.0.1", note="own fp16 loss scaler"),
 )
 
 
