@@ -69,7 +69,12 @@ Uses inside `except ImportError/AttributeError/TypeError:` are fallbacks for an 
 (`try: torch.amp.GradScaler("cuda") except AttributeError: torch.cuda.amp.GradScaler()`) and are
 left alone (a name imported from torch.cuda.amp that such a fallback uses is not migrated: its
 other uses are reported without a fix), and so are uses in a branch that picks between torch versions (`x = torch.amp.GradScaler("cuda")
-if TORCH_2_4 else torch.cuda.amp.GradScaler()`, or an `if` whose test names a version). A name whose uses cannot all be migrated (passed around as a value, `*args`, a `# noqa` on one
+if TORCH_2_4 else torch.cuda.amp.GradScaler()`, or an `if` whose test names a version), except the
+branch every torch from 2.4 on takes where the test reads (the torch version, `torch.__version__`
+or `TORCH_VERSION`, maybe in `digit_version()`/`version.parse()`, against a version below 2.4, or
+`is_torch_version(">=", "1.10")`): the `else` of `if digit_version(TORCH_VERSION) <
+digit_version("1.10.0")` runs, and warns. It is reported, with no fix unless the project declares
+the oldest torch it supports (an older torch may take that branch too). A name whose uses cannot all be migrated (passed around as a value, `*args`, a `# noqa` on one
 use, or a replacement newer than the oldest torch the project supports: torch.amp.GradScaler
 needs 2.3, `device_type=` on custom_fwd/custom_bwd 2.4) is reported without a fix. The oldest
 supported torch is `min-torch-version`, else the project's own requirement on torch
@@ -98,7 +103,7 @@ is CUDA's flag and is not deprecated). A name imported from torch is renamed in 
 its uses together, or, where one of them cannot be (taken as a value, a name already used), not
 at all. A call with `*args`, one taken as a value, or a project that supports a torch before 2.4
 is reported without a fix; a shim that keeps the old function for an old torch (in `except
-AttributeError/TypeError:`, under a version test, or in a function that probes
+AttributeError/TypeError:`, under a version test (not in the branch torch 2.4 takes, as above), or in a function that probes
 `getattr(torch, "get_autocast_dtype", None)`) is left alone.
 
 Bad:

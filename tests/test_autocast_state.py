@@ -109,3 +109,17 @@ def test_held_back_for_a_torch_before_the_replacement():
     assert new == src
     diags, _ = check_text(src, "m.py", select_rules(["AMP101"], []), Settings(min_torch_version=(2, 3)))
     assert len(diags) == 1 and diags[0].fix is None and "needs torch >= 2.4" in diags[0].message
+
+
+def test_in_the_branch_modern_torch_takes_fixed_only_where_the_project_declares_its_torch():
+    # mmengine's shape: the `else` of a test of torch < 1.10 runs on 2.4 (it warns) and on 1.10-2.3 (no replacement)
+    src = ("import torch\n\n\ndef f():\n    if torch.__version__ < '1.10':\n        return None\n"
+           "    else:\n        return torch.get_autocast_gpu_dtype()\n")
+    rules = select_rules(["AMP101"], [])
+    diags, _ = check_text(src, "m.py", rules, Settings(min_torch_version=(2, 4)))
+    assert len(diags) == 1 and diags[0].fix is None and "version test on line 5" in diags[0].message
+    declared = Settings(min_torch_version=(2, 4), min_torch_source="`torch>=2.4` in pyproject.toml")
+    diags, _ = check_text(src, "m.py", rules, declared)
+    assert len(diags) == 1 and diags[0].fix is not None
+    new, _, remaining = fix_text(src, "m.py", rules, declared)
+    assert "return torch.get_autocast_dtype('cuda')" in new and not remaining

@@ -2,7 +2,7 @@
 them before it analyses anything (see ampfix/engine/rulemeta.py). Do not edit; regenerate.
 """
 
-DIGEST = '3ec8733c90a70647ad458a09c5069c72d7fb38bae17b6e1fd5e78a3f46933989'
+DIGEST = 'c49695e1bc15eda78dad03d085819b953692f750f895e7f06694a38c9d209c43'
 
 RULES = [
     ('AMP001', 'backward-in-autocast', True, ('autocast',), (),

@@ -44,6 +44,19 @@ def _version_block(kind: str, ctx: FileContext) -> Optional[str]:
                 f"{have} ({ctx.min_torch_source or 'min-torch-version'})")
     return None
 
+def _branch_block(model: AmpModel, node: cst.CSTNode, kind: str, ctx: FileContext) -> Optional[str]:
+    """Why a use in the branch of a torch version test that torch 2.4 takes (and an older torch
+    too: `else` of `if TORCH_VERSION < "1.10"`) is not migrated: its replacement may not exist on
+    that older torch, unless the project says which torch it needs (`min_torch_source`)."""
+    test = model.guards.modern_version_test(node)
+    need = MIN_TORCH.get(STATE_KIND if kind in AUTOCAST_STATE else kind, (2, 4))
+    if test is None or (ctx.min_torch_source and tuple(ctx.min_torch_version) >= need):
+        return None
+    return (f"the torch version test on line {model.line(test)} may send a torch older than {need[0]}.{need[1]}, "
+            "which lacks its replacement, here too: migrate it by hand, or set min-torch-version to the oldest "
+            "torch the project supports")
+
+
 def _migrate(model: AmpModel, expr: cst.CSTNode, new_func: Optional[cst.BaseExpression], kind: str,
              device: str, ctx: FileContext, q: str, binding: Optional[Binding]) -> Use:
     """The use of API `kind` at `expr`; `new_func` replaces `expr` (None: the name stays)."""
@@ -212,6 +225,7 @@ def file_uses(model: AmpModel, ctx: FileContext) -> Tuple[List[Binding], List[Us
     for b in bindings:
         if b.kind in AUTOCAST_STATE and b.blocked is None:
             b.blocked = rename_problem(model, b, bindings)
+        b.blocked = b.blocked or _branch_block(model, b.stmt, b.kind or "", ctx)
     by_ref: Dict[int, Binding] = {id(r): b for b in bindings for r in b.refs}
     uses: List[Use] = []
     seen: Set[int] = set()
@@ -251,4 +265,6 @@ def file_uses(model: AmpModel, ctx: FileContext) -> Tuple[List[Binding], List[Us
             uses.append(qualified_state_use(model, node, ctx, q))
     for use in uses:
         use.fallback = id(use.node) in fallbacks
+        if not (use.done or use.fallback or use.blocked):
+            use.blocked = _branch_block(model, use.node, use.kind, ctx)
     return bindings, uses

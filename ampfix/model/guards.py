@@ -5,7 +5,9 @@
 * `in_version_branch`: in a branch of an `if` that picks between torch versions (its test
   names a version or probes `torch.amp`, or its other branch uses the modern `torch.amp`
   spelling), the fallback operand of `getattr(torch.amp, ...) or ...`, or after an early
-  `return` of such a test;
+  `return` of such a test; not the branch every torch from 2.4 on takes, where the test reads
+  (`modern_torch_takes`: `else` of `if digit_version(TORCH_VERSION) < digit_version("1.10")`),
+  which is the code that runs, and warns (`modern_version_test` names that test);
 * `has_modern_alternative`: the same, but a test that merely names a version does not count
   (used for imports, whose branch under a version test may be the new path of its day).
 """
@@ -13,6 +15,7 @@
 from __future__ import annotations
 
 import re
+from typing import Optional, Tuple
 
 import libcst as cst
 
@@ -23,6 +26,18 @@ from ampfix.model.tree import child_nodes, dotted
 FALLBACK_ERRORS = {"ImportError", "ModuleNotFoundError", "AttributeError", "TypeError"}
 VERSION_TEST = re.compile(r"version|TORCH_\d|TORCH_(?:GREATER|LESS|GE|LT|AT_LEAST)|_TORCH_\w*\d", re.IGNORECASE)
 MODERN_KINDS = {"autocast", "GradScaler", "custom_fwd", "custom_bwd"}
+MODERN_TORCH = (2, 4)  # the first torch to deprecate torch.cuda.amp and the device-specific autocast state
+# the torch version as a project names it (`TORCH_VERSION = torch.__version__`), and what wraps a version to compare it
+TORCH_VERSION_NAME = re.compile(r"^_?torch_version$", re.IGNORECASE)
+VERSION_WRAPPERS = {"digit_version", "parse", "parse_version", "Version", "LooseVersion", "StrictVersion"}
+VERSION_LITERAL = re.compile(r"^\s*v?(\d+(?:\.\d+)*)(?:[.+\-]?[A-Za-z0-9.+\-]*)?\s*$")
+# `V op L` where V (any torch from 2.4 on) is above L (a version below 2.4)
+ABOVE = {cst.LessThan: False, cst.LessThanEqual: False, cst.GreaterThan: True, cst.GreaterThanEqual: True,
+         cst.Equal: False, cst.NotEqual: True}
+FLIPPED = {cst.LessThan: cst.GreaterThan, cst.LessThanEqual: cst.GreaterThanEqual, cst.GreaterThan: cst.LessThan,
+           cst.GreaterThanEqual: cst.LessThanEqual, cst.Equal: cst.Equal, cst.NotEqual: cst.NotEqual}
+OPERATORS = {"<": cst.LessThan, "<=": cst.LessThanEqual, ">": cst.GreaterThan, ">=": cst.GreaterThanEqual,
+             "==": cst.Equal, "!=": cst.NotEqual}
 
 
 class Guards(Facet):
@@ -83,8 +98,9 @@ class Guards(Facet):
             if isinstance(anc, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
                 return False
             if isinstance(anc, (cst.If, cst.IfExp)) and child is not anc.test:
-                if by_test and VERSION_TEST.search(self.model.code(anc.test)):
-                    return True
+                if by_test and VERSION_TEST.search(self.model.code(anc.test)) \
+                        and self.modern_torch_takes(anc.test) is not (child is anc.body):
+                    return True  # (not the branch torch 2.4 and later take: the code that runs there)
                 if self._probes_modern(anc.test):
                     return True
                 other = anc.orelse if child is anc.body else anc.body
@@ -134,12 +150,97 @@ class Guards(Facet):
         for prev in block.body:
             if prev is stmt:
                 return False
-            if isinstance(prev, cst.If) and isinstance(prev.body, cst.IndentedBlock) and prev.body.body:
-                last = prev.body.body[-1]
-                returns = isinstance(last, cst.SimpleStatementLine) and isinstance(last.body[-1], (cst.Return, cst.Raise))
-                if returns and (VERSION_TEST.search(self.model.code(prev.test)) or self._uses_modern_api(prev.body)):
-                    return True
+            if _returns(prev) and ((VERSION_TEST.search(self.model.code(prev.test))  # type: ignore[attr-defined]
+                                    and self.modern_torch_takes(prev.test) is not False)  # type: ignore[attr-defined]
+                                   or self._uses_modern_api(prev.body)):  # type: ignore[attr-defined]
+                return True
         return False
+
+    # ------------------------------------------------------------------ version tests that read
+    def modern_version_test(self, node: cst.CSTNode) -> Optional[cst.CSTNode]:
+        """The test on the torch version of the innermost `if` (or conditional expression, or
+        early return) in the function running `node` that lets every torch from 2.4 on through
+        to it (`modern_torch_takes`), which older torch passes too: the code runs on those."""
+        child = node
+        for anc in self.model.ancestors(node):
+            if isinstance(anc, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+                return None
+            if isinstance(anc, (cst.If, cst.IfExp)) and child is not anc.test \
+                    and self.modern_torch_takes(anc.test) is (child is anc.body):
+                return anc.test
+            if isinstance(anc, (cst.IndentedBlock, cst.Module)):
+                for prev in anc.body:
+                    if prev is child:
+                        break
+                    if _returns(prev) and self.modern_torch_takes(prev.test) is False:
+                        return prev.test  # (`if <old torch>: return ...` before it)
+            child = anc
+        return None
+
+    def modern_torch_takes(self, test: cst.CSTNode) -> Optional[bool]:
+        """What `test` is on every torch from 2.4 on, where it compares the torch version
+        (`torch.__version__`, a name `TORCH_VERSION`, either in `digit_version(...)`,
+        `version.parse(...)`, `LooseVersion(...)`) with versions below 2.4 (`"1.10.0"`, `(1, 10)`,
+        in the same wrappers), or is `is_torch_version(">=", "1.10")`; through `not`, `and`, `or`
+        and chained comparisons. None: not known (another test, a version at or above 2.4)."""
+        if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+            inner = self.modern_torch_takes(test.expression)
+            return None if inner is None else not inner
+        if isinstance(test, cst.BooleanOperation):
+            sides = (self.modern_torch_takes(test.left), self.modern_torch_takes(test.right))
+            decides = isinstance(test.operator, cst.Or)  # the value that decides `or` (True) or `and` (False)
+            return decides if decides in sides else None if None in sides else not decides
+        if isinstance(test, cst.Comparison):
+            left, values = test.left, []
+            for target in test.comparisons:
+                values.append(self._compare(left, type(target.operator), target.comparator))
+                left = target.comparator
+            return False if False in values else None if None in values else True
+        if isinstance(test, cst.Call) and _last_name(test.func) == "is_torch_version" and len(test.args) == 2 \
+                and not any(a.keyword or a.star for a in test.args):
+            op, version = OPERATORS.get(literal_string(test.args[0].value) or ""), \
+                _version(literal_string(test.args[1].value))
+            return ABOVE[op] if op is not None and version is not None and version < MODERN_TORCH else None
+        return None
+
+    def _compare(self, left: cst.BaseExpression, op: type, right: cst.BaseExpression) -> Optional[bool]:
+        """`left op right`, one side the torch version, the other a version below 2.4, on every
+        torch from 2.4 on; None: not known (the two not comparable as versions)."""
+        if op not in ABOVE:
+            return None
+        mine, theirs = self._torch_side(left), self._literal_side(right)
+        if mine is None or theirs is None:
+            mine, theirs, op = self._torch_side(right), self._literal_side(left), FLIPPED[op]
+        if mine is None or theirs is None:
+            return None
+        (torch_kind, (literal_kind, version)) = mine, theirs
+        if torch_kind == "wrapped" and literal_kind != "wrapped":
+            return None  # `digit_version(v) < "1.10"`: not compared as versions
+        if torch_kind == "name" and literal_kind == "str" and version[0] >= 2:
+            return None  # a plain string may compare as text: "2.10" < "2.3"
+        return ABOVE[op]
+
+    def _torch_side(self, expr: cst.BaseExpression, wrapped: bool = False) -> Optional[str]:
+        if isinstance(expr, cst.Call) and not wrapped and _last_name(expr.func) in VERSION_WRAPPERS \
+                and len(expr.args) == 1 and not expr.args[0].keyword and not expr.args[0].star:
+            return "wrapped" if self._torch_side(expr.args[0].value, wrapped=True) else None
+        if self.model.qualnames(expr) & {"torch.__version__", "torch.version.__version__"}:
+            return "torch.__version__"
+        name = _last_name(expr)
+        return "name" if name is not None and TORCH_VERSION_NAME.match(name) else None
+
+    def _literal_side(self, expr: cst.BaseExpression) -> Optional[Tuple[str, Tuple[int, ...]]]:
+        """("str" | "tuple" | "wrapped", the version) of a literal version below 2.4."""
+        kind, version = "str", _version(literal_string(expr))
+        if isinstance(expr, cst.Call) and _last_name(expr.func) in VERSION_WRAPPERS and len(expr.args) == 1 \
+                and not expr.args[0].keyword and not expr.args[0].star:
+            kind, version = "wrapped", _version(literal_string(expr.args[0].value))
+        elif isinstance(expr, cst.Tuple) and expr.elements:
+            parts = [e.value for e in expr.elements]
+            kind = "tuple"
+            version = tuple(int(p.value) for p in parts) if all(isinstance(p, cst.Integer) and p.value.isdigit()
+                                                                for p in parts) else None
+        return (kind, version) if version is not None and version < MODERN_TORCH else None
 
     def _uses_modern_api(self, subtree: cst.CSTNode) -> bool:
         for n in self.model.nodes_of(cst.Attribute, cst.Name):
@@ -161,3 +262,22 @@ class Guards(Facet):
                     and literal_string(call.args[1].value) in MODERN_KINDS:
                 return True
         return False
+
+
+def _returns(stmt: cst.CSTNode) -> bool:
+    """`if <test>: ... return/raise`: an `if` whose block ends by leaving."""
+    if not (isinstance(stmt, cst.If) and isinstance(stmt.body, cst.IndentedBlock) and stmt.body.body):
+        return False
+    last = stmt.body.body[-1]
+    return isinstance(last, cst.SimpleStatementLine) and isinstance(last.body[-1], (cst.Return, cst.Raise))
+
+
+def _last_name(expr: cst.CSTNode) -> Optional[str]:
+    """`x` of `x` or of `a.b.x`."""
+    return expr.value if isinstance(expr, cst.Name) else expr.attr.value if isinstance(expr, cst.Attribute) else None
+
+
+def _version(text: Optional[str]) -> Optional[Tuple[int, ...]]:
+    """The release numbers of a version's text ("1.10.0a0": (1, 10, 0)); None: not a version."""
+    found = VERSION_LITERAL.match(text) if text is not None else None
+    return tuple(int(p) for p in found.group(1).split(".")) if found else None
