@@ -37,6 +37,7 @@ from ampfix.model.parsing import parse_expression
 from ampfix.model.readwrite import reads_writes
 from ampfix.model.syntax import call_name, literal_bool
 from ampfix.model.tree import child_nodes, dotted, nodes_under
+from ampfix.model.values import ReturnedElement
 
 Group = Hashable
 # a test that names gradient accumulation or "this micro-batch steps"
@@ -296,6 +297,8 @@ class Iterations:
             out: List[str] = []
             for name in set(_NAME.findall(code)):
                 for _, v in self.assignments_to(name):
+                    if isinstance(v, ReturnedElement):  # `x, ok = f()`: the call, where it is written
+                        v = v.call
                     if v is None or self.function_of(v) is not func:
                         continue
                     out.append(self.code(v))
