@@ -28,7 +28,8 @@ MESSAGES = {
     "other": "apex.amp has no native equivalent for this call",
 }
 # `amp` (or every name) taken from another module, which may bind apex's: `from .utils import *`, `from .utils import amp`
-FROM_ELSEWHERE = re.compile(r"^[ \t]*from[ \t]+[\w.]+[ \t]+import[ \t]+(?:\*|\(?[\w, \t]*\bamp\b)", re.MULTILINE)
+FROM_ELSEWHERE = re.compile(r"^[ \t]*from[ \t]+[\w.]+[ \t]+import[ \t]+(?:\*|\([\w,\s]*\bamp\b|[\w, \t]*\bamp\b)",
+                            re.MULTILINE)
 
 
 class ApexAmp(Rule):

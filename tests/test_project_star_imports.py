@@ -189,7 +189,7 @@ def test_apex_amp_trigger_without_the_word_only_where_amp_comes_from_another_mod
     rule = all_rules()["AMP102"]
     use = "with amp.scale_loss(loss, opt) as s:\n    s.backward()\n"
     for head in ("from .utils import *\n", "from .utils import amp\n", "from pkg.utils import batch_to, amp\n",
-                 "from apex import amp\n"):
+                 "from apex import amp\n", "from .utils import (\n    batch_to,\n    amp,\n)\n"):
         text = head + use
         assert rule.triggered_by(text, text.lower()), head
     for head in ("import torch\n", "from .utils import batch_to\n", "# from .utils import *\n"):

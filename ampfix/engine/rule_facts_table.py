@@ -2,7 +2,7 @@
 them before it analyses anything (see ampfix/engine/rulemeta.py). Do not edit; regenerate.
 """
 
-DIGEST = 'c49695e1bc15eda78dad03d085819b953692f750f895e7f06694a38c9d209c43'
+DIGEST = '69cde185ea7a38e4736895d04bdb5eb0a71cb12c0305caf1bd9b50db96568f72'
 
 RULES = [
     ('AMP001', 'backward-in-autocast', True, ('autocast',), (),
