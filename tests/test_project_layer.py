@@ -2081,3 +2081,82 @@ def test_a_backward_of_a_received_objects_scale_is_scaled_by_the_gradscaler_the_
     assert (bw.event.detail, bw.scaler, bw.event.scaler, bw.target) == ("scaled", scaled, scaled, "loss")
     # a scaler built with `enabled=False` scales nothing: no scaled gradients to clip
     assert (model.scaled_backward_before(trace, clip) is bw) is (enabled != "False")
+
+
+_RECEIVED_STEP_HELPERS = """
+    from wrappers import Wrapper
+
+
+    def _step(s, optimizer):
+        {inner}
+        s.step(optimizer)
+
+
+    def train_step(grad_scaler, optimizer, flag):
+        {rebind}
+        {call}
+    """
+
+_RECEIVED_STEP_TRAINER = """
+    import torch
+
+    from helpers import train_step
+
+
+    def train(loss, optimizer):
+        scaler = torch.amp.GradScaler("cuda")
+        scaler.scale(loss).backward()
+        train_step(scaler, optimizer, True)
+        scaler.update()
+    """
+
+_NESTED = "\n        ".join(["def wrap():", "    nonlocal grad_scaler", "    grad_scaler = Wrapper(grad_scaler)", "wrap()"])
+
+
+@pytest.mark.parametrize("rebind, inner, call, untouched", [
+    ("", "", "grad_scaler.step(optimizer)", True),
+    ("", "", "_step(grad_scaler, optimizer)", True),  # through a helper of the module: `s` is `grad_scaler`
+    ("grad_scaler = Wrapper(grad_scaler)", "", "grad_scaler.step(optimizer)", False),
+    ("if flag: grad_scaler = Wrapper(grad_scaler)", "", "grad_scaler.step(optimizer)", False),  # on some path
+    ("for grad_scaler in [grad_scaler]: pass", "", "grad_scaler.step(optimizer)", False),
+    ("with Wrapper(grad_scaler) as grad_scaler: pass", "", "grad_scaler.step(optimizer)", False),
+    ("print(grad_scaler := Wrapper(grad_scaler))", "", "grad_scaler.step(optimizer)", False),
+    (_NESTED, "", "grad_scaler.step(optimizer)", False),  # a nested function's `nonlocal`
+    ("", "", "grad_scaler.step(optimizer); grad_scaler = Wrapper(grad_scaler)", False),  # any other binding, after too
+    ("", "s = Wrapper(s)", "_step(grad_scaler, optimizer)", False),  # rebound in the helper of the module
+    ("if flag: grad_scaler = Wrapper(grad_scaler)", "", "_step(grad_scaler, optimizer)", False),  # before the helper
+])
+def test_a_step_on_a_received_object_names_the_parameter_only_when_it_is_never_rebound(
+        tmp_path, rebind, inner, call, untouched):
+    # the summary's `value:__param__.grad_scaler.step` effect says whether `grad_scaler` is the
+    # parameter as received (Effect.owner_param); only then is it a step of the GradScaler the
+    # caller passes (`Events._method_on_bound_object`): after `grad_scaler = Wrapper(grad_scaler)`
+    # the step is on an object nothing is known of
+    root = tree(tmp_path, {"pyproject.toml": "",
+                           "helpers.py": _RECEIVED_STEP_HELPERS.format(rebind=rebind or "pass", inner=inner or "pass",
+                                                                       call=call),
+                           "trainer.py": _RECEIVED_STEP_TRAINER})
+    project = Project(root)
+    summary = project.summary(str(root / "helpers.py"))
+    (step,) = [e for e in summary.functions["train_step"].effects if (e.callee or "").endswith(".step")]
+    assert dict(step.args)["owner"] == "grad_scaler"
+    assert step.owner_param == ("grad_scaler" if untouched else None)
+    assert ModuleSummary.from_json(json.loads(summary.dumps())) == summary
+    model = model_of(project, root / "trainer.py")
+    (trace,) = [t for t in model.traces() if getattr(t.root, "name", None) and t.root.name.value == "train"]
+    assert [(s.scaler, s.target) for s in trace.of("scaler_step")] == ([("scaler", "optimizer")] if untouched else [])
+
+
+def test_a_step_on_self_in_a_method_of_another_module_names_self(tmp_path):
+    root = tree(tmp_path, {"pyproject.toml": "", "stepper.py": """
+        class Stepper:
+            def step(self, optimizer):
+                self.scaler.step(optimizer)
+
+            def rebound(self, optimizer):
+                self = self.inner
+                self.scaler.step(optimizer)
+        """})
+    methods = Project(root).summary(str(root / "stepper.py")).classes["Stepper"].methods
+    assert [e.owner_param for e in methods["step"].effects] == ["self"]
+    assert [e.owner_param for e in methods["rebound"].effects if (e.callee or "").endswith(".step")] == [None]

@@ -873,9 +873,12 @@ class Events:
     def _method_on_bound_object(self, e, owner: Optional[str]) -> Optional[Tuple[str, str]]:
         """A summary's call of a method on an object it received (`scaler.unscale_(opt)` in a
         helper of another module, where nothing told that module `scaler` is a GradScaler): the
-        event it is here, where the object is known (the scaler or optimizer the caller passed)."""
+        event it is here, where the object is known (the scaler or optimizer the caller passed).
+        None where the summary does not name the parameter it is called on as one the function
+        never rebinds (`Effect.owner_param`: after `scaler = Wrapper(scaler)` the object is not
+        the caller's: unknown)."""
         callee = e.callee or ""
-        if owner is None or not callee.startswith("value:") or "@" in owner:
+        if owner is None or not callee.startswith("value:") or "@" in owner or not e.owner_param:
             return None
         method = callee.rpartition(".")[2]
         if owner in self.scalers:  # type: ignore[attr-defined]

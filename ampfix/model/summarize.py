@@ -299,6 +299,62 @@ class Canonical:
         return f'{IMPORTED}("{head}").{rest}' if head else f'{IMPORTED}("{q}")'
 
 
+_RECEIVER_METHODS = frozenset({"step", "unscale_", "update", "zero_grad"})
+
+
+def _bindings(func: cst.FunctionDef, memo: Dict[cst.FunctionDef, Dict[str, int]]) -> Dict[str, int]:
+    """How many times each name is bound in `func`'s body, nested functions, classes and
+    lambdas included (their parameters, `global`/`nonlocal` declarations and `del` count
+    too): assignment, augmented and annotated targets, `for` and comprehension targets, `as`
+    names, walrus targets, imports, definitions, match captures. Over-counts on purpose:
+    a name counted here is not known to hold what the function received."""
+    found = memo.get(func)
+    if found is not None:
+        return found
+    out: Dict[str, int] = {}
+
+    def add(name: str) -> None:
+        out[name] = out.get(name, 0) + 1
+
+    def target(t: cst.CSTNode) -> None:
+        if isinstance(t, cst.Name):
+            add(t.value)
+        elif isinstance(t, (cst.Tuple, cst.List)):
+            for e in t.elements:
+                target(e.value)
+        elif isinstance(t, cst.StarredElement):
+            target(t.value)
+
+    stack: List[cst.CSTNode] = [func.body]
+    while stack:
+        n = stack.pop()
+        if isinstance(n, (cst.AssignTarget, cst.AugAssign, cst.AnnAssign, cst.For, cst.CompFor, cst.NamedExpr, cst.Del)):
+            target(n.target)
+        elif isinstance(n, cst.AsName):
+            target(n.name)
+        elif isinstance(n, (cst.Global, cst.Nonlocal)):
+            for item in n.names:
+                add(item.name.value)
+        elif isinstance(n, (cst.Import, cst.ImportFrom)):
+            for name in reads_writes(n)[1]:
+                add(name)
+        elif isinstance(n, (cst.FunctionDef, cst.ClassDef)):
+            add(n.name.value)
+        elif isinstance(n, (cst.MatchAs, cst.MatchStar)) and n.name is not None:
+            add(n.name.value)
+        elif isinstance(n, cst.MatchMapping) and n.rest is not None:
+            add(n.rest.value)
+        if isinstance(n, cst.Parameters):
+            for prm in (*n.posonly_params, *n.params, *n.kwonly_params):
+                add(prm.name.value)
+            for star in (n.star_arg, n.star_kwarg):
+                if isinstance(star, cst.Param):
+                    add(star.name.value)
+        stack.extend(child_nodes(n))
+    memo[func] = out
+    return out
+
+
 def _names(node: cst.CSTNode, name: str) -> bool:
     """`node` is, or holds, the name `name` (`n + 1` holds `n`)."""
     stack = [node]
@@ -589,11 +645,13 @@ class Summarizer:
             loop = None
             if ev.kind == EXIT and ev.loop is not None:
                 loop = groups.group((te.frame, ("loop", ev.loop)))[1]
-            callee, args = None, ()
+            callee, args, owner_param = None, (), None
             if ev.kind == EXTERNAL:
                 callee, args = self._external(te, node)
                 if callee is None:
                     continue
+                if callee.startswith("value:") and callee.rpartition(".")[2] in _RECEIVER_METHODS:
+                    owner_param = self._untouched_receiver(te, node, func)
             region = None
             if te.region is not None:
                 region = m.precision.region_dtype(te.region) or "unknown"
@@ -605,7 +663,7 @@ class Summarizer:
             frame = tuple(frames.setdefault(i, len(frames)) for i in te.frame)
             out.append(Effect(kind=ev.kind, line=line, col=col + 1, text=text[:80], scaler=self._stable(scaler),
                               target=self._stable(te.target), detail=ev.detail, ctx=ctx, loop=loop, callee=callee,
-                              args=tuple((slot, self._stable(key)) for slot, key in args),
+                              args=tuple((slot, self._stable(key)) for slot, key in args), owner_param=owner_param,
                               region=region, scale_source=scale_source, frame=frame))
         return out
 
@@ -720,6 +778,44 @@ class Summarizer:
         if func not in writes:
             writes[func] = reads_writes(func.body)[1]
         return None if name in writes[func] else name
+
+    def _untouched_receiver(self, te: TraceEvent, call: cst.Call, func: cst.FunctionDef) -> Optional[str]:
+        """For `p.step(...)` (`p.x.unscale_(...)`, ...) in `func`'s trace: the parameter `p` of
+        `func` whose object the call is on, followed through the module's helpers that run it
+        (`_step(grad_scaler)` binding `s`); None where some function on the way binds that
+        name otherwise (anywhere in it: before, in a branch, by `for`/`with`/walrus, in a nested
+        function; after `p = Wrapper(p)` the call is on an object the caller never passed), or
+        where it is no parameter."""
+        m = self.model
+        memo = self.__dict__.setdefault("_bindings", {})
+        expr = call.func.value if isinstance(call.func, cst.Attribute) else None
+        site: cst.CSTNode = call
+        calls = list(te.via)
+        while True:
+            if isinstance(expr, cst.Call) and isinstance(expr.func, cst.Name) and expr.func.value == "super":
+                name = "self"  # `super().method(...)`: the caller's own `self`
+            else:
+                text = dotted(expr) if expr is not None else None
+                if text is None:
+                    return None
+                name = text.partition(".")[0]
+            scope = m.function_of(site)
+            if not isinstance(scope, cst.FunctionDef) or m.binding_scope(name, m.scope_of(site)) is not scope \
+                    or not m._is_param(scope, name) or _bindings(scope, memo).get(name, 0):
+                return None
+            if not calls:
+                return name if scope is func else None
+            caller = calls.pop()
+            if not isinstance(caller, cst.Call):
+                return None
+            expr = m.bind_arguments(caller, scope).get(name)
+            if expr is None:  # the method's own `self`: the object it is called on
+                first = [*scope.params.posonly_params, *scope.params.params][:1]
+                if not (m._is_method(scope) and first and first[0].name.value == name
+                        and isinstance(caller.func, cst.Attribute)):
+                    return None
+                expr = caller.func.value
+            site = caller
 
     def _scale_source(self, te: TraceEvent, func: cst.FunctionDef) -> str:
         m = self.model

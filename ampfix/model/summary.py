@@ -33,7 +33,7 @@ from dataclasses import dataclass, field, fields
 from enum import Enum
 from typing import Any, Dict, List, Optional, Tuple
 
-SUMMARY_VERSION = 7  # 2: `FunctionSummary.loads` filled; 3: a fall-through group names its `if`; 4: the body of an `if X and Y: ... else:` runs under X and Y too; 5: a returned local variable assigned in several places is one value per assignment; 6: a `**` parameter passed on in a call (`**__param__.kwargs`); 7: a `p.scale(loss).backward()` on a parameter `p` the function never rebinds names `p` as its scaler
+SUMMARY_VERSION = 8  # 2: `FunctionSummary.loads` filled; 3: a fall-through group names its `if`; 4: the body of an `if X and Y: ... else:` runs under X and Y too; 5: a returned local variable assigned in several places is one value per assignment; 6: a `**` parameter passed on in a call (`**__param__.kwargs`); 7: a `p.scale(loss).backward()` on a parameter `p` the function never rebinds names `p` as its scaler; 8: `Effect.owner_param`, the never-rebound parameter a `p.step(...)` (`unscale_`, `update`, `zero_grad`) of an unknown object is called on
 
 
 class Stored(Enum):
@@ -93,6 +93,12 @@ class Effect:
     # method of an object of another module); args: callee parameter -> key in these names
     callee: Optional[str] = None
     args: Tuple[Tuple[str, str], ...] = ()
+    # a "value:" CALL of `step`/`unscale_`/`update`/`zero_grad` on an object the module does not know
+    # (`p.step(optimizer)`): the parameter `p` whose object it is, when no statement of the function
+    # (nor of a helper of the module it passes through) binds that name otherwise (an assignment, a
+    # `for`/`with`/`except` target, a walrus, a nested `nonlocal`); None: rebound or not a parameter,
+    # the object unknown (`Events._method_on_bound_object`)
+    owner_param: Optional[str] = None
     region: Optional[str] = None  # the dtype of the autocast region the event runs in, when inside one
     # BACKWARD: "scaled" / "unscaled" (what it runs on), or "param:loss" (a parameter's value)
     scale_source: Optional[str] = None
@@ -263,6 +269,7 @@ def _effect(raw: Any) -> Effect:
                   scaler=_opt_str(raw["scaler"]), target=_opt_str(raw["target"]), detail=_opt_str(raw["detail"]),
                   ctx=ctx, loop=None if raw["loop"] is None else _int(raw["loop"]), callee=_opt_str(raw["callee"]),
                   args=tuple((_str(a), _str(b)) for a, b in (_list(p) for p in _list(raw["args"]))),
+                  owner_param=_opt_str(raw["owner_param"]),
                   region=_opt_str(raw["region"]), scale_source=_opt_str(raw["scale_source"]),
                   frame=tuple(_int(i) for i in _list(raw["frame"])))
 
