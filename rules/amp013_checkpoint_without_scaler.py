@@ -6,7 +6,7 @@ from typing import Dict, Iterator, List, Optional, Tuple
 
 import libcst as cst
 
-from ampfix.fixes.checkpoints import scaler_restore
+from ampfix.fixes.checkpoints import helper_writes_checkpoint, scaler_restore, unnamed_scaler
 from ampfix.fixes.edits import add_dict_entry, string
 from ampfix.model import AmpModel
 from ampfix.model.checkpoints import SavedState, ScalerlessRestore, ScalerlessSave
@@ -165,13 +165,13 @@ torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
         """A `"scaler": scaler.state_dict()` entry after the dict's last one, in its layout, every
         comment staying on the line it was on."""
         node = state.dict_node
+        if state.written_in is not None:
+            return None, helper_writes_checkpoint(model, state.save, state.written_in[2], scalers)
         if len(scalers) != 1:
-            return None, ("several GradScalers are reachable here" if scalers else "no GradScaler is reachable here")
+            return None, unnamed_scaler(model, node, scalers)
         if isinstance(node, cst.Call) and model.checkpoints.snapshot_class(node) is not None:
             return None, (f"the checkpoint is a `{model.checkpoints.snapshot_class(node).name.value}` object; give it a field for "
                           f"`{scalers[0]}.state_dict()`")
-        if state.written_in is not None:
-            return None, f"the checkpoint is written by `{state.written_in[2]}` in another module; save the scaler there"
         if not isinstance(node, cst.Dict) or not node.elements or key in state.keys:
             return None, "the checkpoint is not a dict literal ampfix can extend"
         new = add_dict_entry(node, string(key, model.quote()), cst.parse_expression(f"{scalers[0]}.state_dict()"))
@@ -182,7 +182,7 @@ torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
         """The scaler restored, when the checkpoint has it, where the optimizer's is
         (`scaler_restore`)."""
         if len(scalers) != 1:
-            return None, ("several GradScalers are reachable here" if scalers else "no GradScaler is reachable here")
+            return None, unnamed_scaler(model, call, scalers, restore=True)
         return scaler_restore(model, call, scalers[0], key)
 
 

@@ -68,3 +68,26 @@ def test_related_location_in_the_full_output():
     assert res.returncode == 1, res.stderr
     out = res.stdout.decode()
     assert "AMP003" in out and "utils.py:6" in out, out
+
+
+def test_checkpoint_reasons_say_what_blocks_the_fix():
+    # AMP013's "not fixed" reason where the fix cannot name the GradScaler: nnsvs's shape (the
+    # loop receives it as a parameter and a helper of another module that takes none writes the
+    # checkpoint), cn-clip's (the loop that receives it saves the checkpoint itself), and a
+    # helper handed no GradScaler where one is reachable; not "no GradScaler is reachable here"
+    helper = ("the checkpoint is written by `save_checkpoint` in another module and this call hands it no GradScaler: "
+              "pass it `{}` and save its state there")
+    want = {
+        ("bad_checkpoint_helper_scaler_parameter/mypkg/bin/train.py", 29): helper.format("grad_scaler"),
+        ("bad_checkpoint_helper_scaler_parameter/mypkg/bin/train.py", 30): helper.format("grad_scaler"),
+        ("bad_checkpoint_helper_scaler_parameter/mypkg/bin/train_inline.py", 20):
+            "the GradScaler here is the parameter `scaler`, which a caller may pass as None (`scaler.state_dict()` "
+            "would raise); save its state by hand, where it is not None",
+        ("bad_checkpoint_helper/train.py", 16): helper.format("scaler"),
+    }
+    for name in ("bad_checkpoint_helper_scaler_parameter", "bad_checkpoint_helper"):
+        run = api.check_paths([str(PROJECTS / name)], select=["AMP013"], preview=True, no_cache=True)
+        for d in run.diagnostics:
+            where = (str(Path(d.path).resolve().relative_to(PROJECTS.resolve())), d.line)
+            assert d.message.endswith(f" (not fixed: {want.pop(where)})"), d.message
+    assert not want

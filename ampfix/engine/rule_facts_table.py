@@ -2,7 +2,7 @@
 them before it analyses anything (see ampfix/engine/rulemeta.py). Do not edit; regenerate.
 """
 
-DIGEST = '69cde185ea7a38e4736895d04bdb5eb0a71cb12c0305caf1bd9b50db96568f72'
+DIGEST = 'cbb7fb024c5200d196fa3ca8a0c7b06c6b0d1fd57cdc9e1a9013d1b3e5095249'
 
 RULES = [
     ('AMP001', 'backward-in-autocast', True, ('autocast',), (),

@@ -1,9 +1,10 @@
 """Edits of a resume: a GradScaler's state restored from the checkpoint an optimizer's is
-restored from (AMP013's load-side fix)."""
+restored from (AMP013's load-side fix); and why a checkpoint or resume cannot name the
+GradScaler a fix would save or restore."""
 
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import List, Optional, Tuple
 
 import libcst as cst
 
@@ -41,3 +42,42 @@ def scaler_restore(model, call: cst.Call, scaler: str, key: str) -> Tuple[Option
         if edit is not None:
             return edit, None
     return None, f"{problem}, so restoring the scaler there would raise"
+
+
+def scaler_parameter(model, node: cst.CSTNode) -> Optional[str]:
+    """The one parameter of the function around `node` that the file takes for a GradScaler
+    (`model.scalers`: a caller of the file passes one, it is annotated as one, or used as one),
+    if there is exactly one."""
+    func = model.function_of(node)
+    if not isinstance(func, cst.FunctionDef):
+        return None
+    p = func.params
+    names = [x.name.value for x in (*p.posonly_params, *p.params, *p.kwonly_params) if x.name.value in model.scalers]
+    return names[0] if len(names) == 1 else None
+
+
+def unnamed_scaler(model, node: cst.CSTNode, scalers: List[str], restore: bool = False) -> str:
+    """Why no GradScaler is named for the fix at `node` (a checkpoint, or with `restore` a resume)
+    when `scalers` (those reachable there that may be enabled, `checkpoints.scalers_at`) is not
+    one: several; a parameter, whose value its callers choose (`scaler_parameter`: the fix does
+    not save a parameter's state, which may be None on a run without AMP); or none."""
+    if scalers:
+        return "several GradScalers are reachable here"
+    param = scaler_parameter(model, node)
+    if param is None:
+        return "no GradScaler is reachable here"
+    call, verb = ("load_state_dict(...)", "restore it") if restore else ("state_dict()", "save its state")
+    return (f"the GradScaler here is the parameter `{param}`, which a caller may pass as None (`{param}.{call}` "
+            f"would raise); {verb} by hand, where it is not None")
+
+
+def helper_writes_checkpoint(model, save: cst.Call, qual: str, scalers: List[str]) -> str:
+    """Why a checkpoint written by `qual`, a function of another module that `save` calls, is
+    not fixed here: the call hands it no GradScaler (the fix would change its signature and
+    every caller), or it is handed one (or `*args`) and leaves it out."""
+    if any(a.star or model.is_scaler(a.value) for a in save.args):
+        return f"the checkpoint is written by `{qual}` in another module; save the scaler there"
+    name = scalers[0] if len(scalers) == 1 else scaler_parameter(model, save)
+    scaler = f"`{name}`" if name else "the GradScaler"
+    return (f"the checkpoint is written by `{qual}` in another module and this call hands it no GradScaler: pass it "
+            f"{scaler} and save its state there")
