@@ -348,6 +348,60 @@ def test_a_check_run_leaves_nothing_frozen_and_the_thresholds_as_they_were():
     assert gc.get_freeze_count() == 0 and gc.get_threshold() == before
 
 
+def test_leaving_a_batch_collects_nothing():
+    """Leaving a batch (`collector.batch`) restores the collector's thresholds without the
+    collection of the young generation that grew under the raised ones (tens of milliseconds at
+    the end of a pool run's main process): what the run allocated joins the oldest generation,
+    uncollected, and nothing stays frozen."""
+    import gc
+
+    from ampfix.engine import collector
+
+    assert gc.get_freeze_count() == 0
+    started = []
+
+    def note(phase, info):
+        if phase == "start":
+            started.append(info["generation"])
+
+    before = gc.get_threshold()
+    gc.callbacks.append(note)
+    try:
+        with collector.batch():
+            kept = [_cycle() for _ in range(5000)]  # allocations, under the raised thresholds
+            assert gc.get_count()[0] >= 5000
+            started.clear()
+        young = gc.get_count()[0]
+        assert started == [] and young < gc.get_threshold()[0]
+    finally:
+        gc.callbacks.remove(note)
+    assert gc.get_freeze_count() == 0 and gc.get_threshold() == before and len(kept) == 5000
+
+
+def test_a_risky_file_runs_in_a_child_whether_or_not_the_run_could_have_used_a_pool(tmp_path, monkeypatch):
+    """`guard.risky` decides which files a sequential run parses in a child process
+    (`runner.isolated`). A run that may use a pool (-j 2) tests the files only once it knows it
+    runs them here (fewer than PARALLEL_MIN_BYTES: `_risky_jobs`), the pool's workers testing
+    each before parsing it: the same files go to a child as with -j 1, with the same results."""
+    from ampfix.engine import runner
+
+    trainer = ("import torch\nscaler = torch.cuda.amp.GradScaler()\nwith torch.autocast('cuda'):\n"
+               "    loss = model(x)\n    loss.backward()\n")
+    (tmp_path / "plain.py").write_text(trainer)
+    (tmp_path / "long.py").write_text(trainer + "x = [" + ", ".join(str(i) for i in range(400)) + "]\n")
+    (tmp_path / "deep.py").write_text(trainer + "y = " + "(" * 120 + "1" + ")" * 120 + "\n")
+    seen = []
+    real = runner.isolated
+    monkeypatch.setattr(runner, "isolated", lambda job: seen.append(os.path.basename(job[0])) or real(job))
+    answers = []
+    for jobs in (1, 2):
+        seen.clear()
+        run = runner.run(runner.make_plan(runner.Options(paths=[str(tmp_path)], no_cache=True, jobs=jobs)))
+        assert sorted(seen) == ["deep.py", "long.py"], jobs
+        answers.append([(r.path, [d.code for d in r.diagnostics]) for r in run.results])
+    assert answers[0] == answers[1] and any(codes for _, codes in answers[0])
+
+
 def test_the_triggers_look_for_each_string_once_and_answer_as_the_rules_do():
     """`triggered` tests the rules that keep `Rule`'s trigger tests through one scan of the text
     for all of them (`Scan`: each string looked for once): on every fixture and rule file, each

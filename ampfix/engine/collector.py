@@ -55,9 +55,15 @@ def batch() -> Iterator[None]:
     finally:
         froze = _batch["on"] and not was
         _batch["on"] = was
-        gc.set_threshold(*old)
         if froze:
-            _thaw(collect=False)  # (left to the collector's next collection: a CLI run exits now)
+            # what the run allocated since the last collection joins the oldest generation with
+            # what the batch froze, uncollected (left to the collector's next full collection: a
+            # CLI run exits now): restoring the thresholds over a young generation that grew
+            # under the raised ones would collect it at the next allocation (tens of milliseconds
+            # on the main process of a pool run, which holds LibCST and the rules)
+            gc.freeze()
+            _thaw(collect=False)
+        gc.set_threshold(*old)
 
 
 def enter_batch() -> None:

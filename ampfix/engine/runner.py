@@ -573,6 +573,20 @@ def _needs_analysis(path: str, data: bytes, codes: Sequence[str], risky: Optiona
     return FileResult(path=path)
 
 
+def _risky_jobs(jobs: List[Tuple[int, Job]]) -> set:
+    """The paths of `jobs` that `_needs_analysis` would have put in its `risky` set: the same
+    test (`guard.risky`) of the same text (a notebook's bytes decoded with replacement, a
+    source's decoded text)."""
+    from ampfix.engine.notebook import is_notebook
+
+    out = set()
+    for _, (path, _, _, _, data) in jobs:
+        text = data.decode("utf-8", "replace") if is_notebook(path) else decode_source(data, path).text
+        if guard.risky(text):
+            out.add(path)
+    return out
+
+
 def workers(jobs: Optional[int], n_jobs: int) -> int:
     """`--jobs`, else the AMPFIX_WORKERS environment variable, else one per CPU."""
     wanted = jobs or 0
@@ -596,6 +610,10 @@ def _run(plan: Plan, stdin: Optional[BinaryIO] = None) -> Run:
     jobs: List[Tuple[int, Job]] = []
     results: Dict[int, FileResult] = {}
     risky: set = set()  # parsed in a child process even when the run is sequential
+    # which files those are matters only to a sequential run (a pool's workers test each file
+    # before parsing it, `analyze.parse`): a run that may use a pool tests them once it knows
+    # it does not (`_risky_jobs`: then fewer than `PARALLEL_MIN_BYTES` or a single file)
+    tested: Optional[set] = risky if workers(plan.options.jobs, 2) == 1 else None
     store = None
     keys: Dict[int, str] = {}
     if _uses_cache(plan.options):
@@ -661,7 +679,7 @@ def _run(plan: Plan, stdin: Optional[BinaryIO] = None) -> Run:
                     results[i] = FileResult(path=f)
                     store.put(keys[i], results[i])
                     continue
-            early = _needs_analysis(f, data, file_codes, risky, (first, text))
+            early = _needs_analysis(f, data, file_codes, tested, (first, text))
             if early is not None:  # not triggered after all (a rule's own `triggered_by`, a notebook)
                 results[i] = early
                 if cacheable(early):
@@ -680,7 +698,7 @@ def _run(plan: Plan, stdin: Optional[BinaryIO] = None) -> Run:
                 if text is not None and first is None:
                     results[i] = FileResult(path=f)
                     continue
-            early = _needs_analysis(f, data, file_codes, risky, (first, text))
+            early = _needs_analysis(f, data, file_codes, tested, (first, text))
             if early is not None:
                 results[i] = early
                 continue
@@ -694,6 +712,8 @@ def _run(plan: Plan, stdin: Optional[BinaryIO] = None) -> Run:
         jobs.sort(key=lambda j: -len(j[1][4]))  # largest first: the pool stays balanced
         _pool(jobs, n, results)
     else:
+        if tested is None and jobs:
+            risky = _risky_jobs(jobs)
         for i, job in jobs:
             results[i] = isolated(job) if job[0] in risky else _work(job)
     if store is not None:

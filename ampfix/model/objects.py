@@ -142,7 +142,7 @@ class Objects:
                     for p in [*f.params.params, *f.params.kwonly_params, *f.params.posonly_params]:
                         if p.annotation is not None and self.is_api(p.annotation.annotation, "GradScaler"):
                             keys.add(p.name.value)
-            changed = True  # parameters that receive a known scaler at a call site in this file
+            changed = bool(keys)  # parameters that receive a known scaler at a call site in this file
             while changed:
                 changed = False
                 for call in self.calls:
