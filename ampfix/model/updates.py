@@ -24,7 +24,7 @@ from ampfix.model.facet import Facet
 from ampfix.model.events import BACKWARD, SCALER_STEP, UNSCALE, UPDATE, ZERO_GRAD, Trace, TraceEvent
 from ampfix.model.iterations import Group, group_loop
 from ampfix.model.syntax import is_expression_statement_of
-from ampfix.model.tree import target_names
+from ampfix.model.tree import dotted, target_names
 
 # what torch raises for a second scaler call on one optimizer before `update()`, by the two calls' kinds
 RAISES = {
@@ -32,6 +32,12 @@ RAISES = {
     (UNSCALE, UNSCALE): 'RuntimeError "unscale_() has already been called on this optimizer since the last update()"',
     (SCALER_STEP, UNSCALE): 'RuntimeError "unscale_() is being called after step()"',
 }
+
+# builtins that look at an object without keeping or changing it, and the containers (what a
+# container is handed to next is not followed: a scaler put in a dict for a method of the class,
+# mmgen's `dict(..., loss_scaler=loss_scaler)`, stays seen)
+_LOOKING_BUILTINS = frozenset({"isinstance", "print", "id", "type", "repr", "str", "hasattr", "getattr", "callable",
+                               "bool", "len", "hash", "vars", "dir", "dict", "list", "tuple", "set"})
 
 
 class UpdatePlace(str, Enum):
@@ -104,6 +110,27 @@ class Updates(Facet):
                     return False
         return True
 
+    def handed_to_unknown(self, ev: TraceEvent) -> bool:
+        """The scaler of `ev` is passed, itself, to a call the model cannot see into (a function
+        of an unresolved or third-party import, a method of an unknown object, a class that
+        keeps it): that code may update it, so its missing update is unknown, not shown.
+        Builtins that only look at an object (`isinstance`, `print`, ...) do not count."""
+        model = self.model
+        last = (ev.event.scaler or "").rpartition(".")[2]
+        if not last:
+            return False
+        for call in model.nodes_of(cst.Call):
+            if not any(not a.star and dotted(a.value) is not None and dotted(a.value).rpartition(".")[2] == last
+                       for a in call.args):
+                continue
+            name = dotted(call.func)
+            if name in _LOOKING_BUILTINS and model.binding_scope(name, call) is None:
+                continue
+            if model.callees(call) or model._foreign_definition(call.func) is not None:
+                continue  # a function the trace reads: its updates are events there
+            return True
+        return False
+
     def misplaced_updates(self, trace: Trace) -> List[TraceEvent]:
         """The updates of `trace` that `update_misplaced` places (AMP004 reports them)."""
         return [u for u in trace.of(UPDATE) if self.update_misplaced(trace, u) is not None]
@@ -133,7 +160,8 @@ class Updates(Facet):
         later = model._after_iteration(trace, ev, group, UPDATE) if not updates and ev.kind == SCALER_STEP else []
         if later and not ev.event.foreign:
             return MissingUpdate(ev, end, group, later=later[0])
-        if not updates and not (self.never_updated(ev) and (group is not None or self.scaler_built_here(ev))):
+        if not updates and not (self.never_updated(ev) and (group is not None or self.scaler_built_here(ev))
+                                and not self.handed_to_unknown(ev)):
             return None  # updated elsewhere, or a step method whose caller (elsewhere) hands in the scaler
         return MissingUpdate(ev, end, group, tuple(updates))
 
