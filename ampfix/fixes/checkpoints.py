@@ -12,12 +12,12 @@ from ampfix.fixes.edits import Replacements, guard_test, in_block, insert_where_
 
 
 def scaler_restore(model, call: cst.Call, scaler: str, key: str) -> Tuple[Optional[Replacements], Optional[str]]:
-    """`if "<key>" in ckpt: <scaler>.load_state_dict(ckpt["<key>"])` after the optimizer's
-    restore `call` (`optimizer.load_state_dict(ckpt[...])`, a statement of its own), so a
-    checkpoint saved without the scaler still loads; or, where `scaler` is not assigned yet
-    there, after it is assigned later in the same function, under the tests the restore runs
-    under; never where the scaler may be unassigned or None. Returns (edit, None) or (None,
-    why not)."""
+    """`if "<key>" in ckpt and ckpt["<key>"]: <scaler>.load_state_dict(ckpt["<key>"])` after
+    the optimizer's restore `call` (`optimizer.load_state_dict(ckpt[...])`, a statement of its
+    own), so a checkpoint saved without the scaler, or by a disabled one (`{}`), still loads; or,
+    where `scaler` is not assigned yet there, after it is assigned later in the same function,
+    under the tests the restore runs under; never where the scaler may be unassigned or None.
+    Returns (edit, None) or (None, why not)."""
     arg = call.args[0].value
     stmt = model.statement_of(call)
     if not isinstance(arg, cst.Subscript) or not isinstance(stmt, cst.SimpleStatementLine) \
@@ -25,7 +25,9 @@ def scaler_restore(model, call: cst.Call, scaler: str, key: str) -> Tuple[Option
         return None, "the optimizer is not restored from `checkpoint[key]` in a statement of its own"
     ckpt = model.code(arg.value)
     q = model.quote()
-    has = f"{q}{key}{q} in {ckpt}"
+    # a checkpoint a disabled scaler saved holds `{}`, which an enabled one refuses (RuntimeError
+    # "The source state dict is empty"): restored only when the entry is there and not empty
+    has = f"{q}{key}{q} in {ckpt} and {ckpt}[{q}{key}{q}]"
     restore = f"{scaler}.load_state_dict({ckpt}[{q}{key}{q}])"
     indent = model.module.default_indent
     code = f"if {has}:\n{indent}{restore}"
