@@ -60,9 +60,11 @@ def batch() -> Iterator[None]:
             # what the batch froze, uncollected (left to the collector's next full collection: a
             # CLI run exits now): restoring the thresholds over a young generation that grew
             # under the raised ones would collect it at the next allocation (tens of milliseconds
-            # on the main process of a pool run, which holds LibCST and the rules)
+            # on the main process of a pool run, which holds LibCST and the rules); both calls
+            # move whole lists, where counting the frozen objects first (`_thaw`) walks them
             gc.freeze()
-            _thaw(collect=False)
+            gc.unfreeze()
+            _batch["files"] = 0
         gc.set_threshold(*old)
 
 
