@@ -474,6 +474,93 @@ def test_an_early_return_and_the_code_after_it_are_the_two_arms_of_one_decision(
                                       lambda e: e.kind == UPDATE) is not None
 
 
+EXIT_GUARD = """
+    import torch
+
+    def backward(scaler, opt, loss, clip, step):
+        scaler.scale(loss).backward()
+        if clip is not None:
+            if not step:
+                raise ValueError("clip without a step")
+            scaler.unscale_(opt)
+        if step:
+            scaler.step(opt)
+            scaler.update()
+        else:
+            print("no step")
+"""
+
+
+def test_a_guard_that_exits_decides_a_later_test_of_its_condition():
+    # after `if not step: raise`, the code runs where `step` holds: a later `if step:` takes its
+    # true branch there (one decision), so every path from the unscale_ updates
+    variants = {
+        "raise": (EXIT_GUARD, True),
+        "return": (EXIT_GUARD.replace('raise ValueError("clip without a step")', "return None"), True),
+        "an elif after the exit": (EXIT_GUARD.replace(
+            'raise ValueError("clip without a step")',
+            'raise ValueError("no step")\n            elif clip < 0:\n                print("negative")'), True),
+        "the else exits": (EXIT_GUARD.replace(
+            '            if not step:\n                raise ValueError("clip without a step")',
+            '            if step:\n                print("clip")\n            else:\n                raise ValueError("no")'),
+            True),
+        "only one arm of the elif exits": (EXIT_GUARD.replace(
+            'raise ValueError("clip without a step")',
+            'print("a")\n            elif clip < 0:\n                raise ValueError("negative")'), False),
+        "a guard that only warns": (EXIT_GUARD.replace('raise ValueError("clip without a step")', 'print("warn")'),
+                                    False),
+        "the name assigned in between": (EXIT_GUARD.replace("            scaler.unscale_(opt)\n",
+                                                            "            scaler.unscale_(opt)\n        step = loss > 0\n"),
+                                         False),
+    }
+    for name, (src, decided) in variants.items():
+        m = model(src)
+        unscale, printed = call_named(m, "scaler.unscale_(opt)"), call_named(m, 'print("no step")')
+        assert m.exclusive(unscale, printed) is decided, name
+        assert not m.exclusive(unscale, call_named(m, "scaler.update()")), name
+        trace = m.trace(m.functions["backward"][0])
+        (ev,) = trace.of(UNSCALE)
+        left = m.leaves_iteration_without(trace, ev, m.iteration_of(trace, ev), lambda e: e.kind == UPDATE)
+        assert (left is None) is decided, name
+
+
+NONE_MARKER = """
+    import torch
+
+    def check(scaler, opt, params, clip):
+        grad_norm = None
+        if clip is not None:
+            scaler.unscale_(opt)
+            grad_norm = torch.nn.utils.clip_grad_norm_(params, clip)
+        if grad_norm is not None:
+            grad_norm = grad_norm.item()
+        else:
+            scaler.unscale_(opt.inner)
+        return grad_norm
+"""
+
+
+def test_a_local_set_to_none_and_to_a_value_in_one_branch_marks_that_branch():
+    m = model(NONE_MARKER)
+    first, second, item = (call_named(m, t) for t in ("scaler.unscale_(opt)", "scaler.unscale_(opt.inner)",
+                                                       "grad_norm.item()"))
+    assert m.exclusive(first, second) and not m.exclusive(first, item)
+    # `if grad_norm is None:` (the negative form) and `if not grad_norm is not None:` are the same decision
+    for test in ("grad_norm is None", "not grad_norm is not None"):
+        m = model(NONE_MARKER.replace("if grad_norm is not None:", f"if {test}:"))
+        assert not m.exclusive(call_named(m, "scaler.unscale_(opt)"), call_named(m, "scaler.unscale_(opt.inner)"))
+        assert m.exclusive(call_named(m, "scaler.unscale_(opt)"), call_named(m, "grad_norm.item()"))
+    # not a marker: a value that may be None, another assignment before the test, a loop
+    # target, no `None` right before the `if`
+    for src in (NONE_MARKER.replace("torch.nn.utils.clip_grad_norm_(params, clip)", "helper(params)"),
+                NONE_MARKER.replace("torch.nn.utils.clip_grad_norm_(params, clip)", "torch.nn.utils.clip_grad_value_(params, clip)"),
+                NONE_MARKER.replace("        if grad_norm is not None:", "        grad_norm = opt.norm\n        if grad_norm is not None:"),
+                NONE_MARKER.replace("        return grad_norm", "        for grad_norm in params:\n            pass\n        return grad_norm"),
+                NONE_MARKER.replace("        grad_norm = None\n", "        grad_norm = None\n        print(clip)\n")):
+        m = model(src)
+        assert not m.exclusive(call_named(m, "scaler.unscale_(opt)"), call_named(m, "scaler.unscale_(opt.inner)")), src
+
+
 def test_a_finite_test_of_the_gradients_is_not_one_of_the_loss():
     m = model("""
         import math

@@ -94,18 +94,41 @@ class Flow:
 
     def _fallthrough(self, block: cst.IndentedBlock) -> Dict[cst.CSTNode, Contexts]:
         """For each statement of `block`: the early-`return` guards before it (`if not x:
-        return`), whose fall-through it runs in. (Loop guards such as `if skip: continue` need
-        no context: the loop body is one already, and the exit cuts paths by itself.)"""
+        return`), whose fall-through it runs in, and the decisions of the guards that exit
+        (`_guard_decision`): after `if not step: raise ...` the code runs where `step` holds, so a
+        later `if step:` of the same stable test can only take its true branch there. (Loop
+        guards such as `if skip: continue` need neither: the loop body is a context already, and
+        the exit cuts paths by itself.)"""
         cached = self._fall.get(block)
         if cached is None:
             cached = {}
             acc: Contexts = ()
             for stmt in block.body:
                 cached[stmt] = acc
-                if isinstance(stmt, cst.If) and self._returns(stmt):
-                    acc = acc + ((("fallthrough", stmt), True),)
+                if isinstance(stmt, cst.If):
+                    acc = acc + self._guard_contexts(stmt)
             self._fall[block] = cached
         return cached
+
+    def _guard_contexts(self, stmt: cst.If) -> Contexts:
+        """The contexts the statements after the `if` `stmt` (in its block) run in: its
+        fall-through group when a branch always returns or raises, and its stable decision
+        (`_guard_decision`)."""
+        out: Contexts = ((("fallthrough", stmt), True),) if self._returns(stmt) else ()
+        decision = self._guard_decision(stmt)
+        return out + (decision,) if decision is not None else out
+
+    def _guard_decision(self, stmt: cst.If) -> Optional[Tuple[Group, Hashable]]:
+        """The branch of the stable test of `stmt` that the code after it runs in, where exactly
+        one branch always leaves the call (ends in `return` or `raise`, `leaves_block`; an `if`
+        without `else` has an empty false branch): the other one. None for a test that is not
+        stable (it may decide differently the next time) or when no branch, or both, exit. A
+        later test of the same text with none of its names assigned in between is the same group
+        (`_stable_expr`), so it can only take that branch where the code goes on."""
+        body, orelse = leaves_block(stmt.body), leaves_block(stmt.orelse)
+        if body == orelse or self._stable_test(stmt) is None:
+            return None
+        return self._decision(stmt, not body)
 
     def _fallthrough_at_end(self, block: cst.CSTNode) -> Contexts:
         """The early-`return` guards of `block` (an `IndentedBlock`) that a path reaching its end
@@ -115,8 +138,8 @@ class Flow:
             return ()
         last = block.body[-1]
         acc = self._fallthrough(block)[last]
-        if isinstance(last, cst.If) and self._returns(last):
-            acc = acc + ((("fallthrough", last), True),)
+        if isinstance(last, cst.If):
+            acc = acc + self._guard_contexts(last)
         return acc
 
     @staticmethod
@@ -125,11 +148,115 @@ class Flow:
         return ends_in_exit(stmt.body) or ends_in_exit(stmt.orelse)
 
     def _decision(self, node: cst.CSTNode, polarity: bool) -> Tuple[Group, Hashable]:
+        marker = self._marker_decision(node, polarity)
+        if marker is not None:
+            return marker
         stable = self._stable_test(node)
         if stable is None:
             return (("if", node), polarity)
         group, positive = stable
         return (group, polarity if positive else not polarity)
+
+    def _marker_decision(self, node: cst.CSTNode, polarity: bool) -> Optional[Tuple[Group, Hashable]]:
+        """A test `N is None` (`is not None`, negated) of a local `N` that marks whether an
+        earlier `if` took a branch: before the test the function binds `N` exactly twice,
+        `N = None` right before that `if` (in a block the test comes later in) and, as a
+        statement of one branch of it, `N = <a value never None>` (a literal, True/False, a
+        container, an arithmetic or comparison result, `clip_grad_norm_(...)`); any other binding
+        of `N` is a plain assignment after the test, with no loop between the test and that block
+        (it cannot run before the test again). The test is then that `if`'s decision: deepinv's
+        `grad_norm = None; if clip: unscale_(); grad_norm = clip_grad_norm_()` and later
+        `if grad_norm is not None: ... else: unscale_()` never unscale twice. None for any other
+        test (or one whose `N` may be bound otherwise: a loop target, `del`, `with ... as`, a
+        nested `nonlocal`)."""
+        memo = self.__dict__.setdefault("_marker_memo", {})
+        if node in memo:
+            found = memo[node]
+        else:
+            memo[node] = None
+            found = memo[node] = self._marker_of(node)
+        if found is None:
+            return None
+        guard, taken, true_when_none = found
+        is_none = polarity == true_when_none
+        return self._decision(guard, (not taken) if is_none else taken)
+
+    def _marker_of(self, node: cst.CSTNode) -> Optional[Tuple[cst.If, bool, bool]]:
+        """(the `if` whose branch `N` marks, the branch that assigns it, whether `node`'s test is
+        true when `N` is None) for `_marker_decision`."""
+        if type(node) is not cst.If:
+            return None
+        test, true_when_none = node.test, True  # type: ignore[attr-defined]
+        while isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+            test, true_when_none = test.expression, not true_when_none
+        if not (isinstance(test, cst.Comparison) and len(test.comparisons) == 1 and isinstance(test.left, cst.Name)
+                and isinstance(test.comparisons[0].operator, (cst.Is, cst.IsNot))
+                and _is_none(test.comparisons[0].comparator)):
+            return None
+        if isinstance(test.comparisons[0].operator, cst.IsNot):
+            true_when_none = not true_when_none
+        name, func = test.left.value, self.function_of(node)
+        if func is None or self.binding_scope(name, func) is not func or self._is_param(func, name):
+            return None
+        from ampfix.model.summarize import _bindings  # (summarize imports this module)
+        entries = [(n, v) for n, v, sc in self._by_key.get(name, []) if sc is func]
+        if _bindings(func, self.__dict__.setdefault("_bindings_memo", {})).get(name) != len(entries):
+            return None  # bound otherwise too (a loop target, `del`, `with ... as`, a nested `nonlocal`)
+        later = [n for n, _ in entries if not self.before(n, node)]
+        entries = [(n, v) for n, v in entries if self.before(n, node)]
+        if len(entries) != 2 or not all(isinstance(n, cst.Assign) and len(n.targets) == 1
+                                        and isinstance(n.targets[0].target, cst.Name) for n, _ in entries):
+            return None
+        nones = [n for n, v in entries if _is_none(v)]
+        values = [n for n, v in entries if not _is_none(v) and self._never_none(v)]
+        if len(nones) != 1 or len(values) != 1:
+            return None
+        none_stmt, value_stmt = self.statement_of(nones[0]), self.statement_of(values[0])
+        branch_block = self.parent(value_stmt) if value_stmt is not None else None
+        owner = self.parent(branch_block) if isinstance(branch_block, cst.IndentedBlock) else None
+        if isinstance(owner, cst.Else):
+            guard, taken = self.parent(owner), False
+        else:
+            guard, taken = owner, True
+        if type(guard) is not cst.If or guard is node or (taken and guard.body is not branch_block):
+            return None
+        block = self.block_of(guard)
+        if block is None or self.block_of(none_stmt) is not block:
+            return None
+        body = list(block.body)
+        at = self._statement_in(node, block)
+        i = body.index(guard)
+        if i == 0 or body[i - 1] is not none_stmt or at is None or body.index(at) <= i:
+            return None
+        if later and any(type(a) in _LOOPS or type(a) in _COMPREHENSIONS
+                         for a in self._ancestors_below(node, block)):
+            return None  # an assignment after the test may run before it again (a loop around it)
+        return guard, taken, true_when_none
+
+    def _ancestors_below(self, node: cst.CSTNode, top: cst.CSTNode) -> List[cst.CSTNode]:
+        out = []
+        for anc in self.ancestors(node):
+            if anc is top:
+                break
+            out.append(anc)
+        return out
+
+    def _never_none(self, value: cst.CSTNode) -> bool:
+        """`value` cannot evaluate to None (`_marker_of`)."""
+        if isinstance(value, (cst.Integer, cst.Float, cst.Imaginary, cst.SimpleString, cst.ConcatenatedString,
+                              cst.FormattedString, cst.List, cst.Tuple, cst.Dict, cst.Set, cst.ListComp,
+                              cst.SetComp, cst.DictComp, cst.GeneratorExp, cst.Lambda, cst.Comparison)):
+            return True
+        if isinstance(value, cst.Name):
+            return value.value in ("True", "False")
+        if isinstance(value, cst.BinaryOperation):
+            return True  # (an operator's result; `__add__` returning None is not code anyone writes)
+        if isinstance(value, cst.UnaryOperation) and isinstance(value.operator, cst.Not):
+            return True
+        if isinstance(value, cst.Call):
+            api = self.api_of(value)  # type: ignore[attr-defined]
+            return api is not None and api.kind == "clip_grad" and "clip_grad_norm" in api.qualname
+        return False
 
     def _body_decisions(self, node: cst.CSTNode) -> List[Tuple[Group, Hashable]]:
         """The decisions the body of the `if` (or conditional expression) `node` runs under,
@@ -275,6 +402,10 @@ class Flow:
         return False
 
 
+def _is_none(node: cst.CSTNode) -> bool:
+    return isinstance(node, cst.Name) and node.value == "None"
+
+
 def _comp_iter(comp: cst.CSTNode) -> Optional[cst.CSTNode]:
     """The first iterable of a comprehension: evaluated once, unconditionally."""
     for_in = getattr(comp, "for_in", None)
@@ -296,3 +427,21 @@ def ends_in_exit(block: Optional[cst.CSTNode]) -> bool:
         return False
     last = body[-1]
     return isinstance(last, cst.SimpleStatementLine) and isinstance(last.body[-1], (cst.Return, cst.Raise))
+
+
+def leaves_block(block: Optional[cst.CSTNode]) -> bool:
+    """The branch of an `if` (a block, an `else`, an `elif`) always ends in `return` or `raise`:
+    no path of this call goes on after the `if` from it (`Flow._guard_decision`). (`continue` and
+    `break` leave one iteration: the decision would hold for the rest of that iteration only,
+    and the queries that take a loop body to run at least once would read it as a condition on
+    the whole loop.)"""
+    if isinstance(block, cst.Else):
+        block = block.body
+    if isinstance(block, cst.If):
+        return leaves_block(block.body) and leaves_block(block.orelse)
+    body = getattr(block, "body", None)
+    if not isinstance(body, (list, tuple)) or not body:
+        return False
+    last = body[-1]
+    return isinstance(last, cst.SimpleStatementLine) and isinstance(
+        last.body[-1], (cst.Return, cst.Raise))

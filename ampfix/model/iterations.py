@@ -157,7 +157,10 @@ class Iterations:
         actx = a.ctx if a is not None else {}
         known = self._known_tests({**actx, **b.ctx})
         for e in (a, b):
-            known.update(self._receiver_not_none(e))
+            facts = self._receiver_not_none(e)
+            known.update(facts)
+            for key in facts:  # (they hold whatever the assignments)
+                known.versions.pop(key, None)  # type: ignore[attr-defined]
         constraints: List[Dict[Group, Hashable]] = []
         for e in trace.span(a, b):
             if not blocks(e) or self.exclusive(e, b) or (a is not None and self.exclusive(e, a)):
@@ -209,20 +212,27 @@ class Iterations:
     # ---------------------------------------------------------------- tests known on a path
     def _known_tests(self, ctx: Dict[Group, Hashable]) -> Dict[Tuple, bool]:
         """(scope, frame, normalised test text) -> its value, for the stable tests `ctx` decides,
-        and for the operands a decided `and`/`or` implies (`if a and b:` taken: a and b)."""
-        known: Dict[Tuple, bool] = {}
+        and for the operands a decided `and`/`or` implies (`if a and b:` taken: a and b). Each
+        value holds for the assignments of the test's names it was decided under (`versions`,
+        see `_test_value`)."""
+        known = _Known()
         for g, br in ctx.items():
             where, text = _cond_parts(g)
             if text is None or not isinstance(br, bool):
                 continue
-            known[(*where, text)] = br
+            key = (*where, text)
+            known[key] = br
+            version = _cond_version(g)
+            known.versions[key] = version
             expr = _parse(text)
             if isinstance(expr, cst.BooleanOperation):
                 implied = isinstance(expr.operator, cst.And) if br else isinstance(expr.operator, cst.Or)
                 if implied:
                     for operand in _operands(expr, type(expr.operator)):
                         t, positive = _normal(operand)
-                        known.setdefault((*where, t), br if positive else not br)
+                        if (*where, t) not in known:
+                            known[(*where, t)] = br if positive else not br
+                            known.versions[(*where, t)] = self._version_of_names(version, t)
         return known
 
     def _receiver_not_none(self, ev: Optional[TraceEvent]) -> Dict[Tuple, bool]:
@@ -249,14 +259,41 @@ class Iterations:
 
     def _test_value(self, group: Group, known: Dict[Tuple, bool]) -> Optional[bool]:
         """The value of a stable test on a path where the tests in `known` are decided: the same
-        test, or an `and`/`or`/`not` of decided tests (`if a and b:` after `if a:` and `if b:`)."""
+        test, or an `and`/`or`/`not` of decided tests (`if a and b:` after `if a:` and `if b:`).
+        A decided test counts only where its names hold the same assignments as in `group`
+        (`if not step: raise` ... `step = ready()` ... `if step:` is another decision)."""
         where, text = _cond_parts(group)
         if text is None:
             return None
-        if (*where, text) in known:
-            return known[(*where, text)]
+        version = _cond_version(group)
+        versions = getattr(known, "versions", {})
+
+        def lookup(t: str) -> Optional[bool]:
+            value = known.get((*where, t))
+            if value is None:
+                return None
+            decided = versions.get((*where, t))
+            if decided is not None and version is not None and decided != self._version_of_names(version, t):
+                return None  # a name of the test was assigned in between
+            return value
+
+        value = lookup(text)
+        if value is not None:
+            return value
         expr = _parse(text)
-        return None if expr is None else _evaluate(expr, where, known)
+        return None if expr is None else _evaluate(expr, lookup)
+
+    def _version_of_names(self, version: Optional[Tuple], text: str) -> Optional[Tuple]:
+        """The part of a stable test's `version` (the ids of the last assignments of its names
+        before it, `Flow._stable_expr`) that assigns the names `text` reads."""
+        if not version:
+            return version
+        expr = _parse(text)
+        if expr is None:
+            return None
+        ids = {id(node) for n in self._names_in(expr)
+               for node, _, _ in self._by_key.get(dotted(n) or "", [])}
+        return tuple(i for i in version if i in ids)
 
     # ---------------------------------------------------------------- accumulation boundaries
     def _decision_test(self, group: Group) -> Optional[str]:
@@ -816,18 +853,36 @@ def _normal(expr: cst.BaseExpression) -> Tuple[str, bool]:
     return text, positive
 
 
-def _evaluate(expr: cst.BaseExpression, where, known: Dict[Tuple, bool]) -> Optional[bool]:
+def _evaluate(expr: cst.BaseExpression, lookup: Callable[[str], Optional[bool]]) -> Optional[bool]:
     if isinstance(expr, cst.UnaryOperation) and isinstance(expr.operator, cst.Not):
-        inner = _evaluate(expr.expression, where, known)
+        inner = _evaluate(expr.expression, lookup)
         return None if inner is None else not inner
     if isinstance(expr, cst.BooleanOperation):
-        left, right = _evaluate(expr.left, where, known), _evaluate(expr.right, where, known)
+        left, right = _evaluate(expr.left, lookup), _evaluate(expr.right, lookup)
         if isinstance(expr.operator, cst.And):
             return False if False in (left, right) else (True if left and right else None)
         return True if True in (left, right) else (False if left is False and right is False else None)
     text, positive = _normal(expr)
-    value = known.get((*where, text))
+    value = lookup(text)
     return None if value is None else (value if positive else not value)
+
+
+class _Known(dict):
+    """The tests known on a path (`Iterations._known_tests`), with the version each was decided
+    under (`versions`: None, or absent, for a fact that holds whatever the assignments)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.versions: Dict[Tuple, Optional[Tuple]] = {}
+
+
+def _cond_version(group: Group) -> Optional[Tuple]:
+    """The version of a stable-test group (the ids of its names' last assignments before the
+    test); None where the group has none."""
+    local = _local(group)
+    if isinstance(local, tuple) and len(local) >= 4 and local[0] == "cond" and isinstance(local[3], tuple):
+        return local[3]
+    return None
 
 
 def group_frame(group: Optional[Group]) -> Tuple[int, ...]:
