@@ -33,7 +33,7 @@ from dataclasses import dataclass, field, fields
 from enum import Enum
 from typing import Any, Dict, List, Optional, Tuple
 
-SUMMARY_VERSION = 8  # 2: `FunctionSummary.loads` filled; 3: a fall-through group names its `if`; 4: the body of an `if X and Y: ... else:` runs under X and Y too; 5: a returned local variable assigned in several places is one value per assignment; 6: a `**` parameter passed on in a call (`**__param__.kwargs`); 7: a `p.scale(loss).backward()` on a parameter `p` the function never rebinds names `p` as its scaler; 8: `Effect.owner_param`, the never-rebound parameter a `p.step(...)` (`unscale_`, `update`, `zero_grad`) of an unknown object is called on
+SUMMARY_VERSION = 9  # 2: `FunctionSummary.loads` filled; 3: a fall-through group names its `if`; 4: the body of an `if X and Y: ... else:` runs under X and Y too; 5: a returned local variable assigned in several places is one value per assignment; 6: a `**` parameter passed on in a call (`**__param__.kwargs`); 7: a `p.scale(loss).backward()` on a parameter `p` the function never rebinds names `p` as its scaler; 8: `Effect.owner_param`, the never-rebound parameter a `p.step(...)` (`unscale_`, `update`, `zero_grad`) of an unknown object is called on; 9: code after an `if` one branch of which always exits runs under the other branch (`Flow._guard_decision`), and `N is None` tests the branch that set `N` (`Flow._marker_decision`): decision contexts in effects
 
 
 class Stored(Enum):
