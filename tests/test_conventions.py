@@ -238,7 +238,7 @@ def test_unsafe_fixes_one_name_for_check_rewrite_and_verify(tmp_path):
 
 
 def test_extend_select_and_select_all(tmp_path):
-    stale = BAD_CLIP.replace("scaler.update()", "scaler.update()  # noqa: AMP009")
+    stale = BAD_CLIP.replace("scaler.update()", "scaler.update()  # noqa: AMP001")
     write(tmp_path, "train.py", stale)
 
     def codes(*args, cwd=tmp_path, preview=True):
@@ -257,8 +257,8 @@ def test_extend_select_and_select_all(tmp_path):
     assert codes("--select", "ALL") == ["AMP003", "AMP901"]  # ALL is every rule, as ruff's
     assert codes("--select", "AMP") == ["AMP003"]  # a prefix: the rules on by default
     assert codes("--select", "AMP9") == []
-    assert codes("--select", "AMP003,AMP009", "--extend-select", "AMP901") == ["AMP003", "AMP901"]
-    # (AMP901 judges `# noqa: AMP009` only when AMP009 runs)
+    assert codes("--select", "AMP003,AMP001", "--extend-select", "AMP901") == ["AMP003", "AMP901"]
+    # (AMP901 judges `# noqa: AMP001` only when AMP001, a default rule, runs)
     assert codes("--select", "AMP003", "--extend-select", "AMP901") == ["AMP003"]
     # in the configuration; --select replaces select and extend-select, --extend-select adds
     write(tmp_path, "pyproject.toml", '[tool.ampfix]\nextend-select = ["AMP901"]\n')

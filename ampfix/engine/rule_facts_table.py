@@ -2,7 +2,7 @@
 them before it analyses anything (see ampfix/engine/rulemeta.py). Do not edit; regenerate.
 """
 
-DIGEST = 'cbb7fb024c5200d196fa3ca8a0c7b06c6b0d1fd57cdc9e1a9013d1b3e5095249'
+DIGEST = '7f84eaff8fd91a66d44abfb1563280188fec1e15446e5754b58c6e34eaa8ffae'
 
 RULES = [
     ('AMP001', 'backward-in-autocast', True, ('autocast',), (),
@@ -22,15 +22,15 @@ RULES = [
     ('AMP008', 'unscaled-backward', True, ('GradScaler', '.scale('), (),
      (('backward',), ('.step(',)), (('backward',),), False),
     ('AMP009', 'step-update-order', True, ('.scale(',), (),
-     (('.step(', '.unscale_('),), (('.scale(', '.step(', '.update(', 'unscale_'),), False),
+     (('.step(', '.unscale_('),), (('.scale(', '.step(', '.update(', 'unscale_'),), True),
     ('AMP010', 'accumulation-boundary', True, ('.scale(',), (),
-     (('.step(',), ('%', 'accum', 'ACCUM', 'Accum', 'should_step', 'update_grad', 'need_update', 'sync_grad', 'boundary', 'update_freq', 'optimizer_step', 'do_step', 'grad_acc', 'acc_step', 'len(', 'last', '= 0', '-=')), None, False),
+     (('.step(',), ('%', 'accum', 'ACCUM', 'Accum', 'should_step', 'update_grad', 'need_update', 'sync_grad', 'boundary', 'update_freq', 'optimizer_step', 'do_step', 'grad_acc', 'acc_step', 'len(', 'last', '= 0', '-=')), None, True),
     ('AMP011', 'half-with-autocast', True, ('.half()', 'float16', 'torch.half'), (),
      (('autocast', 'GradScaler'),), (('.half()', 'float16', 'torch.half'),), False),
     ('AMP012', 'gradient-penalty-unscaled', True, ('autograd.grad', 'autograd import grad'), (),
      (('create_graph',), ('.scale(',)), None, False),
     ('AMP013', 'checkpoint-without-scaler', True, ('state_dict',), (),
-     (('GradScaler', '.scale('), ('torch.save', 'torch.load', 'save(', 'load(', 'def load_state_dict')), (('save', 'checkpoint', 'state_dict'),), True),
+     (('GradScaler', '.scale('), ('torch.save', 'torch.load', 'save(', 'load(', 'def load_state_dict')), (('save', 'checkpoint', 'state_dict'),), False),
     ('AMP014', 'custom-fwd-without-custom-bwd', True, ('custom_fwd',), (),
      (('Function',),), None, False),
     ('AMP015', 'scaler-with-bfloat16', True, ('GradScaler',), (),
