@@ -51,9 +51,9 @@ BUGS = [
 # with --all-bugs: (buggy script, fixed copy or None, options for verify)
 MORE_BUGS = [
     ("buggy_scaler_in_loop_fp16.py", None, []),
-    ("buggy_missing_update.py", None, []),
-    ("buggy_accumulation_unscale.py", None, []),
-    ("buggy_token_boundary.py", None, []),
+    ("buggy_missing_update.py", None, ["--preview"]),  # AMP009 is a preview rule
+    ("buggy_accumulation_unscale.py", None, ["--preview"]),  # AMP010 is a preview rule
+    ("buggy_token_boundary.py", None, ["--preview"]),  # AMP010 is a preview rule
     ("buggy_step_bypasses_scaler.py", None, ["--unsafe-fixes", "--preview"]),  # AMP007 is a preview rule
     ("buggy_gradient_penalty.py", "fixed_gradient_penalty.py", []),
     ("buggy_checkpoint_no_scaler.py", None, ["--unsafe-fixes", "--preview"]),

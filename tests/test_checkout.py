@@ -59,7 +59,7 @@ def test_rules_are_ampfix_rules_in_a_checkout(bare_python, tmp_path):
 
 
 def test_check_from_a_checkout(bare_python, tmp_path):
-    p = _run(bare_python, "check", "--no-cache", "--output-format", "json",
+    p = _run(bare_python, "check", "--no-cache", "--preview", "--output-format", "json",  # AMP010: a preview rule
              os.path.join(TRAIN, "buggy_accumulation_unscale.py"), cwd=tmp_path)
     assert "Traceback" not in p.stderr, p.stderr
     assert p.returncode == 1, p.stderr

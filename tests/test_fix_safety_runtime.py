@@ -70,7 +70,7 @@ def test_fixed_runs_and_naive_fix_breaks(name: str, tmp_path: Path):
     code = name.split("/")[0]
     fixed = tmp_path / "fixed.py"
     shutil.copy(RULES / name, fixed)
-    # --preview: AMP003, AMP007, AMP013 and AMP201 are preview rules (selected by code without it, nothing is fixed)
+    # --preview: AMP003, AMP007, AMP009, AMP010 and AMP201 are preview rules (selected by code without it, nothing is fixed)
     res = run_ampfix("rewrite", "--preview", "--select", code, "--no-cache", *options, fixed)
     assert res.returncode in (0, 1), res.stderr.decode()
     assert code in res.stdout.decode(), res.stdout.decode() + res.stderr.decode()  # the rule ran
@@ -88,7 +88,7 @@ def test_the_naive_early_return_fix_is_what_a_fresh_check_flags():
     the rewrite adds nothing."""
     path = RULES / "AMP003" / "bad_fix_early_return.py"
     naive = CASES["AMP003/bad_fix_early_return.py"][1](path.read_text())
-    res = run_ampfix("check", "--select", "AMP009", "--stdin-filename", "naive.py", "-", input=naive.encode())
+    res = run_ampfix("check", "--preview", "--select", "AMP009", "--stdin-filename", "naive.py", "-", input=naive.encode())
     assert res.returncode == 1 and "AMP009" in res.stdout.decode()
     res = run_ampfix("check", "--preview", "--select", "AMP003,AMP009", "--no-cache", path)
     out = res.stdout.decode()
