@@ -25,6 +25,7 @@ from typing import Dict, Hashable, List, Optional, Tuple
 
 import libcst as cst
 
+from ampfix.model.readwrite import binding_counts
 from ampfix.model.tree import COMPREHENSIONS, FUNCTION_BOUNDARY, LOOP_TYPES, child_nodes, dotted, node_types
 
 Group = Hashable
@@ -198,9 +199,8 @@ class Flow:
         name, func = test.left.value, self.function_of(node)
         if func is None or self.binding_scope(name, func) is not func or self._is_param(func, name):
             return None
-        from ampfix.model.summarize import _bindings  # (summarize imports this module)
         entries = [(n, v) for n, v, sc in self._by_key.get(name, []) if sc is func]
-        if _bindings(func, self.__dict__.setdefault("_bindings_memo", {})).get(name) != len(entries):
+        if binding_counts(func, self.__dict__.setdefault("_bindings_memo", {})).get(name) != len(entries):
             return None  # bound otherwise too (a loop target, `del`, `with ... as`, a nested `nonlocal`)
         later = [n for n, _ in entries if not self.before(n, node)]
         entries = [(n, v) for n, v in entries if self.before(n, node)]

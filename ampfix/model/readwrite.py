@@ -8,7 +8,7 @@ subscripts (`a.b = 1` reads `a`), `import`/`def`/`class` bind their names.
 from __future__ import annotations
 
 import builtins
-from typing import Iterable, Set, Tuple
+from typing import Dict, Iterable, List, Set, Tuple
 
 import libcst as cst
 
@@ -187,3 +187,56 @@ def uses_only(node: cst.CSTNode, bound: Set[str]) -> bool:
     v = _ReadsWrites()
     node.visit(v)
     return not v.opaque and all(n in bound or n in BUILTIN_NAMES for n in v.reads - v.writes)
+
+
+def binding_counts(func: cst.FunctionDef, memo: Dict[cst.FunctionDef, Dict[str, int]]) -> Dict[str, int]:
+    """How many times each name is bound in `func`'s body, nested functions, classes and
+    lambdas included (their parameters, `global`/`nonlocal` declarations and `del` count
+    too): assignment, augmented and annotated targets, `for` and comprehension targets, `as`
+    names, walrus targets, imports, definitions, match captures. Over-counts on purpose:
+    a name counted here is not known to hold what the function received."""
+    found = memo.get(func)
+    if found is not None:
+        return found
+    out: Dict[str, int] = {}
+
+    def add(name: str) -> None:
+        out[name] = out.get(name, 0) + 1
+
+    def target(t: cst.CSTNode) -> None:
+        if isinstance(t, cst.Name):
+            add(t.value)
+        elif isinstance(t, (cst.Tuple, cst.List)):
+            for e in t.elements:
+                target(e.value)
+        elif isinstance(t, cst.StarredElement):
+            target(t.value)
+
+    stack: List[cst.CSTNode] = [func.body]
+    while stack:
+        n = stack.pop()
+        if isinstance(n, (cst.AssignTarget, cst.AugAssign, cst.AnnAssign, cst.For, cst.CompFor, cst.NamedExpr, cst.Del)):
+            target(n.target)
+        elif isinstance(n, cst.AsName):
+            target(n.name)
+        elif isinstance(n, (cst.Global, cst.Nonlocal)):
+            for item in n.names:
+                add(item.name.value)
+        elif isinstance(n, (cst.Import, cst.ImportFrom)):
+            for name in reads_writes(n)[1]:
+                add(name)
+        elif isinstance(n, (cst.FunctionDef, cst.ClassDef)):
+            add(n.name.value)
+        elif isinstance(n, (cst.MatchAs, cst.MatchStar)) and n.name is not None:
+            add(n.name.value)
+        elif isinstance(n, cst.MatchMapping) and n.rest is not None:
+            add(n.rest.value)
+        if isinstance(n, cst.Parameters):
+            for prm in (*n.posonly_params, *n.params, *n.kwonly_params):
+                add(prm.name.value)
+            for star in (n.star_arg, n.star_kwarg):
+                if isinstance(star, cst.Param):
+                    add(star.name.value)
+        stack.extend(child_nodes(n))
+    memo[func] = out
+    return out

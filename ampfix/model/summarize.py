@@ -19,7 +19,7 @@ import libcst as cst
 from ampfix.lexemes import LEXEMES
 from ampfix.model.events import BACKWARD, EXIT, EXTERNAL, TraceEvent
 from ampfix.model.flow import ends_in_exit
-from ampfix.model.readwrite import reads_writes
+from ampfix.model.readwrite import binding_counts, reads_writes
 from ampfix.model.summary import (IMPORTED, LOCAL, PARAM, SELF, UNKNOWN, ClassSummary, Effect, FunctionSummary,
                                   ModuleSummary, OutgoingCall, Param, Value)
 from ampfix.model.syntax import call_name, literal_string
@@ -300,59 +300,6 @@ class Canonical:
 
 
 _RECEIVER_METHODS = frozenset({"step", "unscale_", "update", "zero_grad"})
-
-
-def _bindings(func: cst.FunctionDef, memo: Dict[cst.FunctionDef, Dict[str, int]]) -> Dict[str, int]:
-    """How many times each name is bound in `func`'s body, nested functions, classes and
-    lambdas included (their parameters, `global`/`nonlocal` declarations and `del` count
-    too): assignment, augmented and annotated targets, `for` and comprehension targets, `as`
-    names, walrus targets, imports, definitions, match captures. Over-counts on purpose:
-    a name counted here is not known to hold what the function received."""
-    found = memo.get(func)
-    if found is not None:
-        return found
-    out: Dict[str, int] = {}
-
-    def add(name: str) -> None:
-        out[name] = out.get(name, 0) + 1
-
-    def target(t: cst.CSTNode) -> None:
-        if isinstance(t, cst.Name):
-            add(t.value)
-        elif isinstance(t, (cst.Tuple, cst.List)):
-            for e in t.elements:
-                target(e.value)
-        elif isinstance(t, cst.StarredElement):
-            target(t.value)
-
-    stack: List[cst.CSTNode] = [func.body]
-    while stack:
-        n = stack.pop()
-        if isinstance(n, (cst.AssignTarget, cst.AugAssign, cst.AnnAssign, cst.For, cst.CompFor, cst.NamedExpr, cst.Del)):
-            target(n.target)
-        elif isinstance(n, cst.AsName):
-            target(n.name)
-        elif isinstance(n, (cst.Global, cst.Nonlocal)):
-            for item in n.names:
-                add(item.name.value)
-        elif isinstance(n, (cst.Import, cst.ImportFrom)):
-            for name in reads_writes(n)[1]:
-                add(name)
-        elif isinstance(n, (cst.FunctionDef, cst.ClassDef)):
-            add(n.name.value)
-        elif isinstance(n, (cst.MatchAs, cst.MatchStar)) and n.name is not None:
-            add(n.name.value)
-        elif isinstance(n, cst.MatchMapping) and n.rest is not None:
-            add(n.rest.value)
-        if isinstance(n, cst.Parameters):
-            for prm in (*n.posonly_params, *n.params, *n.kwonly_params):
-                add(prm.name.value)
-            for star in (n.star_arg, n.star_kwarg):
-                if isinstance(star, cst.Param):
-                    add(star.name.value)
-        stack.extend(child_nodes(n))
-    memo[func] = out
-    return out
 
 
 def _names(node: cst.CSTNode, name: str) -> bool:
@@ -801,7 +748,7 @@ class Summarizer:
                 name = text.partition(".")[0]
             scope = m.function_of(site)
             if not isinstance(scope, cst.FunctionDef) or m.binding_scope(name, m.scope_of(site)) is not scope \
-                    or not m._is_param(scope, name) or _bindings(scope, memo).get(name, 0):
+                    or not m._is_param(scope, name) or binding_counts(scope, memo).get(name, 0):
                 return None
             if not calls:
                 return name if scope is func else None

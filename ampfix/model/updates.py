@@ -120,8 +120,7 @@ class Updates(Facet):
         if not last:
             return False
         for call in model.nodes_of(cst.Call):
-            if not any(not a.star and dotted(a.value) is not None and dotted(a.value).rpartition(".")[2] == last
-                       for a in call.args):
+            if not any(not a.star and (dotted(a.value) or "").rpartition(".")[2] == last for a in call.args):
                 continue
             name = dotted(call.func)
             if name in _LOOKING_BUILTINS and model.binding_scope(name, call) is None:
