@@ -375,3 +375,106 @@ def test_scaler_saved_alone():
         def save(model, optimizer, path):
             torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, path)
         """).checkpoints.scaler_saved_alone() is None
+
+
+def test_saved_dicts_merged_into_a_checkpoint():
+    """`{**extra}` and `ckpt.update(extra)` of a dict of the file add its entries; of a
+    parameter of the saving function, what it holds is its callers' (`spread_params`); of
+    anything else, the checkpoint may hold anything (`opaque`). A comprehension of numbers
+    holds no object's state, whatever its keys."""
+    m = model("""
+        import torch
+
+        def save(model, optimizer, metrics, extra, path):
+            fields = {"optimizer": optimizer.state_dict(), **{k: float(v) for k, v in metrics.items()}}
+            torch.save({"model": model.state_dict(), **fields}, path + "a")
+            ckpt = {"model": model.state_dict()}
+            ckpt.update(fields)
+            torch.save(ckpt, path + "b")
+            torch.save({"model": model.state_dict(), **extra}, path + "c")
+            torch.save({"model": model.state_dict(), **load_fields()}, path + "d")
+    """)
+    got = [(s.keys, s.opaque, s.spread_params, len(s.optimizers)) for s in m.checkpoints.saved_states()]
+    assert got == [(["model", "optimizer"], False, [], 1), (["model", "optimizer"], False, [], 1),
+                   (["model"], False, ["extra"], 0), (["model"], True, [], 0)]
+    assert all(s.unknown for s in m.checkpoints.saved_states()[2:])
+
+
+def test_a_rebound_parameter_merged_in_is_not_its_callers():
+    m = model("""
+        import torch
+
+        def save(model, extra, path):
+            extra = dict(extra)
+            torch.save({"model": model.state_dict(), **extra}, path)
+    """)
+    (state,) = m.checkpoints.saved_states()
+    assert state.spread_params == [] and state.opaque
+
+
+FORWARDED = {
+    "pyproject.toml": "",
+    "serialization.py": """
+        import torch
+
+
+        def save_model(model, path, additional_fields=None):
+            checkpoint = {"state_dict": model.state_dict()}
+            if additional_fields is not None:
+                checkpoint.update(additional_fields)
+            torch.save(checkpoint, path)
+    """,
+    "util.py": """
+        from serialization import save_model
+
+
+        def save_checkpoint(model, path, optimizer, epoch):
+            fields = {"optimizer": optimizer.state_dict(), "epoch": epoch}
+            save_model(model, path, additional_fields=fields)
+
+
+        def save_weights(model, path, epoch):
+            save_model(model, path, additional_fields={"epoch": epoch})
+    """,
+}
+
+
+def test_summary_of_a_dict_handed_to_a_save_helper(tmp_path):
+    """The summary says what a function hands to a save helper (`via`, `arg`) and which
+    parameter a save merges in (`spread`)."""
+    from ampfix.project import Project
+    from ampfix.project.layout import clear_caches
+
+    clear_caches()
+    for name, text in FORWARDED.items():
+        (tmp_path / name).write_text(textwrap.dedent(text), encoding="utf-8")
+    project = Project(tmp_path)
+    util = project.module(str(tmp_path / "util.py")).summary
+    (via,) = util.functions["save_checkpoint"].saves
+    assert via["via"] == '__imported__("serialization.save_model")' and via["arg"] == "additional_fields"
+    assert via["keys"] == ["optimizer", "epoch"] and via["state"]["optimizer"] == "optimizer|__param__.optimizer"
+    assert util.functions["save_weights"].saves == []  # (no optimizer's state: nothing a resume needs)
+    (save,) = project.module(str(tmp_path / "serialization.py")).summary.functions["save_model"].saves
+    assert save["spread"] == ["additional_fields"] and not save["opaque"]
+
+
+def test_checkpoint_written_through_two_helpers(tmp_path):
+    m = _project_model(tmp_path, {**FORWARDED, "train.py": """
+        import torch
+        from util import save_checkpoint
+
+
+        def run(model, loader, path):
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+            scaler = torch.amp.GradScaler("cuda")
+            for epoch in range(3):
+                for x in loader:
+                    scaler.scale(model(x)).backward()
+                    scaler.step(optimizer)
+                    scaler.update()
+                save_checkpoint(model, path, optimizer, epoch)
+        """}, "train.py")
+    (save,) = m.checkpoints.saves_without_scaler()
+    assert m.code(save.state.save).startswith("save_checkpoint(")
+    assert save.state.keys == ["state_dict", "optimizer", "epoch"] and save.scalers == ["scaler"]
+    assert save.state.written_in[1:] == (7, "save_checkpoint")  # where it hands the dict on

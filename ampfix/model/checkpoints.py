@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Iterator, List, Optional, Tuple
 import libcst as cst
 
 from ampfix.model.facet import Facet
+from ampfix.model.readwrite import binding_counts
 from ampfix.model.summary import PARAM
 from ampfix.model.syntax import call_name, literal_string, method_call
 from ampfix.model.tree import dotted
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
     from ampfix.model.foreign import ForeignFunction
 
 SCALER_KEYS = ("scaler", "amp", "grad_scaler", "loss_scaler")
+SPREAD = object()  # an entry's key: its value names a parameter whose dict is merged in (`Checkpoints._merged`)
 # what may follow a scaler's name in a file where its state never changes: an assignment to it,
 # or a call of a method that leaves the scale and its counters as they were
 _SCALER_USE = re.compile(r"[ \t]*(?:=(?!=)|\.(\w+)[ \t]*\()")
@@ -50,10 +52,18 @@ class SavedState:
     entries: List[Tuple[str, cst.BaseExpression]] = field(default_factory=list)  # (literal key, value)
     optimizers: List[cst.CSTNode] = field(default_factory=list)  # receivers of optimizer state_dict()
     scaler_state: bool = False  # a GradScaler's state (or a key named for one) is in it
-    opaque: bool = False  # **spread or non-literal keys: it may hold anything
+    opaque: bool = False  # a **spread, update() or key not known: it may hold anything
+    # parameters of the saving function whose dicts are merged into it (`{**extra}`,
+    # `ckpt.update(extra)`): what they hold is its callers' to say (here: anything)
+    spread_params: List[str] = field(default_factory=list)
     # written by a function of another module (`save_checkpoint(path, optimizer, ...)`): its
     # path, the line of its `torch.save`, and its qualified name
     written_in: Optional[Tuple[str, int, str]] = None
+
+    @property
+    def unknown(self) -> bool:
+        """It may hold entries this file cannot see."""
+        return self.opaque or bool(self.spread_params)
 
 
 @dataclass
@@ -85,6 +95,18 @@ class WrapperState:
     cls: cst.ClassDef
     scaler: str  # the attribute that holds the scaler (`_scaler`)
     optimizer: str  # the attribute that holds the optimizer (`_optimizer`)
+
+
+def _scalar(value: cst.BaseExpression) -> bool:
+    """A number or string, never an object's state: a literal, `float(...)`, `int(...)`,
+    `str(...)`, `bool(...)`, `round(...)`, `x.item()`."""
+    if isinstance(value, (cst.Integer, cst.Float, cst.SimpleString, cst.FormattedString)):
+        return True
+    if isinstance(value, cst.Call):
+        if isinstance(value.func, cst.Name) and value.func.value in ("float", "int", "str", "bool", "round"):
+            return True
+        return method_call(value, "item") is not None and not value.args
+    return False
 
 
 def _argument(bound: dict, receiver: str) -> Optional[cst.BaseExpression]:
@@ -119,6 +141,29 @@ class Checkpoints(Facet):
             out.extend(self._saved_through_helpers())
         return out
 
+    def handed_dicts(self, func: cst.FunctionDef) -> Iterator[Tuple[cst.Call, object, SavedState]]:
+        """(call, the parameter's name or position, the dict) for each dict `func` builds and
+        hands to a call whose name holds "save" or "checkpoint" (not `torch.save` itself),
+        where the dict holds an optimizer's or a GradScaler's state or merges in a parameter:
+        what a save helper of another module then writes (`save_model(path, extra=ckpt)`)."""
+        for call in self.model._nodes_in_scope(func, cst.Call):
+            name = (call_name(call) or "").lower()
+            if not ("save" in name or "checkpoint" in name) or self.model.is_api(call, "save"):
+                continue
+            for i, arg in enumerate(call.args):
+                if arg.star:
+                    if arg.keyword is None and arg.star == "*":
+                        break  # (the positions after it are not known)
+                    continue
+                values = self.model.possible_values(arg.value)
+                state = self._state_of(call, values[0]) if len(values) == 1 else None
+                node = state.dict_node if state is not None else None
+                if not (isinstance(node, cst.Dict)
+                        or isinstance(node, cst.Call) and self.model._is_builtin(node.func, "dict")):
+                    continue
+                if state.optimizers or state.scaler_state or state.spread_params:
+                    yield call, (arg.keyword.value if arg.keyword is not None else i), state
+
     def _saved_through_helpers(self) -> List[SavedState]:
         """Checkpoints written by a function of another module that this file calls: the dict
         it is handed (built here), or what it saves of the objects it is handed (its summary):
@@ -126,6 +171,11 @@ class Checkpoints(Facet):
         out: List[SavedState] = []
         for call, ff, bound in self._helper_calls(("save", "checkpoint"), "saves"):
             for s in ff.summary.saves:
+                if "via" in s:
+                    state = self._forwarded(call, ff, bound, s)
+                    if state is not None:
+                        out.append(state)
+                    continue
                 param = s.get("param")
                 if isinstance(param, str):
                     arg = bound.get(param)
@@ -138,15 +188,54 @@ class Checkpoints(Facet):
                 state = SavedState(call, call, keys=[k for k in s.get("keys", []) if isinstance(k, str)],
                                    scaler_state=bool(s.get("scaler_state")), opaque=bool(s.get("opaque")),
                                    written_in=(ff.path, line, ff.qual) if isinstance(line, int) and line > 0 else None)
-                for key, what in (s.get("state") or {}).items():
-                    kind, _, receiver = str(what).partition("|")
-                    arg = _argument(bound, receiver)
-                    if arg is not None and self.model.scaler_key(arg) is not None:
-                        state.scaler_state = True
-                    elif kind == "optimizer" and (arg is None or self.model.is_optimizer(arg)):
-                        state.optimizers.append(arg if arg is not None else call)
+                self._add_summary_entries(state, call, bound, s)
                 out.append(state)
         return out
+
+    def _add_summary_entries(self, state: SavedState, call: cst.Call, bound: dict, s: dict) -> None:
+        """What a summary's saved dict `s` (`Summarizer.saves`) holds, for the call `call` of this
+        file whose arguments `bound` are: a GradScaler's or an optimizer's state (its receiver a
+        parameter: the argument), and the dicts the call hands to the parameters merged in."""
+        for key, what in (s.get("state") or {}).items():
+            kind, _, receiver = str(what).partition("|")
+            arg = _argument(bound, receiver)
+            if arg is not None and self.model.scaler_key(arg) is not None:
+                state.scaler_state = True
+            elif kind == "optimizer" and (arg is None or self.model.is_optimizer(arg)):
+                state.optimizers.append(arg if arg is not None else call)
+        for param in s.get("spread") or ():
+            arg = bound.get(param) if isinstance(param, str) else None
+            self._add_entries(state, self._merged(arg, 0) if arg is not None else [(None, None)])
+
+    def _forwarded(self, call: cst.Call, ff: ForeignFunction, bound: dict, s: dict) -> Optional[SavedState]:
+        """The checkpoint a helper of another module (`ff`, called by `call`) writes by handing a
+        dict it builds to a save function (`s`: a `via` entry of its summary) that merges that
+        parameter into what it saves (`spread`): the saved keys are both; None when the save
+        function is not known to do so."""
+        target = self.model._foreign_function_named(ff.module, str(s.get("via")))
+        arg = s.get("arg")
+        if target is None or not isinstance(arg, (str, int)):
+            return None
+        if isinstance(arg, int):
+            params = [p.name for p in target.summary.params if p.kind in ("posonly", "pos")]
+            if target.summary.is_method or arg >= len(params):
+                return None
+            arg = params[arg]
+        inner = next((t for t in target.summary.saves if arg in (t.get("spread") or ())), None)
+        if inner is None:
+            return None
+        line = s.get("line")
+        state = SavedState(call, call, keys=[k for k in [*inner.get("keys", []), *s.get("keys", [])] if isinstance(k, str)],
+                           scaler_state=bool(inner.get("scaler_state") or s.get("scaler_state")),
+                           opaque=bool(inner.get("opaque") or s.get("opaque"))
+                           or any(p != arg for p in inner.get("spread") or ()),
+                           written_in=(ff.path, line, ff.qual) if isinstance(line, int) and line > 0 else None)
+        if any(str(w).startswith("scaler") for w in (inner.get("state") or {}).values()):
+            state.scaler_state = True
+        if any(str(w).startswith("optimizer") for w in (inner.get("state") or {}).values()):
+            state.optimizers.append(call)
+        self._add_summary_entries(state, call, bound, s)
+        return state
 
     def _helper_calls(self, words: Tuple[str, ...], entries: str) -> Iterator[Tuple[cst.Call, ForeignFunction, dict]]:
         """(call, callee, the call's arguments by the callee's parameters) for each call of the
@@ -160,16 +249,54 @@ class Checkpoints(Facet):
             if ff is not None and getattr(ff.summary, entries):
                 yield call, ff, self.model._bind_foreign_arguments(call, ff)
 
-    def _state_of(self, save: cst.Call, node: cst.CSTNode, depth: int = 0) -> Optional[SavedState]:
-        entries = []
+    def _dict_entries(self, node: cst.CSTNode, depth: int) -> Optional[list]:
+        """The (key, value) entries of a dict literal or `dict(...)` call and those added to the
+        name it is bound to (`_added_entries`); None: not a dict of this kind. A key None: one
+        not known; a key `SPREAD`: the value is the name of a parameter merged in (`_merged`)."""
         if isinstance(node, cst.Dict):
+            entries = []
             for el in node.elements:
                 if isinstance(el, cst.DictElement):
                     entries.append((literal_string(el.key), el.value))
                 else:
-                    entries.append((None, None))
+                    entries.extend(self._merged(el.value, depth))
         elif isinstance(node, cst.Call) and self.model._is_builtin(node.func, "dict"):
             entries = [(a.keyword.value if a.keyword else None, a.value if a.keyword else None) for a in node.args]
+        else:
+            return None
+        return entries + self._added_entries(node, depth)
+
+    def _merged(self, value: cst.BaseExpression, depth: int) -> list:
+        """The entries a dict spread or merged into a checkpoint's dict adds (`{**extra}`,
+        `ckpt.update(extra)`): a parameter of the function, not bound again in it, is its
+        callers' to say (`SPREAD`); a dict of the file (a literal, a name bound only to dicts)
+        adds its entries; anything else, an unknown entry."""
+        if isinstance(value, cst.Name):
+            func = self.model.function_of(value)
+            if isinstance(func, cst.FunctionDef) and self.model._is_param(func, value.value) \
+                    and binding_counts(func, self.__dict__.setdefault("_bindings", {})).get(value.value) is None:
+                return [(SPREAD, value.value)]
+        if isinstance(value, cst.DictComp) and _scalar(value.value):
+            return []  # (`{k: float(v) for ...}`: whatever its keys, no object's state)
+        direct = self._dict_entries(value, depth + 1)
+        if direct is not None:
+            return direct
+        if depth < 2:
+            values = self.model.possible_values(value)
+            out: list = []
+            for v in values:
+                got = self._dict_entries(v, depth + 1) if v is not value else None
+                if got is None:
+                    return [(None, None)]
+                out.extend(got)
+            if values:
+                return out
+        return [(None, None)]
+
+    def _state_of(self, save: cst.Call, node: cst.CSTNode, depth: int = 0) -> Optional[SavedState]:
+        entries = self._dict_entries(node, depth)
+        if entries is not None:
+            pass
         elif depth < 2 and self._snapshot_source(node) is not None:
             # `dataclasses.asdict(state)`, `vars(state)`, `state.__dict__`: what `state` holds
             for v in self.model.possible_values(self._snapshot_source(node)):  # type: ignore[arg-type]
@@ -179,13 +306,22 @@ class Checkpoints(Facet):
             return None
         elif isinstance(node, cst.Call) and self.snapshot_class(node) is not None:
             entries = self._snapshot_entries(node, self.snapshot_class(node))  # type: ignore[arg-type]
+            entries += self._added_entries(node, depth)
         else:
             return None
-        entries += self._added_entries(node)
         state = SavedState(save, node)
+        self._add_entries(state, entries)
+        return state
+
+    def _add_entries(self, state: SavedState, entries: list) -> None:
+        """What `entries` (`_dict_entries`) say of the checkpoint: its keys, an optimizer's or
+        a GradScaler's state in it, what is not known."""
         for key, value in entries:
             if key is None:
                 state.opaque = True
+                continue
+            if key is SPREAD:
+                state.spread_params.append(value)
                 continue
             state.keys.append(key)
             state.entries.append((key, value))
@@ -195,7 +331,6 @@ class Checkpoints(Facet):
                 state.scaler_state = True
             else:
                 state.optimizers.extend([r for r in receivers if self.model.is_optimizer(r)][:1])
-        return state
 
     def state_receivers(self, value: cst.CSTNode) -> List[cst.BaseExpression]:
         """The objects whose `X.state_dict()` the value `value` may hold: either branch of a
@@ -243,9 +378,10 @@ class Checkpoints(Facet):
                 out.append((None, None))
         return out
 
-    def _added_entries(self, node: cst.CSTNode) -> list:
-        """Entries added to the dict after it is built: `ckpt["scaler"] = ...` on the name it is
-        bound to (in the same scope); `ckpt.update(...)` or `ckpt[k] = ...` make it opaque."""
+    def _added_entries(self, node: cst.CSTNode, depth: int = 0) -> list:
+        """Entries added to the dict after it is built, on the name it is bound to (in the same
+        scope): `ckpt["scaler"] = ...`, `ckpt.update(extra)` (what `_merged` reads of `extra`);
+        `ckpt[k] = ...`, `ckpt.setdefault(...)` or another `update` make it opaque."""
         parent = self.model.parent(node)
         if not isinstance(parent, cst.Assign) or len(parent.targets) != 1:
             return []
@@ -258,7 +394,12 @@ class Checkpoints(Facet):
                 key = literal_string(index.value) if isinstance(index, cst.Index) else None
                 out.append((key, value))
         for call in self.model.calls_in_scope(scope):
-            if method_call(call, "update", "setdefault") is not None and dotted(call.func.value) == name:
+            if method_call(call, "update", "setdefault") is None or dotted(call.func.value) != name:  # type: ignore[attr-defined]
+                continue
+            if call.func.attr.value == "update" and len(call.args) == 1 and not call.args[0].star \
+                    and call.args[0].keyword is None:  # type: ignore[attr-defined]
+                out.extend(self._merged(call.args[0].value, depth))
+            else:
                 out.append((None, None))
         return out
 
@@ -311,7 +452,7 @@ class Checkpoints(Facet):
         reachable (`scalers_at`) or a run that saves also steps one (`runs_with_scaler`)."""
         out = []
         for state in self.saved_states():
-            if state.scaler_state or state.opaque or not state.optimizers:
+            if state.scaler_state or state.unknown or not state.optimizers:
                 continue
             scalers = self.scalers_at(state.dict_node)
             if scalers or self.model.runs_with_scaler(state.save):

@@ -139,6 +139,8 @@ class ForeignConstant:
 Definition = Union[ForeignModule, ForeignClass, ForeignFunction, ForeignConstant]
 
 
+_CANON_IMPORTED = re.compile(r'^__imported__\("([^"]*)"\)$')  # a canonical name imported, as it is
+
 class ForeignFacts(Protocol):
     """What a file's model may ask of the project (`ampfix.project.Project` answers)."""
 
@@ -218,6 +220,19 @@ class Foreign:
         self._import_defs: Dict[cst.CSTNode, Optional[Definition]] = {}
         self._foreign_bases: Dict[cst.ClassDef, List[Union[Definition, str, None]]] = {}
         self._callee_memo: Dict[cst.CSTNode, Optional[ForeignFunction]] = {}
+
+    def _foreign_function_named(self, module: ForeignModule, text: str) -> Optional[ForeignFunction]:
+        """The function of the project a canonical callee of `module`'s summary names
+        (`__imported__("pkg.mod.f")`, `__local__.f`); None: something else, or not known."""
+        if self.foreign is None:
+            return None
+        d: Optional[Definition] = None
+        m = _CANON_IMPORTED.match(text)
+        if m is not None:
+            d = self.foreign.resolve(module.path, m.group(1))
+        elif text.startswith(LOCAL + ".") and text.count(".") == 1:
+            d = self.foreign.member(module, text[len(LOCAL) + 1:])
+        return d if isinstance(d, ForeignFunction) else None
 
     # ---------------------------------------------------------------- synthetic nodes
     def is_synthetic(self, node: cst.CSTNode) -> bool:

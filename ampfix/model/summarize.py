@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import re
 from bisect import bisect_left, bisect_right
-from typing import Any, Dict, Hashable, List, Optional, Set, Tuple
+from typing import Any, Dict, FrozenSet, Hashable, List, Optional, Set, Tuple
 
 import libcst as cst
 
@@ -300,6 +300,30 @@ class Canonical:
 
 
 _RECEIVER_METHODS = frozenset({"step", "unscale_", "update", "zero_grad"})
+
+
+def touched_unlisted(summary: FunctionSummary) -> FrozenSet[str]:
+    """The parameters whose object the function may step, unscale, update or zero in ways its
+    effects do not list as that object's: a `step`/`unscale_`/`update`/`zero_grad` call on a
+    receiver rooted at a parameter the function (or a helper of its module the object passes
+    through) rebinds (`Effect.owner_param` None). A forwarding wrapper `def step(opt,
+    scaler=None): scaler = scaler or default; scaler.step(opt); scaler.update()` may update the
+    GradScaler its caller passes, or another one: the caller's events of that object drop these
+    calls (`Events._method_on_bound_object`), so whether the object is stepped or updated by the
+    call is unknown (`Updates.touched_unseen`), not known to be false. Read from the summary's
+    effects as stored (no field of its own)."""
+    params = {p.name for p in summary.params}
+    out = set()
+    for e in summary.effects:
+        callee = e.callee or ""
+        if e.kind != EXTERNAL or e.owner_param or not callee.startswith("value:") \
+                or callee.rpartition(".")[2] not in _RECEIVER_METHODS:
+            continue
+        owner = dict(e.args).get("owner") or ""
+        root = owner.partition(".")[0]
+        if root in params and "@" not in owner:
+            out.add(root)
+    return frozenset(out)
 
 
 def _names(node: cst.CSTNode, name: str) -> bool:
@@ -780,35 +804,53 @@ class Summarizer:
         return "scaled" if m.backward_scale_sources(te) else "unscaled"
 
     def saves(self, func: cst.FunctionDef) -> List[Dict[str, Any]]:
+        """The checkpoints the function writes (`Checkpoints.saved_states`): their keys, what
+        their entries hold (`_entries`), the line of the `torch.save`, and the parameters whose
+        dicts are merged in (`spread`); a `torch.save` of a parameter (`param`); and a dict
+        handed to a save helper (`via`: the callee, `arg`: its parameter or position), which the
+        caller's model composes with that helper's summary."""
         m = self.model
         out = []
         for state in m.checkpoints.saved_states():
             if m.scope_of(state.save) is not func:
                 continue
-            what = {}
-            for key, value in state.entries:
-                receivers = m.checkpoints.state_receivers(value) if value is not None else []
-                receiver = next((r for r in receivers if m.scaler_key(r) is not None or m.is_optimizer(r)),
-                                receivers[0] if receivers else None)
-                if receiver is None:
-                    what[key] = "other"
-                elif m.scaler_key(receiver) is not None:
-                    what[key] = "scaler"
-                elif m.is_optimizer(receiver):
-                    what[key] = "optimizer"
-                else:
-                    what[key] = "other"
-                if receiver is not None:
-                    text = self.canon.text(receiver, 0)
-                    if text is not None:
-                        what[key] += f"|{text}"
-            out.append({"keys": list(state.keys), "state": what, "line": self.locate(state.save)[0],
-                        "opaque": state.opaque, "scaler_state": state.scaler_state})
+            out.append({"keys": list(state.keys), "state": self._entries(state), "line": self.locate(state.save)[0],
+                        "opaque": state.opaque, "scaler_state": state.scaler_state,
+                        "spread": list(state.spread_params)})
         for call in m._nodes_in_scope(func, cst.Call):  # `torch.save(state, path)` of a dict the caller builds
             if m.is_api(call, "save") and call.args \
                     and isinstance(call.args[0].value, cst.Name) and m._is_param(func, call.args[0].value.value):
                 out.append({"param": call.args[0].value.value, "line": self.locate(call)[0]})
+        for call, arg, state in m.checkpoints.handed_dicts(func):
+            callee = self.canon.text(call.func, 0)
+            if callee is not None and callee.startswith((IMPORTED, LOCAL)):
+                out.append({"via": callee, "arg": arg, "keys": list(state.keys), "state": self._entries(state),
+                            "line": self.locate(call)[0], "opaque": state.opaque, "scaler_state": state.scaler_state,
+                            "spread": list(state.spread_params)})
         return out
+
+    def _entries(self, state) -> Dict[str, str]:
+        """key -> what a checkpoint's entry holds: "scaler", "optimizer" or "other", with the
+        object whose state it is as canonical text (`optimizer|__param__.optimizer`)."""
+        m = self.model
+        what = {}
+        for key, value in state.entries:
+            receivers = m.checkpoints.state_receivers(value) if value is not None else []
+            receiver = next((r for r in receivers if m.scaler_key(r) is not None or m.is_optimizer(r)),
+                            receivers[0] if receivers else None)
+            if receiver is None:
+                what[key] = "other"
+            elif m.scaler_key(receiver) is not None:
+                what[key] = "scaler"
+            elif m.is_optimizer(receiver):
+                what[key] = "optimizer"
+            else:
+                what[key] = "other"
+            if receiver is not None:
+                text = self.canon.text(receiver, 0)
+                if text is not None:
+                    what[key] += f"|{text}"
+        return what
 
     def loads(self, func: cst.FunctionDef) -> List[Dict[str, Any]]:
         """What the function restores from a `torch.load` (`Checkpoints.restores`): for each
@@ -956,4 +998,4 @@ def _outgoing(m, s: Summarizer) -> List[OutgoingCall]:
     return out
 
 
-__all__ = ["Canonical", "Summarizer", "summarize", "LIBRARY_ROOTS"]
+__all__ = ["Canonical", "Summarizer", "summarize", "touched_unlisted", "LIBRARY_ROOTS"]
