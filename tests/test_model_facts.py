@@ -524,6 +524,79 @@ def test_a_guard_that_exits_decides_a_later_test_of_its_condition():
         assert (left is None) is decided, name
 
 
+LOOP_GUARD = """
+    import torch
+
+    def train(scaler, opt, model, loader, accum):
+        for i, batch in enumerate(loader):
+            scaler.scale(model(batch)).backward()
+            boundary = (i + 1) % accum == 0
+            if not boundary:
+                continue
+            scaler.unscale_(opt)
+            if boundary:
+                scaler.step(opt)
+                scaler.update()
+            else:
+                print("no step")
+"""
+
+
+def test_a_loop_guard_decides_a_later_test_of_its_condition_in_the_same_iteration():
+    # after `if not boundary: continue`, the rest of the iteration runs where `boundary` holds:
+    # a later `if boundary:` of the same iteration is taken wherever it runs (Flow._loop_forced)
+    guard = "            if not boundary:\n                continue\n"
+    variants = {
+        "continue": (LOOP_GUARD, True),
+        "break": (LOOP_GUARD.replace("continue", "break"), True),
+        "the else continues": (LOOP_GUARD.replace(guard, "            if boundary:\n                print(i)\n"
+                                                  "            else:\n                continue\n"), True),
+        "an elif chain that continues or returns": (LOOP_GUARD.replace(
+            guard, "            if not boundary:\n                continue\n            elif i < 0:\n"
+                   "                return\n"), True),
+        "the later test in a with block": (LOOP_GUARD.replace(
+            "            if boundary:\n                scaler.step", "            with torch.no_grad():\n"
+            "              if boundary:\n                scaler.step").replace(
+            "            else:\n                print", "              else:\n                print"), True),
+        "only one arm of the elif continues": (LOOP_GUARD.replace(
+            guard, "            if not boundary:\n                print(i)\n            elif i < 0:\n"
+                   "                continue\n"), False),
+        "a guard that only warns": (LOOP_GUARD.replace("                continue\n", "                print(i)\n"), False),
+        "the name assigned in between": (LOOP_GUARD.replace(
+            "            scaler.unscale_(opt)\n", "            scaler.unscale_(opt)\n            boundary = i > 3\n"),
+            False),
+        "a continue of a nested loop": (LOOP_GUARD.replace(
+            guard, "            for j in range(2):\n                if not boundary:\n                    continue\n"),
+            False),
+        "the later test in a nested loop": (LOOP_GUARD.replace(
+            "            if boundary:\n                scaler.step", "            for j in range(2):\n"
+            "              if boundary:\n                scaler.step").replace(
+            "            else:\n                print", "              else:\n                print"), False),
+        "the guard in a try before the test": (LOOP_GUARD.replace(
+            guard, "            try:\n                if not boundary:\n                    continue\n"
+                   "            finally:\n                print(i)\n"), False),
+    }
+    for name, (src, decided) in variants.items():
+        m = model(src)
+        trace = m.trace(m.functions["train"][0])
+        (ev,) = trace.of(UNSCALE)
+        left = m.leaves_iteration_without(trace, ev, m.iteration_of(trace, ev), lambda e: e.kind == UPDATE)
+        assert (left is None) is decided, name
+        update = call_named(m, "scaler.update()")
+        # the decision is not a context of the code after the guard: the update runs where the
+        # unscale_ runs, and the untaken arm stays under the test (never both in one pass)
+        assert not m.exclusive(call_named(m, "scaler.unscale_(opt)"), update), name
+        assert m.exclusive(update, call_named(m, 'print("no step")')), name
+    # the code after a loop guard is not conditional on it for code after the loop: the
+    # unscale_ in a loop over the optimizers that skips some runs before the clip
+    m = model(LOOP_GUARD.replace('                print("no step")\n', '                print("no step")\n'
+                                 "        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)\n"))
+    trace = m.trace(m.functions["train"][0])
+    (clip,) = [e for e in trace.events if "clip_grad_norm_" in m.code(e.node)]
+    assert m.path_avoiding(trace, None, clip, lambda e: e.kind == UNSCALE) is False
+    assert m.path_avoiding(trace, None, clip, lambda e: e.kind == UPDATE) is False
+
+
 NONE_MARKER = """
     import torch
 

@@ -98,8 +98,9 @@ class Flow:
         return`), whose fall-through it runs in, and the decisions of the guards that exit
         (`_guard_decision`): after `if not step: raise ...` the code runs where `step` holds, so a
         later `if step:` of the same stable test can only take its true branch there. (Loop
-        guards such as `if skip: continue` need neither: the loop body is a context already, and
-        the exit cuts paths by itself.)"""
+        guards such as `if skip: continue` add neither: the loop body is a context already, the
+        exit cuts paths by itself, and what they decide for the rest of their iteration the path
+        queries read apart, `_loop_forced`.)"""
         cached = self._fall.get(block)
         if cached is None:
             cached = {}
@@ -130,6 +131,64 @@ class Flow:
         if body == orelse or self._stable_test(stmt) is None:
             return None
         return self._decision(stmt, not body)
+
+    def _loop_forced(self, node: cst.If) -> Tuple[Tuple[Group, Hashable], ...]:
+        """The decisions an earlier loop guard of the same iteration has already taken where
+        `node` runs: for each `if` before `node` in a block around it (within its function)
+        whose one branch always ends in `continue` or `break` (`leaves_iteration`), the other
+        branch of its stable test. In `if not boundary: continue` ... `if boundary:
+        scaler.step(opt); scaler.update()`, the second test is true wherever it runs, so its
+        body runs wherever the code after the guard runs (`_forced_decisions`, which the path
+        queries read). Unlike the exit guards of `_guard_decision`, these decisions are not
+        contexts of the code after the guard: they hold for one iteration only, and the
+        queries that take a loop body to run at least once would read them as conditions on the
+        whole loop (the unscale_ after `if i != idx: continue` in a loop over the optimizers). No
+        loop may lie between the guard's block and `node` (a name of the test could be assigned
+        in an earlier pass of it); the decision is the same group only where the names of the
+        test hold the same assignments (`_stable_expr`'s version)."""
+        memo = self.__dict__.setdefault("_loop_forced_memo", {})
+        cached = memo.get(node)
+        if cached is not None:
+            return cached
+        out: List[Tuple[Group, Hashable]] = []
+        if self._stable_test(node) is not None:
+            child: cst.CSTNode = node
+            for anc in self.ancestors(node):
+                kind = type(anc)
+                if kind in FUNCTION_BOUNDARY or kind in _LOOPS or kind in _COMPREHENSIONS:
+                    break
+                if kind is cst.IndentedBlock:
+                    for stmt in anc.body:  # type: ignore[attr-defined]
+                        if stmt is child:
+                            break
+                        if type(stmt) is not cst.If:
+                            continue
+                        body, orelse = leaves_iteration(stmt.body), leaves_iteration(stmt.orelse)
+                        if body != orelse and self._stable_test(stmt) is not None:
+                            out.append(self._decision(stmt, not body))
+                child = anc
+        result = tuple(out)
+        memo[node] = result
+        return result
+
+    def _forced_decisions(self, node: cst.CSTNode) -> Contexts:
+        """The contexts of `node` (within its function) that a loop guard earlier in the same
+        iteration has already decided (`_loop_forced`): the branch of an `if` around `node` that
+        is taken wherever the code reaches that `if`. Path queries read them as decided where
+        `node` runs; they stay contexts (the untaken arm is still exclusive with it)."""
+        out: List[Tuple[Group, Hashable]] = []
+        child = node
+        for anc in self.ancestors(node):
+            kind = type(anc)
+            if kind in FUNCTION_BOUNDARY:
+                break
+            if kind is cst.If and (child is anc.body or child is anc.orelse):  # type: ignore[attr-defined]
+                forced = self._loop_forced(anc)  # type: ignore[arg-type]
+                if forced:
+                    mine = self._body_decisions(anc) if child is anc.body else [self._decision(anc, False)]  # type: ignore[attr-defined]
+                    out.extend(d for d in mine if d in forced)
+            child = anc
+        return tuple(out)
 
     def _fallthrough_at_end(self, block: cst.CSTNode) -> Contexts:
         """The early-`return` guards of `block` (an `IndentedBlock`) that a path reaching its end
@@ -434,7 +493,7 @@ def leaves_block(block: Optional[cst.CSTNode]) -> bool:
     no path of this call goes on after the `if` from it (`Flow._guard_decision`). (`continue` and
     `break` leave one iteration: the decision would hold for the rest of that iteration only,
     and the queries that take a loop body to run at least once would read it as a condition on
-    the whole loop.)"""
+    the whole loop; `leaves_iteration` and `Flow._loop_forced` take those.)"""
     if isinstance(block, cst.Else):
         block = block.body
     if isinstance(block, cst.If):
@@ -445,3 +504,32 @@ def leaves_block(block: Optional[cst.CSTNode]) -> bool:
     last = body[-1]
     return isinstance(last, cst.SimpleStatementLine) and isinstance(
         last.body[-1], (cst.Return, cst.Raise))
+
+
+def leaves_iteration(block: Optional[cst.CSTNode]) -> bool:
+    """The branch of an `if` always ends in `continue` or `break` (or, in an `elif`/`else`
+    chain, each branch ends in one of those or in `return`/`raise`, at least one a loop exit):
+    no path of this iteration goes on after the `if` from it (`Flow._loop_forced`)."""
+    return _ends(block) == "loop"
+
+
+def _ends(block: Optional[cst.CSTNode]) -> Optional[str]:
+    """"loop" (`continue`/`break`), "call" (`return`/`raise`) or None for a branch that may go
+    on; a chain whose branches all leave is "loop" when any of them is."""
+    if isinstance(block, cst.Else):
+        block = block.body
+    if isinstance(block, cst.If):
+        a, b = _ends(block.body), _ends(block.orelse)
+        if a is None or b is None:
+            return None
+        return "loop" if "loop" in (a, b) else "call"
+    body = getattr(block, "body", None)
+    if not isinstance(body, (list, tuple)) or not body:
+        return None
+    last = body[-1]
+    if not isinstance(last, cst.SimpleStatementLine):
+        return None
+    small = last.body[-1]
+    if isinstance(small, (cst.Continue, cst.Break)):
+        return "loop"
+    return "call" if isinstance(small, (cst.Return, cst.Raise)) else None

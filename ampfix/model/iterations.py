@@ -166,8 +166,9 @@ class Iterations:
             if not blocks(e) or self.exclusive(e, b) or (a is not None and self.exclusive(e, a)):
                 continue
             extra = {}
+            forced = self._forced_in_trace(trace, e)
             for g, br in e.ctx.items():
-                if g in actx or g in b.ctx or _is_loop(g):
+                if g in actx or g in b.ctx or _is_loop(g) or (forced and forced.get(g, _OTHER) == br):
                     continue
                 value = self._test_value(g, known)
                 if value is None:
@@ -205,6 +206,27 @@ class Iterations:
         return any(all((choice[i] == through) == (choice[j] is True) for i, j, through in pairs)
                    and all(any(choice[groups.index(g)] != br for g, br in c.items()) for c in constraints)
                    for choice in itertools.product(*(domains[g] for g in groups)))
+
+    def _forced_in_trace(self, trace: Trace, ev: TraceEvent) -> Dict[Group, Hashable]:
+        """The decisions of `ev`'s contexts (qualified as in the trace) that a loop guard earlier
+        in the same iteration has taken wherever it runs (`Flow._forced_decisions`), in its own
+        function and at each call site on its path: `if not boundary: continue` ...
+        `if boundary: scaler.update()` runs that update wherever the code after the guard runs."""
+        memo = self.__dict__.setdefault("_forced_memo", {})
+        hit = memo.get(id(ev))
+        if hit is not None and hit[0] is ev:
+            return hit[1]
+        out: Dict[Group, Hashable] = {}
+        for depth, node in enumerate(ev.path):
+            found = self._forced_decisions(node)
+            if not found:
+                continue
+            frame = tuple(id(p) for p in ev.path[:depth])
+            subst = ev.subst if frame == ev.frame else next((e.subst for e in trace.events if e.frame == frame), {})
+            for g, br in found:
+                out[self._qualify(g, frame, subst)] = br
+        memo[id(ev)] = (ev, out)
+        return out
 
     def in_iteration(self, ev: TraceEvent, group: Optional[Group]) -> bool:
         return group is None or group in ev.ctx
