@@ -98,6 +98,8 @@ scaler.update()
                 if bw is None:
                     continue
                 scaler = bw.scaler
+                if model.updates.touched_unseen(trace, scaler):
+                    continue  # a wrapper of another module may unscale it (`scaler = scaler or default`)
                 steps = [s for s in trace.after(read, SCALER_STEP) if s.scaler == scaler
                          and model.may_precede(trace, read, s)]
                 if not steps:

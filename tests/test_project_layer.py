@@ -2160,3 +2160,56 @@ def test_a_step_on_self_in_a_method_of_another_module_names_self(tmp_path):
     methods = Project(root).summary(str(root / "stepper.py")).classes["Stepper"].methods
     assert [e.owner_param for e in methods["step"].effects] == ["self"]
     assert [e.owner_param for e in methods["rebound"].effects if (e.callee or "").endswith(".step")] == [None]
+
+
+_MAY_TOUCH_HELPERS = """
+    def forward_update(optimizer, scaler=None, default=None):
+        scaler = scaler or default
+        scaler.step(optimizer)
+        scaler.update()
+
+
+    def plain_update(scaler):
+        scaler.update()
+
+
+    def other_rebound(optimizer, scaler, default=None):
+        default = default or scaler
+        scaler.step(optimizer)
+
+
+    def reads_only(scaler=None, default=None):
+        scaler = scaler or default
+        print(scaler.get_scale())
+
+
+    def _update(s):
+        s = s or None
+        s.update()
+
+
+    def through_helper(scaler):
+        _update(scaler)
+
+
+    class Stepper:
+        def step(self, optimizer, scaler=None):
+            scaler = scaler or self.default
+            scaler.unscale_(optimizer)
+    """
+
+
+def test_a_function_that_rebinds_a_parameter_before_stepping_it_may_touch_it_unlisted(tmp_path):
+    # summarize.touched_unlisted: the parameters whose object a `step`/`unscale_`/`update` call
+    # may reach though the summary cannot name it (the name rebound: `Effect.owner_param` None);
+    # a parameter stepped as received is listed (the caller's events), one only read is not
+    from ampfix.model.summarize import touched_unlisted
+    root = tree(tmp_path, {"pyproject.toml": "", "helpers.py": _MAY_TOUCH_HELPERS})
+    summary = Project(root).summary(str(root / "helpers.py"))
+    got = {name: touched_unlisted(f) for name, f in summary.functions.items()}
+    assert got == {"forward_update": {"scaler"}, "plain_update": set(), "other_rebound": set(),
+                   "reads_only": set(), "_update": {"s"}, "through_helper": {"scaler"}}
+    assert touched_unlisted(summary.classes["Stepper"].methods["step"]) == {"scaler"}
+    # read back from JSON, the same
+    again = ModuleSummary.from_json(json.loads(summary.dumps()))
+    assert {name: touched_unlisted(f) for name, f in again.functions.items()} == got

@@ -2,7 +2,7 @@
 them before it analyses anything (see ampfix/engine/rulemeta.py). Do not edit; regenerate.
 """
 
-DIGEST = '7f84eaff8fd91a66d44abfb1563280188fec1e15446e5754b58c6e34eaa8ffae'
+DIGEST = 'ea1ab57a629661ff6799c256d70e47ac5f50fe98a62abeb4565af8de900927d2'
 
 RULES = [
     ('AMP001', 'backward-in-autocast', True, ('autocast',), (),

@@ -23,6 +23,7 @@ import libcst as cst
 from ampfix.model.facet import Facet
 from ampfix.model.events import BACKWARD, SCALER_STEP, UNSCALE, UPDATE, ZERO_GRAD, Trace, TraceEvent
 from ampfix.model.iterations import Group, group_loop
+from ampfix.model.summarize import touched_unlisted
 from ampfix.model.syntax import is_expression_statement_of
 from ampfix.model.tree import dotted, target_names
 
@@ -130,6 +131,44 @@ class Updates(Facet):
             return True
         return False
 
+    def touched_unseen(self, trace: Trace, scaler: Optional[str]) -> bool:
+        """The scaler `scaler` (a key in the trace root's names) is handed, itself, by a function
+        the trace runs (its root, or one whose call leads to an event) to a function of another
+        module that may step, unscale or update that parameter in ways its summary does not list
+        (`summarize.touched_unlisted`: it rebinds the parameter, `scaler = scaler or default`,
+        before `scaler.update()`): whether that call steps or updates this scaler is unknown, so
+        a path through it is not shown to miss an update or an unscale_."""
+        last = (scaler or "").rpartition(".")[2]
+        if not last:
+            return False
+        memo: Dict = self.__dict__.setdefault("_touched_unseen", {})
+        key = (id(trace), last)
+        hit = memo.get(key)
+        if hit is not None and hit[0] is trace:
+            return hit[1]
+        model = self.model
+        funcs = {id(trace.root): trace.root}
+        for e in trace.events:
+            for site in e.path[:-1]:
+                f = model.function_of(site)
+                if f is not None:
+                    funcs.setdefault(id(f), f)
+        found = any(self._hands_to_unlisted(call, last)
+                    for f in funcs.values() for call in model._nodes_in_scope(f, cst.Call))
+        memo[key] = (trace, found)
+        return found
+
+    def _hands_to_unlisted(self, call: cst.Call, last: str) -> bool:
+        if not any(not a.star and (dotted(a.value) or "").rpartition(".")[2] == last for a in call.args):
+            return False
+        model = self.model
+        ff = model._foreign_callee(call)
+        if ff is None:
+            return False
+        touched = touched_unlisted(ff.summary)
+        return bool(touched) and any(param in touched and (dotted(arg) or "").rpartition(".")[2] == last
+                                     for param, arg in model._bind_foreign_arguments(call, ff).items())
+
     def misplaced_updates(self, trace: Trace) -> List[TraceEvent]:
         """The updates of `trace` that `update_misplaced` places (AMP004 reports them)."""
         return [u for u in trace.of(UPDATE) if self.update_misplaced(trace, u) is not None]
@@ -154,6 +193,8 @@ class Updates(Facet):
         end = model.leaves_iteration_without(trace, ev, group, blocks)
         if end is None or (ev.event.foreign and group is not None and not isinstance(group_loop(group), cst.CSTNode)):
             return None  # the iteration of a helper of another module: reported there
+        if self.touched_unseen(trace, scaler):
+            return None  # a wrapper of another module may update it (`scaler = scaler or default`)
         updates = [u for u in trace.of(UPDATE) if u.scaler == scaler and model.in_iteration(u, group)
                    and model.may_precede(trace, ev, u)]
         later = model._after_iteration(trace, ev, group, UPDATE) if not updates and ev.kind == SCALER_STEP else []
@@ -213,7 +254,8 @@ class Updates(Facet):
                         continue
                 if second.kind == UNSCALE and not second.event.foreign and model.guards.in_stage_test(second.node):
                     break  # it unscales only an optimizer not unscaled yet
-                if model.scaler_always_disabled(second.event.scaler, trace.root) or model.within_one_call(
+                if model.scaler_always_disabled(second.event.scaler, trace.root) or self.touched_unseen(
+                        trace, first.scaler) or model.within_one_call(
                         first, second) or not model.path_avoiding(
                         trace, first, second, lambda e: e.kind == UPDATE and e.scaler == first.scaler):
                     continue
