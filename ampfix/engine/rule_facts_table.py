@@ -2,7 +2,7 @@
 them before it analyses anything (see ampfix/engine/rulemeta.py). Do not edit; regenerate.
 """
 
-DIGEST = 'ea1ab57a629661ff6799c256d70e47ac5f50fe98a62abeb4565af8de900927d2'
+DIGEST = '06fd6afb36a14d03a21181abbe184d7569eea04bbe92e9730edd75409bbadb35'
 
 RULES = [
     ('AMP001', 'backward-in-autocast', True, ('autocast',), (),
@@ -55,6 +55,8 @@ RULES = [
      (), None, False),
     ('AMP104', 'apex-o2-clip-model-params', True, ('apex',), (),
      (('clip_grad',), ('O2', 'O3')), None, False),
+    ('AMP105', 'apex-checkpoint-without-amp-state', True, ('initialize',), (),
+     (('apex',), ('save', 'checkpoint')), None, True),
     ('AMP201', 'backward-bypasses-framework', True, ('fabric', 'Fabric', 'accelerator', 'Accelerator', 'automatic_optimization'), (),
      (('.backward(',), ('.setup(', '.setup_module(', '.setup_optimizers(', '.prepare(', '.prepare_model(', '.prepare_optimizer(', 'automatic_optimization')), None, True),
     ('AMP202', 'clip-bypasses-framework', True, ('clip_grad',), (),
