@@ -327,6 +327,12 @@ PACKAGES: Tuple[Package, ...] = (
     Package("kappautils", "0.0.7"),
     Package("yolov7detect", "1.0.1", note="a packaged copy of WongKinYiu/yolov7"),
     Package("bmtrain", "1.0.1", note="own fp16 loss scaler"),
+    # twenty-ninth batch (2026-11-28): what a short scout found (26 candidates read, 22 dropped:
+    # bench/ECOSYSTEM.md, twenty-eighth session)
+    Package("fastreid", "1.4.0", note="detectron2-style AMPTrainer"),
+    Package("mmrazor", "1.0.0", note="mmengine loops with autocast"),
+    Package("xtuner", "0.2.0", note=".half() LLMs in its LLaVA and SFT models"),
+    Package("parler-tts", "0.2.3"),
 )
 
 
