@@ -2,7 +2,7 @@
 them before it analyses anything (see ampfix/engine/rulemeta.py). Do not edit; regenerate.
 """
 
-DIGEST = '06fd6afb36a14d03a21181abbe184d7569eea04bbe92e9730edd75409bbadb35'
+DIGEST = 'c7195b89f9d06d4b149af4fc35af1afb7637d2bc801824cbd5e4977960e32fb7'
 
 RULES = [
     ('AMP001', 'backward-in-autocast', True, ('autocast',), (),
