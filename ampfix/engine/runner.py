@@ -730,15 +730,19 @@ def _run(plan: Plan, stdin: Optional[BinaryIO] = None) -> Run:
 def _print_stats() -> None:
     """`AMPFIX_STATS=1`: what this process parsed (for benchmarks; with -j 1 that is the run)."""
     if "ampfix.engine.analyze" not in sys.modules:
-        print("ampfix stats: parsed 0, summaries parsed 0, summaries from the cache 0", file=sys.stderr)
+        print("ampfix stats: parsed 0, summaries parsed 0, summaries from the cache 0, summaries failed 0",
+              file=sys.stderr)
         return
     from ampfix.engine import analyze
 
     projects = list(analyze._PROJECTS.values())
     parsed = sum(len(p.parsed) for p in projects)  # type: ignore[attr-defined]
     stored = sum(p.from_store for p in projects)  # type: ignore[attr-defined]
+    failed = [u for p in projects for u in p.unsummarised]  # type: ignore[attr-defined]
     print(f"ampfix stats: parsed {analyze.STATS['parsed']}, summaries parsed {parsed}, "
-          f"summaries from the cache {stored}", file=sys.stderr)
+          f"summaries from the cache {stored}, summaries failed {len(failed)}", file=sys.stderr)
+    for path, error in failed:
+        print(f"ampfix stats, no summary of {path}: {error}", file=sys.stderr)
 
 
 def _over_memory(path: str, data: bytes, limit: int) -> Optional[FileError]:

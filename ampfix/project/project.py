@@ -179,6 +179,9 @@ class Project:
         self._active: List[Tuple[str, str]] = []
         self.parsed: List[str] = []  # modules this project parsed itself (not given by the engine)
         self.from_store = 0  # summaries read from the store
+        # modules the model could not summarise (path, the error's type): their facts are unknown,
+        # which silences what depends on them; a programming error shows here (`AMPFIX_STATS=1`)
+        self.unsummarised: List[Tuple[str, str]] = []
         self._touched: Optional[set] = None
         # the memoised answers being computed (innermost last): where what each reads starts in the logs
         self._frames: List[Tuple[int, int]] = []
@@ -489,7 +492,8 @@ class Project:
                 self._kept[path] = (kept[0], module, model._index)
             model.source_text = source.text  # type: ignore[attr-defined]  # positions per statement, no full pass
             return summarize(model, source.digest, source.text)
-        except (RecursionError, MemoryError, ValueError, KeyError, AttributeError, TypeError):
+        except (RecursionError, MemoryError, ValueError, KeyError, AttributeError, TypeError) as e:
+            self.unsummarised.append((path, type(e).__name__))
             return None  # a module the model cannot read costs only its own facts
 
     def unreadable(self, path: str, text: str) -> None:
