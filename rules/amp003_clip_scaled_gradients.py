@@ -52,7 +52,9 @@ scales nothing. With
 several optimizers, an `unscale_` for one of them is taken as enough unless the clipped
 parameters are those an optimizer of the same function was built over
 (`clip(model1.parameters())` with `opt1 = torch.optim.Adam(model1.parameters())`) and `opt1`
-is not among those unscaled.
+is not among those unscaled. Not reported where the training step hands the scaler to a
+function of another module that rebinds it and then unscales, steps or updates it (`scaler =
+scaler or self.default_scaler; scaler.unscale_(opt)`): whether it unscales this scaler is unknown.
 
 The fix inserts `scaler.unscale_(optimizer)` before the clip (or the call that leads to it)
 when the optimizer that the scaler steps next (or that owns the clipped parameters) is

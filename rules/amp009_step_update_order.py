@@ -44,6 +44,13 @@ reported only when nothing in the file updates that scaler (its caller may). Sev
 between steps and the wrong scaler's update are AMP004; `unscale_`/`step`/`update` on every
 micro-batch of gradient accumulation are AMP010.
 
+Paths the code ties together are read as one: after `if not step_now: raise` (or `return`, or,
+within one iteration, `continue`/`break`), a later `if step_now:` is taken wherever the code goes
+on; a local set to None and then, in one branch, to a value that is never None marks that branch
+for a later `is None` test. Not reported where the scaler is handed, itself, to code ampfix cannot
+read, or to a function of another module that rebinds it before stepping or updating it
+(`scaler = scaler or self.default_scaler`): whether that call updates this scaler is unknown.
+
 The fix inserts `scaler.update()` after the last step of the iteration when the iteration has
 none at all (safe); the other cases are reported.
 

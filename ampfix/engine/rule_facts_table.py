@@ -2,7 +2,7 @@
 them before it analyses anything (see ampfix/engine/rulemeta.py). Do not edit; regenerate.
 """
 
-DIGEST = 'c7195b89f9d06d4b149af4fc35af1afb7637d2bc801824cbd5e4977960e32fb7'
+DIGEST = '4aafbd5108928f833f83a254b7950067d2f5230d221b8de7f0684f2752dc3876'
 
 RULES = [
     ('AMP001', 'backward-in-autocast', True, ('autocast',), (),
