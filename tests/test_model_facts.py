@@ -1620,3 +1620,57 @@ def test_a_parameter_passed_back_to_its_own_function_holds_what_its_callers_pass
         """)
     update = call_named(m, "tables.update(inp)")
     assert [m.code(v) for v in m.possible_values(update.func.value)] == ["{}", "dict(a=1)"]
+
+
+# ---------------------------------------------------------------------- bindings
+
+
+def test_binding_counts_every_form_of_binding():
+    """`readwrite.binding_counts`: every way a function's body binds a name, nested code
+    included, counted once per binding (dispatched by node type since the twenty-ninth session:
+    the same counts as the `isinstance` chain it replaced)."""
+    from ampfix.model.readwrite import binding_counts
+
+    module = cst.parse_module(textwrap.dedent("""
+        def train(model, *args, scaler=None, **kw):
+            a = b = 1
+            (c, [d, *e]) = 2, [3, 4]
+            a += 1
+            f: int = 0
+            for g in range(3):
+                pass
+            h = [i for i in range(3) if (j := i)]
+            del f
+            with open("x") as k, open("y") as (l, m):
+                pass
+            try:
+                pass
+            except ValueError as n:
+                pass
+            global o
+            nonlocal_holder = lambda p, *q, r=1: p
+            import os.path as s, sys
+            from torch import amp as t, nn
+            def u(v):
+                nonlocal a
+            class W:
+                x = 1
+            match model:
+                case {"k": y, **z}:
+                    pass
+                case [aa, *bb]:
+                    pass
+                case cc if cc:
+                    pass
+            scaler = scaler or None
+        """))
+    func = module.body[0]
+    counts = binding_counts(func, {})
+    assert counts == {
+        "a": 3, "b": 1, "c": 1, "d": 1, "e": 1, "f": 2, "g": 1, "h": 1, "i": 1, "j": 1, "k": 1, "l": 1, "m": 1,
+        # an alias is counted as a name bound by its `as` and by its import (over-counted on purpose)
+        "n": 1, "o": 1, "nonlocal_holder": 1, "p": 1, "q": 1, "r": 1, "s": 2, "sys": 1, "t": 2, "nn": 1,
+        "u": 1, "v": 1, "W": 1, "x": 1, "y": 1, "z": 1, "aa": 1, "bb": 1, "cc": 1, "scaler": 1,
+    }
+    memo: dict = {}
+    assert binding_counts(func, memo) is memo[func] and binding_counts(func, memo) is memo[func]
