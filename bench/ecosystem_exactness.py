@@ -2,7 +2,8 @@
 project of the last `bench/ecosystem.py` run (its `results.json` names the trees), saved, then
 compared with another checkout's, rule by rule, fix edits included. For a refactor that must change
 nothing observable (twenty-fifth session: seven rules moved into the model, each compared this way
-before and after), or to see exactly what a model change adds.
+before and after), or to see exactly what a model change adds. Without a `results.json` (no
+ecosystem run yet in this checkout) it reads the pinned projects already unpacked in the cache.
 
     cd /tmp && OLD/.venv/bin/python /path/to/bench/ecosystem_exactness.py save base.json
     cd /tmp && NEW/.venv/bin/python /path/to/bench/ecosystem_exactness.py cmp base.json AMP009 AMP010
@@ -42,10 +43,28 @@ def key(d: dict) -> str:
     return json.dumps(d, sort_keys=True)
 
 
+def trees() -> list:
+    """(package, root) of the trees of the last `bench/ecosystem.py` run (its `results.json`); in a
+    checkout that has none (a fresh clone whose cache holds only the downloads of `ecosystem.py
+    --fetch-only`), the pinned projects whose trees are unpacked in the cache, found as
+    `ecosystem.py` finds them (nothing is downloaded)."""
+    if RESULTS.is_file():
+        records = json.loads(RESULTS.read_text())
+        return [(r["package"], r["root"]) for r in records if "root" in r and os.path.isdir(r["root"])]
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import ecosystem  # noqa: E402  (bench/ecosystem.py)
+
+    out = []
+    for pkg in ecosystem.PACKAGES:
+        dest = ecosystem._cache_dest("wheel" if pkg.kind == "wheel" else "sdist", pkg.spec)
+        if dest.is_dir() and any(dest.rglob("*.py")):
+            out.append((pkg.name, str(ecosystem.tree_root(dest))))
+    return out
+
+
 def main(argv: list) -> int:
     mode, base, codes = argv[0], argv[1], argv[2:] or ["ALL"]
-    records = json.loads(RESULTS.read_text())
-    roots = [(r["package"], r["root"]) for r in records if "root" in r and os.path.isdir(r["root"])]
+    roots = trees()
     with ThreadPoolExecutor(2) as pool:
         got = dict(zip([p for p, _ in roots], pool.map(lambda pr: run(pr[1], codes), roots)))
     if mode == "save":
