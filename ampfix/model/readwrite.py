@@ -251,7 +251,7 @@ def binding_counts(func: cst.FunctionDef, memo: Dict[cst.FunctionDef, Dict[str, 
         kind = _BINDING_KINDS.get(type(n))
         if kind is None:
             kind = _binding_kind(type(n))
-        if not kind:
+        if kind == _OTHER:  # most nodes: they bind nothing
             pass
         elif kind == _TARGET:
             target(n.target)  # type: ignore[attr-defined]
