@@ -420,6 +420,13 @@ def fetch_package(pkg: Package) -> Path:
     return tree_root(dest)
 
 
+def cached_tree(pkg: Package) -> Optional[Path]:
+    """The tree `fetch_package` gives, when it is unpacked in the cache already (None: not yet;
+    nothing is downloaded)."""
+    dest = _cache_dest(pkg.kind if pkg.kind == "wheel" else "sdist", pkg.spec)
+    return tree_root(dest) if dest.is_dir() and any(dest.rglob("*.py")) else None
+
+
 def count_files(root: Path) -> int:
     """The files `ampfix check` would read under root (its own discovery)."""
     from ampfix.engine.discovery import discover

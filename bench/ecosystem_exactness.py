@@ -46,20 +46,16 @@ def key(d: dict) -> str:
 def trees() -> list:
     """(package, root) of the trees of the last `bench/ecosystem.py` run (its `results.json`); in a
     checkout that has none (a fresh clone whose cache holds only the downloads of `ecosystem.py
-    --fetch-only`), the pinned projects whose trees are unpacked in the cache, found as
-    `ecosystem.py` finds them (nothing is downloaded)."""
+    --fetch-only`), the pinned projects whose trees are unpacked in the cache
+    (`ecosystem.cached_tree`: nothing is downloaded)."""
     if RESULTS.is_file():
         records = json.loads(RESULTS.read_text())
         return [(r["package"], r["root"]) for r in records if "root" in r and os.path.isdir(r["root"])]
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import ecosystem  # noqa: E402  (bench/ecosystem.py)
 
-    out = []
-    for pkg in ecosystem.PACKAGES:
-        dest = ecosystem._cache_dest("wheel" if pkg.kind == "wheel" else "sdist", pkg.spec)
-        if dest.is_dir() and any(dest.rglob("*.py")):
-            out.append((pkg.name, str(ecosystem.tree_root(dest))))
-    return out
+    found = [(pkg.name, ecosystem.cached_tree(pkg)) for pkg in ecosystem.PACKAGES]
+    return [(name, str(root)) for name, root in found if root is not None]
 
 
 def main(argv: list) -> int:

@@ -1673,4 +1673,5 @@ def test_binding_counts_every_form_of_binding():
         "u": 1, "v": 1, "W": 1, "x": 1, "y": 1, "z": 1, "aa": 1, "bb": 1, "cc": 1, "scaler": 1,
     }
     memo: dict = {}
-    assert binding_counts(func, memo) is memo[func] and binding_counts(func, memo) is memo[func]
+    first = binding_counts(func, memo)
+    assert memo[func] is first and binding_counts(func, memo) is first

@@ -12,7 +12,7 @@ from typing import Dict, Iterable, List, Set, Tuple
 
 import libcst as cst
 
-from ampfix.model.tree import child_nodes, dotted
+from ampfix.model.tree import child_nodes, dotted, node_types
 
 BUILTIN_NAMES = set(dir(builtins))
 
@@ -189,37 +189,20 @@ def uses_only(node: cst.CSTNode, bound: Set[str]) -> bool:
     return not v.opaque and all(n in bound or n in BUILTIN_NAMES for n in v.reads - v.writes)
 
 
-# What `binding_counts` does with a node, by its type (`_binding_kind`, memoised in
-# `_BINDING_KINDS`): one dictionary lookup per node instead of a chain of `isinstance` tests,
-# each a call of `ABCMeta.__instancecheck__` for LibCST's node classes (about 4% of a check of
-# accelerate, bench/SPEED.md, twenty-ninth session)
+# What `binding_counts` does with a node, by its type: one dictionary lookup per node instead of
+# a chain of `isinstance` tests, each a call of `ABCMeta.__instancecheck__` for LibCST's node
+# classes (about 4% of a check of accelerate, bench/SPEED.md, twenty-ninth session). The types
+# are `node_types`'s (subclasses included); in the order of the chain it replaced.
 _OTHER, _TARGET, _AS, _DECLARED, _IMPORT, _DEFINED, _CAPTURE, _REST, _PARAMETERS = range(9)
 _BINDING_KINDS: Dict[type, int] = {}
-
-
-def _binding_kind(t: type) -> int:
-    """The kind of `binding_counts`'s work for a node of type `t` (memoised): the order of its
-    former `isinstance` chain, so a subclass is read as its base was."""
-    if issubclass(t, (cst.AssignTarget, cst.AugAssign, cst.AnnAssign, cst.For, cst.CompFor, cst.NamedExpr, cst.Del)):
-        kind = _TARGET
-    elif issubclass(t, cst.AsName):
-        kind = _AS
-    elif issubclass(t, (cst.Global, cst.Nonlocal)):
-        kind = _DECLARED
-    elif issubclass(t, (cst.Import, cst.ImportFrom)):
-        kind = _IMPORT
-    elif issubclass(t, (cst.FunctionDef, cst.ClassDef)):
-        kind = _DEFINED
-    elif issubclass(t, (cst.MatchAs, cst.MatchStar)):
-        kind = _CAPTURE
-    elif issubclass(t, cst.MatchMapping):
-        kind = _REST
-    elif issubclass(t, cst.Parameters):
-        kind = _PARAMETERS
-    else:
-        kind = _OTHER
-    _BINDING_KINDS[t] = kind
-    return kind
+for _kind, _classes in (
+        (_TARGET, (cst.AssignTarget, cst.AugAssign, cst.AnnAssign, cst.For, cst.CompFor, cst.NamedExpr, cst.Del)),
+        (_AS, (cst.AsName,)), (_DECLARED, (cst.Global, cst.Nonlocal)), (_IMPORT, (cst.Import, cst.ImportFrom)),
+        (_DEFINED, (cst.FunctionDef, cst.ClassDef)), (_CAPTURE, (cst.MatchAs, cst.MatchStar)),
+        (_REST, (cst.MatchMapping,)), (_PARAMETERS, (cst.Parameters,))):
+    for _t in node_types(*_classes):
+        _BINDING_KINDS.setdefault(_t, _kind)
+del _kind, _classes, _t
 
 
 def binding_counts(func: cst.FunctionDef, memo: Dict[cst.FunctionDef, Dict[str, int]]) -> Dict[str, int]:
@@ -248,9 +231,7 @@ def binding_counts(func: cst.FunctionDef, memo: Dict[cst.FunctionDef, Dict[str, 
     stack: List[cst.CSTNode] = [func.body]
     while stack:
         n = stack.pop()
-        kind = _BINDING_KINDS.get(type(n))
-        if kind is None:
-            kind = _binding_kind(type(n))
+        kind = _BINDING_KINDS.get(type(n), _OTHER)
         if kind == _OTHER:  # most nodes: they bind nothing
             pass
         elif kind == _TARGET:
