@@ -1523,6 +1523,24 @@ def test_masked_text_keeps_offsets_lines_and_code_strings():
     assert _masked("x = 1\n") == "x = 1\n"
 
 
+def test_masked_text_at_the_edges_of_strings():
+    # escapes, a lone or unterminated quote, four quotes, a string right before a docstring: the
+    # masks the lexer gave before its strings were matched as runs between escapes (ampfix/lexemes.py)
+    from ampfix.lexemes import masked as _masked
+
+    cases = {
+        "x = 'a\\'b' # c\n": "x = 'a\\'b' ~~~\n",
+        "s = '''open\n": "s = ~''open\n",
+        "t = ''''\n'''\n": "t = ~~~~\n~~~\n",
+        'u = "a\\\\" # "\n': 'u = "a\\\\" ~~~\n',
+        "v = r'\\'' # x\n": "v = r'\\'' ~~~\n",
+        'w = "x\nautocast # y\n': 'w = "x\nautocast ~~~\n',
+        "a = '' '''b'''\n": "a = '' ~~~~~~~\n",
+        'd = """a\\"""" # e\n': 'd = ~~~~~~~~~ ~~~\n',
+    }
+    assert {text: _masked(text) for text in cases} == cases
+
+
 def test_no_trigger_string_holds_the_mask():
     # a masked comment or docstring, or a masked name (`_AUTOCAST_VALUE`), cannot make or hold a
     # trigger string: the view holds none that the code does not
