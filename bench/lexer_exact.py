@@ -28,6 +28,14 @@ def _matches(lex, text):
     return [(m.span(), m.lastgroup) for m in lex.LEXEMES.finditer(text)]
 
 
+def _texts(pattern):
+    out = []
+    for path in glob.glob(pattern, recursive=True):
+        with open(path, encoding="utf-8", errors="surrogateescape") as fh:
+            out.append(fh.read())
+    return out
+
+
 def _timed(mask, texts):
     start = time.process_time()
     for t in texts:
@@ -45,16 +53,12 @@ def main() -> None:
     old = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(old)  # type: ignore[union-attr]
 
-    texts = []
-    for path in glob.glob(os.path.join(CACHE, "**", "*.py"), recursive=True):
-        with open(path, encoding="utf-8", errors="surrogateescape") as fh:
-            texts.append(fh.read())
+    texts = _texts(os.path.join(CACHE, "**", "*.py"))
     differ = sum(old._masked(t) != new._masked(t) or _matches(old, t) != _matches(new, t) for t in texts)
     print(f"{len(texts)} cached files, {differ} differ; masking all: old {_timed(old._masked, texts):.2f} s, "
           f"new {_timed(new._masked, texts):.2f} s")
     for tree in args.trees:
-        files = glob.glob(os.path.join(CACHE, f"sdist-{tree}", "**", "*.py"), recursive=True)
-        some = [open(f, encoding="utf-8", errors="surrogateescape").read() for f in files]
+        some = _texts(os.path.join(CACHE, f"sdist-{tree}", "**", "*.py"))
         print(f"  {tree}: {len(some)} files, old {_timed(old._masked, some):.3f} s, new {_timed(new._masked, some):.3f} s")
 
     rng = random.Random(7)
